@@ -1,0 +1,198 @@
+//! Shared helpers: concise command constructors and a row-at-a-time driver.
+#![allow(dead_code, unreachable_pub)]
+
+use std::collections::BTreeMap;
+
+use mink_metadata::*;
+
+pub const N1: NodeRef = NodeRef {
+    node_id: 1,
+    node_epoch: 1,
+};
+pub const N2: NodeRef = NodeRef {
+    node_id: 2,
+    node_epoch: 1,
+};
+
+/// Applies commands one row each, as node `token_node` would propose them.
+pub struct Driver {
+    pub state: State,
+    pub index: u64,
+    pub sequence: u64,
+    pub supported: u32,
+}
+
+impl Default for Driver {
+    fn default() -> Self {
+        Driver {
+            state: State::default(),
+            index: 0,
+            sequence: 0,
+            supported: METADATA_VERSION,
+        }
+    }
+}
+
+impl Driver {
+    pub fn row(
+        &mut self,
+        token_node: NodeRef,
+        commands: Vec<Command>,
+    ) -> Result<RowOutcome, Fatal> {
+        self.sequence += 1;
+        let row = Row {
+            token: RowToken {
+                node_id: token_node.node_id,
+                node_epoch: token_node.node_epoch,
+                incarnation: token_node.node_id * 1000 + token_node.node_epoch,
+                sequence: self.sequence,
+            },
+            proposed_at_ms: 1_000 + self.index,
+            commands,
+        };
+        self.apply(&row)
+    }
+
+    pub fn apply(&mut self, row: &Row) -> Result<RowOutcome, Fatal> {
+        let index = self.index + 1;
+        let ctx = ApplyContext {
+            index,
+            at_ms: row.proposed_at_ms,
+            supported_version: self.supported,
+        };
+        let outcome = self.state.apply_row(&ctx, row)?;
+        self.index = index;
+        Ok(outcome)
+    }
+
+    /// One command in its own row from node 1's first process.
+    pub fn one(&mut self, command: Command) -> CommandResult {
+        match self.row(N1, vec![command]).expect("not fatal") {
+            RowOutcome::Applied(mut r) | RowOutcome::Fenced(mut r) => r.remove(0),
+            RowOutcome::Duplicate(_) => panic!("unexpected duplicate"),
+        }
+    }
+}
+
+pub fn register(node: NodeRef) -> Command {
+    Command::RegisterNode(RegisterNode {
+        node_id: node.node_id,
+        node_epoch: node.node_epoch,
+        incarnation: node.node_id * 1000 + node.node_epoch,
+        address: format!("10.0.0.{}:9123", node.node_id),
+        supported_metadata_version: METADATA_VERSION,
+    })
+}
+
+pub fn coordinator(node: NodeRef, term: u64) -> Command {
+    Command::RegisterCoordinator(RegisterCoordinator {
+        node_id: node.node_id,
+        node_epoch: node.node_epoch,
+        lease_term: term,
+    })
+}
+
+pub fn open(node: NodeRef, stream_id: u64, stream_epoch: u64) -> Command {
+    Command::OpenStream(OpenStream {
+        node_id: node.node_id,
+        node_epoch: node.node_epoch,
+        stream_id,
+        stream_epoch,
+    })
+}
+
+pub fn prepare(node: NodeRef, count: u32) -> Command {
+    Command::PrepareObject(PrepareObject {
+        node_id: node.node_id,
+        node_epoch: node.node_epoch,
+        count,
+        expires_at_ms: 60_000,
+    })
+}
+
+pub fn range(stream_id: u64, stream_epoch: u64, start: u64, end: u64) -> StreamRange {
+    StreamRange {
+        stream_id,
+        stream_epoch,
+        start_offset: start,
+        end_offset: end,
+        writers: vec![],
+    }
+}
+
+pub fn commit(node: NodeRef, object_id: u64, ranges: Vec<StreamRange>) -> Command {
+    Command::CommitStreamSetObject(CommitStreamSetObject {
+        node_id: node.node_id,
+        node_epoch: node.node_epoch,
+        object_id,
+        object_size: 1024,
+        ranges,
+        compacted_object_ids: vec![],
+    })
+}
+
+pub fn trim(node: NodeRef, stream_id: u64, stream_epoch: u64, to: u64) -> Command {
+    Command::TrimStream(TrimStream {
+        node_id: node.node_id,
+        node_epoch: node.node_epoch,
+        stream_id,
+        stream_epoch,
+        new_start_offset: to,
+    })
+}
+
+pub fn database(name: &str) -> Command {
+    Command::CreateDatabase(CreateDatabase {
+        name: name.into(),
+        ..Default::default()
+    })
+}
+
+pub fn log_table(db: &str, name: &str, buckets: u32) -> Command {
+    Command::CreateTable(CreateTable {
+        database: db.into(),
+        name: name.into(),
+        schema: b"arrow-schema".to_vec(),
+        bucket_count: buckets,
+        options: BTreeMap::from([("table.log.ttl".into(), "7d".into())]),
+        ..Default::default()
+    })
+}
+
+pub fn pk_table(db: &str, name: &str, buckets: u32, options: &[(&str, &str)]) -> Command {
+    Command::CreateTable(CreateTable {
+        database: db.into(),
+        name: name.into(),
+        schema: b"arrow-schema".to_vec(),
+        primary_key: vec!["id".into()],
+        bucket_count: buckets,
+        options: options
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..Default::default()
+    })
+}
+
+pub fn lead(
+    coordinator_epoch: u64,
+    table_id: u64,
+    partition_id: u64,
+    bucket: u32,
+    leader: u64,
+) -> Command {
+    Command::LeadBucket(LeadBucket {
+        coordinator_epoch,
+        table_id,
+        partition_id,
+        bucket,
+        leader_node_id: leader,
+    })
+}
+
+pub fn put(key: &str, value: &str) -> Command {
+    Command::PutKv(PutKv {
+        key: key.into(),
+        value: value.as_bytes().to_vec(),
+    })
+}

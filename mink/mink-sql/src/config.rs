@@ -1,0 +1,58 @@
+use std::time::Duration;
+
+/// How a sink runs. Defaults are the production values; tests shorten the intervals.
+#[derive(Clone, Debug)]
+pub struct SinkConfig {
+    /// This node's id (positive, unique in the cluster).
+    pub node_id: u64,
+    /// Where peers and clients reach this node; recorded by `RegisterNode`.
+    pub address: String,
+    /// Highest `metadata_version` this node accepts. Defaults to what the binary supports;
+    /// lowering it makes the node behave as an older binary would.
+    pub supported_metadata_version: u32,
+    /// Most commands group-committed into one row.
+    pub max_commands_per_row: usize,
+    /// Most encoded bytes in one row. A single command above it is refused.
+    pub max_row_bytes: usize,
+    /// How often the tailer polls for rows appended by other nodes.
+    pub tail_poll_interval: Duration,
+    /// Rows fetched per tail query.
+    pub read_batch: u32,
+    /// The lease holder snapshots the state every this many applied rows.
+    pub snapshot_interval: u64,
+    /// Lease and heartbeat TTL; both are renewed every `lease_ttl / 4`.
+    pub lease_ttl: Duration,
+    /// Whether this node competes for the lease (and so runs snapshots and the coordinator).
+    pub lease_enabled: bool,
+    /// Longest wait between retries of a failing store call.
+    pub max_backoff: Duration,
+    /// Capacity of the proposal queue; proposers wait when it is full.
+    pub queue_capacity: usize,
+}
+
+impl SinkConfig {
+    pub fn new(node_id: u64) -> Self {
+        SinkConfig {
+            node_id,
+            address: String::new(),
+            supported_metadata_version: mink_metadata::METADATA_VERSION,
+            max_commands_per_row: 256,
+            max_row_bytes: 4 << 20,
+            tail_poll_interval: Duration::from_millis(20),
+            read_batch: 512,
+            snapshot_interval: 1024,
+            lease_ttl: Duration::from_secs(30),
+            lease_enabled: true,
+            max_backoff: Duration::from_secs(1),
+            queue_capacity: 16_384,
+        }
+    }
+
+    pub(crate) fn heartbeat_interval(&self) -> Duration {
+        self.lease_ttl / 4
+    }
+
+    pub(crate) fn lease_ttl_ms(&self) -> i64 {
+        i64::try_from(self.lease_ttl.as_millis()).unwrap_or(i64::MAX)
+    }
+}

@@ -1,0 +1,855 @@
+//! The sink: propose → group commit → append → tail → apply → publish → resolve.
+//!
+//! Three tasks per node:
+//! - the *flusher* drains the proposal queue into rows of up to `max_commands_per_row`
+//!   commands (and `max_row_bytes`), appends one row at a time, and waits until the tailer has
+//!   applied it before it sends the next (one row in flight per process);
+//! - the *tailer* reads rows past the applied index, applies them, publishes the new view,
+//!   and only then resolves the proposers of its own row;
+//! - the *membership* loop (`lease.rs`) heartbeats, holds the lease, snapshots and truncates.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use arc_swap::ArcSwap;
+use mink_metadata::*;
+use tokio::sync::{Notify, mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+
+use crate::config::SinkConfig;
+use crate::error::SinkError;
+use crate::lease::{self, LeaseStatus};
+use crate::store::{Heartbeat, LogStore, StoreError};
+
+/// A proposal's answer: the index at which it was applied (the caller's next view is at least
+/// there) and what apply said.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Proposed {
+    pub index: u64,
+    pub result: CommandResult,
+}
+
+/// Counters for benchmarks, metrics and tests.
+#[derive(Debug, Default)]
+pub struct SinkStats {
+    pub rows_appended: AtomicU64,
+    pub commands_appended: AtomicU64,
+    /// Appends that lost the race for an index and were retried.
+    pub append_conflicts: AtomicU64,
+    /// Appends that failed (outcome unknown) and were resent.
+    pub append_errors: AtomicU64,
+    pub rows_applied: AtomicU64,
+    pub duplicate_rows: AtomicU64,
+    pub reinstalls: AtomicU64,
+    pub holes: AtomicU64,
+    pub snapshots_written: AtomicU64,
+    pub rows_truncated: AtomicU64,
+}
+
+impl SinkStats {
+    pub fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+struct InFlight {
+    token: RowToken,
+    tx: oneshot::Sender<Result<Resolution, SinkError>>,
+}
+
+struct Resolution {
+    index: u64,
+    results: Vec<CommandResult>,
+    fenced: bool,
+}
+
+/// What every task of one sink shares.
+pub(crate) struct Shared {
+    pub(crate) config: SinkConfig,
+    pub(crate) store: Arc<dyn LogStore>,
+    view: ArcSwap<View>,
+    applied: watch::Sender<u64>,
+    halted: Mutex<Option<SinkError>>,
+    inflight: Mutex<Option<InFlight>>,
+    tail_kick: Notify,
+    pub(crate) node_epoch: AtomicU64,
+    pub(crate) incarnation: u64,
+    pub(crate) stats: Arc<SinkStats>,
+    pub(crate) shutdown: watch::Sender<bool>,
+    pub(crate) lease: watch::Sender<LeaseStatus>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("node_id", &self.config.node_id)
+            .field("node_epoch", &self.node_epoch)
+            .field("applied", &*self.applied.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    pub(crate) fn view(&self) -> View {
+        View::clone(&self.view.load())
+    }
+
+    pub(crate) fn applied_watch(&self) -> watch::Receiver<u64> {
+        self.applied.subscribe()
+    }
+
+    pub(crate) fn halted(&self) -> Option<SinkError> {
+        self.halted.lock().expect("halt lock").clone()
+    }
+
+    pub(crate) fn node(&self) -> NodeRef {
+        NodeRef {
+            node_id: self.config.node_id,
+            node_epoch: self.node_epoch.load(Ordering::Acquire),
+        }
+    }
+
+    /// Stops the sink for good: every waiter and every later proposal gets `error`.
+    fn halt(&self, error: SinkError) {
+        {
+            let mut halted = self.halted.lock().expect("halt lock");
+            if halted.is_some() {
+                return;
+            }
+            if error != SinkError::Shutdown {
+                tracing::error!(node_id = self.config.node_id, %error, "metadata sink halted");
+            }
+            *halted = Some(error.clone());
+        }
+        if let Some(inflight) = self.inflight.lock().expect("inflight lock").take() {
+            let _ = inflight.tx.send(Err(error));
+        }
+        // Wake wait_applied callers so that they see the halt.
+        self.applied.send_modify(|_| {});
+    }
+
+    fn publish(&self, index: u64, state: &State) {
+        self.view.store(Arc::new(View::new(index, state.clone())));
+        self.applied.send_replace(index);
+    }
+
+    fn is_shutdown(&self) -> bool {
+        *self.shutdown.borrow()
+    }
+}
+
+/// Exponential backoff between retries of a failing store call.
+pub(crate) struct Backoff {
+    next: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    pub(crate) fn new(max: Duration) -> Self {
+        Backoff {
+            next: Duration::from_millis(5),
+            max,
+        }
+    }
+
+    pub(crate) fn next(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (self.next * 2).min(self.max);
+        d
+    }
+
+    pub(crate) fn reset(&mut self) {
+        self.next = Duration::from_millis(5);
+    }
+}
+
+fn wall_clock_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+// ============================================================================ tailer
+
+/// The tailer's working state: the state it applies to and the index it is at.
+pub(crate) struct Tail {
+    state: State,
+    applied: u64,
+    supported: u32,
+    read_batch: u32,
+}
+
+type AppliedRow = (u64, RowToken, RowOutcome);
+
+enum TailStep {
+    /// Applied these rows.
+    Applied(Vec<AppliedRow>),
+    /// The rows after `applied` were truncated: reinstalled the snapshot.
+    Reinstalled,
+    /// Caught up with the log.
+    Idle,
+    /// Rows after `applied` exist but the next one is missing and not covered by the snapshot.
+    Hole { missing: u64, next_present: u64 },
+}
+
+impl Tail {
+    /// Starts from the stored snapshot, if any.
+    async fn load(
+        store: &dyn LogStore,
+        supported: u32,
+        read_batch: u32,
+    ) -> Result<Tail, SinkError> {
+        let mut tail = Tail {
+            state: State::default(),
+            applied: 0,
+            supported,
+            read_batch,
+        };
+        if let Some(s) = store.load_snapshot().await? {
+            tail.install(&s.payload, s.applied_index)?;
+        }
+        Ok(tail)
+    }
+
+    fn install(&mut self, payload: &[u8], row_index: u64) -> Result<(), SinkError> {
+        let (index, state) = decode_snapshot(payload, self.supported)
+            .map_err(|e| SinkError::decode(row_index, "snapshot", &e))?;
+        if index != row_index {
+            return Err(SinkError::Halted {
+                index: row_index,
+                reason: format!("snapshot row says {row_index} but encodes {index}"),
+            });
+        }
+        self.state = state;
+        self.applied = index;
+        Ok(())
+    }
+
+    /// Reads once past the applied index and applies what it can.
+    async fn step(&mut self, store: &dyn LogStore) -> Result<TailStep, SinkError> {
+        let rows = store.read_after(self.applied, self.read_batch).await?;
+        let Some(first) = rows.first() else {
+            return Ok(TailStep::Idle);
+        };
+        if first.index != self.applied + 1 {
+            // Below the snapshot's index the missing rows were truncated: reinstall from the
+            // snapshot. Above it, it is a hole: never skip it.
+            let next_present = first.index;
+            return match store.load_snapshot().await? {
+                Some(s)
+                    if s.applied_index + 1 >= next_present && s.applied_index > self.applied =>
+                {
+                    self.install(&s.payload, s.applied_index)?;
+                    Ok(TailStep::Reinstalled)
+                }
+                _ => Ok(TailStep::Hole {
+                    missing: self.applied + 1,
+                    next_present,
+                }),
+            };
+        }
+        let mut applied_rows = Vec::with_capacity(rows.len());
+        for row in rows {
+            if row.index != self.applied + 1 {
+                break; // a hole inside the batch: the next step reports it
+            }
+            let decoded = decode_row(&row.payload, self.supported)
+                .map_err(|e| SinkError::decode(row.index, &format!("log row {}", row.index), &e))?;
+            let ctx = ApplyContext {
+                index: row.index,
+                at_ms: decoded.proposed_at_ms,
+                supported_version: self.supported,
+            };
+            let outcome = self
+                .state
+                .apply_row(&ctx, &decoded)
+                .map_err(|e| SinkError::Halted {
+                    index: row.index,
+                    reason: e.to_string(),
+                })?;
+            self.applied = row.index;
+            applied_rows.push((row.index, decoded.token, outcome));
+        }
+        Ok(TailStep::Applied(applied_rows))
+    }
+
+    /// One step with its effects on the sink: publish the view, then resolve the proposers.
+    async fn step_shared(&mut self, shared: &Shared) -> Result<TailStep, SinkError> {
+        let step = self.step(shared.store.as_ref()).await?;
+        match &step {
+            TailStep::Applied(rows) => {
+                let duplicates = rows
+                    .iter()
+                    .filter(|r| matches!(r.2, RowOutcome::Duplicate(_)))
+                    .count();
+                SinkStats::add(&shared.stats.duplicate_rows, duplicates as u64);
+                SinkStats::add(&shared.stats.rows_applied, rows.len() as u64);
+                // Publish before resolving: a proposer that gets its answer sees its write.
+                shared.publish(self.applied, &self.state);
+                self.resolve(shared, rows);
+            }
+            TailStep::Reinstalled => {
+                tracing::info!(
+                    node_id = shared.config.node_id,
+                    index = self.applied,
+                    "log truncated past this node; reinstalled from the snapshot"
+                );
+                SinkStats::add(&shared.stats.reinstalls, 1);
+                shared.publish(self.applied, &self.state);
+                self.resolve(shared, &[]);
+            }
+            TailStep::Idle | TailStep::Hole { .. } => {}
+        }
+        Ok(step)
+    }
+
+    /// Answers this process's row in flight once the state covers it.
+    fn resolve(&self, shared: &Shared, applied_rows: &[AppliedRow]) {
+        let mut guard = shared.inflight.lock().expect("inflight lock");
+        let Some(token) = guard.as_ref().map(|f| f.token) else {
+            return;
+        };
+        let mut resolution = None;
+        for (index, row_token, outcome) in applied_rows {
+            if *row_token != token {
+                continue;
+            }
+            if let Some(results) = outcome.results() {
+                resolution = Some(Resolution {
+                    index: *index,
+                    results: results.to_vec(),
+                    fenced: matches!(outcome, RowOutcome::Fenced(_)),
+                });
+                break;
+            }
+        }
+        if resolution.is_none() {
+            resolution = self.covered_by_state(token);
+        }
+        if let Some(resolution) = resolution
+            && let Some(inflight) = guard.take()
+        {
+            let _ = inflight.tx.send(Ok(resolution));
+        }
+    }
+
+    /// The row's effect is in the state but its log row is gone (reinstalled from a snapshot),
+    /// or the process was superseded so the row can never apply.
+    fn covered_by_state(&self, token: RowToken) -> Option<Resolution> {
+        if let Some(last) = self.state.row_tokens.get(&token.node_id)
+            && last.node_epoch == token.node_epoch
+            && last.incarnation == token.incarnation
+            && last.sequence == token.sequence
+        {
+            return Some(Resolution {
+                index: self.applied,
+                results: last.results.iter().map(StoredResult::to_result).collect(),
+                fenced: false,
+            });
+        }
+        let node = self.state.nodes.get(&token.node_id)?;
+        let superseded = node.node_epoch > token.node_epoch
+            || (node.node_epoch == token.node_epoch && node.incarnation != token.incarnation);
+        superseded.then(|| {
+            let rejection = Rejection::new(
+                RejectionKind::NodeFenced,
+                format!(
+                    "node {} epoch {} was superseded by epoch {}",
+                    token.node_id, token.node_epoch, node.node_epoch
+                ),
+            )
+            .with_current(node.node_epoch);
+            Resolution {
+                index: self.applied,
+                // The count is filled in by the flusher, which knows the row's size.
+                results: vec![Err(rejection)],
+                fenced: true,
+            }
+        })
+    }
+
+    /// Applies until caught up with the log (used at start). Waits out holes.
+    async fn catch_up(&mut self, store: &dyn LogStore, poll: Duration) -> Result<(), SinkError> {
+        let mut hole_since = None;
+        loop {
+            match self.step(store).await? {
+                TailStep::Applied(_) | TailStep::Reinstalled => hole_since = None,
+                TailStep::Idle => return Ok(()),
+                TailStep::Hole {
+                    missing,
+                    next_present,
+                } => {
+                    let since = *hole_since.get_or_insert_with(tokio::time::Instant::now);
+                    tracing::warn!(missing, next_present, waited = ?since.elapsed(), "hole in the metadata log; waiting");
+                    tokio::time::sleep(poll).await;
+                }
+            }
+        }
+    }
+
+    async fn run(mut self, shared: Arc<Shared>) {
+        let mut backoff = Backoff::new(shared.config.max_backoff);
+        let mut shutdown = shared.shutdown.subscribe();
+        let mut hole_since: Option<tokio::time::Instant> = None;
+        loop {
+            if shared.is_shutdown() || shared.halted().is_some() {
+                return;
+            }
+            let wait = match self.step_shared(&shared).await {
+                Ok(TailStep::Applied(_) | TailStep::Reinstalled) => {
+                    backoff.reset();
+                    hole_since = None;
+                    continue;
+                }
+                Ok(TailStep::Idle) => shared.config.tail_poll_interval,
+                Ok(TailStep::Hole {
+                    missing,
+                    next_present,
+                }) => {
+                    let since = *hole_since.get_or_insert_with(tokio::time::Instant::now);
+                    SinkStats::add(&shared.stats.holes, 1);
+                    if since.elapsed() > Duration::from_secs(1) {
+                        tracing::error!(
+                            node_id = shared.config.node_id,
+                            missing,
+                            next_present,
+                            waited = ?since.elapsed(),
+                            "hole in the metadata log: row {missing} is missing above the snapshot; waiting, never skipping"
+                        );
+                    }
+                    shared.config.tail_poll_interval
+                }
+                Err(SinkError::Store(e)) => {
+                    tracing::warn!(node_id = shared.config.node_id, error = %e, "tailing the metadata log failed; retrying");
+                    backoff.next()
+                }
+                Err(e) => {
+                    shared.halt(e);
+                    return;
+                }
+            };
+            tokio::select! {
+                _ = shared.tail_kick.notified() => {}
+                _ = tokio::time::sleep(wait) => {}
+                _ = shutdown.changed() => {}
+            }
+        }
+    }
+}
+
+// ============================================================================ flusher
+
+pub(crate) struct Proposal {
+    pub(crate) command: Command,
+    pub(crate) size: usize,
+    pub(crate) tx: oneshot::Sender<Result<Proposed, SinkError>>,
+}
+
+/// Appends this process's rows, one at a time.
+pub(crate) struct Appender {
+    shared: Arc<Shared>,
+    sequence: u64,
+}
+
+impl Appender {
+    /// Appends one row of `commands` and waits for the tailer to apply it. Retries until the
+    /// row is known applied: after an unknown outcome the same bytes are resent, and the
+    /// row's token makes a second copy a no-op.
+    async fn commit(&mut self, commands: Vec<Command>) -> Result<Resolution, SinkError> {
+        let shared = Arc::clone(&self.shared);
+        self.sequence += 1;
+        let token = RowToken {
+            node_id: shared.config.node_id,
+            node_epoch: shared.node_epoch.load(Ordering::Acquire),
+            incarnation: shared.incarnation,
+            sequence: self.sequence,
+        };
+        let count = commands.len();
+        let bytes = encode_row(&Row {
+            token,
+            proposed_at_ms: wall_clock_ms(),
+            commands,
+        });
+        let (tx, mut rx) = oneshot::channel();
+        {
+            if let Some(e) = shared.halted() {
+                return Err(e);
+            }
+            *shared.inflight.lock().expect("inflight lock") = Some(InFlight { token, tx });
+        }
+        let mut backoff = Backoff::new(shared.config.max_backoff);
+        loop {
+            match shared.store.append(&bytes).await {
+                Ok(_) => {
+                    SinkStats::add(&shared.stats.rows_appended, 1);
+                    SinkStats::add(&shared.stats.commands_appended, count as u64);
+                    shared.tail_kick.notify_one();
+                    break;
+                }
+                Err(StoreError::AppendConflict) => {
+                    SinkStats::add(&shared.stats.append_conflicts, 1);
+                }
+                Err(e) => {
+                    SinkStats::add(&shared.stats.append_errors, 1);
+                    tracing::warn!(node_id = token.node_id, sequence = token.sequence, error = %e, "append failed; resending the same row");
+                    shared.tail_kick.notify_one();
+                    // The row may have committed: if the tailer resolves it meanwhile, done.
+                    tokio::select! {
+                        r = &mut rx => return Self::finish(r, count),
+                        _ = tokio::time::sleep(backoff.next()) => {}
+                    }
+                    if let Some(e) = shared.halted() {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        loop {
+            tokio::select! {
+                r = &mut rx => return Self::finish(r, count),
+                _ = tokio::time::sleep(shared.config.tail_poll_interval) => shared.tail_kick.notify_one(),
+            }
+        }
+    }
+
+    fn finish(
+        r: Result<Result<Resolution, SinkError>, oneshot::error::RecvError>,
+        count: usize,
+    ) -> Result<Resolution, SinkError> {
+        let mut resolution = r.map_err(|_| SinkError::Shutdown)??;
+        if resolution.results.len() != count {
+            // A superseded row: one rejection stands for all its commands.
+            let first = resolution.results.first().cloned().unwrap_or_else(|| {
+                Err(Rejection::new(
+                    RejectionKind::Unspecified,
+                    "row outcome lost",
+                ))
+            });
+            resolution.results = vec![first; count];
+        }
+        Ok(resolution)
+    }
+
+    async fn run(mut self, mut queue: mpsc::Receiver<Proposal>) {
+        let shared = Arc::clone(&self.shared);
+        let mut carry: Option<Proposal> = None;
+        loop {
+            let first = match carry.take() {
+                Some(p) => p,
+                None => match queue.recv().await {
+                    Some(p) => p,
+                    None => return,
+                },
+            };
+            let mut bytes = first.size;
+            let mut batch = vec![first];
+            while batch.len() < shared.config.max_commands_per_row {
+                match queue.try_recv() {
+                    Ok(p) if bytes + p.size > shared.config.max_row_bytes => {
+                        carry = Some(p);
+                        break;
+                    }
+                    Ok(p) => {
+                        bytes += p.size;
+                        batch.push(p);
+                    }
+                    Err(_) => break,
+                }
+            }
+            let (commands, senders): (Vec<Command>, Vec<_>) =
+                batch.into_iter().map(|p| (p.command, p.tx)).unzip();
+            match self.commit(commands).await {
+                Ok(resolution) => {
+                    for (tx, result) in senders.into_iter().zip(resolution.results) {
+                        let _ = tx.send(Ok(Proposed {
+                            index: resolution.index,
+                            result,
+                        }));
+                    }
+                    if resolution.fenced {
+                        let node = shared.node();
+                        shared.halt(SinkError::Fenced {
+                            node_id: node.node_id,
+                            node_epoch: node.node_epoch,
+                        });
+                    }
+                }
+                Err(e) => {
+                    for tx in senders {
+                        let _ = tx.send(Err(e.clone()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+// ============================================================================ the sink
+
+struct Inner {
+    shared: Arc<Shared>,
+    queue: mpsc::Sender<Proposal>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.shared.shutdown.send_replace(true);
+    }
+}
+
+/// One node's handle on the command log. Cheap to clone; all clones share the node.
+#[derive(Clone)]
+pub struct Sink {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Sink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.inner.shared.fmt(f)
+    }
+}
+
+impl Sink {
+    /// Catches up with the log (snapshot + tail), registers this node at a new node epoch,
+    /// and starts the flusher, tailer and membership tasks.
+    pub async fn start(store: Arc<dyn LogStore>, config: SinkConfig) -> Result<Sink, SinkError> {
+        if config.node_id == 0 {
+            return Err(SinkError::Start("node id must be positive".to_string()));
+        }
+        let supported = config.supported_metadata_version;
+        let mut tail = Tail::load(store.as_ref(), supported, config.read_batch)
+            .await
+            .map_err(|e| SinkError::Start(e.to_string()))?;
+        let shared = Arc::new(Shared {
+            view: ArcSwap::from_pointee(View::new(tail.applied, tail.state.clone())),
+            applied: watch::channel(tail.applied).0,
+            halted: Mutex::new(None),
+            inflight: Mutex::new(None),
+            tail_kick: Notify::new(),
+            node_epoch: AtomicU64::new(0),
+            incarnation: rand::random::<u64>() | 1,
+            stats: Arc::new(SinkStats::default()),
+            shutdown: watch::channel(false).0,
+            lease: watch::channel(LeaseStatus::NotHeld).0,
+            store,
+            config,
+        });
+        tail.catch_up(shared.store.as_ref(), shared.config.tail_poll_interval)
+            .await
+            .map_err(|e| SinkError::Start(e.to_string()))?;
+        let state_version = tail.state.metadata_version;
+        if state_version > supported {
+            return Err(SinkError::Start(format!(
+                "the cluster is at metadata_version {state_version}, this node supports up to {supported}: upgrade it"
+            )));
+        }
+
+        // Pick an epoch above any this node id ever used, announce it in meta_node first (so
+        // the coordinator counts this node before it can raise the metadata version), then
+        // register it through the log.
+        let node_id = shared.config.node_id;
+        let stored_epoch = shared
+            .store
+            .nodes()
+            .await?
+            .iter()
+            .find(|n| n.node_id == node_id)
+            .map_or(0, |n| n.node_epoch);
+        let known_epoch = tail.state.nodes.get(&node_id).map_or(0, |n| n.node_epoch);
+        let mut epoch = stored_epoch.max(known_epoch) + 1;
+
+        let tailer = tokio::spawn(tail.run(Arc::clone(&shared)));
+        let mut appender = Appender {
+            shared: Arc::clone(&shared),
+            sequence: 0,
+        };
+        loop {
+            shared.node_epoch.store(epoch, Ordering::Release);
+            shared
+                .store
+                .heartbeat(&Heartbeat {
+                    node_id,
+                    node_epoch: epoch,
+                    applied_index: *shared.applied.borrow(),
+                    supported_version: supported,
+                })
+                .await?;
+            let register = Command::RegisterNode(RegisterNode {
+                node_id,
+                node_epoch: epoch,
+                incarnation: shared.incarnation,
+                address: shared.config.address.clone(),
+                supported_metadata_version: supported,
+            });
+            let resolution = match appender.commit(vec![register]).await {
+                Ok(r) => r,
+                Err(e) => {
+                    shared.shutdown.send_replace(true);
+                    tailer.abort();
+                    return Err(SinkError::Start(e.to_string()));
+                }
+            };
+            match resolution.results.into_iter().next() {
+                Some(Ok(_)) => break,
+                Some(Err(r)) if r.kind() == RejectionKind::NodeFenced => {
+                    // Another process registered this id meanwhile: go above it.
+                    epoch = r.current.unwrap_or(epoch).max(epoch) + 1;
+                }
+                other => {
+                    shared.shutdown.send_replace(true);
+                    tailer.abort();
+                    return Err(SinkError::Start(format!(
+                        "registering node {node_id} failed: {other:?}"
+                    )));
+                }
+            }
+        }
+        tracing::info!(node_id, node_epoch = epoch, "metadata sink started");
+
+        let (queue, rx) = mpsc::channel(shared.config.queue_capacity);
+        let flusher = tokio::spawn(appender.run(rx));
+        let membership = tokio::spawn(lease::run(Arc::clone(&shared), queue.clone()));
+        Ok(Sink {
+            inner: Arc::new(Inner {
+                shared,
+                queue,
+                tasks: Mutex::new(vec![tailer, flusher, membership]),
+            }),
+        })
+    }
+
+    /// Proposes one command and waits until this node has applied it. The view is published
+    /// before this returns, so the caller's next [`Sink::view`] includes the write.
+    pub async fn propose(&self, command: Command) -> Result<Proposed, SinkError> {
+        let rx = self.enqueue(command).await?;
+        rx.await.map_err(|_| SinkError::Shutdown)?
+    }
+
+    async fn enqueue(
+        &self,
+        command: Command,
+    ) -> Result<oneshot::Receiver<Result<Proposed, SinkError>>, SinkError> {
+        let shared = &self.inner.shared;
+        if let Some(e) = shared.halted() {
+            return Err(e);
+        }
+        let current = shared.view.load().state.metadata_version;
+        if command.since() > current {
+            return Err(SinkError::NotEnabled {
+                command: command.name(),
+                since: command.since(),
+                current,
+            });
+        }
+        let size = encoded_command_len(&command);
+        if size > shared.config.max_row_bytes {
+            return Err(SinkError::TooLarge {
+                size,
+                limit: shared.config.max_row_bytes,
+            });
+        }
+        let (tx, rx) = oneshot::channel();
+        self.inner
+            .queue
+            .send(Proposal { command, size, tx })
+            .await
+            .map_err(|_| SinkError::Shutdown)?;
+        Ok(rx)
+    }
+
+    /// The current view; never blocks, never touches the database.
+    pub fn view(&self) -> View {
+        self.inner.shared.view()
+    }
+
+    /// Waits until this node has applied `index`, then returns the view (at `index` or later).
+    pub async fn wait_applied(&self, index: u64) -> Result<View, SinkError> {
+        let shared = &self.inner.shared;
+        let mut applied = shared.applied.subscribe();
+        loop {
+            if let Some(e) = shared.halted() {
+                return Err(e);
+            }
+            if *applied.borrow_and_update() >= index {
+                return Ok(shared.view());
+            }
+            if applied.changed().await.is_err() {
+                return Err(SinkError::Shutdown);
+            }
+        }
+    }
+
+    /// This process's node identity.
+    pub fn node(&self) -> NodeRef {
+        self.inner.shared.node()
+    }
+
+    /// Lease status, as a watch the coordinator and the lifecycle loops follow.
+    pub fn lease(&self) -> watch::Receiver<LeaseStatus> {
+        self.inner.shared.lease.subscribe()
+    }
+
+    pub fn stats(&self) -> &Arc<SinkStats> {
+        &self.inner.shared.stats
+    }
+
+    pub fn config(&self) -> &SinkConfig {
+        &self.inner.shared.config
+    }
+
+    /// Why the sink stopped, if it did.
+    pub fn halted(&self) -> Option<SinkError> {
+        self.inner.shared.halted()
+    }
+
+    /// Stops the node cleanly: stops proposing, releases the lease and expires this node's
+    /// heartbeat so that others need not wait a TTL to take over.
+    pub async fn shutdown(&self) {
+        let shared = &self.inner.shared;
+        shared.shutdown.send_replace(true);
+        let tasks = std::mem::take(&mut *self.inner.tasks.lock().expect("tasks lock"));
+        for task in tasks {
+            task.abort();
+            let _ = task.await;
+        }
+        let node = shared.node();
+        let limit = shared.config.heartbeat_interval();
+        let _ = tokio::time::timeout(
+            limit,
+            shared.store.release_lease(node.node_id, node.node_epoch),
+        )
+        .await;
+        let _ = tokio::time::timeout(
+            limit,
+            shared.store.expire_heartbeat(node.node_id, node.node_epoch),
+        )
+        .await;
+        shared.lease.send_replace(LeaseStatus::NotHeld);
+        shared.halt(SinkError::Shutdown);
+    }
+
+    /// Stops every task at once without releasing anything: what a crash (SIGKILL) leaves.
+    pub fn abort(&self) {
+        let shared = &self.inner.shared;
+        shared.shutdown.send_replace(true);
+        for task in self.inner.tasks.lock().expect("tasks lock").drain(..) {
+            task.abort();
+        }
+        shared.halt(SinkError::Shutdown);
+    }
+}
+
+/// Loads the state a cold start would: the stored snapshot, then every row after it, until
+/// caught up. Registers nothing and proposes nothing (for tools, tests and read-only checks).
+pub async fn load_view(store: &dyn LogStore, supported_version: u32) -> Result<View, SinkError> {
+    let mut tail = Tail::load(store, supported_version, 1024).await?;
+    tail.catch_up(store, Duration::from_millis(20)).await?;
+    Ok(View::new(tail.applied, tail.state))
+}

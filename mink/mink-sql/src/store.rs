@@ -1,0 +1,200 @@
+//! The storage interface of the command log: the four tables and the few operations the sink
+//! performs on them. One implementation per database ([`crate::SqliteStore`],
+//! [`crate::PostgresStore`]); faults are injected by wrapping one ([`crate::FaultyStore`]).
+
+use std::fmt::Debug;
+
+use async_trait::async_trait;
+
+/// A row of `meta_log`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogRow {
+    pub index: u64,
+    pub payload: Vec<u8>,
+}
+
+/// The `meta_snapshot` row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotRow {
+    pub applied_index: u64,
+    pub payload: Vec<u8>,
+}
+
+/// A lease granted (or renewed) to the caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseGrant {
+    /// Rises each time the lease changes hands; becomes the coordinator epoch.
+    pub term: u64,
+    /// Database time at which the lease lapses unless renewed.
+    pub expires_at_ms: i64,
+}
+
+/// The `meta_lease` row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseRow {
+    pub node_id: u64,
+    pub node_epoch: u64,
+    pub term: u64,
+    pub expires_at_ms: i64,
+    /// Database time when the row was read.
+    pub now_ms: i64,
+}
+
+/// What a node reports every heartbeat.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Heartbeat {
+    pub node_id: u64,
+    pub node_epoch: u64,
+    pub applied_index: u64,
+    pub supported_version: u32,
+}
+
+/// A `meta_node` row, with its age by the database's clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeRow {
+    pub node_id: u64,
+    pub node_epoch: u64,
+    pub heartbeat_ms: i64,
+    pub applied_index: u64,
+    pub supported_version: u32,
+    /// Database time minus `heartbeat_ms`.
+    pub age_ms: i64,
+}
+
+/// Errors of a store operation, classed by what the caller can do about them.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// Another writer took the index this append computed. Retry: the next attempt computes a
+    /// new one.
+    #[error("another writer appended at the same index")]
+    AppendConflict,
+    /// The database could not be reached, or the connection broke. For writes the outcome is
+    /// unknown: the statement may or may not have committed. Retry.
+    #[error("metadata database unavailable: {0}")]
+    Unavailable(String),
+    /// The database refused the statement (schema, permissions, constraint). Retrying the
+    /// same statement is unlikely to help, but the sink keeps trying with backoff and alarms.
+    #[error("metadata database error: {0}")]
+    Database(String),
+}
+
+impl StoreError {
+    pub fn is_retriable(&self) -> bool {
+        !matches!(self, StoreError::Database(_))
+    }
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// The command log's tables on one SQL database.
+///
+/// Contract (every implementation; checked by the conformance suite in `tests/`):
+/// - Every operation is one transaction. A write either commits whole or not at all; when the
+///   connection breaks after COMMIT was sent, the call returns [`StoreError::Unavailable`] and
+///   the caller must treat the outcome as unknown.
+/// - `append` computes the new index inside the INSERT as `MAX(idx) + 1` (1 for an empty log).
+///   Two concurrent appends never both succeed at one index: the loser gets
+///   [`StoreError::AppendConflict`] and nothing is written. The index is never taken from a
+///   sequence, an identity column, or the caller.
+/// - `read_after(after, limit)` returns committed rows with `idx > after`, ascending, at most
+///   `limit`. Rows are never modified once written; they disappear only through `truncate`.
+/// - `store_snapshot` writes only if the stored snapshot's index is lower (compare-and-set on a
+///   rising index) and says whether it wrote; `truncate(up_to)` deletes rows with
+///   `idx <= up_to` that are also at or below the stored snapshot's index, and never the newest
+///   row, so `MAX(idx)` (and therefore the next index) survives truncation.
+/// - Times (`now_ms`, heartbeats, lease expiry) come from the database's clock, in
+///   milliseconds since the Unix epoch, so nodes with skewed clocks agree.
+/// - Lease: `acquire_lease` grants or renews the single lease row to `(node_id, node_epoch)`
+///   when it has lapsed or that node-epoch already holds it, sets its expiry to now + ttl, and
+///   raises `term` when the holder changes. It returns `None` when someone else holds it.
+/// - Heartbeats: `heartbeat` upserts the node's row with the database's now; a row is never
+///   overwritten by an older node epoch. `expire_heartbeat` marks the row dead (age = now).
+#[async_trait]
+pub trait LogStore: Debug + Send + Sync + 'static {
+    /// Appends one row; returns its index.
+    async fn append(&self, payload: &[u8]) -> StoreResult<u64>;
+
+    /// Rows with `idx > after`, ascending, at most `limit`.
+    async fn read_after(&self, after: u64, limit: u32) -> StoreResult<Vec<LogRow>>;
+
+    /// `(MIN(idx), MAX(idx))`, or `None` for an empty log.
+    async fn log_bounds(&self) -> StoreResult<Option<(u64, u64)>>;
+
+    async fn load_snapshot(&self) -> StoreResult<Option<SnapshotRow>>;
+
+    /// Writes the snapshot if its index is above the stored one. Returns whether it wrote.
+    async fn store_snapshot(&self, applied_index: u64, payload: &[u8]) -> StoreResult<bool>;
+
+    /// Deletes rows at or below `up_to` (and at or below the snapshot index), never the newest.
+    /// Returns how many rows it deleted.
+    async fn truncate(&self, up_to: u64) -> StoreResult<u64>;
+
+    /// The database's clock.
+    async fn now_ms(&self) -> StoreResult<i64>;
+
+    async fn acquire_lease(
+        &self,
+        node_id: u64,
+        node_epoch: u64,
+        ttl_ms: i64,
+    ) -> StoreResult<Option<LeaseGrant>>;
+
+    /// Lets the lease lapse now, if `(node_id, node_epoch)` holds it.
+    async fn release_lease(&self, node_id: u64, node_epoch: u64) -> StoreResult<()>;
+
+    async fn read_lease(&self) -> StoreResult<LeaseRow>;
+
+    async fn heartbeat(&self, heartbeat: &Heartbeat) -> StoreResult<()>;
+
+    async fn expire_heartbeat(&self, node_id: u64, node_epoch: u64) -> StoreResult<()>;
+
+    async fn nodes(&self) -> StoreResult<Vec<NodeRow>>;
+
+    /// Inserts a row at an explicit index, bypassing `append`'s rules. Only for tests that need
+    /// to plant a corrupt row or a hole; the sink never calls it.
+    async fn insert_raw(&self, index: u64, payload: &[u8]) -> StoreResult<()>;
+}
+
+/// Classifies an sqlx error. By value, to fit `map_err`.
+#[allow(clippy::needless_pass_by_value)]
+pub(crate) fn classify(e: sqlx::Error) -> StoreError {
+    match &e {
+        sqlx::Error::Database(db) => {
+            if matches!(db.kind(), sqlx::error::ErrorKind::UniqueViolation) {
+                return StoreError::AppendConflict;
+            }
+            // SQLite: SQLITE_BUSY (5) and SQLITE_LOCKED (6) and their extended codes.
+            // Postgres: class 08 (connection), 40001/40P01 (serialization, deadlock),
+            // 57P01-57P03 (shutdown, cannot connect now), 53xxx (resources).
+            let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
+            let busy = code.parse::<i32>().is_ok_and(|c| matches!(c & 0xff, 5 | 6));
+            let transient = code.starts_with("08")
+                || code.starts_with("53")
+                || code.starts_with("57P")
+                || code == "40001"
+                || code == "40P01";
+            if busy || transient {
+                StoreError::Unavailable(e.to_string())
+            } else {
+                StoreError::Database(e.to_string())
+            }
+        }
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => StoreError::Unavailable(e.to_string()),
+        _ => StoreError::Database(e.to_string()),
+    }
+}
+
+/// Database integers are signed; ours are not.
+pub(crate) fn to_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+pub(crate) fn to_u64(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}

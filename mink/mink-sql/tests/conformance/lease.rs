@@ -1,0 +1,156 @@
+//! Lease, coordinator epochs and node-epoch fencing.
+
+use std::time::{Duration, Instant};
+
+use mink_metadata::*;
+use mink_sql::*;
+use tokio::sync::watch;
+
+use crate::harness::*;
+
+async fn held(lease: &mut watch::Receiver<LeaseStatus>, limit: Duration) -> u64 {
+    let status = tokio::time::timeout(limit, lease.wait_for(|s| s.coordinator_epoch().is_some()))
+        .await
+        .expect("lease acquired in time")
+        .expect("lease watch open");
+    status.coordinator_epoch().unwrap()
+}
+
+fn expire_prepared(coordinator_epoch: u64) -> Command {
+    Command::ExpirePreparedObjects(ExpirePreparedObjects {
+        coordinator_epoch,
+        now_ms: 0,
+    })
+}
+
+async fn the_lease_holder_registers_as_coordinator(db: TestDb) {
+    let sink = start(&db, config(1)).await;
+    let epoch = held(&mut sink.lease(), Duration::from_secs(5)).await;
+    let coordinator = sink.view().state.coordinator.clone().unwrap();
+    assert_eq!(
+        (
+            coordinator.node_id,
+            coordinator.node_epoch,
+            coordinator.epoch
+        ),
+        (1, sink.node().node_epoch, epoch)
+    );
+    let (_, outcome) = ok(&sink, expire_prepared(epoch)).await;
+    assert!(outcome.is_redundant(), "nothing to expire");
+    let wrong = sink.propose(expire_prepared(epoch + 1)).await.unwrap();
+    assert_eq!(
+        wrong.result.unwrap_err().kind(),
+        RejectionKind::CoordinatorFenced
+    );
+    // A clean shutdown releases the lease at once.
+    sink.shutdown().await;
+    let store = db.store().await;
+    let lease = store.read_lease().await.unwrap();
+    assert!(lease.expires_at_ms <= lease.now_ms);
+}
+conformance!(the_lease_holder_registers_as_coordinator);
+
+/// A holds the lease, then freezes. Returns (A, its faults, B, A's old epoch, B's epoch).
+async fn freeze_the_holder(db: &TestDb) -> (Sink, std::sync::Arc<Faults>, Sink, u64, u64) {
+    let faults = Faults::new(3);
+    let a = Sink::start(db.faulty_store(&faults).await, config(1))
+        .await
+        .unwrap();
+    let mut a_lease = a.lease();
+    let a_epoch = held(&mut a_lease, Duration::from_secs(5)).await;
+    let b = start(db, config(2)).await;
+    let mut b_lease = b.lease();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        b_lease.borrow().coordinator_epoch(),
+        None,
+        "one holder at a time"
+    );
+
+    let paused_at = Instant::now();
+    faults.pause();
+    tokio::time::timeout(
+        Duration::from_secs(2),
+        a_lease.wait_for(|s| s.coordinator_epoch().is_none()),
+    )
+    .await
+    .expect("the frozen holder gives the lease up locally within a TTL")
+    .unwrap();
+    assert!(paused_at.elapsed() <= a.config().lease_ttl + Duration::from_millis(300));
+    let b_epoch = held(&mut b_lease, Duration::from_secs(5)).await;
+    assert!(b_epoch > a_epoch);
+    let view = b.view();
+    let coordinator = view.state.coordinator.as_ref().unwrap();
+    assert_eq!((coordinator.node_id, coordinator.epoch), (2, b_epoch));
+    (a, faults, b, a_epoch, b_epoch)
+}
+
+async fn the_lease_fails_over_when_the_holder_stops_renewing(db: TestDb) {
+    let (a, faults, b, _, b_epoch) = freeze_the_holder(&db).await;
+    let (_, outcome) = ok(&b, expire_prepared(b_epoch)).await;
+    assert!(outcome.is_redundant());
+    faults.resume();
+    a.shutdown().await;
+    b.shutdown().await;
+}
+conformance!(
+    the_lease_fails_over_when_the_holder_stops_renewing,
+    multi_node
+);
+
+async fn a_paused_ex_holder_is_rejected(db: TestDb) {
+    let (a, faults, b, a_epoch, _) = freeze_the_holder(&db).await;
+    // A wakes up still believing in its epoch, and issues a coordinator command with it.
+    faults.resume();
+    let stale = a.propose(expire_prepared(a_epoch)).await.unwrap();
+    let rejection = stale.result.unwrap_err();
+    assert_eq!(
+        rejection.kind(),
+        RejectionKind::CoordinatorFenced,
+        "{rejection}"
+    );
+    assert_eq!(a.lease().borrow().coordinator_epoch(), None);
+    a.shutdown().await;
+    b.shutdown().await;
+}
+conformance!(a_paused_ex_holder_is_rejected, multi_node);
+
+async fn a_restarted_nodes_old_epoch_is_fenced(db: TestDb) {
+    let old = start(&db, quiet(1)).await;
+    let old_ref = old.node();
+    ok(&old, put("k", "old")).await;
+    // The node restarts (a new process with the same id) while the old one still runs.
+    let new = start(&db, quiet(1)).await;
+    let new_ref = new.node();
+    assert!(new_ref.node_epoch > old_ref.node_epoch);
+    // A command carrying the old identity is refused whoever sends it...
+    let prepare = |node: NodeRef| {
+        Command::PrepareObject(PrepareObject {
+            node_id: node.node_id,
+            node_epoch: node.node_epoch,
+            count: 1,
+            expires_at_ms: 1,
+        })
+    };
+    let p = new.propose(prepare(old_ref)).await.unwrap();
+    assert_eq!(p.result.unwrap_err().kind(), RejectionKind::NodeFenced);
+    ok(&new, prepare(new_ref)).await;
+    // ...and every row the old process writes is void.
+    let stale = old.propose(put("k", "zombie")).await.unwrap();
+    assert_eq!(stale.result.unwrap_err().kind(), RejectionKind::NodeFenced);
+    eventually("the old process halts", Duration::from_secs(5), || {
+        matches!(old.halted(), Some(SinkError::Fenced { .. }))
+    })
+    .await;
+    assert!(matches!(
+        old.propose(put("k", "again")).await,
+        Err(SinkError::Fenced { .. })
+    ));
+    ok(&new, put("k2", "new")).await;
+    let view = new.view();
+    assert_eq!(kv(&view, "k").as_deref(), Some("old"));
+    assert_eq!(kv(&view, "k2").as_deref(), Some("new"));
+    old.abort();
+    new.shutdown().await;
+}
+conformance!(a_restarted_nodes_old_epoch_is_fenced, multi_node);

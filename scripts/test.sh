@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Runs Mink's whole test suite on a fresh machine: formatting, lints, the dependency-set check,
+# and every test with cargo-nextest against SQLite (file and in-memory) and a throwaway
+# PostgreSQL that this script starts on a free loopback port and stops on exit.
+#
+# Environment:
+#   CARGO_TARGET_DIR  build directory (default: ~/.cache/mink/target, outside the clone)
+#   CI=true           a missing service fails the run instead of skipping its tests
+#   extra arguments   are passed to `cargo nextest run` (for example a test filter)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/mink/target}"
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-auto}"
+# shellcheck source=scripts/lib/postgres.sh
+source scripts/lib/postgres.sh
+
+started=$(date +%s)
+step() { printf '\n==> %s (%ss)\n' "$1" "$(($(date +%s) - started))"; }
+
+if ! command -v cargo-nextest >/dev/null 2>&1; then
+  step "installing cargo-nextest"
+  cargo install --locked cargo-nextest
+fi
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "one copy of each heavy dependency"
+dups=$(cargo tree --workspace -d -e normal,build --prefix none --format '{p}' --locked 2>/dev/null \
+  | grep -E '^(arrow|arrow-[a-z-]+|parquet|datafusion|datafusion-[a-z-]+|tonic|prost|sqlx|sqlx-[a-z]+|object_store|iceberg|iceberg-[a-z-]+|libsqlite3-sys|opentelemetry) v' \
+  | sort -u || true)
+if [ -n "$dups" ]; then
+  echo "two versions of a heavy crate are linked (cargo tree -d):" >&2
+  echo "$dups" >&2
+  exit 1
+fi
+
+step "PostgreSQL"
+trap stop_postgres EXIT
+if ! start_postgres; then
+  if [ "${CI:-}" = "true" ]; then
+    echo "CI=true: PostgreSQL is required." >&2
+    exit 1
+  fi
+  echo "WARNING: PostgreSQL tests will be skipped (install PostgreSQL to run them)." >&2
+fi
+
+step "cargo nextest run"
+cargo nextest run --workspace --locked --no-fail-fast "$@"
+
+step "done"
