@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use crate::config::SinkConfig;
 use crate::error::SinkError;
 use crate::lease::{self, LeaseStatus};
-use crate::store::{Heartbeat, LogStore, StoreError};
+use crate::store::{Heartbeat, LogRow, LogStore, StoreError};
 
 /// A proposal's answer: the index at which it was applied (the caller's next view is at least
 /// there) and what apply said.
@@ -76,6 +76,9 @@ pub(crate) struct Shared {
     applied: watch::Sender<u64>,
     halted: Mutex<Option<SinkError>>,
     inflight: Mutex<Option<InFlight>>,
+    /// This process's last appended row, as the database indexed it: when the tailer stands
+    /// right before it, it applies these bytes instead of reading them back.
+    own_row: Mutex<Option<LogRow>>,
     tail_kick: Notify,
     pub(crate) node_epoch: AtomicU64,
     pub(crate) incarnation: u64,
@@ -231,9 +234,17 @@ impl Tail {
         Ok(())
     }
 
-    /// Reads once past the applied index and applies what it can.
-    async fn step(&mut self, store: &dyn LogStore) -> Result<TailStep, SinkError> {
-        let rows = store.read_after(self.applied, self.read_batch).await?;
+    /// Reads once past the applied index and applies what it can. `own` is a row this
+    /// process just appended; when it is the next one, it is applied without a read.
+    async fn step(
+        &mut self,
+        store: &dyn LogStore,
+        own: Option<LogRow>,
+    ) -> Result<TailStep, SinkError> {
+        let rows = match own {
+            Some(row) if row.index == self.applied + 1 => vec![row],
+            _ => store.read_after(self.applied, self.read_batch).await?,
+        };
         let Some(first) = rows.first() else {
             return Ok(TailStep::Idle);
         };
@@ -281,7 +292,18 @@ impl Tail {
 
     /// One step with its effects on the sink: publish the view, then resolve the proposers.
     async fn step_shared(&mut self, shared: &Shared) -> Result<TailStep, SinkError> {
-        let step = self.step(shared.store.as_ref()).await?;
+        let own = {
+            let mut slot = shared.own_row.lock().expect("own row lock");
+            match slot.as_ref().map(|r| r.index) {
+                Some(index) if index == self.applied + 1 => slot.take(),
+                Some(index) if index <= self.applied => {
+                    *slot = None;
+                    None
+                }
+                _ => None,
+            }
+        };
+        let step = self.step(shared.store.as_ref(), own).await?;
         match &step {
             TailStep::Applied(rows) => {
                 let duplicates = rows
@@ -378,7 +400,7 @@ impl Tail {
     async fn catch_up(&mut self, store: &dyn LogStore, poll: Duration) -> Result<(), SinkError> {
         let mut hole_since = None;
         loop {
-            match self.step(store).await? {
+            match self.step(store, None).await? {
                 TailStep::Applied(_) | TailStep::Reinstalled => hole_since = None,
                 TailStep::Idle => return Ok(()),
                 TailStep::Hole {
@@ -486,9 +508,13 @@ impl Appender {
         let mut backoff = Backoff::new(shared.config.max_backoff);
         loop {
             match shared.store.append(&bytes).await {
-                Ok(_) => {
+                Ok(index) => {
                     SinkStats::add(&shared.stats.rows_appended, 1);
                     SinkStats::add(&shared.stats.commands_appended, count as u64);
+                    *shared.own_row.lock().expect("own row lock") = Some(LogRow {
+                        index,
+                        payload: bytes,
+                    });
                     shared.tail_kick.notify_one();
                     break;
                 }
@@ -632,6 +658,7 @@ impl Sink {
             applied: watch::channel(tail.applied).0,
             halted: Mutex::new(None),
             inflight: Mutex::new(None),
+            own_row: Mutex::new(None),
             tail_kick: Notify::new(),
             node_epoch: AtomicU64::new(0),
             incarnation: rand::random::<u64>() | 1,
@@ -784,6 +811,14 @@ impl Sink {
                 return Err(SinkError::Shutdown);
             }
         }
+    }
+
+    /// Nodes whose heartbeat (by the database's clock) is younger than the lease TTL: the ones
+    /// alive for assignment and failover.
+    pub async fn live_nodes(&self) -> Result<Vec<crate::store::NodeRow>, SinkError> {
+        let ttl_ms = self.inner.shared.config.lease_ttl_ms();
+        let nodes = self.inner.shared.store.nodes().await?;
+        Ok(nodes.into_iter().filter(|n| n.age_ms < ttl_ms).collect())
     }
 
     /// This process's node identity.

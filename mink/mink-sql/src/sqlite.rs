@@ -91,6 +91,14 @@ impl SqliteStore {
         })
     }
 
+    /// `PRAGMA synchronous` of the pool's connections (2 = FULL).
+    pub async fn synchronous(&self) -> StoreResult<i64> {
+        sqlx::query_scalar("PRAGMA synchronous")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(classify)
+    }
+
     async fn begin(&self) -> StoreResult<sqlx::Transaction<'static, sqlx::Sqlite>> {
         self.pool
             .begin_with("BEGIN IMMEDIATE")

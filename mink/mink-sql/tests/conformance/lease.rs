@@ -42,11 +42,19 @@ async fn the_lease_holder_registers_as_coordinator(db: TestDb) {
         wrong.result.unwrap_err().kind(),
         RejectionKind::CoordinatorFenced
     );
-    // A clean shutdown releases the lease at once.
+    let live = sink.live_nodes().await.unwrap();
+    assert_eq!(live.iter().map(|n| n.node_id).collect::<Vec<_>>(), vec![1]);
+    assert!(
+        live[0].applied_index > 0,
+        "heartbeats carry the applied index"
+    );
+    // A clean shutdown releases the lease and expires the heartbeat at once.
     sink.shutdown().await;
     let store = db.store().await;
     let lease = store.read_lease().await.unwrap();
     assert!(lease.expires_at_ms <= lease.now_ms);
+    let nodes = store.nodes().await.unwrap();
+    assert!(nodes[0].age_ms > 1_000_000, "heartbeat expired on shutdown");
 }
 conformance!(the_lease_holder_registers_as_coordinator);
 

@@ -204,6 +204,7 @@ async fn proposals_survive_connection_faults(db: TestDb) {
         .await
         .unwrap();
     faults.set(100, 100, 50);
+    faults.latency_us.store(300, Ordering::Relaxed);
     let tasks: Vec<_> = (0..8)
         .map(|t| {
             let sink = sink.clone();

@@ -152,3 +152,21 @@ async fn heartbeats_use_the_database_clock_and_never_regress(db: TestDb) {
     assert!(store.nodes().await.unwrap()[0].age_ms > 1_000_000_000);
 }
 conformance!(heartbeats_use_the_database_clock_and_never_regress);
+
+/// SQLite files run in WAL mode (persisted in the file) with synchronous=FULL.
+#[tokio::test]
+async fn sqlite_files_use_wal_and_full_sync() {
+    let Some(db) = TestDb::new(Backend::SqliteFile).await else {
+        return;
+    };
+    let store = db.store().await;
+    store.append(b"row").await.unwrap();
+    let mut conn: sqlx::SqliteConnection = sqlx::Connection::connect(&db.locator).await.unwrap();
+    let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(mode, "wal");
+    let store = mink_sql::SqliteStore::connect(&db.locator).await.unwrap();
+    assert_eq!(store.synchronous().await.unwrap(), 2, "2 = FULL");
+}

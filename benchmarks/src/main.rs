@@ -1,0 +1,29 @@
+//! `mink-bench`: Mink's benchmarks. Each suite prints its figures beside the limit or baseline
+//! it is judged against, measured in the same run, as a table and (with `--json`) as JSON.
+
+mod metadata;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "mink-bench",
+    about = "Mink's throughput and latency benchmarks"
+)]
+struct Cli {
+    #[command(subcommand)]
+    suite: Suite,
+}
+
+#[derive(Subcommand, Debug)]
+enum Suite {
+    /// The metadata command log: proposals/s and latency against raw multi-row INSERTs.
+    Metadata(metadata::Args),
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    match Cli::parse().suite {
+        Suite::Metadata(args) => metadata::run(args).await,
+    }
+}
