@@ -147,16 +147,6 @@ impl State {
     /// Applies one log row at `ctx.index`. Returns `Err` only for a row this binary must not
     /// apply at all; the state is then unchanged.
     pub fn apply_row(&mut self, ctx: &ApplyContext, row: &Row) -> Result<RowOutcome, Fatal> {
-        for command in &row.commands {
-            if let Command::UpgradeMetadataVersion(c) = command
-                && c.version > ctx.supported_version
-            {
-                return Err(Fatal::UnsupportedVersion {
-                    version: c.version,
-                    supported: ctx.supported_version,
-                });
-            }
-        }
         let token = row.token;
         if let Some(node) = self.nodes.get(&token.node_id) {
             let superseded = token.node_epoch < node.node_epoch
@@ -187,12 +177,18 @@ impl State {
                 .then(|| last.results.iter().map(StoredResult::to_result).collect());
             return Ok(RowOutcome::Duplicate(stored));
         }
-        let results: Vec<CommandResult> = row
-            .commands
-            .iter()
-            .map(|command| self.apply_command(ctx, row.proposed_at_ms, command))
-            .collect();
-        self.row_tokens.insert(
+        // Work on a copy (cheap: the maps share structure), so that a row this binary must
+        // not apply leaves the state exactly as it was.
+        let mut next = self.clone();
+        let mut fatal = None;
+        let mut results = Vec::with_capacity(row.commands.len());
+        for command in &row.commands {
+            results.push(next.apply_command(ctx, row.proposed_at_ms, command, &mut fatal));
+            if let Some(fatal) = fatal {
+                return Err(fatal);
+            }
+        }
+        next.row_tokens.insert(
             token.node_id,
             RowTokenRecord {
                 node_id: token.node_id,
@@ -202,6 +198,7 @@ impl State {
                 results: results.iter().map(StoredResult::from).collect(),
             },
         );
+        *self = next;
         Ok(RowOutcome::Applied(results))
     }
 
@@ -210,6 +207,7 @@ impl State {
         ctx: &ApplyContext,
         at_ms: u64,
         command: &Command,
+        fatal: &mut Option<Fatal>,
     ) -> CommandResult {
         if command.since() > self.metadata_version {
             return Err(rej(
@@ -264,7 +262,7 @@ impl State {
             Command::CommitLakeSnapshot(c) => self.commit_lake_snapshot(c, at_ms),
             Command::Allocate(c) => self.allocate(c),
             Command::RegisterCoordinator(c) => self.register_coordinator(c),
-            Command::UpgradeMetadataVersion(c) => self.upgrade_metadata_version(c),
+            Command::UpgradeMetadataVersion(c) => self.upgrade_metadata_version(ctx, c, fatal),
             Command::RegisterProducerOffsets(c) => self.register_producer_offsets(c, at_ms),
             Command::DeleteProducerOffsets(c) => self.delete_producer_offsets(c),
             Command::ExpireProducerOffsets(c) => self.expire_producer_offsets(c),
@@ -856,6 +854,12 @@ impl State {
             )));
         }
         let first = replaced.first().map_or(from, |k| k.1);
+        if first < start && start > stream.start_offset {
+            // The new object would be credited with [first, start), which it does not hold.
+            return Err(conflict(format!(
+                "offset {start} is inside the range starting at {first}"
+            )));
+        }
         Ok(Some(RangeMove {
             stream_id,
             start: first,
@@ -929,7 +933,7 @@ impl State {
             }
             if w.writer_epoch == record.writer_epoch
                 && let Some(last) = record.batches.last()
-                && w.first_sequence != last.last_sequence + 1
+                && Some(w.first_sequence) != last.last_sequence.checked_add(1)
             {
                 return Err(rej(
                     RejectionKind::Conflict,
@@ -1305,10 +1309,7 @@ impl State {
     fn validate_table(c: &CreateTable) -> Result<(), Rejection> {
         check_name("table", &c.name)?;
         let invalid = |m: String| Err(rej(RejectionKind::InvalidArgument, m));
-        let partitioned = !c.partition_keys.is_empty();
-        if !partitioned || c.bucket_count != 0 {
-            check_count("bucket", u64::from(c.bucket_count), u64::from(MAX_BUCKETS))?;
-        }
+        check_count("bucket", u64::from(c.bucket_count), u64::from(MAX_BUCKETS))?;
         for (what, cols) in [
             ("primary key", &c.primary_key),
             ("bucket key", &c.bucket_key),
@@ -1843,12 +1844,24 @@ impl State {
         done(Reply::Epoch(c.lease_term))
     }
 
-    fn upgrade_metadata_version(&mut self, c: &UpgradeMetadataVersion) -> CommandResult {
+    fn upgrade_metadata_version(
+        &mut self,
+        ctx: &ApplyContext,
+        c: &UpgradeMetadataVersion,
+        fatal: &mut Option<Fatal>,
+    ) -> CommandResult {
         if c.version <= self.metadata_version {
             return redundant(Reply::Epoch(u64::from(self.metadata_version)));
         }
-        // Whether every live node supports the version is the coordinator's check (liveness
-        // is not in the state); a node that cannot follow stops when it meets this command.
+        if c.version > ctx.supported_version {
+            // This binary cannot follow: stop rather than diverge from the nodes that can.
+            // (Whether every live node supports the version is the coordinator's check.)
+            *fatal = Some(Fatal::UnsupportedVersion {
+                version: c.version,
+                supported: ctx.supported_version,
+            });
+            return redundant(Reply::Epoch(u64::from(self.metadata_version)));
+        }
         self.metadata_version = c.version;
         done(Reply::Epoch(u64::from(c.version)))
     }

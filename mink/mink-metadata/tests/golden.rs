@@ -871,6 +871,12 @@ fn compaction_and_object_lifecycle() {
         compact(3, vec![range(1, 1, 0, 20)], vec![1]),
         Rejected(RejectionKind::Conflict),
     );
+    // Starting inside a range would credit object 3 with offsets it does not hold.
+    t.step(
+        N1,
+        compact(3, vec![range(1, 1, 5, 20)], vec![1, 2]),
+        Rejected(RejectionKind::Conflict),
+    );
     t.done(
         N1,
         compact(3, vec![range(1, 1, 0, 20), range(2, 1, 0, 8)], vec![1, 2]),
@@ -1064,8 +1070,16 @@ fn metadata_version_gate_and_fatal_rows() {
     let mut driver = Driver::default();
     driver.one(register(N1)).unwrap();
     driver.one(coordinator(N1, 1)).unwrap();
-    // An old binary (supports 1) meets an upgrade to 2: it must stop, not diverge.
+    // An old binary (supports 1) meets an upgrade to 2 that is refused anyway (stale
+    // coordinator epoch): there is nothing to follow, so it carries on.
     driver.supported = 1;
+    let stale = Command::UpgradeMetadataVersion(UpgradeMetadataVersion {
+        coordinator_epoch: 7,
+        version: 2,
+    });
+    let e = driver.one(stale).unwrap_err();
+    assert_eq!(e.kind(), RejectionKind::CoordinatorFenced);
+    // One that applies: it must stop, not diverge.
     let upgrade = Command::UpgradeMetadataVersion(UpgradeMetadataVersion {
         coordinator_epoch: 1,
         version: 2,
@@ -1097,4 +1111,34 @@ fn metadata_version_gate_and_fatal_rows() {
     assert_eq!(e.kind(), RejectionKind::NotEnabled);
     old.supported_metadata_version = 2;
     assert!(driver.one(Command::RegisterNode(old)).is_ok());
+}
+
+#[test]
+fn hostile_writer_sequences_are_rejected_not_a_panic() {
+    let mut d = Driver::default();
+    d.one(register(N1)).unwrap();
+    d.one(Command::CreateStreams(CreateStreams { count: 1 }))
+        .unwrap();
+    d.one(open(N1, 1, 1)).unwrap();
+    d.one(prepare(N1, 2)).unwrap();
+    let batch = |first, last, base, end| WriterRange {
+        writer_id: 1,
+        writer_epoch: 1,
+        first_sequence: first,
+        last_sequence: last,
+        base_offset: base,
+        end_offset: end,
+    };
+    let mut r = range(1, 1, 0, 1);
+    r.writers.push(batch(u64::MAX, u64::MAX, 0, 1));
+    d.one(commit(N1, 1, vec![r])).unwrap();
+    let mut r = range(1, 1, 1, 2);
+    r.writers.push(batch(0, 0, 1, 2));
+    let Ok(Outcome::Done(Reply::Commit(reply))) = d.one(commit(N1, 2, vec![r])) else {
+        panic!("commit answered");
+    };
+    assert_eq!(
+        reply.ranges[0].rejection.as_ref().unwrap().kind(),
+        RejectionKind::Conflict
+    );
 }

@@ -18,6 +18,8 @@ pub struct SinkConfig {
     pub tail_poll_interval: Duration,
     /// Rows fetched per tail query.
     pub read_batch: u32,
+    /// Bytes fetched per tail query (at least one row is always fetched).
+    pub read_max_bytes: u64,
     /// The lease holder snapshots the state every this many applied rows.
     pub snapshot_interval: u64,
     /// Lease and heartbeat TTL; both are renewed every `lease_ttl / 4`.
@@ -40,6 +42,7 @@ impl SinkConfig {
             max_row_bytes: 4 << 20,
             tail_poll_interval: Duration::from_millis(20),
             read_batch: 512,
+            read_max_bytes: 16 << 20,
             snapshot_interval: 1024,
             lease_ttl: Duration::from_secs(30),
             lease_enabled: true,

@@ -20,6 +20,12 @@ pub enum SinkError {
         since: u32,
         current: u32,
     },
+    /// This process was superseded while its row's fate was hidden in rows it never read
+    /// (truncated before it caught up): the commands may or may not have taken effect.
+    #[error(
+        "node {node_id} epoch {node_epoch} was superseded; whether its last proposal applied is unknown"
+    )]
+    OutcomeUnknown { node_id: u64, node_epoch: u64 },
     #[error("command of {size} bytes exceeds the row limit of {limit} bytes")]
     TooLarge { size: usize, limit: usize },
     /// Starting the sink failed.

@@ -185,8 +185,15 @@ impl LogStore for FaultyStore {
         Ok(index)
     }
 
-    async fn read_after(&self, after: u64, limit: u32) -> StoreResult<Vec<LogRow>> {
-        self.faults.read(self.inner.read_after(after, limit)).await
+    async fn read_after(
+        &self,
+        after: u64,
+        max_rows: u32,
+        max_bytes: u64,
+    ) -> StoreResult<Vec<LogRow>> {
+        self.faults
+            .read(self.inner.read_after(after, max_rows, max_bytes))
+            .await
     }
 
     async fn log_bounds(&self) -> StoreResult<Option<(u64, u64)>> {

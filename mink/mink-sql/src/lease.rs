@@ -1,13 +1,16 @@
-//! Membership: heartbeats, the lease, and the lease holder's maintenance (snapshots,
+//! Membership: heartbeats and the lease; and the lease holder's maintenance (snapshots,
 //! truncation, metadata-version upgrades).
 //!
 //! Every `lease_ttl / 4` a node writes its heartbeat (database clock, applied index, supported
-//! version) and tries to acquire or renew the lease. A renew that fails, or does not answer
-//! within the interval, loses the lease at once; so does a TTL passing since the last renew
-//! was *sent*, which is never later than the database considers the lease expired. On gaining
-//! the lease the node applies `RegisterCoordinator` with the lease's term before it publishes
-//! [`LeaseStatus::Held`], so every coordinator command it issues carries an epoch that a later
-//! holder's registration fences.
+//! version) and tries to acquire or renew the lease, both at once and each bounded by the
+//! interval. A renew that fails or does not answer in time loses the lease at once; so does a
+//! TTL passing since the last renew was *sent*, which is never later than the database considers
+//! the lease expired. On gaining the lease the node applies `RegisterCoordinator` with the
+//! lease's term before it publishes [`LeaseStatus::Held`], so every coordinator command it issues
+//! carries an epoch that a later holder's registration fences.
+//!
+//! Maintenance runs in its own task while the lease is held and is cancelled the moment it is
+//! lost, so a slow snapshot never delays a renewal.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +21,7 @@ use tokio::time::{Instant, timeout};
 
 use crate::error::SinkError;
 use crate::sink::{Proposal, Proposed, Shared, SinkStats};
-use crate::store::{Heartbeat, StoreError};
+use crate::store::Heartbeat;
 
 /// Whether this node holds the lease (and so runs the coordinator).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +47,9 @@ async fn propose(
     shared: &Shared,
     command: Command,
 ) -> Result<Proposed, SinkError> {
+    if let Some(e) = shared.halted() {
+        return Err(e);
+    }
     let current = shared.view().state.metadata_version;
     if command.since() > current {
         return Err(SinkError::NotEnabled {
@@ -61,16 +67,14 @@ async fn propose(
     rx.await.map_err(|_| SinkError::Shutdown)?
 }
 
+// ============================================================================ membership
+
 struct Membership {
     shared: Arc<Shared>,
     queue: mpsc::Sender<Proposal>,
     /// When the last successful acquire/renew was sent.
     renewed_at: Option<Instant>,
     held_term: Option<u64>,
-    /// Index of the newest snapshot known to be stored and verified.
-    last_snapshot: u64,
-    /// The log is truncated up to here (as far as this node knows).
-    truncated_to: u64,
 }
 
 impl Membership {
@@ -85,15 +89,20 @@ impl Membership {
         });
     }
 
-    async fn heartbeat(&self, limit: Duration) {
-        let node = self.shared.node();
+    fn ttl_passed(&self) -> bool {
+        self.renewed_at
+            .is_none_or(|t| t.elapsed() >= self.shared.config.lease_ttl)
+    }
+
+    async fn heartbeat(shared: &Shared, limit: Duration) {
+        let node = shared.node();
         let heartbeat = Heartbeat {
             node_id: node.node_id,
             node_epoch: node.node_epoch,
-            applied_index: self.shared.view().applied_index,
-            supported_version: self.shared.config.supported_metadata_version,
+            applied_index: shared.view().applied_index,
+            supported_version: shared.config.supported_metadata_version,
         };
-        match timeout(limit, self.shared.store.heartbeat(&heartbeat)).await {
+        match timeout(limit, shared.store.heartbeat(&heartbeat)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::warn!(node_id = node.node_id, error = %e, "heartbeat failed"),
             Err(_) => tracing::warn!(node_id = node.node_id, "heartbeat timed out"),
@@ -123,18 +132,17 @@ impl Membership {
         if self.held_term == Some(grant.term) {
             return;
         }
-        // Newly acquired: take the coordinator role through the log before acting on it.
+        // Newly acquired (or acquired anew under another term): whatever was held before is
+        // gone; take the coordinator role through the log before acting on it.
+        self.set_lost("the lease term changed");
         let register = Command::RegisterCoordinator(RegisterCoordinator {
             node_id: node.node_id,
             node_epoch: node.node_epoch,
             lease_term: grant.term,
         });
-        match propose(&self.queue, &self.shared, register).await {
-            Ok(Proposed { result: Ok(_), .. }) => {
-                if self
-                    .renewed_at
-                    .is_some_and(|t| t.elapsed() < self.shared.config.lease_ttl)
-                {
+        match timeout(limit, propose(&self.queue, &self.shared, register)).await {
+            Ok(Ok(Proposed { result: Ok(_), .. })) => {
+                if !self.ttl_passed() {
                     tracing::info!(node_id = node.node_id, term = grant.term, "lease acquired");
                     self.held_term = Some(grant.term);
                     self.shared.lease.send_replace(LeaseStatus::Held {
@@ -142,36 +150,119 @@ impl Membership {
                     });
                 }
             }
-            Ok(Proposed {
+            Ok(Ok(Proposed {
                 result: Err(rejection),
                 ..
-            }) => {
+            })) => {
                 tracing::warn!(node_id = node.node_id, %rejection, "coordinator registration refused");
-                let _ = self
-                    .shared
-                    .store
-                    .release_lease(node.node_id, node.node_epoch)
-                    .await;
+                let _ = timeout(
+                    limit,
+                    self.shared
+                        .store
+                        .release_lease(node.node_id, node.node_epoch),
+                )
+                .await;
             }
-            Err(e) => {
-                tracing::warn!(node_id = node.node_id, error = %e, "coordinator registration failed")
+            Ok(Err(e)) => {
+                tracing::warn!(node_id = node.node_id, error = %e, "coordinator registration failed");
             }
+            Err(_) => tracing::warn!(node_id = node.node_id, "coordinator registration timed out"),
         }
     }
 
-    /// Lease-holder work: snapshot, truncation, and raising the metadata version.
-    async fn maintain(&mut self, coordinator_epoch: u64) {
+    async fn tick(&mut self, interval: Duration) {
+        if self.shared.halted().is_some() {
+            // A halted (or fenced) process must not hold the lease: give it up at once.
+            if self.held_term.is_some() {
+                let node = self.shared.node();
+                let _ = timeout(
+                    interval,
+                    self.shared
+                        .store
+                        .release_lease(node.node_id, node.node_epoch),
+                )
+                .await;
+                self.set_lost("the sink halted");
+            }
+            return;
+        }
+        let shared = Arc::clone(&self.shared);
+        let heartbeat = Self::heartbeat(&shared, interval);
+        if shared.config.lease_enabled {
+            tokio::join!(heartbeat, self.renew(interval));
+        } else {
+            heartbeat.await;
+        }
+    }
+}
+
+/// The membership loop of one sink: heartbeat and lease, every `lease_ttl / 4`.
+pub(crate) async fn run(shared: Arc<Shared>, queue: mpsc::Sender<Proposal>) {
+    let interval = shared.config.heartbeat_interval();
+    let mut membership = Membership {
+        shared: Arc::clone(&shared),
+        queue,
+        renewed_at: None,
+        held_term: None,
+    };
+    let mut shutdown = shared.shutdown.subscribe();
+    loop {
+        let started = Instant::now();
+        // A tick never outlives the lease it may be acting under.
+        let deadline = match (membership.held_term, membership.renewed_at) {
+            (Some(_), Some(renewed)) => {
+                (renewed + shared.config.lease_ttl).min(started + interval * 3)
+            }
+            _ => started + interval * 3,
+        };
+        let ticked = tokio::select! {
+            r = tokio::time::timeout_at(deadline, membership.tick(interval)) => r,
+            _ = shutdown.changed() => return,
+        };
+        if ticked.is_err() || (membership.held_term.is_some() && membership.ttl_passed()) {
+            membership.set_lost("a TTL passed since the last renew was sent");
+        }
+        let mut next = started + interval;
+        if let (Some(_), Some(renewed)) = (membership.held_term, membership.renewed_at) {
+            next = next.min(renewed + shared.config.lease_ttl);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep_until(next) => {}
+            _ = shutdown.changed() => return,
+        }
+        if membership.held_term.is_some() && membership.ttl_passed() {
+            membership.set_lost("a TTL passed since the last renew was sent");
+        }
+    }
+}
+
+// ============================================================================ maintenance
+
+struct Maintenance {
+    shared: Arc<Shared>,
+    queue: mpsc::Sender<Proposal>,
+    /// Index of the newest stored snapshot (ours or not): paces snapshots.
+    stored: u64,
+    /// Index of the newest snapshot this node wrote, read back and compared with its live
+    /// state. Truncation never goes past it.
+    verified: u64,
+    /// The log is truncated up to here, as far as this node knows.
+    truncated_to: u64,
+}
+
+impl Maintenance {
+    async fn step(&mut self, coordinator_epoch: u64) {
         let view = self.shared.view();
         let node_id = self.shared.config.node_id;
-        if view.applied_index >= self.last_snapshot + self.shared.config.snapshot_interval {
+        if view.applied_index >= self.stored + self.shared.config.snapshot_interval {
             match self.snapshot(&view).await {
-                Ok(index) => self.last_snapshot = index,
+                Ok(()) => {}
                 Err(e) => tracing::warn!(node_id, error = %e, "metadata snapshot failed"),
             }
         }
-        // Retried every tick: a node that was alive at snapshot time may have died since, or
+        // Retried every step: a node that was alive at snapshot time may have died since, or
         // caught up.
-        if self.last_snapshot > self.truncated_to
+        if self.verified > self.truncated_to
             && let Err(e) = self.truncate().await
         {
             tracing::warn!(node_id, error = %e, "metadata log truncation failed");
@@ -184,9 +275,9 @@ impl Membership {
         }
     }
 
-    /// Writes a snapshot of `view` and verifies it: read back, decoded, equal to the live
-    /// state. Returns the index of the newest snapshot stored.
-    async fn snapshot(&self, view: &View) -> Result<u64, String> {
+    /// Writes a snapshot of `view`, reads it back, decodes it and compares it with the live
+    /// state it was taken from.
+    async fn snapshot(&mut self, view: &View) -> Result<(), String> {
         let shared = &self.shared;
         let store = &shared.store;
         let bytes = encode_snapshot(view.applied_index, &view.state);
@@ -199,9 +290,10 @@ impl Membership {
             .await
             .map_err(|e| e.to_string())?
             .ok_or("the snapshot row vanished")?;
+        self.stored = self.stored.max(stored.applied_index);
         if stored.applied_index != view.applied_index {
-            // A newer one exists (written by a faster holder): not ours to verify.
-            return Ok(stored.applied_index.max(self.last_snapshot));
+            // A newer one exists, written by another holder: not ours to vouch for.
+            return Ok(());
         }
         if wrote {
             SinkStats::add(&shared.stats.snapshots_written, 1);
@@ -214,12 +306,13 @@ impl Membership {
                 "the stored snapshot at {index} differs from the live state; not truncating"
             ));
         }
-        tracing::debug!(index, "metadata snapshot written");
-        Ok(index)
+        self.verified = index;
+        tracing::debug!(index, "metadata snapshot written and verified");
+        Ok(())
     }
 
-    /// Deletes log rows behind the last verified snapshot and behind every live node's
-    /// applied index (heartbeats carry it), so live nodes rarely need to reinstall.
+    /// Deletes log rows behind the verified snapshot and behind every live node's applied
+    /// index (heartbeats carry it), so live nodes rarely need to reinstall.
     async fn truncate(&mut self) -> Result<(), String> {
         let store = &self.shared.store;
         let ttl_ms = self.shared.config.lease_ttl_ms();
@@ -231,8 +324,8 @@ impl Membership {
             .filter(|n| n.age_ms < ttl_ms)
             .map(|n| n.applied_index)
             .min()
-            .unwrap_or(self.last_snapshot);
-        let up_to = self.last_snapshot.min(live_floor);
+            .unwrap_or(self.verified);
+        let up_to = self.verified.min(live_floor);
         if up_to <= self.truncated_to {
             return Ok(());
         }
@@ -272,84 +365,57 @@ impl Membership {
             version: target,
         });
         let proposed = propose(&self.queue, &self.shared, upgrade).await?;
-        if let Err(rejection) = proposed.result {
-            tracing::warn!(%rejection, "metadata version upgrade refused");
-        } else {
-            tracing::info!(from = current, to = target, "metadata version raised");
+        match proposed.result {
+            Err(rejection) => tracing::warn!(%rejection, "metadata version upgrade refused"),
+            Ok(_) => tracing::info!(from = current, to = target, "metadata version raised"),
         }
         Ok(())
     }
-
-    async fn tick(&mut self, interval: Duration) {
-        self.heartbeat(interval).await;
-        if !self.shared.config.lease_enabled || self.shared.halted().is_some() {
-            return;
-        }
-        self.renew(interval).await;
-        if let Some(term) = self.held_term {
-            if self
-                .renewed_at
-                .is_none_or(|t| t.elapsed() >= self.shared.config.lease_ttl)
-            {
-                self.set_lost("a TTL passed since the last renew was sent");
-            } else {
-                self.maintain(term).await;
-            }
-        }
-    }
 }
 
-/// The membership loop of one sink.
-pub(crate) async fn run(shared: Arc<Shared>, queue: mpsc::Sender<Proposal>) {
+/// The maintenance loop: while this node holds the lease, snapshot, truncate and upgrade every
+/// interval and whenever the log has grown by a snapshot interval; stop the moment the lease
+/// is lost.
+pub(crate) async fn run_maintenance(shared: Arc<Shared>, queue: mpsc::Sender<Proposal>) {
     let interval = shared.config.heartbeat_interval();
-    let last_snapshot = match shared.store.load_snapshot().await {
+    let stored = match shared.store.load_snapshot().await {
         Ok(s) => s.map_or(0, |s| s.applied_index),
-        Err(StoreError::Unavailable(_)) | Err(_) => 0,
+        Err(_) => 0,
     };
-    let mut membership = Membership {
+    let mut m = Maintenance {
         shared: Arc::clone(&shared),
         queue,
-        renewed_at: None,
-        held_term: None,
-        last_snapshot,
+        stored,
+        verified: 0,
         truncated_to: 0,
     };
+    let mut lease = shared.lease.subscribe();
     let mut shutdown = shared.shutdown.subscribe();
     loop {
-        let started = Instant::now();
-        // A tick never outlives the lease it may be acting under: once a TTL has passed since
-        // the last renew was sent, the lease is lost whatever the tick is waiting for.
-        let deadline = match (membership.held_term, membership.renewed_at) {
-            (Some(_), Some(renewed)) => renewed + shared.config.lease_ttl,
-            _ => started + shared.config.lease_ttl,
-        };
-        let ticked = tokio::select! {
-            r = tokio::time::timeout_at(deadline, membership.tick(interval)) => r,
+        let held = tokio::select! {
+            r = lease.wait_for(|s| s.coordinator_epoch().is_some()) => match r {
+                Ok(s) => s.coordinator_epoch(),
+                Err(_) => return,
+            },
             _ = shutdown.changed() => return,
         };
-        if ticked.is_err() {
-            membership.set_lost("a TTL passed since the last renew was sent");
-        }
-        let mut next = started + interval;
-        if let (Some(_), Some(renewed)) = (membership.held_term, membership.renewed_at) {
-            next = next.min(renewed + shared.config.lease_ttl);
-        }
-        // The holder also wakes as soon as the log has grown by a snapshot interval.
-        let snapshot_due = membership.last_snapshot + shared.config.snapshot_interval;
-        let mut applied = shared.applied_watch();
-        // (If it is already due, the last attempt failed: wait for the next tick.)
-        let wake_on_growth = membership.held_term.is_some() && *applied.borrow() < snapshot_due;
-        tokio::select! {
-            _ = tokio::time::sleep_until(next) => {}
-            _ = applied.wait_for(|a| *a >= snapshot_due), if wake_on_growth => {}
-            _ = shutdown.changed() => return,
-        }
-        if membership.held_term.is_some()
-            && membership
-                .renewed_at
-                .is_none_or(|t| t.elapsed() >= shared.config.lease_ttl)
-        {
-            membership.set_lost("a TTL passed since the last renew was sent");
+        let Some(epoch) = held else { continue };
+        loop {
+            tokio::select! {
+                _ = m.step(epoch) => {}
+                _ = lease.wait_for(|s| s.coordinator_epoch() != Some(epoch)) => break,
+                _ = shutdown.changed() => return,
+            }
+            let due = m.stored + shared.config.snapshot_interval;
+            let mut applied = shared.applied_watch();
+            // (Already due means the last attempt failed: wait for the next interval.)
+            let wake_on_growth = *applied.borrow() < due;
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => {}
+                _ = applied.wait_for(|a| *a >= due), if wake_on_growth => {}
+                _ = lease.wait_for(|s| s.coordinator_epoch() != Some(epoch)) => break,
+                _ = shutdown.changed() => return,
+            }
         }
     }
 }

@@ -12,6 +12,22 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use crate::store::*;
 
+/// Class 08 (connection), 53 (resources), 57P (shutdown, cannot connect now), and
+/// serialization failures and deadlocks.
+fn transient(code: &str) -> bool {
+    code.starts_with("08")
+        || code.starts_with("53")
+        || code.starts_with("57P")
+        || code == "40001"
+        || code == "40P01"
+}
+
+// By value, to fit `map_err`.
+#[allow(clippy::needless_pass_by_value)]
+fn classify(e: sqlx::Error) -> StoreError {
+    classify_with(&e, transient)
+}
+
 const NOW_MS: &str = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT";
 
 /// [`LogStore`] on Postgres.
@@ -57,14 +73,25 @@ impl LogStore for PostgresStore {
         Ok(to_u64(idx))
     }
 
-    async fn read_after(&self, after: u64, limit: u32) -> StoreResult<Vec<LogRow>> {
-        let rows =
-            sqlx::query("SELECT idx, payload FROM meta_log WHERE idx > $1 ORDER BY idx LIMIT $2")
-                .bind(to_i64(after))
-                .bind(i64::from(limit))
-                .fetch_all(&self.pool)
-                .await
-                .map_err(classify)?;
+    async fn read_after(
+        &self,
+        after: u64,
+        max_rows: u32,
+        max_bytes: u64,
+    ) -> StoreResult<Vec<LogRow>> {
+        // The window runs over the LIMITed rows only, so a long backlog is not scanned whole.
+        let rows = sqlx::query(
+            "SELECT idx, payload FROM ( \
+               SELECT idx, payload, SUM(OCTET_LENGTH(payload)) OVER (ORDER BY idx) - OCTET_LENGTH(payload) AS before \
+               FROM (SELECT idx, payload FROM meta_log WHERE idx > $1 ORDER BY idx LIMIT $2) a \
+             ) b WHERE before < $3 ORDER BY idx",
+        )
+        .bind(to_i64(after))
+        .bind(i64::from(max_rows))
+        .bind(to_i64(max_bytes))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(classify)?;
         rows.into_iter()
             .map(|r| {
                 Ok(LogRow {

@@ -82,6 +82,9 @@ pub(crate) struct Shared {
     tail_kick: Notify,
     pub(crate) node_epoch: AtomicU64,
     pub(crate) incarnation: u64,
+    /// Set once this process's `RegisterNode` applied; from then on a newer registration of
+    /// the same node id fences this process.
+    registered: std::sync::atomic::AtomicBool,
     pub(crate) stats: Arc<SinkStats>,
     pub(crate) shutdown: watch::Sender<bool>,
     pub(crate) lease: watch::Sender<LeaseStatus>,
@@ -129,6 +132,8 @@ impl Shared {
             }
             *halted = Some(error.clone());
         }
+        // A halted process acts as coordinator no more (the membership loop releases the lease).
+        self.lease.send_replace(LeaseStatus::NotHeld);
         if let Some(inflight) = self.inflight.lock().expect("inflight lock").take() {
             let _ = inflight.tx.send(Err(error));
         }
@@ -186,6 +191,7 @@ pub(crate) struct Tail {
     applied: u64,
     supported: u32,
     read_batch: u32,
+    read_max_bytes: u64,
 }
 
 type AppliedRow = (u64, RowToken, RowOutcome);
@@ -207,12 +213,14 @@ impl Tail {
         store: &dyn LogStore,
         supported: u32,
         read_batch: u32,
+        read_max_bytes: u64,
     ) -> Result<Tail, SinkError> {
         let mut tail = Tail {
             state: State::default(),
             applied: 0,
             supported,
             read_batch,
+            read_max_bytes,
         };
         if let Some(s) = store.load_snapshot().await? {
             tail.install(&s.payload, s.applied_index)?;
@@ -243,7 +251,11 @@ impl Tail {
     ) -> Result<TailStep, SinkError> {
         let rows = match own {
             Some(row) if row.index == self.applied + 1 => vec![row],
-            _ => store.read_after(self.applied, self.read_batch).await?,
+            _ => {
+                store
+                    .read_after(self.applied, self.read_batch, self.read_max_bytes)
+                    .await?
+            }
         };
         let Some(first) = rows.first() else {
             return Ok(TailStep::Idle);
@@ -314,7 +326,8 @@ impl Tail {
                 SinkStats::add(&shared.stats.rows_applied, rows.len() as u64);
                 // Publish before resolving: a proposer that gets its answer sees its write.
                 shared.publish(self.applied, &self.state);
-                self.resolve(shared, rows);
+                self.resolve(shared, rows, false);
+                self.check_superseded(shared);
             }
             TailStep::Reinstalled => {
                 tracing::info!(
@@ -324,15 +337,17 @@ impl Tail {
                 );
                 SinkStats::add(&shared.stats.reinstalls, 1);
                 shared.publish(self.applied, &self.state);
-                self.resolve(shared, &[]);
+                self.resolve(shared, &[], true);
+                self.check_superseded(shared);
             }
             TailStep::Idle | TailStep::Hole { .. } => {}
         }
         Ok(step)
     }
 
-    /// Answers this process's row in flight once the state covers it.
-    fn resolve(&self, shared: &Shared, applied_rows: &[AppliedRow]) {
+    /// Answers this process's row in flight once the state covers it. `reinstalled`: the
+    /// state just jumped over rows this node never read.
+    fn resolve(&self, shared: &Shared, applied_rows: &[AppliedRow], reinstalled: bool) {
         let mut guard = shared.inflight.lock().expect("inflight lock");
         let Some(token) = guard.as_ref().map(|f| f.token) else {
             return;
@@ -343,57 +358,89 @@ impl Tail {
                 continue;
             }
             if let Some(results) = outcome.results() {
-                resolution = Some(Resolution {
+                resolution = Some(Ok(Resolution {
                     index: *index,
                     results: results.to_vec(),
                     fenced: matches!(outcome, RowOutcome::Fenced(_)),
-                });
+                }));
                 break;
             }
         }
         if resolution.is_none() {
-            resolution = self.covered_by_state(token);
+            resolution = self.covered_by_state(token, reinstalled);
         }
         if let Some(resolution) = resolution
             && let Some(inflight) = guard.take()
         {
-            let _ = inflight.tx.send(Ok(resolution));
+            let _ = inflight.tx.send(resolution);
         }
     }
 
     /// The row's effect is in the state but its log row is gone (reinstalled from a snapshot),
     /// or the process was superseded so the row can never apply.
-    fn covered_by_state(&self, token: RowToken) -> Option<Resolution> {
+    fn covered_by_state(
+        &self,
+        token: RowToken,
+        reinstalled: bool,
+    ) -> Option<Result<Resolution, SinkError>> {
         if let Some(last) = self.state.row_tokens.get(&token.node_id)
             && last.node_epoch == token.node_epoch
             && last.incarnation == token.incarnation
             && last.sequence == token.sequence
         {
-            return Some(Resolution {
+            return Some(Ok(Resolution {
                 index: self.applied,
                 results: last.results.iter().map(StoredResult::to_result).collect(),
                 fenced: false,
-            });
+            }));
         }
         let node = self.state.nodes.get(&token.node_id)?;
         let superseded = node.node_epoch > token.node_epoch
             || (node.node_epoch == token.node_epoch && node.incarnation != token.incarnation);
-        superseded.then(|| {
-            let rejection = Rejection::new(
-                RejectionKind::NodeFenced,
-                format!(
-                    "node {} epoch {} was superseded by epoch {}",
-                    token.node_id, token.node_epoch, node.node_epoch
-                ),
-            )
-            .with_current(node.node_epoch);
-            Resolution {
-                index: self.applied,
-                // The count is filled in by the flusher, which knows the row's size.
-                results: vec![Err(rejection)],
-                fenced: true,
-            }
-        })
+        if !superseded {
+            return None;
+        }
+        if reinstalled {
+            // The row may have applied in the rows this node skipped, before the newer process
+            // registered (its token record is gone): nobody can tell.
+            return Some(Err(SinkError::OutcomeUnknown {
+                node_id: token.node_id,
+                node_epoch: token.node_epoch,
+            }));
+        }
+        // Every row up to `applied` was read and this one was not among them: it lands after
+        // the newer registration, if ever, and is then void.
+        let rejection = Rejection::new(
+            RejectionKind::NodeFenced,
+            format!(
+                "node {} epoch {} was superseded by epoch {}",
+                token.node_id, token.node_epoch, node.node_epoch
+            ),
+        )
+        .with_current(node.node_epoch);
+        Some(Ok(Resolution {
+            index: self.applied,
+            // The count is filled in by the flusher, which knows the row's size.
+            results: vec![Err(rejection)],
+            fenced: true,
+        }))
+    }
+
+    /// A newer process registered this node id: this one must stop writing.
+    fn check_superseded(&self, shared: &Shared) {
+        if !shared.registered.load(Ordering::Acquire) {
+            return;
+        }
+        let me = shared.node();
+        if let Some(node) = self.state.nodes.get(&me.node_id)
+            && (node.node_epoch > me.node_epoch
+                || (node.node_epoch == me.node_epoch && node.incarnation != shared.incarnation))
+        {
+            shared.halt(SinkError::Fenced {
+                node_id: me.node_id,
+                node_epoch: me.node_epoch,
+            });
+        }
     }
 
     /// Applies until caught up with the log (used at start). Waits out holes.
@@ -477,6 +524,8 @@ pub(crate) struct Proposal {
 pub(crate) struct Appender {
     shared: Arc<Shared>,
     sequence: u64,
+    /// Row times never go backwards within a process, even if the wall clock does.
+    last_ms: u64,
 }
 
 impl Appender {
@@ -493,17 +542,21 @@ impl Appender {
             sequence: self.sequence,
         };
         let count = commands.len();
+        self.last_ms = self.last_ms.max(wall_clock_ms());
         let bytes = encode_row(&Row {
             token,
-            proposed_at_ms: wall_clock_ms(),
+            proposed_at_ms: self.last_ms,
             commands,
         });
         let (tx, mut rx) = oneshot::channel();
         {
+            // Checked under the in-flight lock: `halt` sets the error first and then takes the
+            // in-flight row, so either it sees this row or this check sees the halt.
+            let mut inflight = shared.inflight.lock().expect("inflight lock");
             if let Some(e) = shared.halted() {
                 return Err(e);
             }
-            *shared.inflight.lock().expect("inflight lock") = Some(InFlight { token, tx });
+            *inflight = Some(InFlight { token, tx });
         }
         let mut backoff = Backoff::new(shared.config.max_backoff);
         loop {
@@ -539,7 +592,12 @@ impl Appender {
         loop {
             tokio::select! {
                 r = &mut rx => return Self::finish(r, count),
-                _ = tokio::time::sleep(shared.config.tail_poll_interval) => shared.tail_kick.notify_one(),
+                _ = tokio::time::sleep(shared.config.tail_poll_interval) => {
+                    if let Some(e) = shared.halted() {
+                        return Err(e);
+                    }
+                    shared.tail_kick.notify_one();
+                }
             }
         }
     }
@@ -650,9 +708,16 @@ impl Sink {
             return Err(SinkError::Start("node id must be positive".to_string()));
         }
         let supported = config.supported_metadata_version;
-        let mut tail = Tail::load(store.as_ref(), supported, config.read_batch)
-            .await
-            .map_err(|e| SinkError::Start(e.to_string()))?;
+        let mut tail = retry_transient(config.lease_ttl, || {
+            Tail::load(
+                store.as_ref(),
+                supported,
+                config.read_batch,
+                config.read_max_bytes,
+            )
+        })
+        .await
+        .map_err(|e| SinkError::Start(e.to_string()))?;
         let shared = Arc::new(Shared {
             view: ArcSwap::from_pointee(View::new(tail.applied, tail.state.clone())),
             applied: watch::channel(tail.applied).0,
@@ -661,6 +726,7 @@ impl Sink {
             own_row: Mutex::new(None),
             tail_kick: Notify::new(),
             node_epoch: AtomicU64::new(0),
+            registered: std::sync::atomic::AtomicBool::new(false),
             incarnation: rand::random::<u64>() | 1,
             stats: Arc::new(SinkStats::default()),
             shutdown: watch::channel(false).0,
@@ -668,86 +734,68 @@ impl Sink {
             store,
             config,
         });
-        tail.catch_up(shared.store.as_ref(), shared.config.tail_poll_interval)
-            .await
-            .map_err(|e| SinkError::Start(e.to_string()))?;
+        let deadline = tokio::time::Instant::now() + shared.config.lease_ttl;
+        loop {
+            match tail
+                .catch_up(shared.store.as_ref(), shared.config.tail_poll_interval)
+                .await
+            {
+                Ok(()) => break,
+                Err(SinkError::Store(e))
+                    if e.is_retriable() && tokio::time::Instant::now() < deadline =>
+                {
+                    tracing::warn!(error = %e, "metadata store unavailable while catching up; retrying");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => return Err(SinkError::Start(e.to_string())),
+            }
+        }
         let state_version = tail.state.metadata_version;
+        let tail_state_epoch = tail
+            .state
+            .nodes
+            .get(&shared.config.node_id)
+            .map_or(0, |n| n.node_epoch);
         if state_version > supported {
             return Err(SinkError::Start(format!(
                 "the cluster is at metadata_version {state_version}, this node supports up to {supported}: upgrade it"
             )));
         }
 
-        // Pick an epoch above any this node id ever used, announce it in meta_node first (so
-        // the coordinator counts this node before it can raise the metadata version), then
-        // register it through the log.
-        let node_id = shared.config.node_id;
-        let stored_epoch = shared
-            .store
-            .nodes()
-            .await?
-            .iter()
-            .find(|n| n.node_id == node_id)
-            .map_or(0, |n| n.node_epoch);
-        let known_epoch = tail.state.nodes.get(&node_id).map_or(0, |n| n.node_epoch);
-        let mut epoch = stored_epoch.max(known_epoch) + 1;
-
-        let tailer = tokio::spawn(tail.run(Arc::clone(&shared)));
-        let mut appender = Appender {
-            shared: Arc::clone(&shared),
-            sequence: 0,
-        };
-        loop {
-            shared.node_epoch.store(epoch, Ordering::Release);
-            shared
-                .store
-                .heartbeat(&Heartbeat {
-                    node_id,
-                    node_epoch: epoch,
-                    applied_index: *shared.applied.borrow(),
-                    supported_version: supported,
-                })
-                .await?;
-            let register = Command::RegisterNode(RegisterNode {
-                node_id,
-                node_epoch: epoch,
-                incarnation: shared.incarnation,
-                address: shared.config.address.clone(),
-                supported_metadata_version: supported,
-            });
-            let resolution = match appender.commit(vec![register]).await {
-                Ok(r) => r,
-                Err(e) => {
-                    shared.shutdown.send_replace(true);
-                    tailer.abort();
-                    return Err(SinkError::Start(e.to_string()));
-                }
-            };
-            match resolution.results.into_iter().next() {
-                Some(Ok(_)) => break,
-                Some(Err(r)) if r.kind() == RejectionKind::NodeFenced => {
-                    // Another process registered this id meanwhile: go above it.
-                    epoch = r.current.unwrap_or(epoch).max(epoch) + 1;
-                }
-                other => {
-                    shared.shutdown.send_replace(true);
-                    tailer.abort();
-                    return Err(SinkError::Start(format!(
-                        "registering node {node_id} failed: {other:?}"
-                    )));
-                }
+        let tailer = spawn_supervised(Arc::clone(&shared), "tailer", tail.run(Arc::clone(&shared)));
+        let registered = register(&shared, supported, tail_state_epoch).await;
+        let (epoch, appender) = match registered {
+            Ok(r) => r,
+            Err(e) => {
+                shared.shutdown.send_replace(true);
+                tailer.abort();
+                return Err(SinkError::Start(e.to_string()));
             }
-        }
-        tracing::info!(node_id, node_epoch = epoch, "metadata sink started");
+        };
+        shared.registered.store(true, Ordering::Release);
+        tracing::info!(
+            node_id = shared.config.node_id,
+            node_epoch = epoch,
+            "metadata sink started"
+        );
 
         let (queue, rx) = mpsc::channel(shared.config.queue_capacity);
-        let flusher = tokio::spawn(appender.run(rx));
-        let membership = tokio::spawn(lease::run(Arc::clone(&shared), queue.clone()));
+        let flusher = spawn_supervised(Arc::clone(&shared), "flusher", appender.run(rx));
+        let membership = spawn_supervised(
+            Arc::clone(&shared),
+            "membership",
+            lease::run(Arc::clone(&shared), queue.clone()),
+        );
+        let maintenance = spawn_supervised(
+            Arc::clone(&shared),
+            "maintenance",
+            lease::run_maintenance(Arc::clone(&shared), queue.clone()),
+        );
         Ok(Sink {
             inner: Arc::new(Inner {
                 shared,
                 queue,
-                tasks: Mutex::new(vec![tailer, flusher, membership]),
+                tasks: Mutex::new(vec![tailer, flusher, membership, maintenance]),
             }),
         })
     }
@@ -884,7 +932,112 @@ impl Sink {
 /// Loads the state a cold start would: the stored snapshot, then every row after it, until
 /// caught up. Registers nothing and proposes nothing (for tools, tests and read-only checks).
 pub async fn load_view(store: &dyn LogStore, supported_version: u32) -> Result<View, SinkError> {
-    let mut tail = Tail::load(store, supported_version, 1024).await?;
+    let mut tail = Tail::load(store, supported_version, 1024, 64 << 20).await?;
     tail.catch_up(store, Duration::from_millis(20)).await?;
     Ok(View::new(tail.applied, tail.state))
+}
+
+/// Retries `op` while it fails with a retriable store error, for up to `limit`.
+async fn retry_transient<T, F, Fut>(limit: Duration, mut op: F) -> Result<T, SinkError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, SinkError>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut backoff = Backoff::new(Duration::from_secs(1));
+    loop {
+        match op().await {
+            Err(SinkError::Store(e))
+                if e.is_retriable() && tokio::time::Instant::now() < deadline =>
+            {
+                tracing::warn!(error = %e, "metadata store unavailable; retrying");
+                tokio::time::sleep(backoff.next()).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Registers this process at a node epoch above any its id used before. The epoch is first
+/// announced in `meta_node`, so the coordinator counts this node before it could raise the
+/// metadata version past it.
+async fn register(
+    shared: &Arc<Shared>,
+    supported: u32,
+    known_epoch: u64,
+) -> Result<(u64, Appender), SinkError> {
+    let node_id = shared.config.node_id;
+    let ttl = shared.config.lease_ttl;
+    let stored_epoch = retry_transient(ttl, || async {
+        Ok(shared
+            .store
+            .nodes()
+            .await?
+            .iter()
+            .find(|n| n.node_id == node_id)
+            .map_or(0, |n| n.node_epoch))
+    })
+    .await?;
+    let mut epoch = stored_epoch.max(known_epoch) + 1;
+    let mut appender = Appender {
+        shared: Arc::clone(shared),
+        sequence: 0,
+        last_ms: 0,
+    };
+    loop {
+        shared.node_epoch.store(epoch, Ordering::Release);
+        let heartbeat = Heartbeat {
+            node_id,
+            node_epoch: epoch,
+            applied_index: *shared.applied.borrow(),
+            supported_version: supported,
+        };
+        retry_transient(ttl, || async {
+            Ok(shared.store.heartbeat(&heartbeat).await?)
+        })
+        .await?;
+        let register = Command::RegisterNode(RegisterNode {
+            node_id,
+            node_epoch: epoch,
+            incarnation: shared.incarnation,
+            address: shared.config.address.clone(),
+            supported_metadata_version: supported,
+        });
+        let resolution = appender.commit(vec![register]).await?;
+        match resolution.results.into_iter().next() {
+            Some(Ok(_)) => return Ok((epoch, appender)),
+            Some(Err(r)) if r.kind() == RejectionKind::NodeFenced => {
+                // Another process registered this id meanwhile: go above it.
+                epoch = r.current.unwrap_or(epoch).max(epoch) + 1;
+            }
+            other => {
+                return Err(SinkError::Start(format!(
+                    "registering node {node_id} failed: {other:?}"
+                )));
+            }
+        }
+    }
+}
+
+/// Spawns one of the sink's tasks; if it panics, the sink halts instead of leaving its
+/// waiters hanging.
+fn spawn_supervised(
+    shared: Arc<Shared>,
+    name: &'static str,
+    task: impl Future<Output = ()> + Send + 'static,
+) -> JoinHandle<()> {
+    use futures::FutureExt as _;
+    tokio::spawn(async move {
+        if let Err(panic) = std::panic::AssertUnwindSafe(task).catch_unwind().await {
+            let reason = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("unknown panic");
+            shared.halt(SinkError::Halted {
+                index: *shared.applied.borrow(),
+                reason: format!("the {name} task panicked: {reason}"),
+            });
+        }
+    })
 }

@@ -15,6 +15,17 @@ use sqlx::sqlite::{
 
 use crate::store::*;
 
+/// SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their extended codes.
+fn transient(code: &str) -> bool {
+    code.parse::<i32>().is_ok_and(|c| matches!(c & 0xff, 5 | 6))
+}
+
+// By value, to fit `map_err`.
+#[allow(clippy::needless_pass_by_value)]
+fn classify(e: sqlx::Error) -> StoreError {
+    classify_with(&e, transient)
+}
+
 const NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
 
 /// [`LogStore`] on SQLite.
@@ -99,38 +110,64 @@ impl SqliteStore {
             .map_err(classify)
     }
 
-    async fn begin(&self) -> StoreResult<sqlx::Transaction<'static, sqlx::Sqlite>> {
-        self.pool
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(classify)
+    /// Runs one write transaction (`BEGIN IMMEDIATE` ... COMMIT) to completion in its own
+    /// task. A caller that is cancelled midway (a timeout, an aborted task) then never leaves
+    /// a pooled connection inside an open transaction, holding the database's write lock.
+    async fn write<T, F, Fut>(&self, body: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(sqlx::Transaction<'static, sqlx::Sqlite>) -> Fut + Send + 'static,
+        Fut: Future<Output = StoreResult<(T, sqlx::Transaction<'static, sqlx::Sqlite>)>> + Send,
+    {
+        let pool = self.pool.clone();
+        tokio::spawn(async move {
+            let tx = pool.begin_with("BEGIN IMMEDIATE").await.map_err(classify)?;
+            let (value, tx) = body(tx).await?;
+            tx.commit().await.map_err(classify)?;
+            Ok(value)
+        })
+        .await
+        .map_err(|e| StoreError::Unavailable(format!("SQLite write task failed: {e}")))?
     }
 }
 
 #[async_trait]
 impl LogStore for SqliteStore {
     async fn append(&self, payload: &[u8]) -> StoreResult<u64> {
-        let mut tx = self.begin().await?;
-        let idx: i64 = sqlx::query_scalar(
-            "INSERT INTO meta_log (idx, payload) \
-             SELECT COALESCE(MAX(idx), 0) + 1, ? FROM meta_log RETURNING idx",
-        )
-        .bind(payload)
-        .fetch_one(&mut *tx)
+        let payload = payload.to_vec();
+        self.write(|mut tx| async move {
+            let idx: i64 = sqlx::query_scalar(
+                "INSERT INTO meta_log (idx, payload) \
+                 SELECT COALESCE(MAX(idx), 0) + 1, ? FROM meta_log RETURNING idx",
+            )
+            .bind(payload)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(classify)?;
+            Ok((to_u64(idx), tx))
+        })
         .await
-        .map_err(classify)?;
-        tx.commit().await.map_err(classify)?;
-        Ok(to_u64(idx))
     }
 
-    async fn read_after(&self, after: u64, limit: u32) -> StoreResult<Vec<LogRow>> {
-        let rows =
-            sqlx::query("SELECT idx, payload FROM meta_log WHERE idx > ? ORDER BY idx LIMIT ?")
-                .bind(to_i64(after))
-                .bind(i64::from(limit))
-                .fetch_all(&self.pool)
-                .await
-                .map_err(classify)?;
+    async fn read_after(
+        &self,
+        after: u64,
+        max_rows: u32,
+        max_bytes: u64,
+    ) -> StoreResult<Vec<LogRow>> {
+        // The window runs over the LIMITed rows only, so a long backlog is not scanned whole.
+        let rows = sqlx::query(
+            "SELECT idx, payload FROM ( \
+               SELECT idx, payload, SUM(LENGTH(payload)) OVER (ORDER BY idx) - LENGTH(payload) AS before \
+               FROM (SELECT idx, payload FROM meta_log WHERE idx > ? ORDER BY idx LIMIT ?) \
+             ) WHERE before < ? ORDER BY idx",
+        )
+        .bind(to_i64(after))
+        .bind(i64::from(max_rows))
+        .bind(to_i64(max_bytes))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(classify)?;
         rows.into_iter()
             .map(|r| {
                 Ok(LogRow {
@@ -163,36 +200,39 @@ impl LogStore for SqliteStore {
     }
 
     async fn store_snapshot(&self, applied_index: u64, payload: &[u8]) -> StoreResult<bool> {
-        let mut tx = self.begin().await?;
-        let written = sqlx::query(
-            "INSERT INTO meta_snapshot (id, applied_idx, payload) VALUES (1, ?, ?) \
-             ON CONFLICT (id) DO UPDATE SET applied_idx = excluded.applied_idx, \
-             payload = excluded.payload WHERE meta_snapshot.applied_idx < excluded.applied_idx",
-        )
-        .bind(to_i64(applied_index))
-        .bind(payload)
-        .execute(&mut *tx)
+        let payload = payload.to_vec();
+        self.write(move |mut tx| async move {
+            let written = sqlx::query(
+                "INSERT INTO meta_snapshot (id, applied_idx, payload) VALUES (1, ?, ?) \
+                 ON CONFLICT (id) DO UPDATE SET applied_idx = excluded.applied_idx, \
+                 payload = excluded.payload WHERE meta_snapshot.applied_idx < excluded.applied_idx",
+            )
+            .bind(to_i64(applied_index))
+            .bind(payload)
+            .execute(&mut *tx)
+            .await
+            .map_err(classify)?
+            .rows_affected();
+            Ok((written == 1, tx))
+        })
         .await
-        .map_err(classify)?
-        .rows_affected();
-        tx.commit().await.map_err(classify)?;
-        Ok(written == 1)
     }
 
     async fn truncate(&self, up_to: u64) -> StoreResult<u64> {
-        let mut tx = self.begin().await?;
-        let deleted = sqlx::query(
-            "DELETE FROM meta_log WHERE idx <= ? \
-             AND idx < (SELECT MAX(idx) FROM meta_log) \
-             AND idx <= (SELECT COALESCE(MAX(applied_idx), 0) FROM meta_snapshot)",
-        )
-        .bind(to_i64(up_to))
-        .execute(&mut *tx)
+        self.write(move |mut tx| async move {
+            let deleted = sqlx::query(
+                "DELETE FROM meta_log WHERE idx <= ? \
+                 AND idx < (SELECT MAX(idx) FROM meta_log) \
+                 AND idx <= (SELECT COALESCE(MAX(applied_idx), 0) FROM meta_snapshot)",
+            )
+            .bind(to_i64(up_to))
+            .execute(&mut *tx)
+            .await
+            .map_err(classify)?
+            .rows_affected();
+            Ok((deleted, tx))
+        })
         .await
-        .map_err(classify)?
-        .rows_affected();
-        tx.commit().await.map_err(classify)?;
-        Ok(deleted)
     }
 
     async fn now_ms(&self) -> StoreResult<i64> {
@@ -208,38 +248,42 @@ impl LogStore for SqliteStore {
         node_epoch: u64,
         ttl_ms: i64,
     ) -> StoreResult<Option<LeaseGrant>> {
-        let mut tx = self.begin().await?;
-        let row: Option<(i64, i64)> = sqlx::query_as(&format!(
-            "UPDATE meta_lease SET \
-               term = CASE WHEN node_id = ?1 AND node_epoch = ?2 THEN term ELSE term + 1 END, \
-               node_id = ?1, node_epoch = ?2, expires_at_ms = {NOW_MS} + ?3 \
-             WHERE id = 1 AND (expires_at_ms <= {NOW_MS} OR (node_id = ?1 AND node_epoch = ?2)) \
-             RETURNING term, expires_at_ms"
-        ))
-        .bind(to_i64(node_id))
-        .bind(to_i64(node_epoch))
-        .bind(ttl_ms)
-        .fetch_optional(&mut *tx)
+        self.write(move |mut tx| async move {
+            let row: Option<(i64, i64)> = sqlx::query_as(&format!(
+                "UPDATE meta_lease SET \
+                   term = CASE WHEN node_id = ?1 AND node_epoch = ?2 THEN term ELSE term + 1 END, \
+                   node_id = ?1, node_epoch = ?2, expires_at_ms = {NOW_MS} + ?3 \
+                 WHERE id = 1 AND (expires_at_ms <= {NOW_MS} OR (node_id = ?1 AND node_epoch = ?2)) \
+                 RETURNING term, expires_at_ms"
+            ))
+            .bind(to_i64(node_id))
+            .bind(to_i64(node_epoch))
+            .bind(ttl_ms)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(classify)?;
+            let grant = row.map(|(term, expires_at_ms)| LeaseGrant {
+                term: to_u64(term),
+                expires_at_ms,
+            });
+            Ok((grant, tx))
+        })
         .await
-        .map_err(classify)?;
-        tx.commit().await.map_err(classify)?;
-        Ok(row.map(|(term, expires_at_ms)| LeaseGrant {
-            term: to_u64(term),
-            expires_at_ms,
-        }))
     }
 
     async fn release_lease(&self, node_id: u64, node_epoch: u64) -> StoreResult<()> {
-        let mut tx = self.begin().await?;
-        sqlx::query(
-            "UPDATE meta_lease SET expires_at_ms = 0 WHERE id = 1 AND node_id = ? AND node_epoch = ?",
-        )
-        .bind(to_i64(node_id))
-        .bind(to_i64(node_epoch))
-        .execute(&mut *tx)
+        self.write(move |mut tx| async move {
+            sqlx::query(
+                "UPDATE meta_lease SET expires_at_ms = 0 WHERE id = 1 AND node_id = ? AND node_epoch = ?",
+            )
+            .bind(to_i64(node_id))
+            .bind(to_i64(node_epoch))
+            .execute(&mut *tx)
+            .await
+            .map_err(classify)?;
+            Ok(((), tx))
+        })
         .await
-        .map_err(classify)?;
-        tx.commit().await.map_err(classify)
     }
 
     async fn read_lease(&self) -> StoreResult<LeaseRow> {
@@ -260,34 +304,41 @@ impl LogStore for SqliteStore {
     }
 
     async fn heartbeat(&self, hb: &Heartbeat) -> StoreResult<()> {
-        let mut tx = self.begin().await?;
-        sqlx::query(&format!(
-            "INSERT INTO meta_node (node_id, node_epoch, heartbeat_ms, applied_idx, supported_version) \
-             VALUES (?, ?, {NOW_MS}, ?, ?) \
-             ON CONFLICT (node_id) DO UPDATE SET node_epoch = excluded.node_epoch, \
-               heartbeat_ms = excluded.heartbeat_ms, applied_idx = excluded.applied_idx, \
-               supported_version = excluded.supported_version \
-             WHERE meta_node.node_epoch <= excluded.node_epoch"
-        ))
-        .bind(to_i64(hb.node_id))
-        .bind(to_i64(hb.node_epoch))
-        .bind(to_i64(hb.applied_index))
-        .bind(i64::from(hb.supported_version))
-        .execute(&mut *tx)
+        let hb = *hb;
+        self.write(move |mut tx| async move {
+            sqlx::query(&format!(
+                "INSERT INTO meta_node (node_id, node_epoch, heartbeat_ms, applied_idx, supported_version) \
+                 VALUES (?, ?, {NOW_MS}, ?, ?) \
+                 ON CONFLICT (node_id) DO UPDATE SET node_epoch = excluded.node_epoch, \
+                   heartbeat_ms = excluded.heartbeat_ms, applied_idx = excluded.applied_idx, \
+                   supported_version = excluded.supported_version \
+                 WHERE meta_node.node_epoch <= excluded.node_epoch"
+            ))
+            .bind(to_i64(hb.node_id))
+            .bind(to_i64(hb.node_epoch))
+            .bind(to_i64(hb.applied_index))
+            .bind(i64::from(hb.supported_version))
+            .execute(&mut *tx)
+            .await
+            .map_err(classify)?;
+            Ok(((), tx))
+        })
         .await
-        .map_err(classify)?;
-        tx.commit().await.map_err(classify)
     }
 
     async fn expire_heartbeat(&self, node_id: u64, node_epoch: u64) -> StoreResult<()> {
-        let mut tx = self.begin().await?;
-        sqlx::query("UPDATE meta_node SET heartbeat_ms = 0 WHERE node_id = ? AND node_epoch = ?")
+        self.write(move |mut tx| async move {
+            sqlx::query(
+                "UPDATE meta_node SET heartbeat_ms = 0 WHERE node_id = ? AND node_epoch = ?",
+            )
             .bind(to_i64(node_id))
             .bind(to_i64(node_epoch))
             .execute(&mut *tx)
             .await
             .map_err(classify)?;
-        tx.commit().await.map_err(classify)
+            Ok(((), tx))
+        })
+        .await
     }
 
     async fn nodes(&self) -> StoreResult<Vec<NodeRow>> {
@@ -312,13 +363,16 @@ impl LogStore for SqliteStore {
     }
 
     async fn insert_raw(&self, index: u64, payload: &[u8]) -> StoreResult<()> {
-        let mut tx = self.begin().await?;
-        sqlx::query("INSERT INTO meta_log (idx, payload) VALUES (?, ?)")
-            .bind(to_i64(index))
-            .bind(payload)
-            .execute(&mut *tx)
-            .await
-            .map_err(classify)?;
-        tx.commit().await.map_err(classify)
+        let payload = payload.to_vec();
+        self.write(move |mut tx| async move {
+            sqlx::query("INSERT INTO meta_log (idx, payload) VALUES (?, ?)")
+                .bind(to_i64(index))
+                .bind(payload)
+                .execute(&mut *tx)
+                .await
+                .map_err(classify)?;
+            Ok(((), tx))
+        })
+        .await
     }
 }

@@ -97,8 +97,8 @@ pub type StoreResult<T> = Result<T, StoreError>;
 ///   Two concurrent appends never both succeed at one index: the loser gets
 ///   [`StoreError::AppendConflict`] and nothing is written. The index is never taken from a
 ///   sequence, an identity column, or the caller.
-/// - `read_after(after, limit)` returns committed rows with `idx > after`, ascending, at most
-///   `limit`. Rows are never modified once written; they disappear only through `truncate`.
+/// - `read_after` returns committed rows with `idx > after`, ascending, bounded in rows and
+///   bytes. Rows are never modified once written; they disappear only through `truncate`.
 /// - `store_snapshot` writes only if the stored snapshot's index is lower (compare-and-set on a
 ///   rising index) and says whether it wrote; `truncate(up_to)` deletes rows with
 ///   `idx <= up_to` that are also at or below the stored snapshot's index, and never the newest
@@ -115,8 +115,14 @@ pub trait LogStore: Debug + Send + Sync + 'static {
     /// Appends one row; returns its index.
     async fn append(&self, payload: &[u8]) -> StoreResult<u64>;
 
-    /// Rows with `idx > after`, ascending, at most `limit`.
-    async fn read_after(&self, after: u64, limit: u32) -> StoreResult<Vec<LogRow>>;
+    /// Rows with `idx > after`, ascending: at most `max_rows`, and no more rows once
+    /// `max_bytes` of payload are reached (the first row is returned whatever its size).
+    async fn read_after(
+        &self,
+        after: u64,
+        max_rows: u32,
+        max_bytes: u64,
+    ) -> StoreResult<Vec<LogRow>>;
 
     /// `(MIN(idx), MAX(idx))`, or `None` for an empty log.
     async fn log_bounds(&self) -> StoreResult<Option<(u64, u64)>>;
@@ -156,25 +162,16 @@ pub trait LogStore: Debug + Send + Sync + 'static {
     async fn insert_raw(&self, index: u64, payload: &[u8]) -> StoreResult<()>;
 }
 
-/// Classifies an sqlx error. By value, to fit `map_err`.
-#[allow(clippy::needless_pass_by_value)]
-pub(crate) fn classify(e: sqlx::Error) -> StoreError {
-    match &e {
+/// Classifies an sqlx error; `transient_code` says whether a database error code means
+/// "try again" in the backend's dialect.
+pub(crate) fn classify_with(e: &sqlx::Error, transient_code: fn(&str) -> bool) -> StoreError {
+    match e {
         sqlx::Error::Database(db) => {
             if matches!(db.kind(), sqlx::error::ErrorKind::UniqueViolation) {
                 return StoreError::AppendConflict;
             }
-            // SQLite: SQLITE_BUSY (5) and SQLITE_LOCKED (6) and their extended codes.
-            // Postgres: class 08 (connection), 40001/40P01 (serialization, deadlock),
-            // 57P01-57P03 (shutdown, cannot connect now), 53xxx (resources).
             let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
-            let busy = code.parse::<i32>().is_ok_and(|c| matches!(c & 0xff, 5 | 6));
-            let transient = code.starts_with("08")
-                || code.starts_with("53")
-                || code.starts_with("57P")
-                || code == "40001"
-                || code == "40P01";
-            if busy || transient {
+            if transient_code(&code) {
                 StoreError::Unavailable(e.to_string())
             } else {
                 StoreError::Database(e.to_string())

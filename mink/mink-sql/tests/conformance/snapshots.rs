@@ -182,7 +182,7 @@ async fn a_row_truncated_before_its_node_read_it_still_gets_its_result(db: TestD
     let store = db.store().await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     let row_index = loop {
-        let rows = store.read_after(0, 100_000).await.unwrap();
+        let rows = store.read_after(0, 100_000, u64::MAX).await.unwrap();
         let found = rows.iter().find(|r| {
             decode_row(&r.payload, METADATA_VERSION).is_ok_and(|row| {
                 row.token.node_id == 1

@@ -43,10 +43,28 @@ async fn append_computes_the_next_index(db: TestDb) {
     }
     let expected: BTreeSet<u64> = (6..6 + 25 * writers).collect();
     assert_eq!(all, expected);
-    let rows = store.read_after(0, 10_000).await.unwrap();
+    let rows = store.read_after(0, 10_000, u64::MAX).await.unwrap();
     let indexes: Vec<u64> = rows.iter().map(|r| r.index).collect();
     assert_eq!(indexes, (1..6 + 25 * writers).collect::<Vec<_>>());
-    assert_eq!(store.read_after(10, 3).await.unwrap().len(), 3);
+    assert_eq!(store.read_after(10, 3, u64::MAX).await.unwrap().len(), 3);
+    // Bounded in bytes too, but the first row always comes back.
+    let big = vec![0u8; 1000];
+    let first_big = store.append(&big).await.unwrap();
+    store.append(&big).await.unwrap();
+    store.append(&big).await.unwrap();
+    let rows = store.read_after(first_big - 1, 100, 1500).await.unwrap();
+    assert_eq!(
+        rows.iter().map(|r| r.index).collect::<Vec<_>>(),
+        vec![first_big, first_big + 1]
+    );
+    assert_eq!(
+        store
+            .read_after(first_big - 1, 100, 10)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
 }
 conformance!(append_computes_the_next_index);
 

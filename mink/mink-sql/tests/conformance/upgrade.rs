@@ -90,7 +90,12 @@ async fn an_old_binary_is_never_fed_a_newer_command(db: TestDb) {
     }
     // And the row it would have met is one it cannot decode.
     let store = db.store().await;
-    let row = store.read_after(index - 1, 1).await.unwrap().pop().unwrap();
+    let row = store
+        .read_after(index - 1, 1, u64::MAX)
+        .await
+        .unwrap()
+        .pop()
+        .unwrap();
     assert!(decode_row(&row.payload, METADATA_VERSION).is_ok());
     assert!(matches!(
         decode_row(&row.payload, 1),
