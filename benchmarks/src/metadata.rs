@@ -40,12 +40,15 @@ pub(crate) struct Args {
     /// Bytes of each proposed value.
     #[arg(long, default_value_t = 32)]
     value_bytes: usize,
+    /// Which databases to measure (default: SQLite, and Postgres when a URL is given).
+    #[arg(long, value_delimiter = ',', value_enum)]
+    backends: Vec<Backend>,
     /// Also print the results as JSON lines.
     #[arg(long)]
     json: bool,
 }
 
-#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 enum Backend {
     SqliteFile,
@@ -56,6 +59,36 @@ enum Backend {
 enum Target {
     Sqlite(String),
     Postgres(Box<PgConnectOptions>),
+}
+
+/// Drops what a point wrote and flushes it out, so the next point does not pay for it
+/// (a raw baseline alone writes millions of rows).
+async fn clean_up(target: Target, postgres_url: Option<&str>) -> anyhow::Result<()> {
+    match target {
+        Target::Sqlite(url) => {
+            let path = url.trim_start_matches("sqlite://").to_string();
+            for suffix in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{path}{suffix}"));
+            }
+        }
+        Target::Postgres(options) => {
+            let schema = options
+                .get_options()
+                .and_then(|o| o.split("search_path=").nth(1).map(str::to_string))
+                .unwrap_or_default();
+            if let Some(url) = postgres_url {
+                let mut conn: sqlx::PgConnection = sqlx::Connection::connect(url).await?;
+                if !schema.is_empty() {
+                    sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+                        .execute(&mut conn)
+                        .await?;
+                }
+                // Needs a superuser, which a throwaway server has; best effort otherwise.
+                let _ = sqlx::query("CHECKPOINT").execute(&mut conn).await;
+            }
+        }
+    }
+    Ok(())
 }
 
 impl Target {
@@ -363,44 +396,32 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
         postgres_url: args.postgres_url.clone(),
     };
     std::fs::create_dir_all(&fresh.sqlite_dir)?;
-    let mut backends = vec![Backend::SqliteFile];
-    if args.postgres_url.is_some() {
-        backends.push(Backend::Postgres);
-    } else {
-        #[allow(clippy::print_stderr)]
-        {
-            eprintln!("no --postgres-url: measuring SQLite only");
+    let mut backends = args.backends.clone();
+    if backends.is_empty() {
+        backends.push(Backend::SqliteFile);
+        if args.postgres_url.is_some() {
+            backends.push(Backend::Postgres);
         }
     }
+    if backends.contains(&Backend::Postgres) && args.postgres_url.is_none() {
+        bail!("--backends postgres needs --postgres-url (or MINK_BENCH_POSTGRES_URL)");
+    }
     let mut points = Vec::new();
+    let url = args.postgres_url.clone();
     for backend in backends {
-        let raw = raw_baseline(
-            &fresh.target(backend).await?,
-            args.seconds,
-            args.value_bytes,
-        )
-        .await?;
-        for &proposers in &args.proposers {
-            let target = fresh.target(backend).await?;
-            points.push(measure(backend, &target, 1, proposers, &args, raw).await?);
-            report_progress(points.last());
-        }
+        let target = fresh.target(backend).await?;
+        let raw = raw_baseline(&target, args.seconds, args.value_bytes).await?;
+        clean_up(target, url.as_deref()).await?;
+        let mut runs: Vec<(usize, usize)> = args.proposers.iter().map(|&p| (1, p)).collect();
         if backend == Backend::Postgres {
-            for &sinks in args.sinks.iter().filter(|&&s| s > 1) {
-                let target = fresh.target(backend).await?;
-                points.push(
-                    measure(
-                        backend,
-                        &target,
-                        sinks,
-                        args.multi_sink_proposers,
-                        &args,
-                        raw,
-                    )
-                    .await?,
-                );
-                report_progress(points.last());
-            }
+            let multi = args.multi_sink_proposers;
+            runs.extend(args.sinks.iter().filter(|&&s| s > 1).map(|&s| (s, multi)));
+        }
+        for (sinks, proposers) in runs {
+            let target = fresh.target(backend).await?;
+            points.push(measure(backend, &target, sinks, proposers, &args, raw).await?);
+            clean_up(target, url.as_deref()).await?;
+            report_progress(points.last());
         }
     }
     print_table(&points);

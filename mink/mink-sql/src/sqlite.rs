@@ -8,6 +8,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::TryStreamExt as _;
 use sqlx::Row as _;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
@@ -155,27 +156,26 @@ impl LogStore for SqliteStore {
         max_rows: u32,
         max_bytes: u64,
     ) -> StoreResult<Vec<LogRow>> {
-        // The window runs over the LIMITed rows only, so a long backlog is not scanned whole.
-        let rows = sqlx::query(
-            "SELECT idx, payload FROM ( \
-               SELECT idx, payload, SUM(LENGTH(payload)) OVER (ORDER BY idx) - LENGTH(payload) AS before \
-               FROM (SELECT idx, payload FROM meta_log WHERE idx > ? ORDER BY idx LIMIT ?) \
-             ) WHERE before < ? ORDER BY idx",
-        )
-        .bind(to_i64(after))
-        .bind(i64::from(max_rows))
-        .bind(to_i64(max_bytes))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(classify)?;
-        rows.into_iter()
-            .map(|r| {
-                Ok(LogRow {
-                    index: to_u64(r.try_get("idx").map_err(classify)?),
-                    payload: r.try_get("payload").map_err(classify)?,
-                })
-            })
-            .collect()
+        // Streamed, so that rows past the byte budget are never held in memory.
+        let mut rows =
+            sqlx::query("SELECT idx, payload FROM meta_log WHERE idx > ? ORDER BY idx LIMIT ?")
+                .bind(to_i64(after))
+                .bind(i64::from(max_rows))
+                .fetch(&self.pool);
+        let mut out = Vec::new();
+        let mut bytes = 0u64;
+        while let Some(row) = rows.try_next().await.map_err(classify)? {
+            let row = LogRow {
+                index: to_u64(row.try_get("idx").map_err(classify)?),
+                payload: row.try_get("payload").map_err(classify)?,
+            };
+            bytes += row.payload.len() as u64;
+            out.push(row);
+            if bytes >= max_bytes {
+                break;
+            }
+        }
+        Ok(out)
     }
 
     async fn log_bounds(&self) -> StoreResult<Option<(u64, u64)>> {
