@@ -7,8 +7,6 @@
 use std::str::FromStr;
 
 use async_trait::async_trait;
-use futures::TryStreamExt as _;
-use sqlx::Row as _;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use crate::store::*;
@@ -81,25 +79,13 @@ impl LogStore for PostgresStore {
         max_bytes: u64,
     ) -> StoreResult<Vec<LogRow>> {
         // Streamed, so that rows past the byte budget are never held in memory.
-        let mut rows =
-            sqlx::query("SELECT idx, payload FROM meta_log WHERE idx > $1 ORDER BY idx LIMIT $2")
-                .bind(to_i64(after))
-                .bind(i64::from(max_rows))
-                .fetch(&self.pool);
-        let mut out = Vec::new();
-        let mut bytes = 0u64;
-        while let Some(row) = rows.try_next().await.map_err(classify)? {
-            let row = LogRow {
-                index: to_u64(row.try_get("idx").map_err(classify)?),
-                payload: row.try_get("payload").map_err(classify)?,
-            };
-            bytes += row.payload.len() as u64;
-            out.push(row);
-            if bytes >= max_bytes {
-                break;
-            }
-        }
-        Ok(out)
+        let rows = sqlx::query_as::<_, (i64, Vec<u8>)>(
+            "SELECT idx, payload FROM meta_log WHERE idx > $1 ORDER BY idx LIMIT $2",
+        )
+        .bind(to_i64(after))
+        .bind(i64::from(max_rows))
+        .fetch(&self.pool);
+        collect_rows(rows, max_bytes, classify).await
     }
 
     async fn log_bounds(&self) -> StoreResult<Option<(u64, u64)>> {

@@ -8,8 +8,6 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::TryStreamExt as _;
-use sqlx::Row as _;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
@@ -111,6 +109,25 @@ impl SqliteStore {
             .map_err(classify)
     }
 
+    /// An UPDATE of the lease or a node row, conditioned on `(node_id, node_epoch)`.
+    async fn update_node_row(
+        &self,
+        sql: &'static str,
+        node_id: u64,
+        node_epoch: u64,
+    ) -> StoreResult<()> {
+        self.write(move |mut tx| async move {
+            sqlx::query(sql)
+                .bind(to_i64(node_id))
+                .bind(to_i64(node_epoch))
+                .execute(&mut *tx)
+                .await
+                .map_err(classify)?;
+            Ok(((), tx))
+        })
+        .await
+    }
+
     /// Runs one write transaction (`BEGIN IMMEDIATE` ... COMMIT) to completion in its own
     /// task. A caller that is cancelled midway (a timeout, an aborted task) then never leaves
     /// a pooled connection inside an open transaction, holding the database's write lock.
@@ -157,25 +174,13 @@ impl LogStore for SqliteStore {
         max_bytes: u64,
     ) -> StoreResult<Vec<LogRow>> {
         // Streamed, so that rows past the byte budget are never held in memory.
-        let mut rows =
-            sqlx::query("SELECT idx, payload FROM meta_log WHERE idx > ? ORDER BY idx LIMIT ?")
-                .bind(to_i64(after))
-                .bind(i64::from(max_rows))
-                .fetch(&self.pool);
-        let mut out = Vec::new();
-        let mut bytes = 0u64;
-        while let Some(row) = rows.try_next().await.map_err(classify)? {
-            let row = LogRow {
-                index: to_u64(row.try_get("idx").map_err(classify)?),
-                payload: row.try_get("payload").map_err(classify)?,
-            };
-            bytes += row.payload.len() as u64;
-            out.push(row);
-            if bytes >= max_bytes {
-                break;
-            }
-        }
-        Ok(out)
+        let rows = sqlx::query_as::<_, (i64, Vec<u8>)>(
+            "SELECT idx, payload FROM meta_log WHERE idx > ? ORDER BY idx LIMIT ?",
+        )
+        .bind(to_i64(after))
+        .bind(i64::from(max_rows))
+        .fetch(&self.pool);
+        collect_rows(rows, max_bytes, classify).await
     }
 
     async fn log_bounds(&self) -> StoreResult<Option<(u64, u64)>> {
@@ -272,17 +277,11 @@ impl LogStore for SqliteStore {
     }
 
     async fn release_lease(&self, node_id: u64, node_epoch: u64) -> StoreResult<()> {
-        self.write(move |mut tx| async move {
-            sqlx::query(
-                "UPDATE meta_lease SET expires_at_ms = 0 WHERE id = 1 AND node_id = ? AND node_epoch = ?",
-            )
-            .bind(to_i64(node_id))
-            .bind(to_i64(node_epoch))
-            .execute(&mut *tx)
-            .await
-            .map_err(classify)?;
-            Ok(((), tx))
-        })
+        self.update_node_row(
+            "UPDATE meta_lease SET expires_at_ms = 0 WHERE id = 1 AND node_id = ? AND node_epoch = ?",
+            node_id,
+            node_epoch,
+        )
         .await
     }
 
@@ -327,17 +326,11 @@ impl LogStore for SqliteStore {
     }
 
     async fn expire_heartbeat(&self, node_id: u64, node_epoch: u64) -> StoreResult<()> {
-        self.write(move |mut tx| async move {
-            sqlx::query(
-                "UPDATE meta_node SET heartbeat_ms = 0 WHERE node_id = ? AND node_epoch = ?",
-            )
-            .bind(to_i64(node_id))
-            .bind(to_i64(node_epoch))
-            .execute(&mut *tx)
-            .await
-            .map_err(classify)?;
-            Ok(((), tx))
-        })
+        self.update_node_row(
+            "UPDATE meta_node SET heartbeat_ms = 0 WHERE node_id = ? AND node_epoch = ?",
+            node_id,
+            node_epoch,
+        )
         .await
     }
 

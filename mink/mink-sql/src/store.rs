@@ -187,6 +187,29 @@ pub(crate) fn classify_with(e: &sqlx::Error, transient_code: fn(&str) -> bool) -
     }
 }
 
+/// Collects streamed `(idx, payload)` rows until `max_bytes` of payload have been read
+/// (the row that crosses the budget is kept, so at least one row comes back).
+pub(crate) async fn collect_rows(
+    mut rows: impl futures::Stream<Item = Result<(i64, Vec<u8>), sqlx::Error>> + Unpin,
+    max_bytes: u64,
+    classify: fn(sqlx::Error) -> StoreError,
+) -> StoreResult<Vec<LogRow>> {
+    use futures::TryStreamExt as _;
+    let mut out = Vec::new();
+    let mut bytes = 0u64;
+    while let Some((index, payload)) = rows.try_next().await.map_err(classify)? {
+        bytes += payload.len() as u64;
+        out.push(LogRow {
+            index: to_u64(index),
+            payload,
+        });
+        if bytes >= max_bytes {
+            break;
+        }
+    }
+    Ok(out)
+}
+
 /// Database integers are signed; ours are not.
 pub(crate) fn to_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
