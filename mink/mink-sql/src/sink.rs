@@ -87,6 +87,8 @@ pub(crate) struct Shared {
     registered: std::sync::atomic::AtomicBool,
     pub(crate) stats: Arc<SinkStats>,
     pub(crate) shutdown: watch::Sender<bool>,
+    /// Set first on a clean shutdown: no new proposals; the flusher finishes its row and stops.
+    closing: watch::Sender<bool>,
     pub(crate) lease: watch::Sender<LeaseStatus>,
 }
 
@@ -622,13 +624,20 @@ impl Appender {
 
     async fn run(mut self, mut queue: mpsc::Receiver<Proposal>) {
         let shared = Arc::clone(&self.shared);
+        let mut closing = shared.closing.subscribe();
         let mut carry: Option<Proposal> = None;
         loop {
+            if *closing.borrow_and_update() {
+                return; // what is still queued fails with `Shutdown`
+            }
             let first = match carry.take() {
                 Some(p) => p,
-                None => match queue.recv().await {
-                    Some(p) => p,
-                    None => return,
+                None => tokio::select! {
+                    p = queue.recv() => match p {
+                        Some(p) => p,
+                        None => return,
+                    },
+                    _ = closing.changed() => return,
                 },
             };
             let mut bytes = first.size;
@@ -676,14 +685,21 @@ impl Appender {
 
 // ============================================================================ the sink
 
+struct Tasks {
+    flusher: JoinHandle<()>,
+    /// Tailer, membership, maintenance.
+    others: Vec<JoinHandle<()>>,
+}
+
 struct Inner {
     shared: Arc<Shared>,
     queue: mpsc::Sender<Proposal>,
-    tasks: Mutex<Vec<JoinHandle<()>>>,
+    tasks: Mutex<Option<Tasks>>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        self.shared.closing.send_replace(true);
         self.shared.shutdown.send_replace(true);
     }
 }
@@ -730,6 +746,7 @@ impl Sink {
             incarnation: rand::random::<u64>() | 1,
             stats: Arc::new(SinkStats::default()),
             shutdown: watch::channel(false).0,
+            closing: watch::channel(false).0,
             lease: watch::channel(LeaseStatus::NotHeld).0,
             store,
             config,
@@ -795,7 +812,10 @@ impl Sink {
             inner: Arc::new(Inner {
                 shared,
                 queue,
-                tasks: Mutex::new(vec![tailer, flusher, membership, maintenance]),
+                tasks: Mutex::new(Some(Tasks {
+                    flusher,
+                    others: vec![tailer, membership, maintenance],
+                })),
             }),
         })
     }
@@ -814,6 +834,9 @@ impl Sink {
         let shared = &self.inner.shared;
         if let Some(e) = shared.halted() {
             return Err(e);
+        }
+        if *shared.closing.borrow() {
+            return Err(SinkError::Shutdown);
         }
         let current = shared.view.load().state.metadata_version;
         if command.since() > current {
@@ -892,18 +915,25 @@ impl Sink {
         self.inner.shared.halted()
     }
 
-    /// Stops the node cleanly: stops proposing, releases the lease and expires this node's
-    /// heartbeat so that others need not wait a TTL to take over.
+    /// Stops the node cleanly: takes no new proposals, lets the row in flight finish (its
+    /// proposers get their answer), stops the loops, releases the lease and expires this
+    /// node's heartbeat so that others need not wait a TTL to take over. Tasks that do not stop
+    /// within a heartbeat interval are aborted.
     pub async fn shutdown(&self) {
         let shared = &self.inner.shared;
-        shared.shutdown.send_replace(true);
-        let tasks = std::mem::take(&mut *self.inner.tasks.lock().expect("tasks lock"));
-        for task in tasks {
-            task.abort();
-            let _ = task.await;
-        }
-        let node = shared.node();
         let limit = shared.config.heartbeat_interval();
+        shared.closing.send_replace(true);
+        let tasks = self.inner.tasks.lock().expect("tasks lock").take();
+        if let Some(tasks) = tasks {
+            // The tailer still runs here, so the flusher's last row gets resolved.
+            stop(tasks.flusher, limit).await;
+            shared.shutdown.send_replace(true);
+            for task in tasks.others {
+                stop(task, limit).await;
+            }
+        }
+        shared.shutdown.send_replace(true);
+        let node = shared.node();
         let _ = tokio::time::timeout(
             limit,
             shared.store.release_lease(node.node_id, node.node_epoch),
@@ -921,9 +951,13 @@ impl Sink {
     /// Stops every task at once without releasing anything: what a crash (SIGKILL) leaves.
     pub fn abort(&self) {
         let shared = &self.inner.shared;
+        shared.closing.send_replace(true);
         shared.shutdown.send_replace(true);
-        for task in self.inner.tasks.lock().expect("tasks lock").drain(..) {
-            task.abort();
+        if let Some(tasks) = self.inner.tasks.lock().expect("tasks lock").take() {
+            tasks.flusher.abort();
+            for task in tasks.others {
+                task.abort();
+            }
         }
         shared.halt(SinkError::Shutdown);
     }
@@ -935,6 +969,14 @@ pub async fn load_view(store: &dyn LogStore, supported_version: u32) -> Result<V
     let mut tail = Tail::load(store, supported_version, 1024, 64 << 20).await?;
     tail.catch_up(store, Duration::from_millis(20)).await?;
     Ok(View::new(tail.applied, tail.state))
+}
+
+/// Waits up to `limit` for a task to end, then aborts it.
+async fn stop(mut task: JoinHandle<()>, limit: Duration) {
+    if tokio::time::timeout(limit, &mut task).await.is_err() {
+        task.abort();
+        let _ = task.await;
+    }
 }
 
 /// Retries `op` while it fails with a retriable store error, for up to `limit`.

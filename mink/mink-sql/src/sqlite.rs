@@ -25,6 +25,17 @@ fn classify(e: sqlx::Error) -> StoreError {
     classify_with(&e, transient)
 }
 
+/// A caller cancelled between `BEGIN IMMEDIATE` and the `Transaction` guard existing leaves the
+/// connection inside a transaction that holds the database's write lock. Such a connection is
+/// closed instead of returned to the pool; closing it rolls the transaction back.
+fn close_if_in_transaction(
+    conn: &mut sqlx::SqliteConnection,
+    _: sqlx::pool::PoolConnectionMetadata,
+) -> futures::future::BoxFuture<'_, Result<bool, sqlx::Error>> {
+    let keep = !sqlx::Connection::is_in_transaction(conn);
+    Box::pin(async move { Ok(keep) })
+}
+
 const NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
 
 /// [`LogStore`] on SQLite.
@@ -60,6 +71,7 @@ impl SqliteStore {
                 .min_connections(1)
                 .idle_timeout(None)
                 .max_lifetime(None)
+                .after_release(close_if_in_transaction)
         };
         let keeper = if in_memory {
             Some(
@@ -78,6 +90,7 @@ impl SqliteStore {
         } else {
             SqlitePoolOptions::new()
                 .max_connections(4)
+                .after_release(close_if_in_transaction)
                 .connect_with(options.journal_mode(SqliteJournalMode::Wal))
                 .await
         }
@@ -128,24 +141,20 @@ impl SqliteStore {
         .await
     }
 
-    /// Runs one write transaction (`BEGIN IMMEDIATE` ... COMMIT) to completion in its own
-    /// task. A caller that is cancelled midway (a timeout, an aborted task) then never leaves
-    /// a pooled connection inside an open transaction, holding the database's write lock.
+    /// Runs one write transaction: `BEGIN IMMEDIATE`, the body, COMMIT.
     async fn write<T, F, Fut>(&self, body: F) -> StoreResult<T>
     where
-        T: Send + 'static,
-        F: FnOnce(sqlx::Transaction<'static, sqlx::Sqlite>) -> Fut + Send + 'static,
-        Fut: Future<Output = StoreResult<(T, sqlx::Transaction<'static, sqlx::Sqlite>)>> + Send,
+        F: FnOnce(sqlx::Transaction<'static, sqlx::Sqlite>) -> Fut,
+        Fut: Future<Output = StoreResult<(T, sqlx::Transaction<'static, sqlx::Sqlite>)>>,
     {
-        let pool = self.pool.clone();
-        tokio::spawn(async move {
-            let tx = pool.begin_with("BEGIN IMMEDIATE").await.map_err(classify)?;
-            let (value, tx) = body(tx).await?;
-            tx.commit().await.map_err(classify)?;
-            Ok(value)
-        })
-        .await
-        .map_err(|e| StoreError::Unavailable(format!("SQLite write task failed: {e}")))?
+        let tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(classify)?;
+        let (value, tx) = body(tx).await?;
+        tx.commit().await.map_err(classify)?;
+        Ok(value)
     }
 }
 
