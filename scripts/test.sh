@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs Mink's whole test suite on a fresh machine: formatting, lints, the dependency-set check,
 # and every test with cargo-nextest against SQLite (file and in-memory) and a throwaway
-# PostgreSQL that this script starts on a free loopback port and stops on exit.
+# PostgreSQL and a moto S3 server (from a pinned virtualenv) that this script starts on free
+# loopback ports and stops on exit.
 #
 # Environment:
 #   CARGO_TARGET_DIR  build directory (default: ~/.cache/mink/target, outside the clone)
@@ -13,6 +14,8 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/mink/target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-auto}"
 # shellcheck source=scripts/lib/postgres.sh
 source scripts/lib/postgres.sh
+# shellcheck source=scripts/lib/python.sh
+source scripts/lib/python.sh
 
 started=$(date +%s)
 step() { printf '\n==> %s (%ss)\n' "$1" "$(($(date +%s) - started))"; }
@@ -42,13 +45,23 @@ if [ -n "$dups" ]; then
 fi
 
 step "PostgreSQL"
-trap stop_postgres EXIT
+trap 'stop_moto; stop_postgres' EXIT
 if ! start_postgres; then
   if [ "${CI:-}" = "true" ]; then
     echo "CI=true: PostgreSQL is required." >&2
     exit 1
   fi
   echo "WARNING: PostgreSQL tests will be skipped (install PostgreSQL to run them)." >&2
+fi
+
+step "Python clients and moto (S3)"
+if ensure_venv && start_moto; then
+  :
+elif [ "${CI:-}" = "true" ]; then
+  echo "CI=true: the Python test clients and moto are required." >&2
+  exit 1
+else
+  echo "WARNING: S3 tests will be skipped (needs python3 with venv and network access to PyPI)." >&2
 fi
 
 step "cargo nextest run"

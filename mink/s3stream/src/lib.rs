@@ -1,0 +1,14 @@
+//! s3stream: ordered streams of record batches on object storage.
+//!
+//! Every bucket of every Mink table is one stream. A node buffers appends from all its streams
+//! and flushes them as one *stream-set object*; an append is acknowledged once its bytes are on
+//! object storage and the object is committed in the metadata log (`CommitStreamSetObject`).
+//! Reads come from caches or ranged GETs of the objects that hold the offsets.
+//!
+//! This crate is built in layers:
+//! - [`store`]: object stores chosen by URL (durable local filesystem, S3, memory) and a
+//!   fault-injecting wrapper;
+//! - [`format`]: the object format (checksummed blocks, an index, a footer).
+
+pub mod format;
+pub mod store;
