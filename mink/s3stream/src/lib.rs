@@ -8,7 +8,17 @@
 //! This crate is built in layers:
 //! - [`store`]: object stores chosen by URL (durable local filesystem, S3, memory) and a
 //!   fault-injecting wrapper;
-//! - [`format`]: the object format (checksummed blocks, an index, a footer).
+//! - [`format`]: the object format (checksummed blocks, an index, a footer);
+//! - [`S3Stream`]: the engine: open, append, flush, commit in order, fetch.
 
+mod cache;
+mod engine;
 pub mod format;
+mod read;
 pub mod store;
+
+pub use cache::CacheStats;
+pub use engine::{
+    AppendAck, EngineConfig, EngineStats, S3Stream, StreamError, StreamInfo, WriterBatchId,
+    object_id_of, object_path,
+};

@@ -1,0 +1,200 @@
+//! Bounded caches for the read path: recent committed appends (the log cache), decoded object
+//! indexes, and fetched data blocks. All are bounded in bytes and evict least recently used
+//! (the log cache: oldest inserted).
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+
+use crate::format::{BlockIndex, RecordBatch};
+
+/// Hit and miss counters of one cache.
+#[derive(Debug, Default)]
+pub struct CacheStats {
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+}
+
+impl CacheStats {
+    fn hit(&self) {
+        self.hits.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn miss(&self) {
+        self.misses.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Recently committed batches per stream, so that tailing readers never touch object storage.
+#[derive(Debug)]
+pub(crate) struct LogCache {
+    inner: Mutex<LogCacheInner>,
+    capacity: usize,
+    pub(crate) stats: CacheStats,
+}
+
+#[derive(Debug, Default)]
+struct LogCacheInner {
+    streams: HashMap<u64, BTreeMap<u64, RecordBatch>>,
+    /// Insertion order, for eviction.
+    order: VecDeque<(u64, u64)>,
+    bytes: usize,
+}
+
+impl LogCache {
+    pub(crate) fn new(capacity: usize) -> Self {
+        LogCache {
+            inner: Mutex::new(LogCacheInner::default()),
+            capacity,
+            stats: CacheStats::default(),
+        }
+    }
+
+    pub(crate) fn insert(&self, stream_id: u64, batch: RecordBatch) {
+        let mut c = self.inner.lock().expect("log cache lock");
+        c.bytes += batch.payload.len();
+        c.order.push_back((stream_id, batch.base_offset));
+        c.streams
+            .entry(stream_id)
+            .or_default()
+            .insert(batch.base_offset, batch);
+        while c.bytes > self.capacity {
+            let Some((s, base)) = c.order.pop_front() else {
+                break;
+            };
+            let mut freed = 0;
+            if let Some(batches) = c.streams.get_mut(&s) {
+                if let Some(b) = batches.remove(&base) {
+                    freed = b.payload.len();
+                }
+                if batches.is_empty() {
+                    c.streams.remove(&s);
+                }
+            }
+            c.bytes -= freed;
+        }
+    }
+
+    /// Batches from the one containing `offset`, contiguous, below `end`, up to `max_bytes`
+    /// (at least one). `None` unless the cache holds the batch containing `offset`.
+    pub(crate) fn read(
+        &self,
+        stream_id: u64,
+        offset: u64,
+        end: u64,
+        max_bytes: usize,
+    ) -> Option<Vec<RecordBatch>> {
+        let c = self.inner.lock().expect("log cache lock");
+        let batches = c.streams.get(&stream_id);
+        let first = batches.and_then(|b| {
+            b.range(..=offset)
+                .next_back()
+                .filter(|(_, b)| b.end_offset() > offset)
+        });
+        let Some((&first_base, _)) = first else {
+            self.stats.miss();
+            return None;
+        };
+        self.stats.hit();
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        let mut next = first_base;
+        for (&base, batch) in batches.expect("found above").range(first_base..) {
+            if base != next || base >= end || (bytes >= max_bytes && !out.is_empty()) {
+                break;
+            }
+            bytes += batch.payload.len();
+            next = batch.end_offset();
+            out.push(batch.clone());
+        }
+        Some(out)
+    }
+
+    /// Drops everything below `offset` of a stream (trimmed).
+    pub(crate) fn trim(&self, stream_id: u64, offset: u64) {
+        let mut c = self.inner.lock().expect("log cache lock");
+        let mut freed = 0;
+        if let Some(batches) = c.streams.get_mut(&stream_id) {
+            let keep = batches.split_off(&offset);
+            freed = batches.values().map(|b| b.payload.len()).sum::<usize>();
+            *batches = keep;
+        }
+        c.bytes -= freed;
+    }
+}
+
+/// A small byte-bounded LRU map.
+#[derive(Debug)]
+pub(crate) struct Lru<K, V> {
+    inner: Mutex<LruInner<K, V>>,
+    capacity: usize,
+    pub(crate) stats: CacheStats,
+}
+
+#[derive(Debug)]
+struct LruInner<K, V> {
+    map: HashMap<K, (V, usize, u64)>,
+    /// use tick -> key
+    recency: BTreeMap<u64, K>,
+    tick: u64,
+    bytes: usize,
+}
+
+impl<K: std::hash::Hash + Eq + Clone, V: Clone> Lru<K, V> {
+    pub(crate) fn new(capacity: usize) -> Self {
+        Lru {
+            inner: Mutex::new(LruInner {
+                map: HashMap::new(),
+                recency: BTreeMap::new(),
+                tick: 0,
+                bytes: 0,
+            }),
+            capacity,
+            stats: CacheStats::default(),
+        }
+    }
+
+    pub(crate) fn get(&self, key: &K) -> Option<V> {
+        let mut c = self.inner.lock().expect("lru lock");
+        c.tick += 1;
+        let tick = c.tick;
+        let Some((value, _, used)) = c.map.get_mut(key) else {
+            self.stats.miss();
+            return None;
+        };
+        let old = std::mem::replace(used, tick);
+        let value = value.clone();
+        c.recency.remove(&old);
+        c.recency.insert(tick, key.clone());
+        self.stats.hit();
+        Some(value)
+    }
+
+    pub(crate) fn insert(&self, key: K, value: V, size: usize) {
+        let mut c = self.inner.lock().expect("lru lock");
+        c.tick += 1;
+        let tick = c.tick;
+        if let Some((_, old_size, old_tick)) = c.map.remove(&key) {
+            c.bytes -= old_size;
+            c.recency.remove(&old_tick);
+        }
+        c.map.insert(key.clone(), (value, size, tick));
+        c.recency.insert(tick, key);
+        c.bytes += size;
+        while c.bytes > self.capacity {
+            let Some((_, victim)) = c.recency.pop_first() else {
+                break;
+            };
+            if let Some((_, size, _)) = c.map.remove(&victim) {
+                c.bytes -= size;
+            }
+        }
+    }
+}
+
+/// Decoded object indexes, keyed by object id.
+pub(crate) type IndexCache = Lru<u64, std::sync::Arc<Vec<BlockIndex>>>;
+/// Fetched data blocks, keyed by (object id, block position).
+pub(crate) type BlockCache = Lru<(u64, u64), Bytes>;

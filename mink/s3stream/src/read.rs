@@ -1,0 +1,215 @@
+//! The read path: the log cache, then object indexes and blocks (cached), then ranged GETs.
+//! Reads never go above a stream's committed end in this node's metadata view.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use object_store::ObjectStoreExt as _;
+
+use crate::engine::{S3Stream, StreamError, StreamInfo, object_path};
+use crate::format::{BlockIndex, FOOTER_LEN, RecordBatch, decode_block, parse_footer, parse_index};
+
+/// How much of an object's tail a first read fetches, hoping to get the index with the footer.
+const TAIL_READ: u64 = 64 << 10;
+
+// By value, to fit `map_err`.
+#[allow(clippy::needless_pass_by_value)]
+fn storage(e: object_store::Error) -> StreamError {
+    StreamError::Storage(e.to_string())
+}
+
+impl S3Stream {
+    /// The stream's readable range in this node's view.
+    pub fn info(&self, stream_id: u64) -> Result<StreamInfo, StreamError> {
+        let view = self.engine.sink.view();
+        let s = view
+            .state
+            .streams
+            .get(&stream_id)
+            .ok_or(StreamError::NotFound { stream_id })?;
+        Ok(StreamInfo {
+            stream_id,
+            epoch: s.epoch,
+            start_offset: s.start_offset,
+            end_offset: s.end_offset,
+        })
+    }
+
+    /// Reads batches from the one containing `offset`, in order, until `max_bytes` are
+    /// gathered (at least one batch when there is one) or the committed end is reached.
+    /// Reading at the committed end returns nothing; below the start is out of range.
+    pub async fn fetch(
+        &self,
+        stream_id: u64,
+        offset: u64,
+        max_bytes: usize,
+    ) -> Result<Vec<RecordBatch>, StreamError> {
+        // A compaction may delete an object between reading the view and the GET: one retry
+        // on a fresh view finds the data where it moved.
+        match self.fetch_once(stream_id, offset, max_bytes).await {
+            Err(StreamError::Storage(_)) => self.fetch_once(stream_id, offset, max_bytes).await,
+            other => other,
+        }
+    }
+
+    async fn fetch_once(
+        &self,
+        stream_id: u64,
+        offset: u64,
+        max_bytes: usize,
+    ) -> Result<Vec<RecordBatch>, StreamError> {
+        let engine = &self.engine;
+        let view = engine.sink.view();
+        let stream = view
+            .state
+            .streams
+            .get(&stream_id)
+            .ok_or(StreamError::NotFound { stream_id })?;
+        let (start, end) = (stream.start_offset, stream.end_offset);
+        if offset < start || offset > end {
+            return Err(StreamError::OutOfRange {
+                stream_id,
+                offset,
+                start,
+                end,
+            });
+        }
+        if offset == end {
+            return Ok(Vec::new());
+        }
+        if let Some(batches) = engine.log_cache.read(stream_id, offset, end, max_bytes)
+            && !batches.is_empty()
+        {
+            return Ok(batches);
+        }
+        let mut out = Vec::new();
+        let mut next = offset;
+        let mut bytes = 0usize;
+        for range in view.state.stream_ranges(stream_id, offset, end) {
+            let object = view.state.objects.get(&range.object_id).ok_or_else(|| {
+                StreamError::Storage(format!("object {} is not in the metadata", range.object_id))
+            })?;
+            let index = self.object_index(range.object_id, object.size).await?;
+            let limit = range.end_offset.min(end);
+            let entries: Vec<BlockIndex> = index
+                .iter()
+                .filter(|e| {
+                    e.stream_id == stream_id && e.end_offset > next && e.start_offset < limit
+                })
+                .copied()
+                .collect();
+            for entry in &entries {
+                let block = self.block(range.object_id, entry).await?;
+                let batches = decode_block(&block, entry).map_err(|e| {
+                    StreamError::Storage(format!("object {} is corrupt: {e}", range.object_id))
+                })?;
+                for b in batches {
+                    if b.end_offset() <= next {
+                        continue;
+                    }
+                    if b.base_offset >= limit {
+                        break;
+                    }
+                    next = b.end_offset();
+                    bytes += b.payload.len();
+                    out.push(b);
+                    if bytes >= max_bytes {
+                        return Ok(out);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Waits (up to `timeout`) until the stream's committed end is beyond `offset`.
+    pub async fn wait_beyond(
+        &self,
+        stream_id: u64,
+        offset: u64,
+        timeout: Duration,
+    ) -> Result<StreamInfo, StreamError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let applied = self.engine.sink.view().applied_index;
+            let info = self.info(stream_id)?;
+            if info.end_offset > offset {
+                return Ok(info);
+            }
+            match tokio::time::timeout_at(deadline, self.engine.sink.wait_applied(applied + 1))
+                .await
+            {
+                Ok(r) => {
+                    r?;
+                }
+                Err(_) => return Ok(info),
+            }
+        }
+    }
+
+    async fn object_index(
+        &self,
+        object_id: u64,
+        size: u64,
+    ) -> Result<Arc<Vec<BlockIndex>>, StreamError> {
+        let engine = &self.engine;
+        if let Some(index) = engine.index_cache.get(&object_id) {
+            return Ok(index);
+        }
+        let path = object_path(&engine.config.object_prefix, object_id);
+        let corrupt = |e| StreamError::Storage(format!("object {object_id} is corrupt: {e}"));
+        if size < FOOTER_LEN as u64 {
+            return Err(StreamError::Storage(format!(
+                "object {object_id} is {size} bytes, too small to be an object"
+            )));
+        }
+        let tail_start = size.saturating_sub(TAIL_READ);
+        crate::engine::count_read(engine);
+        let tail = engine
+            .store
+            .get_range(&path, tail_start..size)
+            .await
+            .map_err(storage)?;
+        let footer = parse_footer(&tail, size).map_err(corrupt)?;
+        let index_bytes: Bytes = if footer.index_position >= tail_start {
+            let at = usize::try_from(footer.index_position - tail_start).unwrap_or(usize::MAX);
+            tail.slice(at..at + footer.index_len as usize)
+        } else {
+            crate::engine::count_read(engine);
+            engine
+                .store
+                .get_range(
+                    &path,
+                    footer.index_position..footer.index_position + u64::from(footer.index_len),
+                )
+                .await
+                .map_err(storage)?
+        };
+        let index = Arc::new(parse_index(&index_bytes, &footer).map_err(corrupt)?);
+        engine
+            .index_cache
+            .insert(object_id, Arc::clone(&index), index.len() * 40 + 64);
+        Ok(index)
+    }
+
+    async fn block(&self, object_id: u64, entry: &BlockIndex) -> Result<Bytes, StreamError> {
+        let engine = &self.engine;
+        if let Some(block) = engine.block_cache.get(&(object_id, entry.position)) {
+            return Ok(block);
+        }
+        crate::engine::count_read(engine);
+        let block = engine
+            .store
+            .get_range(
+                &object_path(&engine.config.object_prefix, object_id),
+                entry.range(),
+            )
+            .await
+            .map_err(storage)?;
+        engine
+            .block_cache
+            .insert((object_id, entry.position), block.clone(), block.len());
+        Ok(block)
+    }
+}

@@ -1,0 +1,502 @@
+//! The stream engine, against each object store: memory, the durable local filesystem, and
+//! moto (a real S3-compatible server, started by scripts/test.sh). Metadata is a real SQLite
+//! command log shared by the engines ("nodes") of a test.
+#![allow(clippy::print_stderr, clippy::cast_possible_truncation)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+use mink_metadata::{Command, ExpirePreparedObjects};
+use mink_sql::{SinkConfig, SqliteStore};
+use object_store::ObjectStore;
+use s3stream::format::RecordBatch;
+use s3stream::store::{self, FaultyObjectStore, ObjectFaults};
+use s3stream::*;
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Memory,
+    Local,
+    S3,
+}
+
+/// One test's world: a metadata database and an object store, shared by its nodes.
+struct World {
+    _dir: tempfile::TempDir,
+    meta_url: String,
+    store: Arc<dyn ObjectStore>,
+}
+
+impl World {
+    fn new(kind: Kind) -> Option<World> {
+        let dir = tempfile::tempdir().unwrap();
+        let meta_url = format!("sqlite://{}", dir.path().join("meta.db").display());
+        let store = match kind {
+            Kind::Memory => store::open("memory://").unwrap(),
+            Kind::Local => store::open(dir.path().join("objects").to_str().unwrap()).unwrap(),
+            Kind::S3 => {
+                let endpoint = match std::env::var("MINK_TEST_S3_ENDPOINT") {
+                    Ok(e) if !e.is_empty() => e,
+                    _ if std::env::var("CI").is_ok_and(|v| v == "true") => {
+                        panic!("CI=true but MINK_TEST_S3_ENDPOINT is not set")
+                    }
+                    _ => return None,
+                };
+                let bucket = std::env::var("MINK_TEST_S3_BUCKET").unwrap();
+                store::open(&format!(
+                    "s3://{bucket}/engine-{:016x}?endpoint={endpoint}&allow_http=true\
+                     &region=us-east-1&access_key_id=test&secret_access_key=test",
+                    rand::random::<u64>()
+                ))
+                .unwrap()
+            }
+        };
+        Some(World {
+            _dir: dir,
+            meta_url,
+            store,
+        })
+    }
+
+    async fn node(&self, node_id: u64) -> S3Stream {
+        self.node_on(node_id, Arc::clone(&self.store), config())
+            .await
+    }
+
+    async fn node_on(
+        &self,
+        node_id: u64,
+        store: Arc<dyn ObjectStore>,
+        config: EngineConfig,
+    ) -> S3Stream {
+        let meta = Arc::new(SqliteStore::connect(&self.meta_url).await.unwrap());
+        let mut c = SinkConfig::new(node_id);
+        c.lease_ttl = Duration::from_millis(1000);
+        c.tail_poll_interval = Duration::from_millis(5);
+        let sink = mink_sql::Sink::start(meta, c).await.unwrap();
+        S3Stream::start(sink, store, config)
+    }
+}
+
+fn config() -> EngineConfig {
+    EngineConfig {
+        flush_delay: Duration::from_millis(5),
+        flush_bytes: 64 << 10,
+        block_bytes: 4 << 10,
+        prepare_batch: 8,
+        max_backoff: Duration::from_millis(50),
+        ..EngineConfig::default()
+    }
+}
+
+fn payload(stream: u64, offset: u64) -> Bytes {
+    Bytes::from(format!("stream {stream} offset {offset} ").repeat(8))
+}
+
+/// Reads a whole stream from `from`, checking offsets are contiguous.
+async fn read_all(engine: &S3Stream, stream_id: u64, from: u64) -> Vec<RecordBatch> {
+    let end = engine.info(stream_id).unwrap().end_offset;
+    let mut out: Vec<RecordBatch> = Vec::new();
+    let mut next = from;
+    while next < end {
+        let batches = engine.fetch(stream_id, next, 16 << 10).await.unwrap();
+        assert!(!batches.is_empty(), "no data at {next} below the end {end}");
+        for b in batches {
+            assert!(
+                b.base_offset <= next && b.end_offset() > next,
+                "gap at {next}: {b:?}"
+            );
+            next = b.end_offset();
+            out.push(b);
+        }
+    }
+    out
+}
+
+macro_rules! suite {
+    ($name:ident) => {
+        mod $name {
+            suite!(@case $name, memory, Memory);
+            suite!(@case $name, local, Local);
+            suite!(@case $name, s3, S3);
+        }
+    };
+    (@case $name:ident, $case:ident, $kind:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn $case() {
+            let Some(world) = super::World::new(super::Kind::$kind) else {
+                eprintln!("skipped: MINK_TEST_S3_ENDPOINT is not set");
+                return;
+            };
+            super::$name(world).await;
+        }
+    };
+}
+
+async fn appends_are_read_back_in_order(world: World) {
+    let engine = world.node(1).await;
+    let first = engine.create_streams(3).await.unwrap();
+    for s in first..first + 3 {
+        assert_eq!(engine.open(s, 1).await.unwrap().end_offset, 0);
+    }
+    // Concurrent appends to three streams share stream-set objects.
+    let mut tasks = Vec::new();
+    for s in first..first + 3 {
+        let engine = engine.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut acks = Vec::new();
+            for i in 0..40u64 {
+                let count = (i % 3 + 1) as u32;
+                acks.push(engine.append(s, count, payload(s, i), None).await.unwrap());
+            }
+            acks
+        }));
+    }
+    for (k, t) in tasks.into_iter().enumerate() {
+        let acks = t.await.unwrap();
+        let mut next = 0;
+        for a in &acks {
+            assert_eq!(a.base_offset, next, "stream {k}: offsets are contiguous");
+            next = a.end_offset;
+        }
+    }
+    let flushes = engine.stats().flushes.load(Ordering::Relaxed);
+    assert!(
+        flushes < 120,
+        "{flushes} flushes for 120 appends: nothing was batched"
+    );
+    // From the log cache, then from object storage on a node with cold caches.
+    let hot = read_all(&engine, first + 1, 0).await;
+    assert_eq!(hot.len(), 40);
+    let cold = world.node(2).await;
+    let batches = read_all(&cold, first + 1, 0).await;
+    assert_eq!(batches, hot);
+    assert!(cold.stats().object_reads.load(Ordering::Relaxed) > 0);
+    // Reading from the middle of a batch returns that batch.
+    let mid = hot[5].base_offset + u64::from(hot[5].count) - 1;
+    assert_eq!(cold.fetch(first + 1, mid, 1).await.unwrap()[0], hot[5]);
+    // At the end: nothing; past it: out of range.
+    let end = cold.info(first + 1).unwrap().end_offset;
+    assert!(cold.fetch(first + 1, end, 1024).await.unwrap().is_empty());
+    assert!(matches!(
+        cold.fetch(first + 1, end + 1, 1024).await,
+        Err(StreamError::OutOfRange { .. })
+    ));
+    engine.shutdown().await;
+    cold.shutdown().await;
+}
+suite!(appends_are_read_back_in_order);
+
+async fn a_takeover_fences_the_old_owner(world: World) {
+    let a = world.node(1).await;
+    let b = world.node(2).await;
+    let s = a.create_streams(1).await.unwrap();
+    a.open(s, 1).await.unwrap();
+    for i in 0..5 {
+        a.append(s, 1, payload(s, i), None).await.unwrap();
+    }
+    // B takes the stream over at a higher epoch; it resumes at the committed end.
+    let info = b.open(s, 2).await.unwrap();
+    assert_eq!(info.end_offset, 5);
+    let fenced = a.append(s, 1, payload(s, 99), None).await;
+    assert!(
+        matches!(fenced, Err(StreamError::Fenced { .. })),
+        "{fenced:?}"
+    );
+    assert!(matches!(
+        a.append(s, 1, payload(s, 100), None).await,
+        Err(StreamError::Fenced { .. })
+    ));
+    assert!(
+        a.failed().is_none(),
+        "a fenced stream does not stop the engine"
+    );
+    let ack = b.append(s, 1, payload(s, 5), None).await.unwrap();
+    assert_eq!(ack.base_offset, 5);
+    // A lower epoch cannot take it back.
+    assert!(matches!(
+        a.open(s, 1).await,
+        Err(StreamError::Fenced { .. })
+    ));
+    let all = read_all(&b, s, 0).await;
+    assert_eq!(all.len(), 6);
+    assert!(
+        all.iter()
+            .all(|b| !b.payload.starts_with(b"stream 1 offset 99"))
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+suite!(a_takeover_fences_the_old_owner);
+
+async fn idempotent_writers_are_answered_with_original_offsets(world: World) {
+    let engine = world.node(1).await;
+    let s = engine.create_streams(1).await.unwrap();
+    engine.open(s, 1).await.unwrap();
+    let w = |first, last| WriterBatchId {
+        writer_id: 77,
+        writer_epoch: 3,
+        first_sequence: first,
+        last_sequence: last,
+    };
+    let a = engine
+        .append(s, 2, payload(s, 0), Some(w(0, 1)))
+        .await
+        .unwrap();
+    let b = engine
+        .append(s, 3, payload(s, 2), Some(w(2, 4)))
+        .await
+        .unwrap();
+    assert!(!a.duplicate && !b.duplicate);
+    // A retry of either batch gets its original offsets and writes nothing.
+    let again = engine
+        .append(s, 2, payload(s, 0), Some(w(0, 1)))
+        .await
+        .unwrap();
+    assert_eq!(
+        (again.base_offset, again.end_offset, again.duplicate),
+        (0, 2, true)
+    );
+    let end = engine.info(s).unwrap().end_offset;
+    assert_eq!(end, 5);
+    // Skipping sequences, or an older writer epoch, is refused.
+    assert!(matches!(
+        engine.append(s, 1, payload(s, 9), Some(w(9, 9))).await,
+        Err(StreamError::OutOfOrderSequence {
+            expected_after: 4,
+            ..
+        })
+    ));
+    let old = WriterBatchId {
+        writer_epoch: 2,
+        ..w(5, 5)
+    };
+    assert!(matches!(
+        engine.append(s, 1, payload(s, 9), Some(old)).await,
+        Err(StreamError::WriterFenced { .. })
+    ));
+    engine.shutdown().await;
+    // After a crash, the new owner recognises the retry from the metadata alone.
+    let next = world.node(2).await;
+    next.open(s, 2).await.unwrap();
+    let retry = next
+        .append(s, 3, payload(s, 2), Some(w(2, 4)))
+        .await
+        .unwrap();
+    assert_eq!(
+        (retry.base_offset, retry.end_offset, retry.duplicate),
+        (2, 5, true)
+    );
+    let c = next
+        .append(s, 1, payload(s, 5), Some(w(5, 5)))
+        .await
+        .unwrap();
+    assert_eq!(c.base_offset, 5);
+    assert_eq!(read_all(&next, s, 0).await.len(), 3);
+    next.shutdown().await;
+}
+suite!(idempotent_writers_are_answered_with_original_offsets);
+
+async fn retriable_storage_failures_are_retried_with_the_same_bytes(world: World) {
+    let faults = ObjectFaults::new(9);
+    let faulty: Arc<dyn ObjectStore> = Arc::new(FaultyObjectStore::new(
+        Arc::clone(&world.store),
+        Arc::clone(&faults),
+    ));
+    let engine = world.node_on(1, faulty, config()).await;
+    let s = engine.create_streams(2).await.unwrap();
+    engine.open(s, 1).await.unwrap();
+    engine.open(s + 1, 1).await.unwrap();
+    // 503 SlowDown and PUTs whose outcome the engine never learns.
+    faults.put_throttled.store(300, Ordering::Relaxed);
+    faults.put_unknown.store(300, Ordering::Relaxed);
+    let mut tasks = Vec::new();
+    for stream in [s, s + 1] {
+        let engine = engine.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..30 {
+                engine
+                    .append(stream, 1, payload(stream, i), None)
+                    .await
+                    .unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    faults.clear();
+    assert!(faults.injected() > 0);
+    assert!(engine.stats().put_retries.load(Ordering::Relaxed) > 0);
+    for stream in [s, s + 1] {
+        let batches = read_all(&world.node(2).await, stream, 0).await;
+        let offsets: Vec<u64> = batches.iter().map(|b| b.base_offset).collect();
+        assert_eq!(
+            offsets,
+            (0..30).collect::<Vec<_>>(),
+            "each record exactly once"
+        );
+        for b in &batches {
+            assert_eq!(b.payload, payload(stream, b.base_offset));
+        }
+    }
+    engine.shutdown().await;
+}
+suite!(retriable_storage_failures_are_retried_with_the_same_bytes);
+
+async fn an_expired_object_id_is_replaced_and_the_bytes_put_again(world: World) {
+    let engine = world.node(1).await;
+    let s = engine.create_streams(1).await.unwrap();
+    engine.open(s, 1).await.unwrap();
+    engine.append(s, 1, payload(s, 0), None).await.unwrap();
+    // The coordinator expires every prepared id, including the ones this node holds.
+    let epoch = tokio::time::timeout(
+        Duration::from_secs(5),
+        engine
+            .sink()
+            .lease()
+            .wait_for(|l| l.coordinator_epoch().is_some()),
+    )
+    .await
+    .unwrap()
+    .unwrap()
+    .coordinator_epoch()
+    .unwrap();
+    let expired = engine
+        .sink()
+        .propose(Command::ExpirePreparedObjects(ExpirePreparedObjects {
+            coordinator_epoch: epoch,
+            now_ms: u64::MAX,
+        }))
+        .await
+        .unwrap();
+    assert!(expired.result.is_ok());
+    let ack = engine.append(s, 1, payload(s, 1), None).await.unwrap();
+    assert_eq!(ack.base_offset, 1);
+    assert!(engine.stats().reputs_after_expiry.load(Ordering::Relaxed) >= 1);
+    assert_eq!(read_all(&engine, s, 0).await.len(), 2);
+    engine.shutdown().await;
+}
+suite!(an_expired_object_id_is_replaced_and_the_bytes_put_again);
+
+async fn appends_wait_when_the_buffer_is_full(world: World) {
+    let faults = ObjectFaults::new(3);
+    let faulty: Arc<dyn ObjectStore> = Arc::new(FaultyObjectStore::new(
+        Arc::clone(&world.store),
+        Arc::clone(&faults),
+    ));
+    let small = EngineConfig {
+        max_buffered_bytes: 4 << 10,
+        ..config()
+    };
+    let engine = world.node_on(1, faulty, small).await;
+    let s = engine.create_streams(1).await.unwrap();
+    engine.open(s, 1).await.unwrap();
+    faults.pause();
+    let writer = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            let mut acks = Vec::new();
+            for i in 0..20 {
+                acks.push(
+                    engine
+                        .append(s, 1, Bytes::from(vec![b'x'; 1000 + i]), None)
+                        .await,
+                );
+            }
+            acks
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !writer.is_finished(),
+        "appends wait for room instead of growing memory"
+    );
+    assert!(engine.stats().appends.load(Ordering::Relaxed) <= 5);
+    faults.resume();
+    let acks = writer.await.unwrap();
+    assert!(
+        acks.iter().all(Result::is_ok),
+        "waiting appends do not fail"
+    );
+    engine.shutdown().await;
+}
+suite!(appends_wait_when_the_buffer_is_full);
+
+async fn a_fenced_node_fails_everything_and_a_restart_resumes(world: World) {
+    let old = world.node(1).await;
+    let s = old.create_streams(1).await.unwrap();
+    old.open(s, 1).await.unwrap();
+    let mut acked = BTreeMap::new();
+    for i in 0..10 {
+        let a = old.append(s, 1, payload(s, i), None).await.unwrap();
+        acked.insert(a.base_offset, payload(s, i));
+    }
+    // The node restarts elsewhere under a new node epoch while the old process lives on.
+    let new = world.node(1).await;
+    let late = old.append(s, 1, payload(s, 10), None).await;
+    assert!(
+        late.is_err(),
+        "the old process may no longer write: {late:?}"
+    );
+    assert!(
+        matches!(old.failed(), Some(StreamError::Failed(_))),
+        "its engine stops: {:?}",
+        old.failed()
+    );
+    assert!(matches!(
+        old.append(s, 1, payload(s, 11), None).await,
+        Err(StreamError::Failed(_))
+    ));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let info = new.open(s, 2).await.unwrap();
+    assert_eq!(info.end_offset, 10, "resumes at the committed end");
+    let a = new.append(s, 1, payload(s, 10), None).await.unwrap();
+    acked.insert(a.base_offset, payload(s, 10));
+    let all = read_all(&new, s, 0).await;
+    let stored: BTreeMap<u64, Bytes> = all
+        .into_iter()
+        .map(|b| (b.base_offset, b.payload))
+        .collect();
+    assert_eq!(stored, acked, "every acknowledged record, exactly once");
+    old.shutdown().await;
+    new.shutdown().await;
+}
+suite!(a_fenced_node_fails_everything_and_a_restart_resumes);
+
+async fn trim_and_close_and_delete(world: World) {
+    let engine = world.node(1).await;
+    let s = engine.create_streams(1).await.unwrap();
+    engine.open(s, 1).await.unwrap();
+    for i in 0..20 {
+        engine.append(s, 1, payload(s, i), None).await.unwrap();
+    }
+    assert!(matches!(
+        engine.trim(s, 21).await,
+        Err(StreamError::Invalid(_))
+    ));
+    let info = engine.trim(s, 12).await.unwrap();
+    assert_eq!((info.start_offset, info.end_offset), (12, 20));
+    assert!(matches!(
+        engine.fetch(s, 11, 1024).await,
+        Err(StreamError::OutOfRange { start: 12, .. })
+    ));
+    assert_eq!(read_all(&engine, s, 12).await.len(), 8);
+    engine.close(s).await.unwrap();
+    assert!(matches!(
+        engine.append(s, 1, payload(s, 20), None).await,
+        Err(StreamError::NotOpen { .. })
+    ));
+    assert_eq!(
+        read_all(&engine, s, 12).await.len(),
+        8,
+        "closed streams stay readable"
+    );
+    engine.delete(s).await.unwrap();
+    assert!(matches!(engine.info(s), Err(StreamError::NotFound { .. })));
+    engine.shutdown().await;
+}
+suite!(trim_and_close_and_delete);
