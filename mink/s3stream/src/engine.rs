@@ -636,6 +636,14 @@ impl S3Stream {
             .map_err(|r| StreamError::from_rejection(stream_id, &r))
     }
 
+    pub(crate) fn shutdown_watch(&self) -> watch::Receiver<bool> {
+        self.engine.shutdown.subscribe()
+    }
+
+    pub(crate) fn add_task(&self, task: JoinHandle<()>) {
+        self.tasks.lock().expect("tasks lock").push(task);
+    }
+
     /// Stops the flusher and committer; appends not yet committed fail with `Shutdown`.
     pub async fn shutdown(&self) {
         self.engine.shutdown.send_replace(true);
@@ -854,7 +862,7 @@ impl Engine {
     }
 
     /// A prepared object id that stays valid for a while yet.
-    async fn object_id(&self) -> Result<u64, StreamError> {
+    pub(crate) async fn object_id(&self) -> Result<u64, StreamError> {
         let mut ids = self.ids.lock().await;
         let ttl_ms = u64::try_from(self.config.prepare_ttl.as_millis()).unwrap_or(u64::MAX);
         let margin = ttl_ms / 4;
@@ -892,7 +900,7 @@ impl Engine {
 
     /// PUTs `bytes` at `path`, retrying the same bytes until it succeeds (hedging a slow PUT
     /// when configured). Gives up only when the engine stops.
-    async fn put(&self, path: &Path, bytes: &Bytes) -> Result<(), StreamError> {
+    pub(crate) async fn put(&self, path: &Path, bytes: &Bytes) -> Result<(), StreamError> {
         let mut backoff = Duration::from_millis(10);
         loop {
             if let Some(e) = self.failed.lock().expect("failed lock").clone() {

@@ -12,12 +12,14 @@
 //! - [`S3Stream`]: the engine: open, append, flush, commit in order, fetch.
 
 mod cache;
+mod compaction;
 mod engine;
 pub mod format;
 mod read;
 pub mod store;
 
 pub use cache::CacheStats;
+pub use compaction::{CleanupReport, CompactionConfig, RoundReport};
 pub use engine::{
     AppendAck, EngineConfig, EngineStats, S3Stream, StreamError, StreamInfo, WriterBatchId,
     object_id_of, object_path,

@@ -500,3 +500,219 @@ async fn trim_and_close_and_delete(world: World) {
     engine.shutdown().await;
 }
 suite!(trim_and_close_and_delete);
+
+fn compaction() -> CompactionConfig {
+    CompactionConfig {
+        interval: Duration::from_millis(50),
+        split_stream_bytes: 8 << 10,
+        stream_object_bytes: 64 << 10,
+        max_round_bytes: 64 << 20,
+        destroyed_grace: Duration::ZERO,
+    }
+}
+
+/// Live (committed) objects by kind, and every object id listed in the store.
+async fn objects(engine: &S3Stream, world: &World) -> (usize, usize, Vec<u64>) {
+    use futures::TryStreamExt as _;
+    let view = engine.sink().view();
+    let live = |k| {
+        view.state
+            .objects
+            .values()
+            .filter(|o| o.state() == mink_metadata::ObjectState::Committed && o.kind() == k)
+            .count()
+    };
+    let listed: Vec<u64> = world
+        .store
+        .list(Some(&object_store::path::Path::from("s3stream/objects")))
+        .map_ok(|m| object_id_of(&m.location).unwrap())
+        .try_collect()
+        .await
+        .unwrap();
+    (
+        live(mink_metadata::ObjectKind::StreamSet),
+        live(mink_metadata::ObjectKind::Stream),
+        listed,
+    )
+}
+
+async fn coordinator_epoch(engine: &S3Stream) -> u64 {
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        engine
+            .sink()
+            .lease()
+            .wait_for(|l| l.coordinator_epoch().is_some()),
+    )
+    .await
+    .unwrap()
+    .unwrap()
+    .coordinator_epoch()
+    .unwrap()
+}
+
+async fn compaction_merges_splits_and_keeps_every_record(world: World) {
+    let engine = world.node(1).await;
+    let first = engine.create_streams(4).await.unwrap();
+    for s in first..first + 4 {
+        engine.open(s, 1).await.unwrap();
+    }
+    // Many small flushes: one object per append round.
+    let mut expected: BTreeMap<u64, Vec<RecordBatch>> = BTreeMap::new();
+    for round in 0..12u64 {
+        for s in first..first + 4 {
+            // Stream `first` is big enough to be split out into stream objects.
+            let size = if s == first { 3000 } else { 40 };
+            let p = Bytes::from(vec![(round as u8) ^ (s as u8); size]);
+            let a = engine.append(s, 2, p.clone(), None).await.unwrap();
+            expected.entry(s).or_default().push(RecordBatch {
+                base_offset: a.base_offset,
+                count: 2,
+                payload: p,
+            });
+        }
+    }
+    let (sets_before, _, _) = objects(&engine, &world).await;
+    assert!(
+        sets_before >= 6,
+        "{sets_before} stream-set objects before compaction"
+    );
+    let report = engine.compact_once(1, &compaction()).await.unwrap();
+    assert_eq!(report.sources, sets_before);
+    let (sets, streams, _) = objects(&engine, &world).await;
+    assert_eq!(sets, 1, "stream-set objects merged into one");
+    assert_eq!(
+        streams, 1,
+        "the big stream was split into its own stream object"
+    );
+    // Every record is still there, read cold from objects.
+    let reader = world.node(2).await;
+    for (s, batches) in &expected {
+        assert_eq!(&read_all(&reader, *s, 0).await, batches, "stream {s}");
+    }
+    // The sources are destroyed; cleanup deletes them from the store and the metadata.
+    let epoch = coordinator_epoch(&engine).await;
+    let cleaned = engine.cleanup_once(epoch, &compaction()).await.unwrap();
+    assert_eq!(cleaned.deleted as usize, sets_before);
+    let (_, _, listed) = objects(&engine, &world).await;
+    let view = engine.sink().view();
+    let live: Vec<u64> = view
+        .state
+        .objects
+        .keys()
+        .copied()
+        .filter(|id| view.state.objects[id].state() == mink_metadata::ObjectState::Committed)
+        .collect();
+    let mut listed_sorted = listed.clone();
+    listed_sorted.sort_unstable();
+    assert_eq!(
+        listed_sorted, live,
+        "the store holds exactly the live objects"
+    );
+    // More writes, then merging the small stream objects of the split stream.
+    for round in 0..6u64 {
+        let p = Bytes::from(vec![round as u8; 3000]);
+        let a = engine.append(first, 2, p.clone(), None).await.unwrap();
+        expected.get_mut(&first).unwrap().push(RecordBatch {
+            base_offset: a.base_offset,
+            count: 2,
+            payload: p,
+        });
+        engine.compact_once(1, &compaction()).await.unwrap();
+    }
+    let (_, streams, _) = objects(&engine, &world).await;
+    assert!(
+        streams <= 3,
+        "{streams} stream objects for one stream: small ones merge"
+    );
+    assert_eq!(
+        &read_all(&world.node(3).await, first, 0).await,
+        &expected[&first]
+    );
+    engine.shutdown().await;
+    reader.shutdown().await;
+}
+suite!(compaction_merges_splits_and_keeps_every_record);
+
+async fn orphans_are_swept(world: World) {
+    use object_store::ObjectStoreExt as _;
+    // Prepared ids that lapse quickly: the spare ones expire and get cleaned.
+    let short = EngineConfig {
+        prepare_ttl: Duration::from_millis(100),
+        ..config()
+    };
+    let engine = world.node_on(1, Arc::clone(&world.store), short).await;
+    let s = engine.create_streams(1).await.unwrap();
+    engine.open(s, 1).await.unwrap();
+    engine.append(s, 1, payload(s, 0), None).await.unwrap();
+    let epoch = coordinator_epoch(&engine).await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let cleaned = engine.cleanup_once(epoch, &compaction()).await.unwrap();
+    assert!(cleaned.expired > 0 && cleaned.deleted > 0, "{cleaned:?}");
+    let view = engine.sink().view();
+    let forgotten = (1..view.state.counters.next_object_id)
+        .find(|id| !view.state.objects.contains_key(id))
+        .expect("a cleaned id");
+    // A PUT of that id lands late (the writer was slow); one id never handed out too.
+    let late = object_path("s3stream/objects", forgotten);
+    world
+        .store
+        .put(&late, Bytes::from_static(b"late").into())
+        .await
+        .unwrap();
+    let unknown = object_path(
+        "s3stream/objects",
+        view.state.counters.next_object_id + 1000,
+    );
+    world
+        .store
+        .put(&unknown, Bytes::from_static(b"?").into())
+        .await
+        .unwrap();
+    let report = engine.cleanup_once(epoch, &compaction()).await.unwrap();
+    assert_eq!(report.orphans, 1);
+    assert!(
+        world.store.head(&late).await.is_err(),
+        "the late PUT was swept"
+    );
+    assert!(
+        world.store.head(&unknown).await.is_ok(),
+        "ids never handed out are not ours to judge"
+    );
+    assert_eq!(read_all(&engine, s, 0).await.len(), 1);
+    engine.shutdown().await;
+}
+suite!(orphans_are_swept);
+
+async fn the_lease_holder_compacts_a_dead_nodes_objects(world: World) {
+    let dead = world.node(7).await;
+    let first = dead.create_streams(2).await.unwrap();
+    for s in [first, first + 1] {
+        dead.open(s, 1).await.unwrap();
+    }
+    for i in 0..5 {
+        for s in [first, first + 1] {
+            dead.append(s, 1, payload(s, i), None).await.unwrap();
+        }
+    }
+    dead.shutdown().await;
+    dead.sink().shutdown().await; // its heartbeat expires at once
+    let holder = world.node(1).await;
+    coordinator_epoch(&holder).await;
+    let before = objects(&holder, &world).await.0;
+    assert!(before >= 2);
+    holder.spawn_background(compaction());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while objects(&holder, &world).await.0 > 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "dead node's objects never compacted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for s in [first, first + 1] {
+        assert_eq!(read_all(&holder, s, 0).await.len(), 5);
+    }
+    holder.shutdown().await;
+}
+suite!(the_lease_holder_compacts_a_dead_nodes_objects);

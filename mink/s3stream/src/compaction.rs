@@ -1,0 +1,553 @@
+//! Compaction and cleanup: keep the number of objects bounded and delete what nothing
+//! references.
+//!
+//! Compaction (every node, for its own objects; the lease holder also for dead nodes):
+//! - stream-set objects merge into one new stream-set object, except that a stream with more
+//!   than `split_stream_bytes` in them goes into a stream object of its own;
+//! - consecutive small stream objects of one stream merge into one, up to
+//!   `stream_object_bytes`.
+//!
+//! Each round moves at most `max_round_bytes`. Data moves whole batches, so offsets and batch
+//! boundaries never change. A source object whose every range moved becomes destroyed.
+//!
+//! Cleanup (lease holder): expires prepared ids past their deadline, deletes destroyed objects
+//! once `destroyed_grace` has passed (readers holding an older view may still read them) and
+//! forgets them (`CleanDestroyedObjects`), and sweeps the store for orphans — objects whose id
+//! the metadata no longer knows (a PUT that landed after its id expired and was cleaned).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{StreamExt as _, TryStreamExt as _};
+use mink_metadata::{
+    CleanDestroyedObjects, Command, CommitStreamSetObject, CompactStreamObject,
+    ExpirePreparedObjects, ObjectKind, ObjectRecord, ObjectState, Outcome, Reply, StreamRange,
+};
+use object_store::ObjectStoreExt as _;
+use object_store::path::Path;
+
+use crate::engine::{S3Stream, StreamError, object_id_of, object_path, wall_clock_ms};
+use crate::format::{ObjectBuilder, RecordBatch, decode_object};
+
+/// Compaction and cleanup settings.
+#[derive(Clone, Debug)]
+pub struct CompactionConfig {
+    /// How often a node compacts (the spec's `wal_upload_interval`).
+    pub interval: Duration,
+    /// A stream with more than this in the stream-set objects being merged gets its own
+    /// stream object.
+    pub split_stream_bytes: u64,
+    /// Stream objects merge up to this size.
+    pub stream_object_bytes: u64,
+    /// At most this many bytes of sources per round.
+    pub max_round_bytes: u64,
+    /// Destroyed objects are deleted this long after they were destroyed.
+    pub destroyed_grace: Duration,
+}
+
+impl Default for CompactionConfig {
+    fn default() -> Self {
+        CompactionConfig {
+            interval: Duration::from_secs(10),
+            split_stream_bytes: 16 << 20,
+            stream_object_bytes: 128 << 20,
+            max_round_bytes: 512 << 20,
+            destroyed_grace: Duration::from_secs(300),
+        }
+    }
+}
+
+/// What one round did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RoundReport {
+    pub sources: usize,
+    pub objects_written: usize,
+    pub bytes_read: u64,
+}
+
+/// What one cleanup did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CleanupReport {
+    pub expired: u64,
+    pub deleted: u64,
+    pub orphans: u64,
+}
+
+fn committed(o: &ObjectRecord) -> bool {
+    o.state() == ObjectState::Committed
+}
+
+impl S3Stream {
+    /// One compaction round over the committed objects prepared by `node_id` (this node's own,
+    /// or a dead node's when this node holds the lease).
+    pub async fn compact_once(
+        &self,
+        node_id: u64,
+        config: &CompactionConfig,
+    ) -> Result<RoundReport, StreamError> {
+        let mut report = self.compact_stream_sets(node_id, config).await?;
+        let merged = self.merge_stream_objects(node_id, config).await?;
+        report.sources += merged.sources;
+        report.objects_written += merged.objects_written;
+        report.bytes_read += merged.bytes_read;
+        Ok(report)
+    }
+
+    async fn read_object(&self, object_id: u64) -> Result<Bytes, StreamError> {
+        let path = object_path(&self.engine.config.object_prefix, object_id);
+        let got = self
+            .engine
+            .store
+            .get(&path)
+            .await
+            .map_err(|e| StreamError::Storage(e.to_string()))?;
+        got.bytes()
+            .await
+            .map_err(|e| StreamError::Storage(e.to_string()))
+    }
+
+    /// Batches of `stream_id` overlapping `[start, end)` in a decoded object.
+    fn batches_of(
+        decoded: &HashMap<u64, Vec<(u64, RecordBatch)>>,
+        object_id: u64,
+        stream_id: u64,
+        start: u64,
+        end: u64,
+    ) -> Vec<RecordBatch> {
+        decoded
+            .get(&object_id)
+            .map(|batches| {
+                batches
+                    .iter()
+                    .filter(|(s, b)| {
+                        *s == stream_id && b.end_offset() > start && b.base_offset < end
+                    })
+                    .map(|(_, b)| b.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    async fn compact_stream_sets(
+        &self,
+        node_id: u64,
+        config: &CompactionConfig,
+    ) -> Result<RoundReport, StreamError> {
+        let view = self.engine.sink.view();
+        let state = &view.state;
+        // Oldest first, within the round's budget.
+        let mut sources = BTreeSet::new();
+        let mut budget = 0u64;
+        for o in state
+            .objects
+            .values()
+            .filter(|o| committed(o) && o.node_id == node_id && o.kind() == ObjectKind::StreamSet)
+        {
+            if budget + o.size > config.max_round_bytes && !sources.is_empty() {
+                break;
+            }
+            budget += o.size;
+            sources.insert(o.object_id);
+        }
+        // Worth a round: several objects to merge, or one big enough to hold a stream to
+        // split out.
+        let big = |id: &u64| {
+            state
+                .objects
+                .get(id)
+                .is_some_and(|o| o.size > config.split_stream_bytes)
+        };
+        if sources.len() < 2 && !sources.iter().any(big) {
+            return Ok(RoundReport::default());
+        }
+        let mut decoded: HashMap<u64, Vec<(u64, RecordBatch)>> = HashMap::new();
+        let mut report = RoundReport {
+            sources: sources.len(),
+            ..RoundReport::default()
+        };
+        for id in &sources {
+            let bytes = self.read_object(*id).await?;
+            report.bytes_read += bytes.len() as u64;
+            let blocks = decode_object(&bytes)
+                .map_err(|e| StreamError::Storage(format!("object {id} is corrupt: {e}")))?;
+            decoded.insert(
+                *id,
+                blocks
+                    .into_iter()
+                    .flat_map(|(e, batches)| batches.into_iter().map(move |b| (e.stream_id, b)))
+                    .collect(),
+            );
+        }
+        // Per stream: the first contiguous run of its ranges that lives in the sources. A later
+        // run (after a range held elsewhere) stays where it is this round.
+        struct Run {
+            start: u64,
+            end: u64,
+            batches: Vec<RecordBatch>,
+            closed: bool,
+        }
+        let mut runs: BTreeMap<u64, Run> = BTreeMap::new();
+        for ((stream_id, _), range) in state.ranges.iter() {
+            if !sources.contains(&range.object_id) {
+                if let Some(run) = runs.get_mut(stream_id) {
+                    run.closed = true;
+                }
+                continue;
+            }
+            let batches = Self::batches_of(
+                &decoded,
+                range.object_id,
+                *stream_id,
+                range.start_offset,
+                range.end_offset,
+            );
+            match runs.get_mut(stream_id) {
+                None => {
+                    runs.insert(
+                        *stream_id,
+                        Run {
+                            start: range.start_offset,
+                            end: range.end_offset,
+                            batches,
+                            closed: false,
+                        },
+                    );
+                }
+                Some(run) if !run.closed && run.end == range.start_offset => {
+                    run.end = range.end_offset;
+                    run.batches.extend(batches);
+                }
+                Some(run) => run.closed = true,
+            }
+        }
+        let mut stream_set = ObjectBuilder::new(self.engine.config.block_bytes);
+        let mut stream_set_ranges = Vec::new();
+        let mut split = Vec::new();
+        for (
+            stream_id,
+            Run {
+                start,
+                end,
+                batches,
+                ..
+            },
+        ) in runs
+        {
+            let bytes: u64 = batches.iter().map(|b| b.payload.len() as u64).sum();
+            if bytes > config.split_stream_bytes {
+                split.push((stream_id, start, end, batches));
+                continue;
+            }
+            for b in &batches {
+                stream_set
+                    .push(stream_id, b)
+                    .map_err(|e| StreamError::Failed(format!("compaction: {e}")))?;
+            }
+            stream_set_ranges.push(StreamRange {
+                stream_id,
+                stream_epoch: 0,
+                start_offset: start,
+                end_offset: end,
+                writers: vec![],
+            });
+        }
+        // Split-out streams first: each becomes a stream object.
+        let sources_list: Vec<u64> = sources.iter().copied().collect();
+        for (stream_id, start, end, batches) in split {
+            self.write_stream_object(stream_id, start, end, &batches, &sources_list)
+                .await?;
+            report.objects_written += 1;
+        }
+        // Then the rest into one stream-set object.
+        let (bytes, _) = stream_set.finish();
+        let object_id = self.engine.object_id().await?;
+        self.engine
+            .put(
+                &object_path(&self.engine.config.object_prefix, object_id),
+                &bytes,
+            )
+            .await?;
+        let node = self.engine.sink.node();
+        let proposed = self
+            .engine
+            .sink
+            .propose(Command::CommitStreamSetObject(CommitStreamSetObject {
+                node_id: node.node_id,
+                node_epoch: node.node_epoch,
+                object_id,
+                object_size: bytes.len() as u64,
+                ranges: stream_set_ranges,
+                compacted_object_ids: sources_list,
+            }))
+            .await?;
+        match proposed.result {
+            Ok(_) => report.objects_written += 1,
+            // Another compaction or a trim got there first: the sources stay; try next round.
+            Err(r) => tracing::info!(%r, "stream-set compaction not committed"),
+        }
+        Ok(report)
+    }
+
+    async fn write_stream_object(
+        &self,
+        stream_id: u64,
+        start: u64,
+        end: u64,
+        batches: &[RecordBatch],
+        sources: &[u64],
+    ) -> Result<bool, StreamError> {
+        let mut builder = ObjectBuilder::new(self.engine.config.block_bytes);
+        for b in batches {
+            builder
+                .push(stream_id, b)
+                .map_err(|e| StreamError::Failed(format!("compaction: {e}")))?;
+        }
+        let (bytes, _) = builder.finish();
+        let object_id = self.engine.object_id().await?;
+        self.engine
+            .put(
+                &object_path(&self.engine.config.object_prefix, object_id),
+                &bytes,
+            )
+            .await?;
+        let node = self.engine.sink.node();
+        let proposed = self
+            .engine
+            .sink
+            .propose(Command::CompactStreamObject(CompactStreamObject {
+                node_id: node.node_id,
+                node_epoch: node.node_epoch,
+                object_id,
+                stream_id,
+                start_offset: start,
+                end_offset: end,
+                object_size: bytes.len() as u64,
+                source_object_ids: sources.to_vec(),
+            }))
+            .await?;
+        match proposed.result {
+            Ok(Outcome::Done(_)) => Ok(true),
+            Ok(_) => Ok(false),
+            Err(r) => {
+                tracing::info!(%r, stream_id, "stream object not committed");
+                Ok(false)
+            }
+        }
+    }
+
+    async fn merge_stream_objects(
+        &self,
+        node_id: u64,
+        config: &CompactionConfig,
+    ) -> Result<RoundReport, StreamError> {
+        let view = self.engine.sink.view();
+        let state = &view.state;
+        let mut report = RoundReport::default();
+        // Per stream, runs of consecutive ranges held by small stream objects of this node.
+        let mut runs: Vec<(u64, u64, u64, Vec<u64>, u64)> = Vec::new();
+        let mut current: Option<(u64, u64, u64, Vec<u64>, u64)> = None;
+        for range in state.ranges.values() {
+            let small = state.objects.get(&range.object_id).filter(|o| {
+                committed(o)
+                    && o.node_id == node_id
+                    && o.kind() == ObjectKind::Stream
+                    && o.size < config.stream_object_bytes
+            });
+            let extends = current.as_ref().is_some_and(|c| {
+                c.0 == range.stream_id
+                    && c.2 == range.start_offset
+                    && small.is_some_and(|o| c.4 + o.size <= config.stream_object_bytes)
+            });
+            if let (true, Some(c), Some(o)) = (extends, current.as_mut(), small) {
+                c.2 = range.end_offset;
+                c.3.push(o.object_id);
+                c.4 += o.size;
+                continue;
+            }
+            if let Some(c) = current.take()
+                && c.3.len() > 1
+            {
+                runs.push(c);
+            }
+            current = small.map(|o| {
+                (
+                    range.stream_id,
+                    range.start_offset,
+                    range.end_offset,
+                    vec![o.object_id],
+                    o.size,
+                )
+            });
+        }
+        if let Some(c) = current.take()
+            && c.3.len() > 1
+        {
+            runs.push(c);
+        }
+        let mut budget = 0u64;
+        for (stream_id, start, end, sources, size) in runs {
+            if budget + size > config.max_round_bytes && budget > 0 {
+                break;
+            }
+            budget += size;
+            let mut batches = Vec::new();
+            for id in &sources {
+                let bytes = self.read_object(*id).await?;
+                report.bytes_read += bytes.len() as u64;
+                for (e, bs) in decode_object(&bytes)
+                    .map_err(|e| StreamError::Storage(format!("object {id} is corrupt: {e}")))?
+                {
+                    if e.stream_id == stream_id {
+                        batches.extend(
+                            bs.into_iter()
+                                .filter(|b| b.end_offset() > start && b.base_offset < end),
+                        );
+                    }
+                }
+            }
+            report.sources += sources.len();
+            if self
+                .write_stream_object(stream_id, start, end, &batches, &sources)
+                .await?
+            {
+                report.objects_written += 1;
+            }
+        }
+        Ok(report)
+    }
+
+    /// Lease-holder cleanup (see the module docs). `coordinator_epoch` is this node's, from
+    /// its lease.
+    pub async fn cleanup_once(
+        &self,
+        coordinator_epoch: u64,
+        config: &CompactionConfig,
+    ) -> Result<CleanupReport, StreamError> {
+        let sink = &self.engine.sink;
+        let mut report = CleanupReport::default();
+        let now = wall_clock_ms();
+        let proposed = sink
+            .propose(Command::ExpirePreparedObjects(ExpirePreparedObjects {
+                coordinator_epoch,
+                now_ms: now,
+            }))
+            .await?;
+        if let Ok(Outcome::Done(Reply::Count(n))) = proposed.result {
+            report.expired = n;
+        }
+        let view = sink.view();
+        let grace = u64::try_from(config.destroyed_grace.as_millis()).unwrap_or(u64::MAX);
+        let due: Vec<u64> = view
+            .state
+            .objects
+            .values()
+            .filter(|o| {
+                o.state() == ObjectState::Destroyed
+                    && o.destroyed_at_ms.saturating_add(grace) <= now
+            })
+            .map(|o| o.object_id)
+            .collect();
+        if !due.is_empty() {
+            self.delete_objects(&due).await?;
+            let proposed = sink
+                .propose(Command::CleanDestroyedObjects(CleanDestroyedObjects {
+                    coordinator_epoch,
+                    object_ids: due,
+                }))
+                .await?;
+            if let Ok(Outcome::Done(Reply::Count(n))) = proposed.result {
+                report.deleted = n;
+            }
+        }
+        report.orphans = self.sweep_orphans().await?;
+        Ok(report)
+    }
+
+    async fn delete_objects(&self, ids: &[u64]) -> Result<(), StreamError> {
+        let prefix = self.engine.config.object_prefix.clone();
+        let paths: Vec<object_store::Result<Path>> =
+            ids.iter().map(|id| Ok(object_path(&prefix, *id))).collect();
+        let mut results = self
+            .engine
+            .store
+            .delete_stream(futures::stream::iter(paths).boxed());
+        while let Some(r) = results.next().await {
+            match r {
+                Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(StreamError::Storage(e.to_string())),
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes objects in the store whose id the metadata no longer knows (allocated, then
+    /// cleaned) or has destroyed. Prepared ids are left alone: their PUT may be under way.
+    async fn sweep_orphans(&self) -> Result<u64, StreamError> {
+        let view = self.engine.sink.view();
+        let state = &view.state;
+        let prefix = Path::from(self.engine.config.object_prefix.as_str());
+        let listed: Vec<Path> = self
+            .engine
+            .store
+            .list(Some(&prefix))
+            .map_ok(|m| m.location)
+            .try_collect()
+            .await
+            .map_err(|e| StreamError::Storage(e.to_string()))?;
+        let orphans: Vec<u64> = listed
+            .iter()
+            .filter_map(object_id_of)
+            .filter(|id| *id < state.counters.next_object_id && !state.objects.contains_key(id))
+            .collect();
+        if !orphans.is_empty() {
+            tracing::info!(count = orphans.len(), "deleting orphaned objects");
+            self.delete_objects(&orphans).await?;
+        }
+        Ok(orphans.len() as u64)
+    }
+}
+
+impl S3Stream {
+    /// Runs compaction every `config.interval`: this node's own objects, and, while this node
+    /// holds the lease, cleanup and the objects of nodes whose heartbeat has expired. Stops
+    /// with the engine.
+    pub fn spawn_background(&self, config: CompactionConfig) {
+        let engine = self.clone();
+        let task = tokio::spawn(async move {
+            let mut shutdown = engine.shutdown_watch();
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(config.interval) => {}
+                    _ = shutdown.changed() => return,
+                }
+                if let Err(e) = engine.background_round(&config).await {
+                    tracing::warn!(error = %e, "compaction round failed");
+                }
+            }
+        });
+        self.add_task(task);
+    }
+
+    async fn background_round(&self, config: &CompactionConfig) -> Result<(), StreamError> {
+        let sink = &self.engine.sink;
+        self.compact_once(sink.node().node_id, config).await?;
+        let Some(epoch) = sink.lease().borrow().coordinator_epoch() else {
+            return Ok(());
+        };
+        self.cleanup_once(epoch, config).await?;
+        let live: BTreeSet<u64> = sink.live_nodes().await?.iter().map(|n| n.node_id).collect();
+        let view = sink.view();
+        let dead: BTreeSet<u64> = view
+            .state
+            .objects
+            .values()
+            .filter(|o| committed(o) && !live.contains(&o.node_id))
+            .map(|o| o.node_id)
+            .collect();
+        for node_id in dead {
+            self.compact_once(node_id, config).await?;
+        }
+        Ok(())
+    }
+}
