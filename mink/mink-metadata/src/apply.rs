@@ -977,13 +977,20 @@ impl State {
     }
 
     fn commit_stream_set_object(&mut self, c: &CommitStreamSetObject, at_ms: u64) -> CommandResult {
-        let mut seen = BTreeSet::new();
+        // A WAL commit holds one range per stream; a compaction may hold several ranges of
+        // one stream (runs separated by data held elsewhere), ascending and disjoint.
+        let compaction = !c.compacted_object_ids.is_empty();
+        let mut last_end: BTreeMap<u64, u64> = BTreeMap::new();
         for r in &c.ranges {
-            if r.end_offset <= r.start_offset || !seen.insert(r.stream_id) {
+            let repeated = match last_end.insert(r.stream_id, r.end_offset) {
+                None => false,
+                Some(end) => !compaction || r.start_offset < end,
+            };
+            if r.end_offset <= r.start_offset || repeated {
                 return Err(rej(
                     RejectionKind::InvalidArgument,
                     format!(
-                        "object {}: range [{}, {}) of stream {} is empty or repeated",
+                        "object {}: range [{}, {}) of stream {} is empty, repeated or overlapping",
                         c.object_id, r.start_offset, r.end_offset, r.stream_id
                     ),
                 ));

@@ -64,6 +64,9 @@ pub struct RoundReport {
     pub sources: usize,
     pub objects_written: usize,
     pub bytes_read: u64,
+    /// Commits the metadata log refused (a concurrent trim, delete or compaction): their
+    /// sources stay and the next round tries again.
+    pub refused: Vec<String>,
 }
 
 /// What one cleanup did.
@@ -91,6 +94,7 @@ impl S3Stream {
         report.sources += merged.sources;
         report.objects_written += merged.objects_written;
         report.bytes_read += merged.bytes_read;
+        report.refused.extend(merged.refused);
         Ok(report)
     }
 
@@ -179,20 +183,18 @@ impl S3Stream {
                     .collect(),
             );
         }
-        // Per stream: the first contiguous run of its ranges that lives in the sources. A later
-        // run (after a range held elsewhere) stays where it is this round.
+        // Per stream: the runs of consecutive ranges held by the sources. A stream whose
+        // ranges alternate between sources and other objects (after takeovers) has several.
         struct Run {
             start: u64,
             end: u64,
             batches: Vec<RecordBatch>,
-            closed: bool,
         }
-        let mut runs: BTreeMap<u64, Run> = BTreeMap::new();
+        let mut runs: BTreeMap<u64, Vec<Run>> = BTreeMap::new();
+        let mut previous_in_sources: Option<u64> = None;
         for ((stream_id, _), range) in state.ranges.iter() {
             if !sources.contains(&range.object_id) {
-                if let Some(run) = runs.get_mut(stream_id) {
-                    run.closed = true;
-                }
+                previous_in_sources = None;
                 continue;
             }
             let batches = Self::batches_of(
@@ -202,62 +204,65 @@ impl S3Stream {
                 range.start_offset,
                 range.end_offset,
             );
-            match runs.get_mut(stream_id) {
-                None => {
-                    runs.insert(
-                        *stream_id,
-                        Run {
-                            start: range.start_offset,
-                            end: range.end_offset,
-                            batches,
-                            closed: false,
-                        },
-                    );
-                }
-                Some(run) if !run.closed && run.end == range.start_offset => {
+            let stream_runs = runs.entry(*stream_id).or_default();
+            match stream_runs.last_mut() {
+                Some(run)
+                    if previous_in_sources == Some(*stream_id) && run.end == range.start_offset =>
+                {
                     run.end = range.end_offset;
                     run.batches.extend(batches);
                 }
-                Some(run) => run.closed = true,
+                _ => stream_runs.push(Run {
+                    start: range.start_offset,
+                    end: range.end_offset,
+                    batches,
+                }),
             }
+            previous_in_sources = Some(*stream_id);
         }
         let mut stream_set = ObjectBuilder::new(self.engine.config.block_bytes);
         let mut stream_set_ranges = Vec::new();
         let mut split = Vec::new();
-        for (
-            stream_id,
-            Run {
+        for (stream_id, stream_runs) in runs {
+            let bytes: u64 = stream_runs
+                .iter()
+                .flat_map(|r| &r.batches)
+                .map(|b| b.payload.len() as u64)
+                .sum();
+            for Run {
                 start,
                 end,
                 batches,
-                ..
-            },
-        ) in runs
-        {
-            let bytes: u64 = batches.iter().map(|b| b.payload.len() as u64).sum();
-            if bytes > config.split_stream_bytes {
-                split.push((stream_id, start, end, batches));
-                continue;
+            } in stream_runs
+            {
+                if bytes > config.split_stream_bytes {
+                    split.push((stream_id, start, end, batches));
+                    continue;
+                }
+                for b in &batches {
+                    stream_set
+                        .push(stream_id, b)
+                        .map_err(|e| StreamError::Failed(format!("compaction: {e}")))?;
+                }
+                stream_set_ranges.push(StreamRange {
+                    stream_id,
+                    stream_epoch: 0,
+                    start_offset: start,
+                    end_offset: end,
+                    writers: vec![],
+                });
             }
-            for b in &batches {
-                stream_set
-                    .push(stream_id, b)
-                    .map_err(|e| StreamError::Failed(format!("compaction: {e}")))?;
-            }
-            stream_set_ranges.push(StreamRange {
-                stream_id,
-                stream_epoch: 0,
-                start_offset: start,
-                end_offset: end,
-                writers: vec![],
-            });
         }
         // Split-out streams first: each becomes a stream object.
         let sources_list: Vec<u64> = sources.iter().copied().collect();
         for (stream_id, start, end, batches) in split {
-            self.write_stream_object(stream_id, start, end, &batches, &sources_list)
-                .await?;
-            report.objects_written += 1;
+            match self
+                .write_stream_object(stream_id, start, end, &batches, &sources_list)
+                .await?
+            {
+                Ok(()) => report.objects_written += 1,
+                Err(refused) => report.refused.push(refused),
+            }
         }
         // Then the rest into one stream-set object.
         let (bytes, _) = stream_set.finish();
@@ -284,7 +289,10 @@ impl S3Stream {
         match proposed.result {
             Ok(_) => report.objects_written += 1,
             // Another compaction or a trim got there first: the sources stay; try next round.
-            Err(r) => tracing::info!(%r, "stream-set compaction not committed"),
+            Err(r) => {
+                tracing::info!(%r, "stream-set compaction not committed");
+                report.refused.push(r.to_string());
+            }
         }
         Ok(report)
     }
@@ -296,7 +304,7 @@ impl S3Stream {
         end: u64,
         batches: &[RecordBatch],
         sources: &[u64],
-    ) -> Result<bool, StreamError> {
+    ) -> Result<Result<(), String>, StreamError> {
         let mut builder = ObjectBuilder::new(self.engine.config.block_bytes);
         for b in batches {
             builder
@@ -327,11 +335,13 @@ impl S3Stream {
             }))
             .await?;
         match proposed.result {
-            Ok(Outcome::Done(_)) => Ok(true),
-            Ok(_) => Ok(false),
+            Ok(Outcome::Done(_)) => Ok(Ok(())),
+            Ok(other) => Ok(Err(format!(
+                "stream object of stream {stream_id}: {other:?}"
+            ))),
             Err(r) => {
                 tracing::info!(%r, stream_id, "stream object not committed");
-                Ok(false)
+                Ok(Err(r.to_string()))
             }
         }
     }
@@ -407,11 +417,12 @@ impl S3Stream {
                 }
             }
             report.sources += sources.len();
-            if self
+            match self
                 .write_stream_object(stream_id, start, end, &batches, &sources)
                 .await?
             {
-                report.objects_written += 1;
+                Ok(()) => report.objects_written += 1,
+                Err(refused) => report.refused.push(refused),
             }
         }
         Ok(report)

@@ -3,6 +3,8 @@
 //! ```text
 //! object  := block* index footer
 //! block   := batch* crc32c(batches)                   one stream, contiguous offsets
+//!                                                     (one stream may have several blocks,
+//!                                                     with gaps between them)
 //! batch   := base_offset:u64 count:u32 len:u32 payload[len]
 //! index   := entry* crc32c(entries)                   sorted by (stream, start offset)
 //! entry   := stream_id:u64 start:u64 end:u64 position:u64 size:u32 batches:u32
@@ -137,8 +139,8 @@ impl ObjectBuilder {
         }
     }
 
-    /// Appends a batch of `stream_id`. Batches of one stream must come in offset order
-    /// without gaps; streams must come in ascending id order.
+    /// Appends a batch of `stream_id`. Streams come in ascending id order and the batches of
+    /// one stream in ascending offset order; a gap between two batches starts a new block.
     pub fn push(&mut self, stream_id: u64, batch: &RecordBatch) -> Result<(), FormatError> {
         if batch.count == 0 {
             return Err(corrupt("batch", "a batch spans at least one offset"));
@@ -157,8 +159,9 @@ impl ObjectBuilder {
                 .as_ref()
                 .map(|b| (b.stream_id, b.end_offset))
                 .or(self.index.last().map(|e| (e.stream_id, e.end_offset)));
+            // Streams ascend; within a stream offsets ascend (a gap starts a new block).
             if let Some(last) = last
-                && (stream_id < last.0 || (stream_id == last.0 && batch.base_offset != last.1))
+                && (stream_id < last.0 || (stream_id == last.0 && batch.base_offset < last.1))
             {
                 return Err(corrupt(
                     "batch",

@@ -72,7 +72,22 @@ impl World {
         store: Arc<dyn ObjectStore>,
         config: EngineConfig,
     ) -> S3Stream {
-        let meta = Arc::new(SqliteStore::connect(&self.meta_url).await.unwrap());
+        self.node_with(node_id, store, config, None).await
+    }
+
+    /// A node whose metadata connection runs under `meta_faults`.
+    async fn node_with(
+        &self,
+        node_id: u64,
+        store: Arc<dyn ObjectStore>,
+        config: EngineConfig,
+        meta_faults: Option<Arc<mink_sql::Faults>>,
+    ) -> S3Stream {
+        let mut meta: Arc<dyn mink_sql::LogStore> =
+            Arc::new(SqliteStore::connect(&self.meta_url).await.unwrap());
+        if let Some(faults) = meta_faults {
+            meta = Arc::new(mink_sql::FaultyStore::new(meta, faults));
+        }
         let mut c = SinkConfig::new(node_id);
         c.lease_ttl = Duration::from_millis(1000);
         c.tail_poll_interval = Duration::from_millis(5);
@@ -716,3 +731,437 @@ async fn the_lease_holder_compacts_a_dead_nodes_objects(world: World) {
     holder.shutdown().await;
 }
 suite!(the_lease_holder_compacts_a_dead_nodes_objects);
+
+async fn a_crash_between_put_and_commit_loses_nothing_acknowledged(world: World) {
+    let meta = mink_sql::Faults::new(11);
+    let puts = ObjectFaults::new(12);
+    let store: Arc<dyn ObjectStore> = Arc::new(FaultyObjectStore::new(
+        Arc::clone(&world.store),
+        Arc::clone(&puts),
+    ));
+    let short = EngineConfig {
+        prepare_ttl: Duration::from_millis(300),
+        ..config()
+    };
+    let node = world
+        .node_with(1, store, short.clone(), Some(Arc::clone(&meta)))
+        .await;
+    let s = node.create_streams(1).await.unwrap();
+    node.open(s, 1).await.unwrap();
+    let w = |seq| WriterBatchId {
+        writer_id: 5,
+        writer_epoch: 0,
+        first_sequence: seq,
+        last_sequence: seq,
+    };
+    node.append(s, 1, payload(s, 0), Some(w(0))).await.unwrap();
+    // The metadata database stops answering: the next object is PUT but never committed.
+    meta.pause();
+    let put_before = puts.puts();
+    let unacked = {
+        let node = node.clone();
+        tokio::spawn(async move { node.append(s, 1, payload(s, 1), Some(w(1))).await })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while puts.puts() == put_before {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the object was never PUT"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The process dies (nothing released).
+    node.sink().abort();
+    node.shutdown().await;
+    assert!(unacked.await.unwrap().is_err(), "never acknowledged");
+    meta.resume();
+    // Restarted, it resumes at the committed end; the client's retry is stored once.
+    let restarted = world.node_on(1, Arc::clone(&world.store), short).await;
+    assert_eq!(restarted.open(s, 2).await.unwrap().end_offset, 1);
+    let retry = restarted
+        .append(s, 1, payload(s, 1), Some(w(1)))
+        .await
+        .unwrap();
+    assert_eq!((retry.base_offset, retry.duplicate), (1, false));
+    let again = restarted
+        .append(s, 1, payload(s, 1), Some(w(1)))
+        .await
+        .unwrap();
+    assert_eq!((again.base_offset, again.duplicate), (1, true));
+    assert_eq!(read_all(&restarted, s, 0).await.len(), 2);
+    // The object PUT by the dead process is prepared, never committed: it expires, and the
+    // cleanup deletes it.
+    let epoch = coordinator_epoch(&restarted).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let report = restarted.cleanup_once(epoch, &compaction()).await.unwrap();
+    assert!(report.expired > 0 && report.deleted > 0, "{report:?}");
+    let (_, _, listed) = objects(&restarted, &world).await;
+    let view = restarted.sink().view();
+    assert!(
+        listed.iter().all(|id| view
+            .state
+            .objects
+            .get(id)
+            .is_some_and(|o| o.state() == mink_metadata::ObjectState::Committed
+                || o.state() == mink_metadata::ObjectState::Prepared)),
+        "only live or still-usable objects remain: {listed:?}"
+    );
+    restarted.shutdown().await;
+}
+suite!(a_crash_between_put_and_commit_loses_nothing_acknowledged);
+
+async fn a_crash_between_commit_and_ack_is_answered_on_retry(world: World) {
+    let meta = mink_sql::Faults::new(13);
+    let node = world
+        .node_with(
+            1,
+            Arc::clone(&world.store),
+            config(),
+            Some(Arc::clone(&meta)),
+        )
+        .await;
+    let s = node.create_streams(1).await.unwrap();
+    node.open(s, 1).await.unwrap();
+    let w = |seq| WriterBatchId {
+        writer_id: 9,
+        writer_epoch: 2,
+        first_sequence: seq,
+        last_sequence: seq,
+    };
+    node.append(s, 1, payload(s, 0), Some(w(0))).await.unwrap();
+    // Make sure the next row is the commit: ids are prepared already.
+    meta.pause_after_next_append.store(true, Ordering::Relaxed);
+    let pending = {
+        let node = node.clone();
+        tokio::spawn(async move { node.append(s, 1, payload(s, 1), Some(w(1))).await })
+    };
+    // The commit row lands, then the process freezes before it can acknowledge, and dies.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let observer = world.node(2).await;
+    loop {
+        if observer.info(s).unwrap().end_offset == 2 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the commit never landed"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    node.sink().abort();
+    node.shutdown().await;
+    assert!(
+        pending.await.unwrap().is_err(),
+        "the writer never got its answer"
+    );
+    meta.resume();
+    // The writer retries against the new owner: the original offsets, nothing written twice.
+    let restarted = world.node(1).await;
+    restarted.open(s, 2).await.unwrap();
+    let retry = restarted
+        .append(s, 1, payload(s, 1), Some(w(1)))
+        .await
+        .unwrap();
+    assert_eq!(
+        (retry.base_offset, retry.end_offset, retry.duplicate),
+        (1, 2, true)
+    );
+    let next = restarted
+        .append(s, 1, payload(s, 2), Some(w(2)))
+        .await
+        .unwrap();
+    assert_eq!(next.base_offset, 2);
+    let all = read_all(&restarted, s, 0).await;
+    let offsets: Vec<u64> = all.iter().map(|b| b.base_offset).collect();
+    assert_eq!(offsets, vec![0, 1, 2]);
+    observer.shutdown().await;
+    restarted.shutdown().await;
+}
+suite!(a_crash_between_commit_and_ack_is_answered_on_retry);
+
+async fn a_crash_during_compaction_loses_nothing(world: World) {
+    let puts = ObjectFaults::new(21);
+    let store: Arc<dyn ObjectStore> = Arc::new(FaultyObjectStore::new(
+        Arc::clone(&world.store),
+        Arc::clone(&puts),
+    ));
+    let short = EngineConfig {
+        prepare_ttl: Duration::from_millis(300),
+        ..config()
+    };
+    let node = world.node_on(1, Arc::clone(&store), short.clone()).await;
+    let first = node.create_streams(2).await.unwrap();
+    for s in [first, first + 1] {
+        node.open(s, 1).await.unwrap();
+        for i in 0..4 {
+            node.append(s, 1, payload(s, i), None).await.unwrap();
+        }
+    }
+    // The compaction's PUT never returns (the process dies mid-compaction).
+    puts.pause();
+    let compacting = {
+        let node = node.clone();
+        tokio::spawn(async move { node.compact_once(1, &compaction()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    compacting.abort();
+    node.sink().abort();
+    node.shutdown().await;
+    puts.resume();
+    let restarted = world.node_on(1, Arc::clone(&world.store), short).await;
+    for s in [first, first + 1] {
+        let batches = read_all(&restarted, s, 0).await;
+        assert_eq!(batches.len(), 4, "stream {s}");
+    }
+    // A second attempt completes, and cleanup leaves only live objects.
+    restarted.compact_once(1, &compaction()).await.unwrap();
+    let epoch = coordinator_epoch(&restarted).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    restarted.cleanup_once(epoch, &compaction()).await.unwrap();
+    for s in [first, first + 1] {
+        assert_eq!(read_all(&world.node(3).await, s, 0).await.len(), 4);
+    }
+    restarted.shutdown().await;
+}
+suite!(a_crash_during_compaction_loses_nothing);
+
+/// The model: per stream, its batches by base offset and its start offset.
+#[derive(Default)]
+struct Model {
+    streams: BTreeMap<u64, (u64, BTreeMap<u64, RecordBatch>)>,
+}
+
+impl Model {
+    fn end(&self, s: u64) -> u64 {
+        self.streams[&s]
+            .1
+            .values()
+            .next_back()
+            .map_or(0, RecordBatch::end_offset)
+    }
+
+    /// What a fetch at `offset` must return first: the batch holding it.
+    fn batch_at(&self, s: u64, offset: u64) -> &RecordBatch {
+        self.streams[&s]
+            .1
+            .range(..=offset)
+            .next_back()
+            .map(|(_, b)| b)
+            .filter(|b| b.end_offset() > offset)
+            .expect("model holds the offset")
+    }
+}
+
+async fn random_operations_match_a_model(world: World) {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
+    let policy = CompactionConfig {
+        split_stream_bytes: 2 << 10,
+        stream_object_bytes: 16 << 10,
+        ..compaction()
+    };
+    let mut nodes = vec![world.node(1).await, world.node(2).await];
+    let first = nodes[0].create_streams(3).await.unwrap();
+    let streams: Vec<u64> = (first..first + 3).collect();
+    let mut model = Model::default();
+    // stream -> (owning node index, epoch)
+    let mut owner: BTreeMap<u64, (usize, u64)> = BTreeMap::new();
+    for &s in &streams {
+        nodes[0].open(s, 1).await.unwrap();
+        owner.insert(s, (0, 1));
+        model.streams.insert(s, (0, BTreeMap::new()));
+    }
+    for step in 0..250 {
+        let s = streams[rng.random_range(0..streams.len())];
+        match rng.random_range(0..100) {
+            0..=54 => {
+                let (n, _) = owner[&s];
+                let count = rng.random_range(1..4u32);
+                let size = if rng.random_bool(0.2) {
+                    1500
+                } else {
+                    rng.random_range(1..200)
+                };
+                let p = Bytes::from(vec![step as u8; size]);
+                let ack = nodes[n].append(s, count, p.clone(), None).await.unwrap();
+                assert_eq!(ack.base_offset, model.end(s), "step {step}: offsets follow");
+                model.streams.get_mut(&s).unwrap().1.insert(
+                    ack.base_offset,
+                    RecordBatch {
+                        base_offset: ack.base_offset,
+                        count,
+                        payload: p,
+                    },
+                );
+            }
+            55..=62 => {
+                let (n, _) = owner[&s];
+                let (start, _) = model.streams[&s];
+                let end = model.end(s);
+                if end > start {
+                    let to = rng.random_range(start..=end);
+                    let info = nodes[n].trim(s, to).await.unwrap();
+                    assert_eq!(info.start_offset, to.max(start));
+                    let (start, batches) = model.streams.get_mut(&s).unwrap();
+                    *start = to.max(*start);
+                    batches.retain(|_, b| b.end_offset() > *start);
+                }
+            }
+            63..=74 => {
+                // Every node compacts its own objects; the object count must then be bounded.
+                let mut reports = Vec::new();
+                for (i, node) in nodes.iter().enumerate() {
+                    let report = node.compact_once(i as u64 + 1, &policy).await.unwrap();
+                    assert!(
+                        report.refused.is_empty(),
+                        "step {step}: {:?}",
+                        report.refused
+                    );
+                    reports.push(report);
+                }
+                let latest = nodes
+                    .iter()
+                    .map(|n| n.sink().view().applied_index)
+                    .max()
+                    .unwrap();
+                let view = nodes[0].sink().wait_applied(latest).await.unwrap();
+                let sets = view
+                    .state
+                    .objects
+                    .values()
+                    .filter(|o| {
+                        o.state() == mink_metadata::ObjectState::Committed
+                            && o.kind() == mink_metadata::ObjectKind::StreamSet
+                    })
+                    .count();
+                assert!(
+                    sets <= nodes.len(),
+                    "step {step}: {sets} stream-set objects after compaction: {reports:?} {:?}",
+                    view.state
+                        .objects
+                        .values()
+                        .filter(|o| o.state() == mink_metadata::ObjectState::Committed)
+                        .map(|o| (o.object_id, o.node_id, o.kind(), o.live_ranges, o.size))
+                        .collect::<Vec<_>>()
+                );
+                for &s in &streams {
+                    let objects: std::collections::BTreeSet<u64> = view
+                        .state
+                        .ranges
+                        .range((s, 0)..=(s, u64::MAX))
+                        .map(|(_, r)| r.object_id)
+                        .filter(|id| {
+                            view.state.objects[id].kind() == mink_metadata::ObjectKind::Stream
+                        })
+                        .collect();
+                    let bytes: u64 = model.streams[&s]
+                        .1
+                        .values()
+                        .map(|b| b.payload.len() as u64 + 16)
+                        .sum();
+                    let bound = bytes / policy.stream_object_bytes + 2 + nodes.len() as u64;
+                    assert!(
+                        objects.len() as u64 <= bound,
+                        "step {step}: stream {s} spans {} stream objects (bound {bound})",
+                        objects.len()
+                    );
+                }
+            }
+            75..=79 => {
+                let holder = if nodes[0]
+                    .sink()
+                    .lease()
+                    .borrow()
+                    .coordinator_epoch()
+                    .is_some()
+                {
+                    0
+                } else {
+                    1
+                };
+                if let Some(epoch) = nodes[holder].sink().lease().borrow().coordinator_epoch() {
+                    nodes[holder].cleanup_once(epoch, &policy).await.unwrap();
+                }
+            }
+            80..=89 => {
+                // The other node takes the stream over at the next epoch.
+                let (n, epoch) = owner[&s];
+                let other = 1 - n;
+                let info = nodes[other].open(s, epoch + 1).await.unwrap();
+                assert_eq!(info.end_offset, model.end(s));
+                assert!(matches!(
+                    nodes[n]
+                        .append(s, 1, Bytes::from_static(b"stale"), None)
+                        .await,
+                    Err(StreamError::Fenced { .. }) | Err(StreamError::NotOpen { .. })
+                ));
+                owner.insert(s, (other, epoch + 1));
+            }
+            _ => {
+                // A node restarts: its streams are reopened at the next epoch.
+                let n = rng.random_range(0..nodes.len());
+                nodes[n].shutdown().await;
+                nodes[n].sink().shutdown().await;
+                nodes[n] = world.node(n as u64 + 1).await;
+                for (&stream, (o, epoch)) in owner.iter_mut() {
+                    if *o == n {
+                        *epoch += 1;
+                        nodes[n].open(stream, *epoch).await.unwrap();
+                    }
+                }
+            }
+        }
+        // Every step: a random read from a random node matches the model.
+        let (start, _) = model.streams[&s];
+        let end = model.end(s);
+        let reader = &nodes[rng.random_range(0..nodes.len())];
+        reader
+            .sink()
+            .wait_applied(nodes[owner[&s].0].sink().view().applied_index)
+            .await
+            .unwrap();
+        if end > start {
+            let offset = rng.random_range(start..end);
+            let got = reader
+                .fetch(s, offset, rng.random_range(1..4096))
+                .await
+                .unwrap();
+            assert_eq!(
+                &got[0],
+                model.batch_at(s, offset),
+                "step {step}: fetch {s}@{offset}"
+            );
+            for pair in got.windows(2) {
+                assert_eq!(pair[0].end_offset(), pair[1].base_offset);
+                assert_eq!(&pair[1], model.batch_at(s, pair[1].base_offset));
+            }
+        }
+        let info = reader.info(s).unwrap();
+        assert_eq!(
+            (info.start_offset, info.end_offset),
+            (start, end),
+            "step {step}"
+        );
+    }
+    // In full, from a fresh node with cold caches.
+    let fresh = world.node(3).await;
+    for &s in &streams {
+        let (start, batches) = &model.streams[&s];
+        let expected: Vec<RecordBatch> = batches.values().cloned().collect();
+        let first_offset = expected
+            .first()
+            .map_or(*start, |b| b.base_offset.max(*start));
+        if !expected.is_empty() {
+            assert_eq!(
+                read_all(&fresh, s, first_offset).await,
+                expected,
+                "stream {s}"
+            );
+        }
+    }
+    for node in nodes {
+        node.shutdown().await;
+    }
+    fresh.shutdown().await;
+}
+suite!(random_operations_match_a_model);

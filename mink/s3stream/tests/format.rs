@@ -64,13 +64,27 @@ fn large_ranges_are_split_into_blocks_a_reader_can_fetch_alone() {
 }
 
 #[test]
-fn out_of_order_input_is_refused() {
+fn out_of_order_input_is_refused_and_gaps_start_a_block() {
     let mut b = ObjectBuilder::new(1 << 20);
     b.push(5, &batch(0, 1, b"x")).unwrap();
-    assert!(b.push(5, &batch(2, 1, b"gap")).is_err());
+    assert!(
+        b.push(5, &batch(0, 1, b"again")).is_err(),
+        "offsets may not go back"
+    );
     assert!(b.push(4, &batch(1, 1, b"lower stream")).is_err());
     assert!(b.push(6, &batch(0, 0, b"empty")).is_err());
+    // A gap (a run of the stream held elsewhere) starts a new block.
+    b.push(5, &batch(10, 2, b"after a gap")).unwrap();
     b.push(6, &batch(0, 1, b"ok")).unwrap();
+    let (object, index) = b.finish();
+    assert_eq!(
+        index
+            .iter()
+            .map(|e| (e.stream_id, e.start_offset, e.end_offset))
+            .collect::<Vec<_>>(),
+        vec![(5, 0, 1), (5, 10, 12), (6, 0, 1)]
+    );
+    assert_eq!(decode_object(&object).unwrap().len(), 3);
 }
 
 #[test]
