@@ -2,6 +2,7 @@
 //! it is judged against, measured in the same run, as a table and (with `--json`) as JSON.
 
 mod metadata;
+mod s3stream;
 
 use clap::{Parser, Subcommand};
 
@@ -19,11 +20,14 @@ struct Cli {
 enum Suite {
     /// The metadata command log: proposals/s and latency against raw multi-row INSERTs.
     Metadata(metadata::Args),
+    /// The stream engine: appends and fetches against raw object_store PUTs and GETs.
+    S3stream(s3stream::Args),
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().suite {
         Suite::Metadata(args) => metadata::run(args).await,
+        Suite::S3stream(args) => s3stream::run(args).await,
     }
 }

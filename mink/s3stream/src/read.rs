@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::{StreamExt as _, TryStreamExt as _};
 use object_store::ObjectStoreExt as _;
 
 use crate::engine::{S3Stream, StreamError, StreamInfo, object_path};
@@ -12,6 +13,8 @@ use crate::format::{BlockIndex, FOOTER_LEN, RecordBatch, decode_block, parse_foo
 
 /// How much of an object's tail a first read fetches, hoping to get the index with the footer.
 const TAIL_READ: u64 = 64 << 10;
+/// Blocks one fetch reads from object storage at once.
+const FETCH_CONCURRENCY: usize = 16;
 
 // By value, to fit `map_err`.
 #[allow(clippy::needless_pass_by_value)]
@@ -83,40 +86,77 @@ impl S3Stream {
         {
             return Ok(batches);
         }
+        // Plan the blocks this read needs (about `max_bytes` of them), fetch the missing ones
+        // concurrently, then decode them in order.
+        let mut plan: Vec<(u64, BlockIndex, u64)> = Vec::new();
+        let mut planned = 0u64;
+        let mut cursor = offset;
+        let ranges: Vec<_> = view
+            .state
+            .stream_ranges(stream_id, offset, end)
+            .cloned()
+            .collect();
+        'ranges: for group in ranges.chunks(FETCH_CONCURRENCY) {
+            // The indexes of the next few objects, fetched together.
+            let mut sized = Vec::with_capacity(group.len());
+            for range in group {
+                let object = view.state.objects.get(&range.object_id).ok_or_else(|| {
+                    StreamError::Storage(format!(
+                        "object {} is not in the metadata",
+                        range.object_id
+                    ))
+                })?;
+                sized.push((range.object_id, object.size));
+            }
+            let indexes: Vec<_> =
+                futures::stream::iter(sized.iter().map(|&(id, size)| self.object_index(id, size)))
+                    .buffered(FETCH_CONCURRENCY)
+                    .try_collect()
+                    .await?;
+            for (range, index) in group.iter().zip(indexes) {
+                let limit = range.end_offset.min(end);
+                let wanted: Vec<BlockIndex> = index
+                    .iter()
+                    .filter(|e| {
+                        e.stream_id == stream_id && e.end_offset > cursor && e.start_offset < limit
+                    })
+                    .copied()
+                    .collect();
+                for entry in &wanted {
+                    plan.push((range.object_id, *entry, limit));
+                    planned += u64::from(entry.size);
+                    cursor = entry.end_offset.min(limit);
+                    if planned >= max_bytes as u64 {
+                        break 'ranges;
+                    }
+                }
+            }
+        }
+        let blocks: Vec<Bytes> = futures::stream::iter(
+            plan.iter()
+                .map(|(object_id, entry, _)| self.block(*object_id, entry)),
+        )
+        .buffered(FETCH_CONCURRENCY)
+        .try_collect()
+        .await?;
         let mut out = Vec::new();
         let mut next = offset;
         let mut bytes = 0usize;
-        for range in view.state.stream_ranges(stream_id, offset, end) {
-            let object = view.state.objects.get(&range.object_id).ok_or_else(|| {
-                StreamError::Storage(format!("object {} is not in the metadata", range.object_id))
-            })?;
-            let index = self.object_index(range.object_id, object.size).await?;
-            let limit = range.end_offset.min(end);
-            let entries: Vec<BlockIndex> = index
-                .iter()
-                .filter(|e| {
-                    e.stream_id == stream_id && e.end_offset > next && e.start_offset < limit
-                })
-                .copied()
-                .collect();
-            for entry in &entries {
-                let block = self.block(range.object_id, entry).await?;
-                let batches = decode_block(&block, entry).map_err(|e| {
-                    StreamError::Storage(format!("object {} is corrupt: {e}", range.object_id))
-                })?;
-                for b in batches {
-                    if b.end_offset() <= next {
-                        continue;
-                    }
-                    if b.base_offset >= limit {
-                        break;
-                    }
-                    next = b.end_offset();
-                    bytes += b.payload.len();
-                    out.push(b);
-                    if bytes >= max_bytes {
-                        return Ok(out);
-                    }
+        for ((object_id, entry, limit), block) in plan.iter().zip(blocks) {
+            let batches = decode_block(&block, entry)
+                .map_err(|e| StreamError::Storage(format!("object {object_id} is corrupt: {e}")))?;
+            for b in batches {
+                if b.end_offset() <= next {
+                    continue;
+                }
+                if b.base_offset >= *limit {
+                    break;
+                }
+                next = b.end_offset();
+                bytes += b.payload.len();
+                out.push(b);
+                if bytes >= max_bytes {
+                    return Ok(out);
                 }
             }
         }

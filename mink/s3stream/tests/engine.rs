@@ -1165,3 +1165,136 @@ async fn random_operations_match_a_model(world: World) {
     fresh.shutdown().await;
 }
 suite!(random_operations_match_a_model);
+
+async fn commits_follow_flush_order_even_when_puts_do_not(world: World) {
+    let faults = ObjectFaults::new(31);
+    let store: Arc<dyn ObjectStore> = Arc::new(FaultyObjectStore::new(
+        Arc::clone(&world.store),
+        Arc::clone(&faults),
+    ));
+    let engine = world.node_on(1, store, config()).await;
+    let first = engine.create_streams(2).await.unwrap();
+    engine.open(first, 1).await.unwrap();
+    engine.open(first + 1, 1).await.unwrap();
+    engine
+        .append(first, 1, payload(first, 0), None)
+        .await
+        .unwrap(); // ids prepared
+    // The first flush's PUT is slow; the second one's is fast.
+    faults.slow_next_put_us.store(400_000, Ordering::Relaxed);
+    let slow = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            let r = engine.append(first, 1, payload(first, 1), None).await;
+            (r, tokio::time::Instant::now())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let fast = engine
+        .append(first + 1, 1, payload(first + 1, 0), None)
+        .await;
+    let fast_at = tokio::time::Instant::now();
+    let (slow, slow_at) = slow.await.unwrap();
+    slow.unwrap();
+    fast.unwrap();
+    assert!(
+        slow_at <= fast_at,
+        "the later flush was acknowledged before the earlier one"
+    );
+    assert!(
+        engine.stats().flushes.load(Ordering::Relaxed) >= 3,
+        "two objects were in flight"
+    );
+    engine.shutdown().await;
+}
+suite!(commits_follow_flush_order_even_when_puts_do_not);
+
+async fn a_fenced_range_is_dropped_while_the_rest_of_its_object_commits(world: World) {
+    let a = world.node(1).await;
+    let b = world.node(2).await;
+    let first = a.create_streams(2).await.unwrap();
+    let (lost, kept) = (first, first + 1);
+    a.open(lost, 1).await.unwrap();
+    a.open(kept, 1).await.unwrap();
+    a.append(lost, 1, payload(lost, 0), None).await.unwrap();
+    // B takes `lost` over; A's next object holds appends to both streams.
+    b.open(lost, 2).await.unwrap();
+    let to_lost = {
+        let a = a.clone();
+        tokio::spawn(async move { a.append(lost, 1, payload(lost, 1), None).await })
+    };
+    let to_kept = a.append(kept, 1, payload(kept, 0), None).await;
+    assert!(matches!(
+        to_lost.await.unwrap(),
+        Err(StreamError::Fenced { .. })
+    ));
+    assert_eq!(
+        to_kept.unwrap().base_offset,
+        0,
+        "the other stream of the object committed"
+    );
+    assert!(a.failed().is_none());
+    assert!(a.stats().fenced_ranges.load(Ordering::Relaxed) >= 1);
+    b.sink()
+        .wait_applied(a.sink().view().applied_index)
+        .await
+        .unwrap();
+    assert_eq!(read_all(&b, lost, 0).await.len(), 1);
+    assert_eq!(read_all(&b, kept, 0).await.len(), 1);
+    a.shutdown().await;
+    b.shutdown().await;
+}
+suite!(a_fenced_range_is_dropped_while_the_rest_of_its_object_commits);
+
+async fn metadata_connection_faults_are_retried_without_duplicates(world: World) {
+    let meta = mink_sql::Faults::new(41);
+    let engine = world
+        .node_with(
+            1,
+            Arc::clone(&world.store),
+            config(),
+            Some(Arc::clone(&meta)),
+        )
+        .await;
+    let s = engine.create_streams(1).await.unwrap();
+    engine.open(s, 1).await.unwrap();
+    // Connections drop before and after COMMIT, statements fail.
+    meta.set(150, 150, 50);
+    for i in 0..30 {
+        let ack = engine.append(s, 1, payload(s, i), None).await.unwrap();
+        assert_eq!(ack.base_offset, i);
+    }
+    meta.clear();
+    assert!(meta.injected() > 0);
+    let batches = read_all(&world.node(2).await, s, 0).await;
+    assert_eq!(batches.len(), 30, "each record exactly once");
+    engine.shutdown().await;
+}
+suite!(metadata_connection_faults_are_retried_without_duplicates);
+
+async fn a_slow_put_is_hedged(world: World) {
+    let faults = ObjectFaults::new(51);
+    let store: Arc<dyn ObjectStore> = Arc::new(FaultyObjectStore::new(
+        Arc::clone(&world.store),
+        Arc::clone(&faults),
+    ));
+    let hedged = EngineConfig {
+        hedge_after: Some(Duration::from_millis(30)),
+        ..config()
+    };
+    let engine = world.node_on(1, store, hedged).await;
+    let s = engine.create_streams(1).await.unwrap();
+    engine.open(s, 1).await.unwrap();
+    engine.append(s, 1, payload(s, 0), None).await.unwrap();
+    faults.slow_next_put_us.store(5_000_000, Ordering::Relaxed);
+    let started = tokio::time::Instant::now();
+    engine.append(s, 1, payload(s, 1), None).await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "the hedge answered first"
+    );
+    assert_eq!(engine.stats().hedged_puts.load(Ordering::Relaxed), 1);
+    assert_eq!(read_all(&engine, s, 0).await.len(), 2);
+    engine.shutdown().await;
+}
+suite!(a_slow_put_is_hedged);

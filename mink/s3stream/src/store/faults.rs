@@ -47,6 +47,8 @@ pub struct ObjectFaults {
     pub put_latency_us: AtomicU64,
     /// Added to every other request, in microseconds.
     pub latency_us: AtomicU64,
+    /// Added to the next PUT only, in microseconds (one slow request among fast ones).
+    pub slow_next_put_us: AtomicU64,
     paused: watch::Sender<bool>,
     rng: Mutex<StdRng>,
     injected: AtomicU64,
@@ -61,6 +63,7 @@ impl ObjectFaults {
             read_error: AtomicU32::new(0),
             put_latency_us: AtomicU64::new(0),
             latency_us: AtomicU64::new(0),
+            slow_next_put_us: AtomicU64::new(0),
             paused: watch::channel(false).0,
             rng: Mutex::new(StdRng::seed_from_u64(seed)),
             injected: AtomicU64::new(0),
@@ -165,6 +168,10 @@ impl ObjectStore for FaultyObjectStore {
         opts: PutOptions,
     ) -> Result<PutResult> {
         self.faults.gate(&self.faults.put_latency_us).await;
+        let slow = self.faults.slow_next_put_us.swap(0, Ordering::Relaxed);
+        if slow > 0 {
+            tokio::time::sleep(Duration::from_micros(slow)).await;
+        }
         if self.faults.roll(&self.faults.put_throttled) {
             return Err(fault(InjectedFault::SlowDown));
         }
