@@ -904,6 +904,9 @@ impl State {
     }
 
     fn check_writers(&self, range: &StreamRange) -> Result<(), Rejection> {
+        // (epoch, last sequence) per writer: committed, then advanced by the batches of this
+        // range one by one, so a writer may have several batches in one commit.
+        let mut tails: BTreeMap<u64, (u64, Option<u64>)> = BTreeMap::new();
         for w in &range.writers {
             if w.first_sequence > w.last_sequence
                 || w.base_offset < range.start_offset
@@ -918,32 +921,37 @@ impl State {
                     ),
                 ));
             }
-            let Some(record) = self.writers.get(&(range.stream_id, w.writer_id)) else {
-                continue;
-            };
-            if w.writer_epoch < record.writer_epoch {
+            let tail = tails.entry(w.writer_id).or_insert_with(|| {
+                self.writers
+                    .get(&(range.stream_id, w.writer_id))
+                    .map_or((w.writer_epoch, None), |r| {
+                        (r.writer_epoch, r.batches.last().map(|b| b.last_sequence))
+                    })
+            });
+            if w.writer_epoch < tail.0 {
                 return Err(rej(
                     RejectionKind::WriterFenced,
                     format!(
                         "writer {} epoch {} is older than {}",
-                        w.writer_id, w.writer_epoch, record.writer_epoch
+                        w.writer_id, w.writer_epoch, tail.0
                     ),
                 )
-                .with_current(record.writer_epoch));
+                .with_current(tail.0));
             }
-            if w.writer_epoch == record.writer_epoch
-                && let Some(last) = record.batches.last()
-                && Some(w.first_sequence) != last.last_sequence.checked_add(1)
+            if w.writer_epoch == tail.0
+                && let Some(last) = tail.1
+                && Some(w.first_sequence) != last.checked_add(1)
             {
                 return Err(rej(
                     RejectionKind::Conflict,
                     format!(
-                        "writer {} sequence {} does not follow {}",
-                        w.writer_id, w.first_sequence, last.last_sequence
+                        "writer {} sequence {} does not follow {last}",
+                        w.writer_id, w.first_sequence
                     ),
                 )
-                .with_current(last.last_sequence));
+                .with_current(last));
             }
+            *tail = (w.writer_epoch, Some(w.last_sequence));
         }
         Ok(())
     }

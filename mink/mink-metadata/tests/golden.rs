@@ -1142,3 +1142,45 @@ fn hostile_writer_sequences_are_rejected_not_a_panic() {
         RejectionKind::Conflict
     );
 }
+
+#[test]
+fn a_writer_may_have_several_batches_in_one_commit() {
+    let mut d = Driver::default();
+    d.one(register(N1)).unwrap();
+    d.one(Command::CreateStreams(CreateStreams { count: 1 }))
+        .unwrap();
+    d.one(open(N1, 1, 1)).unwrap();
+    d.one(prepare(N1, 2)).unwrap();
+    let batch = |first, last, base, end| WriterRange {
+        writer_id: 3,
+        writer_epoch: 1,
+        first_sequence: first,
+        last_sequence: last,
+        base_offset: base,
+        end_offset: end,
+    };
+    let mut r = range(1, 1, 0, 3);
+    r.writers = vec![batch(0, 0, 0, 1), batch(1, 2, 1, 3)];
+    let Ok(Outcome::Done(Reply::Commit(reply))) = d.one(commit(N1, 1, vec![r])) else {
+        panic!("commit answered");
+    };
+    assert!(reply.ranges[0].rejection.is_none(), "{reply:?}");
+    // Still checked in order: a gap inside one commit is refused.
+    let mut r = range(1, 1, 3, 5);
+    r.writers = vec![batch(3, 3, 3, 4), batch(5, 5, 4, 5)];
+    let Ok(Outcome::Done(Reply::Commit(reply))) = d.one(commit(N1, 2, vec![r])) else {
+        panic!("commit answered");
+    };
+    assert_eq!(
+        reply.ranges[0].rejection.as_ref().unwrap().kind(),
+        RejectionKind::Conflict
+    );
+    assert_eq!(
+        d.state.writers[&(1, 3)]
+            .batches
+            .last()
+            .unwrap()
+            .last_sequence,
+        2
+    );
+}

@@ -120,8 +120,17 @@ impl LogCache {
             let keep = batches.split_off(&offset);
             freed = batches.values().map(|b| b.payload.len()).sum::<usize>();
             *batches = keep;
+            if batches.is_empty() {
+                c.streams.remove(&stream_id);
+            }
         }
         c.bytes -= freed;
+        // The eviction queue still names what was trimmed; rebuild it once that is most of it.
+        let live: usize = c.streams.values().map(BTreeMap::len).sum();
+        if c.order.len() > 2 * live + 1024 {
+            let LogCacheInner { streams, order, .. } = &mut *c;
+            order.retain(|(s, base)| streams.get(s).is_some_and(|b| b.contains_key(base)));
+        }
     }
 }
 

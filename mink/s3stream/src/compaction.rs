@@ -154,16 +154,20 @@ impl S3Stream {
             budget += o.size;
             sources.insert(o.object_id);
         }
-        // Worth a round: several objects to merge, or one big enough to hold a stream to
-        // split out.
-        let big = |id: &u64| {
-            state
-                .objects
-                .get(id)
-                .is_some_and(|o| o.size > config.split_stream_bytes)
-        };
-        if sources.len() < 2 && !sources.iter().any(big) {
-            return Ok(RoundReport::default());
+        // Worth a round: several objects to merge, or one holding a stream big enough to split
+        // out (read from its index; otherwise a lone big object would be rewritten forever).
+        if sources.len() < 2 {
+            let Some(&id) = sources.first() else {
+                return Ok(RoundReport::default());
+            };
+            let size = state.objects.get(&id).map_or(0, |o| o.size);
+            let mut per_stream: HashMap<u64, u64> = HashMap::new();
+            for e in self.object_index(id, size).await?.iter() {
+                *per_stream.entry(e.stream_id).or_default() += u64::from(e.size);
+            }
+            if per_stream.values().all(|&b| b <= config.split_stream_bytes) {
+                return Ok(RoundReport::default());
+            }
         }
         let mut decoded: HashMap<u64, Vec<(u64, RecordBatch)>> = HashMap::new();
         let mut report = RoundReport {
@@ -541,12 +545,18 @@ impl S3Stream {
     }
 
     async fn background_round(&self, config: &CompactionConfig) -> Result<(), StreamError> {
+        // Each step on its own: one that fails (an unreadable object, say) does not stop the
+        // others, and is tried again next round.
         let sink = &self.engine.sink;
-        self.compact_once(sink.node().node_id, config).await?;
+        if let Err(e) = self.compact_once(sink.node().node_id, config).await {
+            tracing::warn!(error = %e, "compacting this node's objects failed");
+        }
         let Some(epoch) = sink.lease().borrow().coordinator_epoch() else {
             return Ok(());
         };
-        self.cleanup_once(epoch, config).await?;
+        if let Err(e) = self.cleanup_once(epoch, config).await {
+            tracing::warn!(error = %e, "object cleanup failed");
+        }
         let live: BTreeSet<u64> = sink.live_nodes().await?.iter().map(|n| n.node_id).collect();
         let view = sink.view();
         let dead: BTreeSet<u64> = view
@@ -557,7 +567,9 @@ impl S3Stream {
             .map(|o| o.node_id)
             .collect();
         for node_id in dead {
-            self.compact_once(node_id, config).await?;
+            if let Err(e) = self.compact_once(node_id, config).await {
+                tracing::warn!(error = %e, node_id, "compacting a dead node's objects failed");
+            }
         }
         Ok(())
     }

@@ -238,6 +238,8 @@ type AckSender = oneshot::Sender<Result<AppendAck, StreamError>>;
 
 struct Pending {
     batch: RecordBatch,
+    /// The stream epoch the append was accepted under.
+    epoch: u64,
     writer: Option<WriterBatchId>,
     ack: AckSender,
     _permit: OwnedSemaphorePermit,
@@ -255,6 +257,8 @@ struct Owned {
     /// Next offset to assign.
     next_offset: u64,
     fenced: Option<String>,
+    /// Being closed or deleted: no new appends.
+    closing: bool,
     writers: HashMap<u64, WriterTail>,
     /// Appends accepted but not yet answered.
     unanswered: u64,
@@ -278,9 +282,11 @@ struct Flush {
     _inflight: OwnedSemaphorePermit,
 }
 
+/// A flush on its way to the committer: uploaded under `object_id`, or failed. Every flush
+/// reaches the committer, so a failed one never holds back the ones after it.
 struct Uploaded {
     flush: Flush,
-    object_id: u64,
+    object_id: Result<u64, StreamError>,
 }
 
 pub(crate) struct Engine {
@@ -399,23 +405,47 @@ impl S3Stream {
             },
             Err(r) => return Err(StreamError::from_rejection(stream_id, &r)),
         };
-        let mut state = self.engine.state.lock().expect("wal lock");
-        state.streams.insert(
-            stream_id,
-            Owned {
-                epoch,
-                next_offset: position.end_offset,
-                fenced: None,
-                writers: HashMap::new(),
-                unanswered: 0,
-            },
-        );
-        Ok(StreamInfo {
+        let info = StreamInfo {
             stream_id,
             epoch,
             start_offset: position.start_offset,
             end_offset: position.end_offset,
-        })
+        };
+        let stale = {
+            let mut state = self.engine.state.lock().expect("wal lock");
+            if let Some(o) = state.streams.get(&stream_id)
+                && o.epoch == epoch
+                && o.fenced.is_none()
+                && !o.closing
+            {
+                // Already open here at this epoch: keep the appends in flight.
+                return Ok(info);
+            }
+            // Appends buffered under an older epoch can never commit: fail them now, so the
+            // new epoch starts clean at the committed end.
+            let stale = state.pending.remove(&stream_id).unwrap_or_default();
+            let freed: usize = stale.iter().map(|p| p.batch.payload.len().max(1)).sum();
+            state.pending_bytes -= freed;
+            state.streams.insert(
+                stream_id,
+                Owned {
+                    epoch,
+                    next_offset: position.end_offset,
+                    fenced: None,
+                    closing: false,
+                    writers: HashMap::new(),
+                    unanswered: 0,
+                },
+            );
+            stale
+        };
+        for p in stale {
+            let _ = p.ack.send(Err(StreamError::Fenced {
+                stream_id,
+                reason: format!("reopened at epoch {epoch}"),
+            }));
+        }
+        Ok(info)
     }
 
     /// Appends one batch spanning `count` offsets. Returns once the batch is on object storage
@@ -444,6 +474,16 @@ impl S3Stream {
                 engine.config.max_buffered_bytes / 2
             )));
         }
+        // What can be answered without room in the buffer is answered first.
+        {
+            let state = engine.state.lock().expect("wal lock");
+            Self::writable(&state, stream_id)?;
+            if let Some(w) = writer
+                && let Some(ack) = engine.committed_duplicate(stream_id, w)
+            {
+                return Ok(ack);
+            }
+        }
         let permit = Arc::clone(&engine.budget)
             .acquire_many_owned(u32::try_from(size).unwrap_or(u32::MAX))
             .await
@@ -453,16 +493,8 @@ impl S3Stream {
             if let Some(e) = self.failed() {
                 return Err(e);
             }
-            let owned = state
-                .streams
-                .get_mut(&stream_id)
-                .ok_or(StreamError::NotOpen { stream_id })?;
-            if let Some(reason) = &owned.fenced {
-                return Err(StreamError::Fenced {
-                    stream_id,
-                    reason: reason.clone(),
-                });
-            }
+            Self::writable(&state, stream_id)?;
+            let owned = state.streams.get_mut(&stream_id).expect("checked above");
             if let Some(w) = writer
                 && let Some(ack) = engine.check_writer(stream_id, owned, w)?
             {
@@ -471,6 +503,7 @@ impl S3Stream {
             let base_offset = owned.next_offset;
             owned.next_offset += u64::from(count);
             owned.unanswered += 1;
+            let epoch = owned.epoch;
             let (tx, rx) = oneshot::channel();
             state.pending.entry(stream_id).or_default().push(Pending {
                 batch: RecordBatch {
@@ -478,6 +511,7 @@ impl S3Stream {
                     count,
                     payload,
                 },
+                epoch,
                 writer,
                 ack: tx,
                 _permit: permit,
@@ -497,18 +531,27 @@ impl S3Stream {
         rx.await.map_err(|_| StreamError::Shutdown)?
     }
 
+    /// The stream's local state, if it may take appends.
+    fn writable(state: &WalState, stream_id: u64) -> Result<&Owned, StreamError> {
+        let owned = state
+            .streams
+            .get(&stream_id)
+            .filter(|o| !o.closing)
+            .ok_or(StreamError::NotOpen { stream_id })?;
+        if let Some(reason) = &owned.fenced {
+            return Err(StreamError::Fenced {
+                stream_id,
+                reason: reason.clone(),
+            });
+        }
+        Ok(owned)
+    }
+
     /// Waits until every append accepted for `stream_id` so far has been answered, then
     /// closes the stream. Its committed data stays readable.
     pub async fn close(&self, stream_id: u64) -> Result<(), StreamError> {
+        let epoch = self.start_closing(stream_id)?;
         self.drain(stream_id).await;
-        let epoch = {
-            let state = self.engine.state.lock().expect("wal lock");
-            state
-                .streams
-                .get(&stream_id)
-                .map(|o| o.epoch)
-                .ok_or(StreamError::NotOpen { stream_id })?
-        };
         let node = self.engine.sink.node();
         let proposed = self
             .engine
@@ -532,9 +575,23 @@ impl S3Stream {
             .map_err(|r| StreamError::from_rejection(stream_id, &r))
     }
 
+    /// Refuses new appends to the stream from now on; returns its epoch.
+    fn start_closing(&self, stream_id: u64) -> Result<u64, StreamError> {
+        let mut state = self.engine.state.lock().expect("wal lock");
+        let owned = state
+            .streams
+            .get_mut(&stream_id)
+            .ok_or(StreamError::NotOpen { stream_id })?;
+        owned.closing = true;
+        Ok(owned.epoch)
+    }
+
     async fn drain(&self, stream_id: u64) {
         loop {
             let notified = self.engine.drained.notified();
+            if self.failed().is_some() {
+                return;
+            }
             {
                 let state = self.engine.state.lock().expect("wal lock");
                 if state
@@ -592,14 +649,7 @@ impl S3Stream {
 
     /// Deletes a stream of no table (after closing it here, if open).
     pub async fn delete(&self, stream_id: u64) -> Result<(), StreamError> {
-        let open = self
-            .engine
-            .state
-            .lock()
-            .expect("wal lock")
-            .streams
-            .get(&stream_id)
-            .map(|o| o.epoch);
+        let open = self.start_closing(stream_id).ok();
         if open.is_some() {
             self.drain(stream_id).await;
         }
@@ -659,6 +709,26 @@ impl S3Stream {
 impl Engine {
     /// Checks an idempotent writer's batch before it is buffered. `Ok(Some)` answers a retry of
     /// a committed batch with its original offsets.
+    /// A retry of a batch the metadata already holds: its original offsets.
+    fn committed_duplicate(&self, stream_id: u64, w: WriterBatchId) -> Option<AppendAck> {
+        let view = self.sink.view();
+        let record = view.state.writers.get(&(stream_id, w.writer_id))?;
+        if record.writer_epoch != w.writer_epoch {
+            return None;
+        }
+        record
+            .batches
+            .iter()
+            .find(|b| b.first_sequence == w.first_sequence && b.last_sequence == w.last_sequence)
+            .map(|b| AppendAck {
+                base_offset: b.base_offset,
+                end_offset: b.end_offset,
+                duplicate: true,
+            })
+    }
+
+    /// Checks an idempotent writer's batch before it is buffered. `Ok(Some)` answers a retry of
+    /// a committed batch with its original offsets.
     fn check_writer(
         &self,
         stream_id: u64,
@@ -671,28 +741,21 @@ impl Engine {
                 w.writer_id, w.first_sequence, w.last_sequence
             )));
         }
-        let view = self.sink.view();
-        let committed = view.state.writers.get(&(stream_id, w.writer_id));
-        if let Some(record) = committed
-            && record.writer_epoch == w.writer_epoch
-            && let Some(b) = record.batches.iter().find(|b| {
-                b.first_sequence == w.first_sequence && b.last_sequence == w.last_sequence
-            })
-        {
-            return Ok(Some(AppendAck {
-                base_offset: b.base_offset,
-                end_offset: b.end_offset,
-                duplicate: true,
-            }));
+        if let Some(ack) = self.committed_duplicate(stream_id, w) {
+            return Ok(Some(ack));
         }
-        let tail = owned.writers.get(&w.writer_id).copied().or_else(|| {
-            committed.and_then(|r| {
+        let view = self.sink.view();
+        let committed = view
+            .state
+            .writers
+            .get(&(stream_id, w.writer_id))
+            .and_then(|r| {
                 r.batches.last().map(|b| WriterTail {
                     epoch: r.writer_epoch,
                     last_sequence: b.last_sequence,
                 })
-            })
-        });
+            });
+        let tail = owned.writers.get(&w.writer_id).copied().or(committed);
         if let Some(tail) = tail {
             if w.writer_epoch < tail.epoch {
                 return Err(StreamError::WriterFenced {
@@ -704,7 +767,14 @@ impl Engine {
             if w.writer_epoch == tail.epoch
                 && Some(w.first_sequence) != tail.last_sequence.checked_add(1)
             {
-                if w.last_sequence <= tail.last_sequence {
+                // Accepted here but not yet committed: the retry must wait for the answer.
+                // Older than the last committed batches kept: out of order for good.
+                let committed_last = committed
+                    .filter(|c| c.epoch == w.writer_epoch)
+                    .map(|c| c.last_sequence);
+                if w.last_sequence <= tail.last_sequence
+                    && committed_last.is_none_or(|c| w.last_sequence > c)
+                {
                     return Err(StreamError::SequenceInFlight {
                         writer_id: w.writer_id,
                         first: w.first_sequence,
@@ -745,7 +815,13 @@ impl Engine {
             let mut state = self.state.lock().expect("wal lock");
             state.pending_bytes = 0;
             state.first_pending = None;
-            std::mem::take(&mut state.pending)
+            let pending = std::mem::take(&mut state.pending);
+            for (stream_id, batches) in &pending {
+                if let Some(o) = state.streams.get_mut(stream_id) {
+                    o.unanswered = o.unanswered.saturating_sub(batches.len() as u64);
+                }
+            }
+            pending
         };
         for p in pending.into_values().flatten() {
             let _ = p.ack.send(Err(error.clone()));
@@ -753,9 +829,12 @@ impl Engine {
         self.drained.notify_waiters();
     }
 
-    fn answered(&self, stream_id: u64, n: u64) {
+    /// `n` appends of `stream_id` accepted under `epoch` got their answer.
+    fn answered(&self, stream_id: u64, epoch: u64, n: u64) {
         let mut state = self.state.lock().expect("wal lock");
-        if let Some(o) = state.streams.get_mut(&stream_id) {
+        if let Some(o) = state.streams.get_mut(&stream_id)
+            && o.epoch == epoch
+        {
             o.unanswered = o.unanswered.saturating_sub(n);
         }
         drop(state);
@@ -763,25 +842,28 @@ impl Engine {
     }
 
     /// Marks a stream fenced and fails its buffered appends.
-    fn fence(&self, stream_id: u64, reason: &str) {
+    /// The stream, as opened at `epoch`, can take no more appends (fenced or gone): its
+    /// buffered appends fail. A newer opening of it is left alone.
+    fn fence(&self, stream_id: u64, epoch: u64, error: &StreamError) {
         let pending = {
             let mut state = self.state.lock().expect("wal lock");
+            let current = state.streams.get(&stream_id).map(|o| o.epoch);
+            if current != Some(epoch) {
+                return;
+            }
             let pending = state.pending.remove(&stream_id).unwrap_or_default();
             let freed: usize = pending.iter().map(|p| p.batch.payload.len().max(1)).sum();
             state.pending_bytes -= freed;
             if let Some(o) = state.streams.get_mut(&stream_id) {
-                o.fenced = Some(reason.to_string());
+                o.fenced = Some(error.to_string());
             }
             pending
         };
         let n = pending.len() as u64;
         for p in pending {
-            let _ = p.ack.send(Err(StreamError::Fenced {
-                stream_id,
-                reason: reason.to_string(),
-            }));
+            let _ = p.ack.send(Err(error.clone()));
         }
-        self.answered(stream_id, n);
+        self.answered(stream_id, epoch, n);
     }
 
     async fn run_flusher(self: Arc<Self>, uploaded: mpsc::UnboundedSender<Uploaded>) {
@@ -816,15 +898,13 @@ impl Engine {
             let engine = Arc::clone(&self);
             let uploaded = uploaded.clone();
             tokio::spawn(async move {
-                if let Some(u) = engine.upload(flush).await {
-                    let _ = uploaded.send(u);
-                }
+                let _ = uploaded.send(engine.upload(flush).await);
             });
         }
     }
 
     fn take_flush(&self, inflight: OwnedSemaphorePermit) -> Option<Flush> {
-        let (seq, pending, epochs) = {
+        let (seq, pending) = {
             let mut state = self.state.lock().expect("wal lock");
             if state.pending.is_empty() {
                 state.first_pending = None;
@@ -835,30 +915,37 @@ impl Engine {
             state.first_pending = None;
             let seq = state.next_seq;
             state.next_seq += 1;
-            let epochs: HashMap<u64, u64> = pending
-                .keys()
-                .filter_map(|s| state.streams.get(s).map(|o| (*s, o.epoch)))
-                .collect();
-            (seq, pending, epochs)
+            (seq, pending)
         };
         let mut builder = ObjectBuilder::new(self.config.block_bytes);
         let mut streams = BTreeMap::new();
+        let mut broken = None;
         for (stream_id, batches) in pending {
+            // Reopening fails what was buffered before, so one stream's batches share an epoch.
+            let epoch = batches.first().map_or(0, |p| p.epoch);
             for p in &batches {
-                builder
-                    .push(stream_id, &p.batch)
-                    .expect("offsets are assigned in order");
+                if let Err(e) = builder.push(stream_id, &p.batch) {
+                    broken.get_or_insert(StreamError::Failed(format!(
+                        "stream {stream_id}: offsets out of order in the buffer: {e}"
+                    )));
+                }
             }
-            let epoch = epochs.get(&stream_id).copied().unwrap_or(0);
             streams.insert(stream_id, (epoch, batches));
         }
         let (bytes, _) = builder.finish();
-        Some(Flush {
+        let flush = Flush {
             seq,
             streams,
             bytes,
             _inflight: inflight,
-        })
+        };
+        if let Some(e) = broken {
+            // Cannot happen; if it does, nothing this engine holds can be trusted.
+            self.fail(&e);
+            self.answer_flush(flush, &e);
+            return None;
+        }
+        Some(flush)
     }
 
     /// A prepared object id that stays valid for a while yet.
@@ -927,6 +1014,11 @@ impl Engine {
             };
             match result {
                 Ok(_) => return Ok(()),
+                // Retrying cannot fix credentials or permissions.
+                Err(
+                    e @ (object_store::Error::PermissionDenied { .. }
+                    | object_store::Error::Unauthenticated { .. }),
+                ) => return Err(StreamError::Storage(e.to_string())),
                 Err(e) => {
                     add(&self.stats.put_retries, 1);
                     tracing::warn!(%path, error = %e, "PUT failed; retrying with the same bytes");
@@ -937,8 +1029,8 @@ impl Engine {
         }
     }
 
-    async fn upload(self: Arc<Self>, flush: Flush) -> Option<Uploaded> {
-        let result = async {
+    async fn upload(self: Arc<Self>, flush: Flush) -> Uploaded {
+        let object_id = async {
             let object_id = self.object_id().await?;
             self.put(
                 &object_path(&self.config.object_prefix, object_id),
@@ -948,24 +1040,17 @@ impl Engine {
             Ok::<_, StreamError>(object_id)
         }
         .await;
-        match result {
-            Ok(object_id) => Some(Uploaded { flush, object_id }),
-            Err(e) => {
-                self.fail(&e);
-                self.answer_flush(flush, &e);
-                None
-            }
-        }
+        Uploaded { flush, object_id }
     }
 
     /// Fails every append of a flush.
     fn answer_flush(&self, flush: Flush, error: &StreamError) {
-        for (stream_id, (_, batches)) in flush.streams {
+        for (stream_id, (epoch, batches)) in flush.streams {
             let n = batches.len() as u64;
             for p in batches {
                 let _ = p.ack.send(Err(error.clone()));
             }
-            self.answered(stream_id, n);
+            self.answered(stream_id, epoch, n);
         }
     }
 
@@ -976,20 +1061,25 @@ impl Engine {
             waiting.insert(u.flush.seq, u);
             while let Some(u) = waiting.remove(&next) {
                 next += 1;
-                self.commit(u).await;
+                match u.object_id {
+                    Ok(object_id) => self.commit(u.flush, object_id).await,
+                    Err(e) => {
+                        self.fail(&e);
+                        self.answer_flush(u.flush, &e);
+                    }
+                }
             }
         }
     }
 
     /// Commits one uploaded flush and answers its appends range by range.
-    async fn commit(&self, mut u: Uploaded) {
+    async fn commit(&self, flush: Flush, mut object_id: u64) {
         loop {
             if let Some(e) = self.failed.lock().expect("failed lock").clone() {
-                return self.answer_flush(u.flush, &e);
+                return self.answer_flush(flush, &e);
             }
             let node = self.sink.node();
-            let ranges: Vec<StreamRange> = u
-                .flush
+            let ranges: Vec<StreamRange> = flush
                 .streams
                 .iter()
                 .map(|(stream_id, (epoch, batches))| StreamRange {
@@ -1015,8 +1105,8 @@ impl Engine {
             let command = Command::CommitStreamSetObject(CommitStreamSetObject {
                 node_id: node.node_id,
                 node_epoch: node.node_epoch,
-                object_id: u.object_id,
-                object_size: u.flush.bytes.len() as u64,
+                object_id,
+                object_size: flush.bytes.len() as u64,
                 ranges,
                 compacted_object_ids: vec![],
             });
@@ -1025,7 +1115,7 @@ impl Engine {
                 Err(e) => {
                     let e = StreamError::from(e);
                     self.fail(&e);
-                    return self.answer_flush(u.flush, &e);
+                    return self.answer_flush(flush, &e);
                 }
             };
             match proposed.result {
@@ -1036,41 +1126,41 @@ impl Engine {
                         .into_iter()
                         .map(|r| (r.stream_id, r.rejection))
                         .collect();
-                    return self.answer_committed(u.flush, &results);
+                    return self.answer_committed(flush, &results);
                 }
-                Err(r) if r.kind() == RejectionKind::Expired => {
-                    // The id lapsed before the commit: the same bytes under a new id. Its
-                    // siblings were prepared together and have lapsed too.
+                // The id lapsed before the commit (expired, or expired and already forgotten):
+                // the same bytes under a new id. Its siblings were prepared together and have
+                // lapsed too.
+                Err(r) if matches!(r.kind(), RejectionKind::Expired | RejectionKind::NotFound) => {
                     add(&self.stats.reputs_after_expiry, 1);
                     self.ids.lock().await.clear();
                     let reput = async {
                         let id = self.object_id().await?;
-                        self.put(&object_path(&self.config.object_prefix, id), &u.flush.bytes)
+                        self.put(&object_path(&self.config.object_prefix, id), &flush.bytes)
                             .await?;
                         Ok::<_, StreamError>(id)
                     };
                     match reput.await {
-                        Ok(id) => u.object_id = id,
+                        Ok(id) => object_id = id,
                         Err(e) => {
                             self.fail(&e);
-                            return self.answer_flush(u.flush, &e);
+                            return self.answer_flush(flush, &e);
                         }
                     }
                 }
                 other => {
                     let e = StreamError::Failed(format!(
-                        "commit of object {} answered {other:?}",
-                        u.object_id
+                        "commit of object {object_id} answered {other:?}"
                     ));
                     self.fail(&e);
-                    return self.answer_flush(u.flush, &e);
+                    return self.answer_flush(flush, &e);
                 }
             }
         }
     }
 
     fn answer_committed(&self, flush: Flush, results: &HashMap<u64, Option<Rejection>>) {
-        for (stream_id, (_, batches)) in flush.streams {
+        for (stream_id, (epoch, batches)) in flush.streams {
             let n = batches.len() as u64;
             match results.get(&stream_id) {
                 Some(None) => {
@@ -1084,13 +1174,21 @@ impl Engine {
                         let _ = p.ack.send(Ok(ack));
                     }
                 }
-                Some(Some(rejection)) if rejection.kind().is_fenced() => {
+                // Fenced, or deleted meanwhile: that stream is done here; the others go on.
+                Some(Some(rejection))
+                    if rejection.kind().is_fenced()
+                        || rejection.kind() == RejectionKind::NotFound =>
+                {
                     add(&self.stats.fenced_ranges, 1);
-                    self.fence(stream_id, &rejection.message);
-                    let e = StreamError::Fenced {
-                        stream_id,
-                        reason: rejection.message.clone(),
+                    let e = StreamError::from_rejection(stream_id, rejection);
+                    let e = match e {
+                        StreamError::Failed(_) => StreamError::Fenced {
+                            stream_id,
+                            reason: rejection.message.clone(),
+                        },
+                        other => other,
                     };
+                    self.fence(stream_id, epoch, &e);
                     for p in batches {
                         let _ = p.ack.send(Err(e.clone()));
                     }
@@ -1114,7 +1212,7 @@ impl Engine {
                     }
                 }
             }
-            self.answered(stream_id, n);
+            self.answered(stream_id, epoch, n);
         }
     }
 }

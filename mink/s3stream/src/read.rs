@@ -152,6 +152,13 @@ impl S3Stream {
                 if b.base_offset >= *limit {
                     break;
                 }
+                if b.base_offset > next {
+                    // The metadata says these offsets are here; the object disagrees.
+                    return Err(StreamError::Storage(format!(
+                        "object {object_id} lacks offsets {next}..{} of stream {stream_id}",
+                        b.base_offset
+                    )));
+                }
                 next = b.end_offset();
                 bytes += b.payload.len();
                 out.push(b);
@@ -188,7 +195,7 @@ impl S3Stream {
         }
     }
 
-    async fn object_index(
+    pub(crate) async fn object_index(
         &self,
         object_id: u64,
         size: u64,

@@ -466,6 +466,12 @@ async fn a_fenced_node_fails_everything_and_a_restart_resumes(world: World) {
         old.append(s, 1, payload(s, 11), None).await,
         Err(StreamError::Failed(_))
     ));
+    // Closing on a failed engine answers instead of waiting for appends that never will be.
+    assert!(
+        tokio::time::timeout(Duration::from_secs(2), old.close(s))
+            .await
+            .is_ok()
+    );
     tokio::time::sleep(Duration::from_millis(50)).await;
     let info = new.open(s, 2).await.unwrap();
     assert_eq!(info.end_offset, 10, "resumes at the committed end");
@@ -1298,3 +1304,150 @@ async fn a_slow_put_is_hedged(world: World) {
     engine.shutdown().await;
 }
 suite!(a_slow_put_is_hedged);
+
+async fn pipelined_batches_of_one_writer_share_a_flush(world: World) {
+    let engine = world.node(1).await;
+    let s = engine.create_streams(1).await.unwrap();
+    engine.open(s, 1).await.unwrap();
+    let w = |seq| WriterBatchId {
+        writer_id: 4,
+        writer_epoch: 0,
+        first_sequence: seq,
+        last_sequence: seq,
+    };
+    engine
+        .append(s, 1, payload(s, 0), Some(w(0)))
+        .await
+        .unwrap();
+    // Ten batches accepted in sequence order before any is acknowledged (like a producer with
+    // several requests in flight): they land in one object and commit together, each checked
+    // against the one before it.
+    let appends = (1..11).map(|i| engine.append(s, 1, payload(s, i), Some(w(i))));
+    let acks = futures::future::join_all(appends).await;
+    for (i, ack) in acks.iter().enumerate() {
+        assert_eq!(ack.as_ref().unwrap().base_offset, i as u64 + 1);
+    }
+    assert!(engine.failed().is_none());
+    assert!(
+        engine.stats().commits.load(Ordering::Relaxed) < 10,
+        "they shared commits"
+    );
+    engine.shutdown().await;
+}
+suite!(pipelined_batches_of_one_writer_share_a_flush);
+
+async fn reopening_with_appends_in_flight_starts_clean(world: World) {
+    let faults = ObjectFaults::new(61);
+    let store: Arc<dyn ObjectStore> = Arc::new(FaultyObjectStore::new(
+        Arc::clone(&world.store),
+        Arc::clone(&faults),
+    ));
+    let a = world.node_on(1, store, config()).await;
+    let b = world.node(2).await;
+    let s = a.create_streams(1).await.unwrap();
+    a.open(s, 1).await.unwrap();
+    a.append(s, 1, payload(s, 0), None).await.unwrap(); // ids prepared
+    faults.pause();
+    let old: Vec<_> = (1..4)
+        .map(|i| {
+            let a = a.clone();
+            tokio::spawn(async move { a.append(s, 1, payload(s, i), None).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Leadership goes to B and comes back to A at a higher epoch.
+    b.open(s, 2).await.unwrap();
+    assert_eq!(a.open(s, 3).await.unwrap().end_offset, 1);
+    let fresh = {
+        let a = a.clone();
+        tokio::spawn(async move { a.append(s, 1, payload(s, 100), None).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    faults.resume();
+    for t in old {
+        assert!(matches!(t.await.unwrap(), Err(StreamError::Fenced { .. })));
+    }
+    let ack = fresh.await.unwrap().unwrap();
+    assert_eq!(
+        ack.base_offset, 1,
+        "the new epoch continues at the committed end"
+    );
+    assert!(a.failed().is_none());
+    let all = read_all(&a, s, 0).await;
+    assert_eq!(all.len(), 2);
+    assert_eq!(all[1].payload, payload(s, 100));
+    a.shutdown().await;
+    b.shutdown().await;
+}
+suite!(reopening_with_appends_in_flight_starts_clean);
+
+async fn a_stream_deleted_under_an_append_fails_only_that_stream(world: World) {
+    let faults = ObjectFaults::new(71);
+    let store: Arc<dyn ObjectStore> = Arc::new(FaultyObjectStore::new(
+        Arc::clone(&world.store),
+        Arc::clone(&faults),
+    ));
+    let a = world.node_on(1, store, config()).await;
+    let b = world.node(2).await;
+    let first = a.create_streams(2).await.unwrap();
+    let (doomed, other) = (first, first + 1);
+    a.open(doomed, 1).await.unwrap();
+    a.open(other, 1).await.unwrap();
+    a.append(other, 1, payload(other, 0), None).await.unwrap();
+    faults.pause();
+    let pending = {
+        let a = a.clone();
+        tokio::spawn(async move { a.append(doomed, 1, payload(doomed, 0), None).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    b.open(doomed, 2).await.unwrap();
+    b.delete(doomed).await.unwrap();
+    faults.resume();
+    assert!(matches!(
+        pending.await.unwrap(),
+        Err(StreamError::NotFound { .. } | StreamError::Fenced { .. })
+    ));
+    assert!(a.failed().is_none(), "the engine goes on");
+    assert_eq!(
+        a.append(other, 1, payload(other, 1), None)
+            .await
+            .unwrap()
+            .base_offset,
+        1
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+suite!(a_stream_deleted_under_an_append_fails_only_that_stream);
+
+async fn an_id_forgotten_while_its_put_was_slow_is_replaced(world: World) {
+    let faults = ObjectFaults::new(81);
+    let store: Arc<dyn ObjectStore> = Arc::new(FaultyObjectStore::new(
+        Arc::clone(&world.store),
+        Arc::clone(&faults),
+    ));
+    let short = EngineConfig {
+        prepare_ttl: Duration::from_millis(200),
+        ..config()
+    };
+    let engine = world.node_on(1, store, short).await;
+    let s = engine.create_streams(1).await.unwrap();
+    engine.open(s, 1).await.unwrap();
+    engine.append(s, 1, payload(s, 0), None).await.unwrap();
+    let epoch = coordinator_epoch(&engine).await;
+    // The next PUT takes long enough for its id to expire and be cleaned meanwhile.
+    faults.slow_next_put_us.store(600_000, Ordering::Relaxed);
+    let slow = {
+        let engine = engine.clone();
+        tokio::spawn(async move { engine.append(s, 1, payload(s, 1), None).await })
+    };
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let cleaned = engine.cleanup_once(epoch, &compaction()).await.unwrap();
+    assert!(cleaned.deleted > 0, "{cleaned:?}");
+    assert_eq!(slow.await.unwrap().unwrap().base_offset, 1);
+    assert!(engine.stats().reputs_after_expiry.load(Ordering::Relaxed) >= 1);
+    assert!(engine.failed().is_none());
+    assert_eq!(read_all(&engine, s, 0).await.len(), 2);
+    engine.shutdown().await;
+}
+suite!(an_id_forgotten_while_its_put_was_slow_is_replaced);
