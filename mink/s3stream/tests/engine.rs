@@ -1451,3 +1451,59 @@ async fn an_id_forgotten_while_its_put_was_slow_is_replaced(world: World) {
     engine.shutdown().await;
 }
 suite!(an_id_forgotten_while_its_put_was_slow_is_replaced);
+
+async fn an_impossible_rejection_fails_the_engine(world: World) {
+    let engine = world.node(1).await;
+    let s = engine.create_streams(1).await.unwrap();
+    engine.open(s, 1).await.unwrap();
+    engine.append(s, 1, payload(s, 0), None).await.unwrap();
+    // Someone commits to the stream behind the engine's back (same node, same epoch): the
+    // engine's view of the stream's end is now wrong, which it cannot have caused.
+    let node = engine.sink().node();
+    let ids = engine
+        .sink()
+        .propose(Command::PrepareObject(mink_metadata::PrepareObject {
+            node_id: node.node_id,
+            node_epoch: node.node_epoch,
+            count: 1,
+            expires_at_ms: u64::MAX,
+        }))
+        .await
+        .unwrap();
+    let Ok(mink_metadata::Outcome::Done(mink_metadata::Reply::Range(r))) = ids.result else {
+        panic!("prepared");
+    };
+    let sneaky = engine
+        .sink()
+        .propose(Command::CommitStreamSetObject(
+            mink_metadata::CommitStreamSetObject {
+                node_id: node.node_id,
+                node_epoch: node.node_epoch,
+                object_id: r.start,
+                object_size: 1,
+                ranges: vec![mink_metadata::StreamRange {
+                    stream_id: s,
+                    stream_epoch: 1,
+                    start_offset: 1,
+                    end_offset: 2,
+                    writers: vec![],
+                }],
+                compacted_object_ids: vec![],
+            },
+        ))
+        .await
+        .unwrap();
+    assert!(sneaky.result.is_ok());
+    let refused = engine.append(s, 1, payload(s, 1), None).await;
+    assert!(
+        matches!(refused, Err(StreamError::Failed(_))),
+        "{refused:?}"
+    );
+    assert!(matches!(engine.failed(), Some(StreamError::Failed(_))));
+    assert!(matches!(
+        engine.append(s, 1, payload(s, 2), None).await,
+        Err(StreamError::Failed(_))
+    ));
+    engine.shutdown().await;
+}
+suite!(an_impossible_rejection_fails_the_engine);
