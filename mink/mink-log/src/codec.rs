@@ -1,0 +1,165 @@
+//! Arrow IPC encoding of schemas and stored batches.
+
+use std::io::Cursor;
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::{Schema, SchemaRef};
+use arrow::ipc::CompressionType;
+use arrow::ipc::reader::StreamReader;
+use arrow::ipc::writer::{IpcWriteOptions, StreamWriter};
+use bytes::Bytes;
+
+use crate::{LogError, LogResult};
+
+/// How batches are stored (`table.log.arrow.compression.type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Compression {
+    #[default]
+    None,
+    Zstd,
+}
+
+/// Checks the framing of an Arrow IPC stream before anything reads it: every message's metadata
+/// and body lengths must fit in the bytes actually present. The IPC reader allocates what a
+/// length prefix claims, so seven hostile bytes could otherwise cost gigabytes.
+fn check_framing(mut bytes: &[u8]) -> LogResult<()> {
+    let bad = |why: &str| LogError::Invalid(format!("malformed Arrow IPC stream: {why}"));
+    let i32_at = |b: &[u8]| i32::from_le_bytes(b[..4].try_into().expect("4 bytes"));
+    loop {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        if bytes.len() < 4 {
+            return Err(bad("truncated message length"));
+        }
+        let rest = if bytes[..4] == [0xff; 4] {
+            &bytes[4..]
+        } else {
+            bytes
+        };
+        if rest.len() < 4 {
+            return Err(bad("truncated message length"));
+        }
+        let meta_len = i32_at(rest);
+        let rest = &rest[4..];
+        if meta_len == 0 {
+            return Ok(()); // end of stream
+        }
+        let meta_len = usize::try_from(meta_len).map_err(|_| bad("negative metadata length"))?;
+        if meta_len > rest.len() {
+            return Err(bad("metadata longer than the data"));
+        }
+        let message = arrow::ipc::root_as_message(&rest[..meta_len])
+            .map_err(|e| bad(&format!("invalid message: {e}")))?;
+        let body =
+            usize::try_from(message.bodyLength()).map_err(|_| bad("negative body length"))?;
+        if body > rest.len() - meta_len {
+            return Err(bad("body longer than the data"));
+        }
+        bytes = &rest[meta_len + body..];
+    }
+}
+
+/// Encodes a schema as an Arrow IPC stream holding only the schema (what `CreateTable` stores).
+pub fn encode_schema(schema: &Schema) -> LogResult<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut writer = StreamWriter::try_new(&mut out, schema)?;
+    writer.finish()?;
+    drop(writer);
+    Ok(out)
+}
+
+/// Decodes a schema sent by a client: an Arrow IPC stream (as [`encode_schema`] writes), or a
+/// single encapsulated schema message (as pyarrow's `Schema.serialize()` writes).
+pub fn decode_schema(bytes: &[u8]) -> LogResult<Schema> {
+    check_framing(bytes)?;
+    if let Ok(reader) = StreamReader::try_new(Cursor::new(bytes), None) {
+        return Ok(reader.schema().as_ref().clone());
+    }
+    arrow::ipc::convert::try_schema_from_ipc_buffer(bytes)
+        .map_err(|e| LogError::Invalid(format!("not an Arrow IPC schema: {e}")))
+}
+
+/// Encodes one batch as it is stored: a self-describing IPC stream.
+pub fn encode_batch(batch: &RecordBatch, compression: Compression) -> LogResult<Bytes> {
+    let options = match compression {
+        Compression::None => IpcWriteOptions::default(),
+        Compression::Zstd => {
+            IpcWriteOptions::default().try_with_compression(Some(CompressionType::ZSTD))?
+        }
+    };
+    let mut out = Vec::new();
+    let mut writer = StreamWriter::try_new_with_options(&mut out, &batch.schema(), options)?;
+    writer.write(batch)?;
+    writer.finish()?;
+    drop(writer);
+    Ok(Bytes::from(out))
+}
+
+/// Decodes a stored batch. The bytes come from storage, so anything malformed is an error,
+/// never a panic.
+pub fn decode_batch(bytes: &[u8]) -> LogResult<RecordBatch> {
+    check_framing(bytes)?;
+    let mut reader = StreamReader::try_new(Cursor::new(bytes), None)?;
+    let batch = reader
+        .next()
+        .ok_or_else(|| LogError::Invalid("a stored batch holds no records".into()))??;
+    Ok(batch)
+}
+
+/// Keeps the named columns, in the order given. Unknown names are an error.
+pub fn project(batch: &RecordBatch, columns: &[String]) -> LogResult<RecordBatch> {
+    if columns.is_empty() {
+        return Ok(batch.clone());
+    }
+    let schema = batch.schema();
+    let indices = columns
+        .iter()
+        .map(|c| {
+            schema
+                .index_of(c)
+                .map_err(|_| LogError::Invalid(format!("no column {c:?} in {schema}")))
+        })
+        .collect::<LogResult<Vec<_>>>()?;
+    Ok(batch.project(&indices)?)
+}
+
+/// Checks that `batch` can be stored in a table of `schema`: same column names and types in
+/// order, and no null in a non-null column. Field metadata and nullability flags of the batch
+/// itself do not matter.
+pub fn check_batch(schema: &SchemaRef, batch: &RecordBatch) -> LogResult<RecordBatch> {
+    let got = batch.schema();
+    if got.fields().len() != schema.fields().len() {
+        return Err(LogError::Invalid(format!(
+            "the batch has {} columns, the table {}: expected {schema}",
+            got.fields().len(),
+            schema.fields().len()
+        )));
+    }
+    for (want, have) in schema.fields().iter().zip(got.fields()) {
+        if want.name() != have.name() || want.data_type() != have.data_type() {
+            return Err(LogError::Invalid(format!(
+                "column {:?} of type {} does not match the table's {:?} of type {}",
+                have.name(),
+                have.data_type(),
+                want.name(),
+                want.data_type()
+            )));
+        }
+    }
+    for (field, column) in schema.fields().iter().zip(batch.columns()) {
+        if !field.is_nullable() && column.null_count() > 0 {
+            return Err(LogError::Invalid(format!(
+                "column {:?} is not nullable but holds {} null(s)",
+                field.name(),
+                column.null_count()
+            )));
+        }
+    }
+    // Stored with the table's own schema (its nullability and metadata).
+    Ok(RecordBatch::try_new(
+        Arc::clone(schema),
+        batch.columns().to_vec(),
+    )?)
+}

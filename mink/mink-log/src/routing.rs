@@ -1,0 +1,175 @@
+//! Which bucket a row belongs to.
+//!
+//! A row's bucket is `murmur3_x86_32(key bytes, seed 0) mod bucket_count`, where the key bytes
+//! are the bucket-key columns of the row, in the table's `bucket.key` order, each encoded as:
+//!
+//! | Arrow type | encoding |
+//! |---|---|
+//! | null (any type) | the byte `0x00` |
+//! | signed integers, dates, times, timestamps, durations | `0x01`, then the value as i64, little-endian |
+//! | unsigned integers | `0x01`, then the value as u64, little-endian |
+//! | floats | `0x01`, then the value as f64 bits, little-endian |
+//! | boolean | `0x01`, then `0x00` or `0x01` |
+//! | decimal128 | `0x01`, then the i128 value, little-endian |
+//! | strings, binary (all widths and views) | `0x01`, the length as u32 little-endian, the bytes |
+//!
+//! Widening every integer to 64 bits makes the bucket independent of the integer width a
+//! client happens to use. Tables without a bucket key place whole batches (round-robin).
+
+use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, UInt32Array};
+use arrow::compute::take;
+use arrow::datatypes::*;
+
+use crate::{LogError, LogResult};
+
+/// MurmurHash3, x86 32-bit variant.
+// The algorithm mixes in the length modulo 2^32.
+#[allow(clippy::cast_possible_truncation)]
+pub fn murmur3_32(data: &[u8], seed: u32) -> u32 {
+    const C1: u32 = 0xcc9e_2d51;
+    const C2: u32 = 0x1b87_3593;
+    let mut h = seed;
+    let mut chunks = data.chunks_exact(4);
+    for chunk in &mut chunks {
+        let mut k = u32::from_le_bytes(chunk.try_into().expect("4 bytes"));
+        k = k.wrapping_mul(C1).rotate_left(15).wrapping_mul(C2);
+        h ^= k;
+        h = h.rotate_left(13).wrapping_mul(5).wrapping_add(0xe654_6b64);
+    }
+    let tail = chunks.remainder();
+    if !tail.is_empty() {
+        let mut k = 0u32;
+        for (i, b) in tail.iter().enumerate() {
+            k |= u32::from(*b) << (8 * i);
+        }
+        k = k.wrapping_mul(C1).rotate_left(15).wrapping_mul(C2);
+        h ^= k;
+    }
+    h ^= data.len() as u32;
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x85eb_ca6b);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xc2b2_ae35);
+    h ^= h >> 16;
+    h
+}
+
+/// Appends the encoding of `array[row]` to `out`.
+// Value lengths are encoded as u32 by definition (see the module docs).
+#[allow(clippy::cast_possible_truncation)]
+fn encode_value(array: &ArrayRef, row: usize, out: &mut Vec<u8>) -> LogResult<()> {
+    if array.is_null(row) {
+        out.push(0);
+        return Ok(());
+    }
+    out.push(1);
+    macro_rules! signed {
+        ($t:ty) => {
+            out.extend_from_slice(&i64::from(array.as_primitive::<$t>().value(row)).to_le_bytes())
+        };
+    }
+    macro_rules! unsigned {
+        ($t:ty) => {
+            out.extend_from_slice(&u64::from(array.as_primitive::<$t>().value(row)).to_le_bytes())
+        };
+    }
+    macro_rules! bytes {
+        ($v:expr) => {{
+            let v: &[u8] = $v;
+            out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+            out.extend_from_slice(v);
+        }};
+    }
+    match array.data_type() {
+        DataType::Int8 => signed!(Int8Type),
+        DataType::Int16 => signed!(Int16Type),
+        DataType::Int32 => signed!(Int32Type),
+        DataType::Int64 => signed!(Int64Type),
+        DataType::UInt8 => unsigned!(UInt8Type),
+        DataType::UInt16 => unsigned!(UInt16Type),
+        DataType::UInt32 => unsigned!(UInt32Type),
+        DataType::UInt64 => unsigned!(UInt64Type),
+        DataType::Date32 => signed!(Date32Type),
+        DataType::Date64 => signed!(Date64Type),
+        DataType::Time32(TimeUnit::Second) => signed!(Time32SecondType),
+        DataType::Time32(TimeUnit::Millisecond) => signed!(Time32MillisecondType),
+        DataType::Time64(TimeUnit::Microsecond) => signed!(Time64MicrosecondType),
+        DataType::Time64(TimeUnit::Nanosecond) => signed!(Time64NanosecondType),
+        DataType::Timestamp(TimeUnit::Second, _) => signed!(TimestampSecondType),
+        DataType::Timestamp(TimeUnit::Millisecond, _) => signed!(TimestampMillisecondType),
+        DataType::Timestamp(TimeUnit::Microsecond, _) => signed!(TimestampMicrosecondType),
+        DataType::Timestamp(TimeUnit::Nanosecond, _) => signed!(TimestampNanosecondType),
+        DataType::Float32 => out.extend_from_slice(
+            &f64::from(array.as_primitive::<Float32Type>().value(row))
+                .to_bits()
+                .to_le_bytes(),
+        ),
+        DataType::Float64 => out.extend_from_slice(
+            &array
+                .as_primitive::<Float64Type>()
+                .value(row)
+                .to_bits()
+                .to_le_bytes(),
+        ),
+        DataType::Boolean => out.push(u8::from(array.as_boolean().value(row))),
+        DataType::Decimal128(_, _) => out.extend_from_slice(
+            &array
+                .as_primitive::<Decimal128Type>()
+                .value(row)
+                .to_le_bytes(),
+        ),
+        DataType::Utf8 => bytes!(array.as_string::<i32>().value(row).as_bytes()),
+        DataType::LargeUtf8 => bytes!(array.as_string::<i64>().value(row).as_bytes()),
+        DataType::Utf8View => bytes!(array.as_string_view().value(row).as_bytes()),
+        DataType::Binary => bytes!(array.as_binary::<i32>().value(row)),
+        DataType::LargeBinary => bytes!(array.as_binary::<i64>().value(row)),
+        DataType::BinaryView => bytes!(array.as_binary_view().value(row)),
+        other => {
+            return Err(LogError::Invalid(format!(
+                "a bucket key column cannot be of type {other}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The bucket of each row, given the indices of the bucket-key columns.
+pub fn buckets_of(batch: &RecordBatch, key: &[usize], bucket_count: u32) -> LogResult<Vec<u32>> {
+    let columns: Vec<&ArrayRef> = key.iter().map(|&i| batch.column(i)).collect();
+    let mut buf = Vec::with_capacity(64);
+    (0..batch.num_rows())
+        .map(|row| {
+            buf.clear();
+            for c in &columns {
+                encode_value(c, row, &mut buf)?;
+            }
+            Ok(murmur3_32(&buf, 0) % bucket_count.max(1))
+        })
+        .collect()
+}
+
+/// Splits a batch into one batch per bucket (rows keep their relative order).
+pub fn split_by_bucket(
+    batch: &RecordBatch,
+    key: &[usize],
+    bucket_count: u32,
+) -> LogResult<Vec<(u32, RecordBatch)>> {
+    let buckets = buckets_of(batch, key, bucket_count)?;
+    let mut rows: std::collections::BTreeMap<u32, Vec<u32>> = std::collections::BTreeMap::new();
+    for (row, bucket) in buckets.into_iter().enumerate() {
+        rows.entry(bucket)
+            .or_default()
+            .push(u32::try_from(row).map_err(|_| LogError::Invalid("batch too large".into()))?);
+    }
+    rows.into_iter()
+        .map(|(bucket, indices)| {
+            let indices = UInt32Array::from(indices);
+            let columns = batch
+                .columns()
+                .iter()
+                .map(|c| take(c.as_ref(), &indices, None))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok((bucket, RecordBatch::try_new(batch.schema(), columns)?))
+        })
+        .collect()
+}

@@ -1,0 +1,96 @@
+//! One bucket of a log table, on its stream.
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use s3stream::{AppendAck, S3Stream, WriterBatchId};
+
+use crate::codec::{self, Compression};
+use crate::{LogError, LogResult};
+
+/// Rows read from a bucket; `base_offset` is the offset of the first row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReadBatch {
+    pub base_offset: u64,
+    pub batch: RecordBatch,
+}
+
+/// A bucket of a log table: its stream, the table's schema and storage options. Appends need
+/// the stream open on this node (the bucket's leader); reads work on any node.
+#[derive(Clone, Debug)]
+pub struct LogTablet {
+    pub stream_id: u64,
+    pub schema: SchemaRef,
+    pub compression: Compression,
+    streams: S3Stream,
+}
+
+impl LogTablet {
+    pub fn new(
+        streams: S3Stream,
+        stream_id: u64,
+        schema: SchemaRef,
+        compression: Compression,
+    ) -> Self {
+        LogTablet {
+            stream_id,
+            schema,
+            compression,
+            streams,
+        }
+    }
+
+    /// Appends a batch (checked against the table's schema); one offset per row. Returns once
+    /// the rows are durable. With `writer`, a retry of a batch already stored returns its
+    /// original offsets.
+    pub async fn append(
+        &self,
+        batch: &RecordBatch,
+        writer: Option<WriterBatchId>,
+    ) -> LogResult<AppendAck> {
+        let batch = codec::check_batch(&self.schema, batch)?;
+        let rows = u32::try_from(batch.num_rows())
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| LogError::Invalid(format!("a batch of {} rows", batch.num_rows())))?;
+        let bytes = codec::encode_batch(&batch, self.compression)?;
+        Ok(self
+            .streams
+            .append(self.stream_id, rows, bytes, writer)
+            .await?)
+    }
+
+    /// Reads rows from `offset` (the first batch starts exactly there), about `max_bytes` of
+    /// stored data, keeping `columns` (all when empty).
+    pub async fn read(
+        &self,
+        offset: u64,
+        max_bytes: usize,
+        columns: &[String],
+    ) -> LogResult<Vec<ReadBatch>> {
+        let stored = self
+            .streams
+            .fetch(self.stream_id, offset, max_bytes)
+            .await?;
+        let mut out = Vec::with_capacity(stored.len());
+        for s in stored {
+            let mut batch = codec::decode_batch(&s.payload)?;
+            let mut base_offset = s.base_offset;
+            if base_offset < offset {
+                let skip = usize::try_from(offset - base_offset).unwrap_or(usize::MAX);
+                batch = batch.slice(
+                    skip.min(batch.num_rows()),
+                    batch.num_rows().saturating_sub(skip),
+                );
+                base_offset = offset;
+            }
+            if batch.num_rows() == 0 {
+                continue;
+            }
+            out.push(ReadBatch {
+                base_offset,
+                batch: codec::project(&batch, columns)?,
+            });
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,295 @@
+//! The log tablet's codec, options, routing, and the tablet on a real stream engine.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::array::*;
+use arrow::datatypes::*;
+use mink_log::codec::{self, Compression};
+use mink_log::options::TableOptions;
+use mink_log::routing::{buckets_of, murmur3_32, split_by_bucket};
+use mink_log::{LogError, LogTablet};
+
+/// A batch with the common Arrow types, nested ones included.
+fn wide_batch() -> RecordBatch {
+    let tags = {
+        let mut b = ListBuilder::new(StringBuilder::new());
+        b.values().append_value("a");
+        b.values().append_value("b");
+        b.append(true);
+        b.append(false);
+        b.values().append_value("c");
+        b.append(true);
+        b.finish()
+    };
+    let point = StructArray::from(vec![
+        (
+            Arc::new(Field::new("x", DataType::Float64, false)),
+            Arc::new(Float64Array::from(vec![1.5, 2.5, -0.5])) as ArrayRef,
+        ),
+        (
+            Arc::new(Field::new("y", DataType::Int32, true)),
+            Arc::new(Int32Array::from(vec![Some(1), None, Some(3)])) as ArrayRef,
+        ),
+    ]);
+    let attrs = {
+        let mut b = MapBuilder::new(None, StringBuilder::new(), Int64Builder::new());
+        b.keys().append_value("k");
+        b.values().append_value(7);
+        b.append(true).unwrap();
+        b.append(true).unwrap();
+        b.append(false).unwrap();
+        b.finish()
+    };
+    let columns: Vec<(&str, ArrayRef)> = vec![
+        ("id", Arc::new(Int64Array::from(vec![1, 2, 3]))),
+        (
+            "name",
+            Arc::new(StringArray::from(vec![Some("x"), None, Some("z")])),
+        ),
+        ("ok", Arc::new(BooleanArray::from(vec![true, false, true]))),
+        ("small", Arc::new(Int8Array::from(vec![1, -2, 3]))),
+        ("u", Arc::new(UInt64Array::from(vec![1, 2, u64::MAX]))),
+        ("f", Arc::new(Float32Array::from(vec![0.5, 1.0, f32::NAN]))),
+        (
+            "day",
+            Arc::new(Date32Array::from(vec![19_000, 19_001, 19_002])),
+        ),
+        (
+            "at",
+            Arc::new(TimestampMicrosecondArray::from(vec![1, 2, 3]).with_timezone("UTC")),
+        ),
+        (
+            "price",
+            Arc::new(
+                Decimal128Array::from(vec![12345, -1, 0])
+                    .with_precision_and_scale(10, 2)
+                    .unwrap(),
+            ),
+        ),
+        (
+            "blob",
+            Arc::new(BinaryArray::from(vec![&b"\x00"[..], b"", b"\xff"])),
+        ),
+        ("tags", Arc::new(tags)),
+        ("point", Arc::new(point)),
+        ("attrs", Arc::new(attrs)),
+    ];
+    RecordBatch::try_from_iter(columns).unwrap()
+}
+
+#[test]
+fn batches_and_schemas_round_trip_with_and_without_compression() {
+    let batch = wide_batch();
+    for compression in [Compression::None, Compression::Zstd] {
+        let bytes = codec::encode_batch(&batch, compression).unwrap();
+        assert_eq!(
+            codec::decode_batch(&bytes).unwrap(),
+            batch,
+            "{compression:?}"
+        );
+    }
+    let schema = codec::encode_schema(&batch.schema()).unwrap();
+    assert_eq!(codec::decode_schema(&schema).unwrap(), *batch.schema());
+    assert!(matches!(
+        codec::decode_schema(b"garbage"),
+        Err(LogError::Invalid(_))
+    ));
+    assert!(codec::decode_batch(b"garbage").is_err());
+    let projected = codec::project(&batch, &["point".into(), "id".into()]).unwrap();
+    assert_eq!(projected.schema().field(0).name(), "point");
+    assert!(codec::project(&batch, &["nope".into()]).is_err());
+}
+
+#[test]
+fn batches_are_checked_against_the_table_schema() {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("name", DataType::Utf8, true),
+    ]));
+    let ok = RecordBatch::try_from_iter(vec![
+        ("id", Arc::new(Int64Array::from(vec![1])) as ArrayRef),
+        (
+            "name",
+            Arc::new(StringArray::from(vec![Some("a")])) as ArrayRef,
+        ),
+    ])
+    .unwrap();
+    let stored = codec::check_batch(&schema, &ok).unwrap();
+    assert_eq!(stored.schema(), schema);
+    let null_id = RecordBatch::try_from_iter(vec![
+        (
+            "id",
+            Arc::new(Int64Array::from(vec![None, Some(2)])) as ArrayRef,
+        ),
+        (
+            "name",
+            Arc::new(StringArray::from(vec![Some("a"), None])) as ArrayRef,
+        ),
+    ])
+    .unwrap();
+    let e = codec::check_batch(&schema, &null_id)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("\"id\" is not nullable"), "{e}");
+    let wrong_type = RecordBatch::try_from_iter(vec![
+        ("id", Arc::new(Int32Array::from(vec![1])) as ArrayRef),
+        (
+            "name",
+            Arc::new(StringArray::from(vec![Some("a")])) as ArrayRef,
+        ),
+    ])
+    .unwrap();
+    assert!(
+        codec::check_batch(&schema, &wrong_type)
+            .unwrap_err()
+            .to_string()
+            .contains("Int32")
+    );
+    let one_column = RecordBatch::try_from_iter(vec![(
+        "id",
+        Arc::new(Int64Array::from(vec![1])) as ArrayRef,
+    )])
+    .unwrap();
+    assert!(codec::check_batch(&schema, &one_column).is_err());
+}
+
+#[test]
+fn murmur3_matches_the_reference_vectors() {
+    assert_eq!(murmur3_32(b"", 0), 0);
+    assert_eq!(murmur3_32(b"", 1), 0x514e_28b7);
+    assert_eq!(murmur3_32(b"test", 0), 0xba6b_d213);
+    assert_eq!(
+        murmur3_32(b"The quick brown fox jumps over the lazy dog", 0),
+        0x2e4f_f723
+    );
+}
+
+#[test]
+fn routing_is_independent_of_integer_width_and_keeps_rows() {
+    let narrow = RecordBatch::try_from_iter(vec![(
+        "k",
+        Arc::new(Int16Array::from(vec![1, 2, 3, 4, 5])) as ArrayRef,
+    )])
+    .unwrap();
+    let wide = RecordBatch::try_from_iter(vec![(
+        "k",
+        Arc::new(Int64Array::from(vec![1, 2, 3, 4, 5])) as ArrayRef,
+    )])
+    .unwrap();
+    assert_eq!(
+        buckets_of(&narrow, &[0], 8).unwrap(),
+        buckets_of(&wide, &[0], 8).unwrap()
+    );
+    let batch = wide_batch();
+    let key = [batch.schema().index_of("name").unwrap(), 0];
+    let parts = split_by_bucket(&batch, &key, 4).unwrap();
+    let rows: usize = parts.iter().map(|(_, b)| b.num_rows()).sum();
+    assert_eq!(rows, batch.num_rows());
+    let expected = buckets_of(&batch, &key, 4).unwrap();
+    for (bucket, part) in &parts {
+        assert!(*bucket < 4);
+        for id in part.column(0).as_primitive::<Int64Type>().values() {
+            assert_eq!(expected[usize::try_from(*id - 1).unwrap()], *bucket);
+        }
+    }
+    let nested = batch.schema().index_of("tags").unwrap();
+    assert!(
+        buckets_of(&batch, &[nested], 4).is_err(),
+        "lists are not bucket keys"
+    );
+}
+
+#[test]
+fn options_use_flusss_names_and_reject_bad_values() {
+    let opts = |pairs: &[(&str, &str)]| {
+        TableOptions::parse(
+            &pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<BTreeMap<_, _>>(),
+        )
+    };
+    let d = opts(&[]).unwrap();
+    assert_eq!((d.bucket_count, d.compression), (1, Compression::Zstd));
+    assert_eq!(d.log_ttl, Some(Duration::from_secs(7 * 86_400)));
+    let o = opts(&[
+        ("bucket.num", "8"),
+        ("bucket.key", "user_id, region"),
+        ("table.log.ttl", "36h"),
+        ("table.log.arrow.compression.type", "none"),
+    ])
+    .unwrap();
+    assert_eq!(o.bucket_count, 8);
+    assert_eq!(o.bucket_key, vec!["user_id", "region"]);
+    assert_eq!(o.log_ttl, Some(Duration::from_secs(36 * 3600)));
+    assert_eq!(o.compression, Compression::None);
+    assert_eq!(opts(&[("table.log.ttl", "-1")]).unwrap().log_ttl, None);
+    for (k, v) in [
+        ("bucket.num", "0"),
+        ("bucket.num", "lots"),
+        ("table.log.ttl", "7 fortnights"),
+        ("table.log.format", "INDEXED"),
+        ("table.log.arrow.compression.type", "LZ5"),
+    ] {
+        let e = opts(&[(k, v)]).unwrap_err().to_string();
+        assert!(e.contains(k), "{k}: {e}");
+    }
+}
+
+#[tokio::test]
+async fn a_tablet_appends_and_reads_with_slicing_and_projection() {
+    let meta = Arc::new(
+        mink_sql::SqliteStore::connect("sqlite::memory:")
+            .await
+            .unwrap(),
+    );
+    let sink = mink_sql::Sink::start(meta, mink_sql::SinkConfig::new(1))
+        .await
+        .unwrap();
+    let engine = s3stream::S3Stream::start(
+        sink,
+        s3stream::store::open("memory://").unwrap(),
+        s3stream::EngineConfig {
+            flush_delay: Duration::from_millis(2),
+            ..s3stream::EngineConfig::default()
+        },
+    );
+    let stream = engine.create_streams(1).await.unwrap();
+    engine.open(stream, 1).await.unwrap();
+    let batch = wide_batch();
+    let tablet = LogTablet::new(engine.clone(), stream, batch.schema(), Compression::Zstd);
+    let a = tablet.append(&batch, None).await.unwrap();
+    let b = tablet.append(&batch, None).await.unwrap();
+    assert_eq!(
+        (a.base_offset, a.end_offset, b.base_offset),
+        (0, 3, 3),
+        "one offset per row"
+    );
+    // From the middle of the first batch: the rows before the offset are cut off.
+    let read = tablet
+        .read(1, 1 << 20, &["id".into(), "name".into()])
+        .await
+        .unwrap();
+    assert_eq!(read[0].base_offset, 1);
+    assert_eq!(read[0].batch.num_rows(), 2);
+    assert_eq!(read[0].batch.num_columns(), 2);
+    assert_eq!(read[1].base_offset, 3);
+    assert_eq!(
+        read[1].batch,
+        codec::project(&batch, &["id".into(), "name".into()]).unwrap()
+    );
+    // Bad batches change nothing.
+    let other = RecordBatch::try_from_iter(vec![(
+        "id",
+        Arc::new(Int64Array::from(vec![1])) as ArrayRef,
+    )])
+    .unwrap();
+    assert!(matches!(
+        tablet.append(&other, None).await,
+        Err(LogError::Invalid(_))
+    ));
+    assert_eq!(engine.info(stream).unwrap().end_offset, 6);
+    engine.shutdown().await;
+}
