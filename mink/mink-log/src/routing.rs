@@ -133,6 +133,43 @@ fn encode_value(array: &ArrayRef, row: usize, out: &mut Vec<u8>) -> LogResult<()
     Ok(())
 }
 
+/// Whether a column of this type can be a bucket (or partition) key.
+pub fn check_key_type(data_type: &DataType) -> LogResult<()> {
+    let supported = matches!(
+        data_type,
+        DataType::Int8
+            | DataType::Int16
+            | DataType::Int32
+            | DataType::Int64
+            | DataType::UInt8
+            | DataType::UInt16
+            | DataType::UInt32
+            | DataType::UInt64
+            | DataType::Date32
+            | DataType::Date64
+            | DataType::Time32(TimeUnit::Second | TimeUnit::Millisecond)
+            | DataType::Time64(TimeUnit::Microsecond | TimeUnit::Nanosecond)
+            | DataType::Timestamp(_, _)
+            | DataType::Float32
+            | DataType::Float64
+            | DataType::Boolean
+            | DataType::Decimal128(_, _)
+            | DataType::Utf8
+            | DataType::LargeUtf8
+            | DataType::Utf8View
+            | DataType::Binary
+            | DataType::LargeBinary
+            | DataType::BinaryView
+    );
+    if supported {
+        Ok(())
+    } else {
+        Err(LogError::Invalid(format!(
+            "a bucket key column cannot be of type {data_type}"
+        )))
+    }
+}
+
 /// The bucket of each row, given the indices of the bucket-key columns.
 pub fn buckets_of(batch: &RecordBatch, key: &[usize], bucket_count: u32) -> LogResult<Vec<u32>> {
     let columns: Vec<&ArrayRef> = key.iter().map(|&i| batch.column(i)).collect();

@@ -1,0 +1,296 @@
+//! Catalog operations, all through the command log.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::datatypes::{Schema, SchemaRef};
+use mink_log::codec;
+use mink_log::options::TableOptions;
+use mink_metadata::{
+    Command, CreateDatabase, CreateTable, DropDatabase, DropTable, Outcome, RejectionKind, Reply,
+    TableRecord,
+};
+
+use crate::{Node, NodeError, NodeResult};
+
+/// What a client asks for when it creates a log table.
+#[derive(Clone, Debug)]
+pub struct TableSpec {
+    pub database: String,
+    pub name: String,
+    pub schema: Schema,
+    /// Fluss's option names (`bucket.num`, `bucket.key`, `table.log.ttl`, ...).
+    pub options: BTreeMap<String, String>,
+    pub partition_keys: Vec<String>,
+    pub comment: String,
+    /// Succeed (and describe the existing table) if it already exists.
+    pub if_not_exists: bool,
+}
+
+/// One bucket as a client sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BucketInfo {
+    pub partition_id: u64,
+    pub bucket: u32,
+    pub stream_id: u64,
+    pub leader_node_id: u64,
+    pub leader_address: String,
+    pub leader_epoch: u64,
+    pub start_offset: u64,
+    /// The committed end: the next offset to be written.
+    pub end_offset: u64,
+}
+
+/// A table as a client sees it.
+#[derive(Clone, Debug)]
+pub struct TableInfo {
+    pub table_id: u64,
+    pub database: String,
+    pub name: String,
+    pub schema: SchemaRef,
+    pub schema_version: u32,
+    pub options: BTreeMap<String, String>,
+    pub partition_keys: Vec<String>,
+    pub bucket_count: u32,
+    pub bucket_key: Vec<String>,
+    pub comment: String,
+    pub created_at_ms: u64,
+    pub buckets: Vec<BucketInfo>,
+}
+
+fn rejected(r: &mink_metadata::Rejection) -> NodeError {
+    match r.kind() {
+        RejectionKind::NotFound => NodeError::NotFound(r.message.clone()),
+        RejectionKind::AlreadyExists => NodeError::AlreadyExists(r.message.clone()),
+        RejectionKind::InvalidArgument | RejectionKind::NotEmpty => {
+            NodeError::Invalid(r.message.clone())
+        }
+        _ => NodeError::Failed(r.to_string()),
+    }
+}
+
+impl Node {
+    pub async fn create_database(&self, name: &str, if_not_exists: bool) -> NodeResult<()> {
+        let proposed = self
+            .inner
+            .sink
+            .propose(Command::CreateDatabase(CreateDatabase {
+                name: name.to_string(),
+                ..Default::default()
+            }))
+            .await?;
+        match proposed.result {
+            Ok(Outcome::Done(_)) => Ok(()),
+            Ok(Outcome::Redundant(_)) if if_not_exists => Ok(()),
+            Ok(Outcome::Redundant(_)) => Err(NodeError::AlreadyExists(format!(
+                "database {name:?} already exists"
+            ))),
+            Err(r) if r.kind() == RejectionKind::AlreadyExists && if_not_exists => Ok(()),
+            Err(r) => Err(rejected(&r)),
+        }
+    }
+
+    pub async fn drop_database(
+        &self,
+        name: &str,
+        cascade: bool,
+        if_exists: bool,
+    ) -> NodeResult<()> {
+        let proposed = self
+            .inner
+            .sink
+            .propose(Command::DropDatabase(DropDatabase {
+                name: name.to_string(),
+                cascade,
+            }))
+            .await?;
+        match proposed.result {
+            Ok(Outcome::Done(_)) => Ok(()),
+            Ok(Outcome::Redundant(_)) if if_exists => Ok(()),
+            Ok(Outcome::Redundant(_)) => Err(NodeError::NotFound(format!(
+                "database {name:?} does not exist"
+            ))),
+            Err(r) => Err(rejected(&r)),
+        }
+    }
+
+    pub fn list_databases(&self) -> Vec<String> {
+        self.view().state.databases.keys().cloned().collect()
+    }
+
+    pub fn list_tables(&self, database: &str) -> NodeResult<Vec<String>> {
+        let view = self.view();
+        if !view.state.databases.contains_key(database) {
+            return Err(NodeError::NotFound(format!(
+                "database {database:?} does not exist"
+            )));
+        }
+        Ok(view
+            .state
+            .tables
+            .values()
+            .filter(|t| t.database == database)
+            .map(|t| t.name.clone())
+            .collect())
+    }
+
+    pub(crate) fn table_record(&self, database: &str, table: &str) -> NodeResult<TableRecord> {
+        self.view()
+            .state
+            .table_by_name(database, table)
+            .cloned()
+            .ok_or_else(|| NodeError::NotFound(format!("table {database}.{table} does not exist")))
+    }
+
+    pub(crate) fn table_schema(&self, record: &TableRecord) -> NodeResult<SchemaRef> {
+        Ok(Arc::new(codec::decode_schema(&record.schema).map_err(
+            |e| {
+                NodeError::Failed(format!(
+                    "the stored schema of {}.{} does not decode: {e}",
+                    record.database, record.name
+                ))
+            },
+        )?))
+    }
+
+    /// Creates a log table, then waits (a few seconds at most) until its buckets have leaders.
+    pub async fn create_table(&self, spec: TableSpec) -> NodeResult<TableInfo> {
+        let options = TableOptions::parse(&spec.options)?;
+        let schema = &spec.schema;
+        if schema.fields().is_empty() {
+            return Err(NodeError::Invalid(
+                "a table needs at least one column".into(),
+            ));
+        }
+        let mut names = BTreeSet::new();
+        for f in schema.fields() {
+            if !names.insert(f.name().as_str()) {
+                return Err(NodeError::Invalid(format!(
+                    "column {:?} appears twice",
+                    f.name()
+                )));
+            }
+        }
+        for c in options.bucket_key.iter().chain(&spec.partition_keys) {
+            let field = schema.field_with_name(c).map_err(|_| {
+                NodeError::Invalid(format!(
+                    "bucket.key/partition column {c:?} is not in the schema"
+                ))
+            })?;
+            mink_log::routing::check_key_type(field.data_type())?;
+        }
+        let proposed = self
+            .inner
+            .sink
+            .propose(Command::CreateTable(CreateTable {
+                database: spec.database.clone(),
+                name: spec.name.clone(),
+                schema: codec::encode_schema(schema)?,
+                primary_key: vec![],
+                bucket_key: options.bucket_key.clone(),
+                partition_keys: spec.partition_keys.clone(),
+                bucket_count: options.bucket_count,
+                options: spec.options.clone(),
+                comment: spec.comment.clone(),
+            }))
+            .await?;
+        match proposed.result {
+            Ok(Outcome::Done(Reply::Table(_))) => {}
+            Ok(Outcome::Redundant(_)) if spec.if_not_exists => {}
+            Ok(Outcome::Redundant(_)) => {
+                return Err(NodeError::AlreadyExists(format!(
+                    "table {}.{} already exists",
+                    spec.database, spec.name
+                )));
+            }
+            Err(r) if r.kind() == RejectionKind::AlreadyExists && spec.if_not_exists => {}
+            Ok(other) => return Err(NodeError::Failed(format!("unexpected reply {other:?}"))),
+            Err(r) => return Err(rejected(&r)),
+        }
+        // Leaders are assigned by the coordinator and the streams opened by the leaders; give
+        // them a moment so that a write right after the create finds its buckets ready.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let info = self.describe_table(&spec.database, &spec.name)?;
+            let ready = info.buckets.iter().all(|b| {
+                b.leader_node_id != 0
+                    && (b.leader_node_id != self.node_id() || self.leads(info.table_id, b))
+            });
+            if ready || tokio::time::Instant::now() >= deadline {
+                return Ok(info);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn leads(&self, table_id: u64, b: &BucketInfo) -> bool {
+        self.inner
+            .led
+            .read()
+            .expect("led lock")
+            .get(&(table_id, b.partition_id, b.bucket))
+            .is_some_and(|l| l.leader_epoch == b.leader_epoch)
+    }
+
+    pub async fn drop_table(&self, database: &str, table: &str, if_exists: bool) -> NodeResult<()> {
+        let proposed = self
+            .inner
+            .sink
+            .propose(Command::DropTable(DropTable {
+                database: database.to_string(),
+                name: table.to_string(),
+            }))
+            .await?;
+        match proposed.result {
+            Ok(Outcome::Done(_)) => Ok(()),
+            Ok(Outcome::Redundant(_)) if if_exists => Ok(()),
+            Ok(Outcome::Redundant(_)) => Err(NodeError::NotFound(format!(
+                "table {database}.{table} does not exist"
+            ))),
+            Err(r) => Err(rejected(&r)),
+        }
+    }
+
+    pub fn describe_table(&self, database: &str, table: &str) -> NodeResult<TableInfo> {
+        let record = self.table_record(database, table)?;
+        let schema = self.table_schema(&record)?;
+        let view = self.view();
+        let state = &view.state;
+        let buckets = state
+            .buckets
+            .range((record.table_id, 0, 0)..=(record.table_id, u64::MAX, u32::MAX))
+            .map(|(_, b)| {
+                let stream = state.streams.get(&b.stream_id);
+                BucketInfo {
+                    partition_id: b.partition_id,
+                    bucket: b.bucket,
+                    stream_id: b.stream_id,
+                    leader_node_id: b.leader_node_id,
+                    leader_address: state
+                        .nodes
+                        .get(&b.leader_node_id)
+                        .map(|n| n.address.clone())
+                        .unwrap_or_default(),
+                    leader_epoch: b.leader_epoch,
+                    start_offset: stream.map_or(0, |s| s.start_offset),
+                    end_offset: stream.map_or(0, |s| s.end_offset),
+                }
+            })
+            .collect();
+        Ok(TableInfo {
+            table_id: record.table_id,
+            database: record.database.clone(),
+            name: record.name.clone(),
+            schema,
+            schema_version: record.schema_version,
+            options: record.options.clone(),
+            partition_keys: record.partition_keys.clone(),
+            bucket_count: record.bucket_count,
+            bucket_key: record.bucket_key.clone(),
+            comment: record.comment.clone(),
+            created_at_ms: record.created_at_ms,
+            buckets,
+        })
+    }
+}
