@@ -125,6 +125,63 @@ pub fn project(batch: &RecordBatch, columns: &[String]) -> LogResult<RecordBatch
     Ok(batch.project(&indices)?)
 }
 
+/// Brings a stored batch to the table's current `schema`: columns added since it was written
+/// (always nullable, see [`check_evolution`]) read as nulls.
+pub fn evolve(schema: &SchemaRef, batch: &RecordBatch) -> LogResult<RecordBatch> {
+    if batch.schema().fields().len() == schema.fields().len() {
+        return Ok(batch.clone());
+    }
+    let columns = schema
+        .fields()
+        .iter()
+        .enumerate()
+        .map(|(i, field)| match batch.columns().get(i) {
+            Some(c) => Arc::clone(c),
+            None => arrow::array::new_null_array(field.data_type(), batch.num_rows()),
+        })
+        .collect();
+    Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
+}
+
+/// Schema evolution a log table allows: the same columns in the same order with the same types
+/// and nullability, followed by new nullable columns (rows written before read them as null).
+pub fn check_evolution(old: &Schema, new: &Schema) -> LogResult<()> {
+    if new.fields().len() < old.fields().len() {
+        return Err(LogError::Invalid(
+            "a column cannot be dropped from a log table".into(),
+        ));
+    }
+    for (o, n) in old.fields().iter().zip(new.fields()) {
+        if o.name() != n.name()
+            || o.data_type() != n.data_type()
+            || o.is_nullable() != n.is_nullable()
+        {
+            return Err(LogError::Invalid(format!(
+                "column {:?} ({}) cannot change to {:?} ({}): only new nullable columns may be added at the end",
+                o.name(),
+                o.data_type(),
+                n.name(),
+                n.data_type()
+            )));
+        }
+    }
+    for n in &new.fields()[old.fields().len()..] {
+        if !n.is_nullable() {
+            return Err(LogError::Invalid(format!(
+                "new column {:?} must be nullable: rows already written have no value for it",
+                n.name()
+            )));
+        }
+        if old.field_with_name(n.name()).is_ok() {
+            return Err(LogError::Invalid(format!(
+                "column {:?} appears twice",
+                n.name()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Checks that `batch` can be stored in a table of `schema`: same column names and types in
 /// order, and no null in a non-null column. Field metadata and nullability flags of the batch
 /// itself do not matter.

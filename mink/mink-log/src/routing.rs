@@ -191,22 +191,119 @@ pub fn split_by_bucket(
     key: &[usize],
     bucket_count: u32,
 ) -> LogResult<Vec<(u32, RecordBatch)>> {
-    let buckets = buckets_of(batch, key, bucket_count)?;
-    let mut rows: std::collections::BTreeMap<u32, Vec<u32>> = std::collections::BTreeMap::new();
-    for (row, bucket) in buckets.into_iter().enumerate() {
-        rows.entry(bucket)
+    split_rows(batch, buckets_of(batch, key, bucket_count)?)
+}
+
+/// Whether a column of this type can be a partition key: values that read well in a name.
+pub fn check_partition_key_type(data_type: &DataType) -> LogResult<()> {
+    let supported = matches!(
+        data_type,
+        DataType::Int8
+            | DataType::Int16
+            | DataType::Int32
+            | DataType::Int64
+            | DataType::UInt8
+            | DataType::UInt16
+            | DataType::UInt32
+            | DataType::UInt64
+            | DataType::Date32
+            | DataType::Boolean
+            | DataType::Utf8
+            | DataType::LargeUtf8
+            | DataType::Utf8View
+    );
+    if supported {
+        Ok(())
+    } else {
+        Err(LogError::Invalid(format!(
+            "a partition key column cannot be of type {data_type} (use a string, integer, date or boolean)"
+        )))
+    }
+}
+
+/// The partition of each row: the partition-key values (integers in decimal, dates as
+/// `YYYY-MM-DD`, booleans as `true`/`false`, strings as they are) joined by `$`, as in Fluss.
+/// A null, an empty string, or a value holding `$`, `/` or NUL cannot name a partition.
+pub fn partitions_of(batch: &RecordBatch, key: &[usize]) -> LogResult<Vec<String>> {
+    let options = arrow::util::display::FormatOptions::default();
+    let formatters = key
+        .iter()
+        .map(|&i| arrow::util::display::ArrayFormatter::try_new(batch.column(i).as_ref(), &options))
+        .collect::<Result<Vec<_>, _>>()?;
+    let schema = batch.schema();
+    (0..batch.num_rows())
+        .map(|row| {
+            let mut name = String::new();
+            for (n, (&i, f)) in key.iter().zip(&formatters).enumerate() {
+                let column = schema.field(i).name();
+                if batch.column(i).is_null(row) {
+                    return Err(LogError::Invalid(format!(
+                        "row {row}: partition column {column:?} is null"
+                    )));
+                }
+                let value = f.value(row).to_string();
+                if value.is_empty() || value.contains(['$', '/', '\0']) {
+                    return Err(LogError::Invalid(format!(
+                        "row {row}: partition column {column:?} holds {value:?}, which cannot name a partition (empty, or holds '$', '/' or NUL)"
+                    )));
+                }
+                if n > 0 {
+                    name.push('$');
+                }
+                name.push_str(&value);
+            }
+            Ok(name)
+        })
+        .collect()
+}
+
+/// The partition-key values a partition name stands for (the inverse of [`partitions_of`]).
+pub fn partition_values(
+    partition_keys: &[String],
+    name: &str,
+) -> LogResult<std::collections::BTreeMap<String, String>> {
+    let values: Vec<&str> = name.split('$').collect();
+    if values.len() != partition_keys.len() || values.iter().any(|v| v.is_empty()) {
+        return Err(LogError::Invalid(format!(
+            "partition {name:?} does not name one value for each of {partition_keys:?} (joined by '$')"
+        )));
+    }
+    Ok(partition_keys
+        .iter()
+        .cloned()
+        .zip(values.into_iter().map(str::to_string))
+        .collect())
+}
+
+/// Splits a batch by partition (rows keep their relative order).
+pub fn split_by_partition(
+    batch: &RecordBatch,
+    key: &[usize],
+) -> LogResult<Vec<(String, RecordBatch)>> {
+    split_rows(batch, partitions_of(batch, key)?)
+}
+
+/// One batch per distinct group, in group order; rows keep their relative order.
+fn split_rows<K: Ord>(batch: &RecordBatch, groups: Vec<K>) -> LogResult<Vec<(K, RecordBatch)>> {
+    let mut rows: std::collections::BTreeMap<K, Vec<u32>> = std::collections::BTreeMap::new();
+    for (row, group) in groups.into_iter().enumerate() {
+        rows.entry(group)
             .or_default()
             .push(u32::try_from(row).map_err(|_| LogError::Invalid("batch too large".into()))?);
     }
+    if rows.len() == 1 {
+        let (group, _) = rows.into_iter().next().expect("one group");
+        return Ok(vec![(group, batch.clone())]);
+    }
     rows.into_iter()
-        .map(|(bucket, indices)| {
+        .map(|(group, indices)| {
             let indices = UInt32Array::from(indices);
             let columns = batch
                 .columns()
                 .iter()
                 .map(|c| take(c.as_ref(), &indices, None))
                 .collect::<Result<Vec<_>, _>>()?;
-            Ok((bucket, RecordBatch::try_new(batch.schema(), columns)?))
+            Ok((group, RecordBatch::try_new(batch.schema(), columns)?))
         })
         .collect()
 }

@@ -73,7 +73,7 @@ impl LogTablet {
             .await?;
         let mut out = Vec::with_capacity(stored.len());
         for s in stored {
-            let mut batch = codec::decode_batch(&s.payload)?;
+            let mut batch = codec::evolve(&self.schema, &codec::decode_batch(&s.payload)?)?;
             let mut base_offset = s.base_offset;
             if base_offset < offset {
                 let skip = usize::try_from(offset - base_offset).unwrap_or(usize::MAX);

@@ -293,3 +293,84 @@ async fn a_tablet_appends_and_reads_with_slicing_and_projection() {
     assert_eq!(engine.info(stream).unwrap().end_offset, 6);
     engine.shutdown().await;
 }
+
+#[test]
+fn rows_split_by_partition_with_fluss_style_names() {
+    use mink_log::routing::{check_partition_key_type, partition_values, split_by_partition};
+    let batch = RecordBatch::try_from_iter(vec![
+        (
+            "region",
+            Arc::new(StringArray::from(vec!["eu", "us", "eu", "us"])) as ArrayRef,
+        ),
+        (
+            "day",
+            Arc::new(Date32Array::from(vec![19000, 19000, 19001, 19000])) as ArrayRef,
+        ),
+        (
+            "v",
+            Arc::new(Int64Array::from(vec![1, 2, 3, 4])) as ArrayRef,
+        ),
+    ])
+    .unwrap();
+    let parts = split_by_partition(&batch, &[0, 1]).unwrap();
+    let names: Vec<&str> = parts.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["eu$2022-01-08", "eu$2022-01-09", "us$2022-01-08"]);
+    let us = &parts[2].1;
+    assert_eq!(us.column(2).as_primitive::<Int64Type>().values(), &[2, 4]);
+    let keys = vec!["region".to_string(), "day".to_string()];
+    assert_eq!(
+        partition_values(&keys, "eu$2022-01-08").unwrap(),
+        BTreeMap::from([
+            ("region".into(), "eu".into()),
+            ("day".into(), "2022-01-08".into())
+        ])
+    );
+    assert!(partition_values(&keys, "eu").is_err());
+    // Values that cannot name a partition, and types that cannot be partition keys.
+    for bad in [
+        vec![Some("a$b")],
+        vec![None],
+        vec![Some("")],
+        vec![Some("x/y")],
+    ] {
+        let b =
+            RecordBatch::try_from_iter(vec![("p", Arc::new(StringArray::from(bad)) as ArrayRef)])
+                .unwrap();
+        let e = split_by_partition(&b, &[0]).unwrap_err().to_string();
+        assert!(e.contains("partition column \"p\""), "{e}");
+    }
+    assert!(check_partition_key_type(&DataType::Float64).is_err());
+    assert!(check_partition_key_type(&DataType::Utf8).is_ok());
+}
+
+#[test]
+fn a_log_table_schema_only_grows_by_nullable_columns_at_the_end() {
+    let old = Schema::new(vec![Field::new("a", DataType::Int64, false)]);
+    let grown = Schema::new(vec![
+        Field::new("a", DataType::Int64, false),
+        Field::new("b", DataType::Utf8, true),
+    ]);
+    codec::check_evolution(&old, &grown).unwrap();
+    for bad in [
+        Schema::new(vec![Field::new("a", DataType::Int32, false)]),
+        Schema::new(vec![
+            Field::new("a", DataType::Int64, false),
+            Field::new("b", DataType::Utf8, false),
+        ]),
+        Schema::new(vec![
+            Field::new("a", DataType::Int64, false),
+            Field::new("a", DataType::Utf8, true),
+        ]),
+        Schema::empty(),
+    ] {
+        assert!(codec::check_evolution(&old, &bad).is_err(), "{bad}");
+    }
+    let written = RecordBatch::try_from_iter(vec![(
+        "a",
+        Arc::new(Int64Array::from(vec![1, 2])) as ArrayRef,
+    )])
+    .unwrap();
+    let read = codec::evolve(&Arc::new(grown), &written).unwrap();
+    assert_eq!(read.num_columns(), 2);
+    assert_eq!(read.column(1).null_count(), 2);
+}

@@ -8,8 +8,8 @@ use arrow::datatypes::{Schema, SchemaRef};
 use mink_log::codec;
 use mink_log::options::TableOptions;
 use mink_metadata::{
-    Command, CreateDatabase, CreateTable, DropDatabase, DropTable, Outcome, RejectionKind, Reply,
-    TableRecord,
+    AlterTable, Command, CreateDatabase, CreatePartition, CreateTable, DropDatabase, DropPartition,
+    DropTable, Outcome, RejectionKind, Reply, TableRecord,
 };
 
 use crate::{Node, NodeError, NodeResult};
@@ -32,6 +32,8 @@ pub struct TableSpec {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BucketInfo {
     pub partition_id: u64,
+    /// The partition's name (partitioned tables only).
+    pub partition: Option<String>,
     pub bucket: u32,
     pub stream_id: u64,
     pub leader_node_id: u64,
@@ -56,8 +58,32 @@ pub struct TableInfo {
     pub bucket_key: Vec<String>,
     pub comment: String,
     pub created_at_ms: u64,
+    pub partitions: Vec<PartitionInfo>,
     pub buckets: Vec<BucketInfo>,
 }
+
+/// One partition of a partitioned table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PartitionInfo {
+    pub partition_id: u64,
+    /// The partition-key values joined by `$` (see `mink_log::routing::partitions_of`).
+    pub name: String,
+    pub values: BTreeMap<String, String>,
+    pub created_at_ms: u64,
+}
+
+/// A change to a table: options to set or reset, and optionally a grown schema.
+#[derive(Clone, Debug, Default)]
+pub struct TableChange {
+    pub set_options: BTreeMap<String, String>,
+    pub reset_options: Vec<String>,
+    /// The whole new schema: the current one plus nullable columns at the end.
+    pub schema: Option<Schema>,
+}
+
+/// Most partitions a table may have; a write that would create more is refused. Each
+/// partition costs `bucket.num` streams, so this bounds what one bad write can create.
+pub const MAX_PARTITIONS_PER_TABLE: usize = 1024;
 
 fn rejected(r: &mink_metadata::Rejection) -> NodeError {
     match r.kind() {
@@ -172,11 +198,20 @@ impl Node {
                 )));
             }
         }
-        for c in options.bucket_key.iter().chain(&spec.partition_keys) {
+        for c in &spec.partition_keys {
             let field = schema.field_with_name(c).map_err(|_| {
-                NodeError::Invalid(format!(
-                    "bucket.key/partition column {c:?} is not in the schema"
-                ))
+                NodeError::Invalid(format!("partition column {c:?} is not in the schema"))
+            })?;
+            mink_log::routing::check_partition_key_type(field.data_type())?;
+            if options.bucket_key.contains(c) {
+                return Err(NodeError::Invalid(format!(
+                    "partition column {c:?} cannot also be a bucket key: every row of a partition would land in one bucket"
+                )));
+            }
+        }
+        for c in &options.bucket_key {
+            let field = schema.field_with_name(c).map_err(|_| {
+                NodeError::Invalid(format!("bucket.key column {c:?} is not in the schema"))
             })?;
             mink_log::routing::check_key_type(field.data_type())?;
         }
@@ -208,11 +243,15 @@ impl Node {
             Ok(other) => return Err(NodeError::Failed(format!("unexpected reply {other:?}"))),
             Err(r) => return Err(rejected(&r)),
         }
-        // Leaders are assigned by the coordinator and the streams opened by the leaders; give
-        // them a moment so that a write right after the create finds its buckets ready.
+        self.await_leaders(&spec.database, &spec.name).await
+    }
+
+    /// Leaders are assigned by the coordinator and the streams opened by the leaders; give
+    /// them a moment so that a write right after a create finds its buckets ready.
+    async fn await_leaders(&self, database: &str, table: &str) -> NodeResult<TableInfo> {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         loop {
-            let info = self.describe_table(&spec.database, &spec.name)?;
+            let info = self.describe_table(database, table)?;
             let ready = info.buckets.iter().all(|b| {
                 b.leader_node_id != 0
                     && (b.leader_node_id != self.node_id() || self.leads(info.table_id, b))
@@ -221,6 +260,157 @@ impl Node {
                 return Ok(info);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Changes a table's options or grows its schema (new nullable columns at the end).
+    pub async fn alter_table(
+        &self,
+        database: &str,
+        table: &str,
+        change: TableChange,
+    ) -> NodeResult<TableInfo> {
+        let record = self.table_record(database, table)?;
+        let mut options = record.options.clone();
+        options.extend(change.set_options.clone());
+        for k in &change.reset_options {
+            options.remove(k);
+        }
+        TableOptions::parse(&options)?;
+        let new_schema = match &change.schema {
+            Some(schema) => {
+                codec::check_evolution(&*self.table_schema(&record)?, schema)?;
+                codec::encode_schema(schema)?
+            }
+            None => Vec::new(),
+        };
+        let proposed = self
+            .inner
+            .sink
+            .propose(Command::AlterTable(AlterTable {
+                table_id: record.table_id,
+                set_options: change.set_options,
+                reset_options: change.reset_options,
+                new_schema,
+                expected_schema_version: record.schema_version,
+            }))
+            .await?;
+        match proposed.result {
+            Ok(_) => self.describe_table(database, table),
+            Err(r) if r.kind() == RejectionKind::Conflict => Err(NodeError::Unavailable(format!(
+                "{database}.{table} changed concurrently: {}; describe it and retry",
+                r.message
+            ))),
+            Err(r) => Err(rejected(&r)),
+        }
+    }
+
+    /// Creates a partition (by name: the partition-key values joined by `$`) and waits for its
+    /// buckets' leaders. Writes create partitions themselves; this is for ahead-of-time setup.
+    pub async fn create_partition(
+        &self,
+        database: &str,
+        table: &str,
+        name: &str,
+        if_not_exists: bool,
+    ) -> NodeResult<PartitionInfo> {
+        let record = self.table_record(database, table)?;
+        let existed = self
+            .view()
+            .state
+            .partition_names
+            .contains_key(&(record.table_id, name.to_string()));
+        if existed && !if_not_exists {
+            return Err(NodeError::AlreadyExists(format!(
+                "partition {name:?} of {database}.{table} already exists"
+            )));
+        }
+        self.ensure_partition(&record, name).await?;
+        let info = self.await_leaders(database, table).await?;
+        info.partitions
+            .into_iter()
+            .find(|p| p.name == name)
+            .ok_or_else(|| {
+                NodeError::NotFound(format!(
+                    "partition {name:?} of {database}.{table} was dropped meanwhile"
+                ))
+            })
+    }
+
+    /// The id of a partition, created if it does not exist yet.
+    pub(crate) async fn ensure_partition(
+        &self,
+        record: &TableRecord,
+        name: &str,
+    ) -> NodeResult<u64> {
+        if !record.is_partitioned() {
+            return Err(NodeError::Invalid(format!(
+                "{}.{} is not partitioned",
+                record.database, record.name
+            )));
+        }
+        let view = self.view();
+        if let Some(id) = view
+            .state
+            .partition_names
+            .get(&(record.table_id, name.to_string()))
+        {
+            return Ok(*id);
+        }
+        let values = mink_log::routing::partition_values(&record.partition_keys, name)?;
+        let count = view
+            .state
+            .partitions
+            .range((record.table_id, 0)..=(record.table_id, u64::MAX))
+            .count();
+        if count >= MAX_PARTITIONS_PER_TABLE {
+            return Err(NodeError::Invalid(format!(
+                "{}.{} already has {count} partitions, the most a table may have; drop old ones",
+                record.database, record.name
+            )));
+        }
+        let proposed = self
+            .inner
+            .sink
+            .propose(Command::CreatePartition(CreatePartition {
+                table_id: record.table_id,
+                name: name.to_string(),
+                values,
+            }))
+            .await?;
+        match proposed.result {
+            Ok(outcome) => match outcome.into_reply() {
+                Reply::Table(created) => Ok(created.partition_id),
+                other => Err(NodeError::Failed(format!("unexpected reply {other:?}"))),
+            },
+            Err(r) => Err(rejected(&r)),
+        }
+    }
+
+    pub async fn drop_partition(
+        &self,
+        database: &str,
+        table: &str,
+        name: &str,
+        if_exists: bool,
+    ) -> NodeResult<()> {
+        let record = self.table_record(database, table)?;
+        let proposed = self
+            .inner
+            .sink
+            .propose(Command::DropPartition(DropPartition {
+                table_id: record.table_id,
+                name: name.to_string(),
+            }))
+            .await?;
+        match proposed.result {
+            Ok(Outcome::Done(_)) => Ok(()),
+            Ok(Outcome::Redundant(_)) if if_exists => Ok(()),
+            Ok(Outcome::Redundant(_)) => Err(NodeError::NotFound(format!(
+                "partition {name:?} of {database}.{table} does not exist"
+            ))),
+            Err(r) if r.kind() == RejectionKind::NotFound && if_exists => Ok(()),
+            Err(r) => Err(rejected(&r)),
         }
     }
 
@@ -264,6 +454,10 @@ impl Node {
                 let stream = state.streams.get(&b.stream_id);
                 BucketInfo {
                     partition_id: b.partition_id,
+                    partition: state
+                        .partitions
+                        .get(&(b.table_id, b.partition_id))
+                        .map(|p| p.name.clone()),
                     bucket: b.bucket,
                     stream_id: b.stream_id,
                     leader_node_id: b.leader_node_id,
@@ -290,6 +484,16 @@ impl Node {
             bucket_key: record.bucket_key.clone(),
             comment: record.comment.clone(),
             created_at_ms: record.created_at_ms,
+            partitions: state
+                .partitions
+                .range((record.table_id, 0)..=(record.table_id, u64::MAX))
+                .map(|(_, p)| PartitionInfo {
+                    partition_id: p.partition_id,
+                    name: p.name.clone(),
+                    values: p.values.clone(),
+                    created_at_ms: p.created_at_ms,
+                })
+                .collect(),
             buckets,
         })
     }

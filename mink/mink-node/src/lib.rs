@@ -10,9 +10,14 @@
 mod catalog;
 mod leadership;
 mod node;
+mod retention;
 
-pub use catalog::{BucketInfo, TableInfo, TableSpec};
-pub use node::{BucketWrite, Node, NodeConfig, WriterId};
+pub use catalog::{
+    BucketInfo, MAX_PARTITIONS_PER_TABLE, PartitionInfo, TableChange, TableInfo, TableSpec,
+};
+pub use node::{
+    BucketWrite, MAX_NEW_PARTITIONS_PER_WRITE, Node, NodeConfig, WriteTarget, WriterId,
+};
 
 /// Errors of node operations, classed by who can act (they map onto gRPC statuses).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -25,9 +30,10 @@ pub enum NodeError {
     #[error("{0}")]
     Invalid(String),
     /// The bucket is led by another node: send the request there.
-    #[error("bucket {bucket} of table {table} is led by node {leader} at {address}")]
+    #[error("bucket {bucket}{} of table {table} is led by node {leader} at {address}", partition.as_ref().map(|p| format!(" of partition {p:?}")).unwrap_or_default())]
     NotLeader {
         table: String,
+        partition: Option<String>,
         bucket: u32,
         leader: u64,
         address: String,

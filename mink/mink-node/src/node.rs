@@ -6,7 +6,7 @@ use std::time::Duration;
 use arrow::array::RecordBatch;
 use mink_log::LogTablet;
 use mink_log::options::TableOptions;
-use mink_log::routing::split_by_bucket;
+use mink_log::routing::{split_by_bucket, split_by_partition};
 use mink_metadata::{BucketKey, BucketRecord, TableRecord, View};
 use mink_sql::{Sink, SinkConfig};
 use s3stream::{AppendAck, CompactionConfig, EngineConfig, S3Stream, WriterBatchId};
@@ -30,6 +30,8 @@ pub struct NodeConfig {
     pub compaction: CompactionConfig,
     /// How often leadership is reconciled with the metadata view.
     pub leadership_interval: Duration,
+    /// How often leaders apply `table.log.ttl` to their buckets.
+    pub retention_interval: Duration,
 }
 
 impl NodeConfig {
@@ -43,6 +45,7 @@ impl NodeConfig {
             engine: EngineConfig::default(),
             compaction: CompactionConfig::default(),
             leadership_interval: Duration::from_millis(200),
+            retention_interval: Duration::from_secs(60),
         }
     }
 }
@@ -57,17 +60,33 @@ pub struct WriterId {
 /// What happened to the rows of one bucket in a write.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BucketWrite {
+    /// The partition's name (partitioned tables only).
+    pub partition: Option<String>,
     pub partition_id: u64,
     pub bucket: u32,
     pub rows: usize,
     pub result: Result<AppendAck, NodeError>,
 }
 
-/// A bucket this node leads: its tablet at the leader epoch it was opened with.
-#[derive(Clone, Debug)]
+/// Where a write goes (see [`Node::write`]). The default routes every row by its values.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WriteTarget {
+    pub partition: Option<String>,
+    pub bucket: Option<u32>,
+    pub writer: Option<WriterBatchId>,
+}
+
+/// How long a write waits for a new bucket's first leader before answering "retry".
+const LEADER_WAIT: Duration = Duration::from_secs(5);
+
+/// Most partitions one write may create (see `MAX_PARTITIONS_PER_TABLE` for the table limit).
+pub const MAX_NEW_PARTITIONS_PER_WRITE: usize = 64;
+
+/// A bucket this node leads: its stream, opened at the leader epoch.
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct Led {
     pub(crate) leader_epoch: u64,
-    pub(crate) tablet: Arc<LogTablet>,
+    pub(crate) stream_id: u64,
 }
 
 pub(crate) struct Inner {
@@ -124,11 +143,12 @@ impl Node {
             }),
         };
         let leadership = tokio::spawn(crate::leadership::run(node.clone()));
+        let retention = tokio::spawn(crate::retention::run(node.clone()));
         node.inner
             .tasks
             .lock()
             .expect("tasks lock")
-            .push(leadership);
+            .extend([leadership, retention]);
         tracing::info!(node_id = node.inner.config.node_id, "node started");
         Ok(node)
     }
@@ -186,193 +206,314 @@ impl Node {
 
     /// The tablet of a bucket this node leads, or where to go instead. A bucket the metadata
     /// says this node leads but the leadership loop has not opened yet is opened now, so a
-    /// client redirected here does not bounce.
+    /// client redirected here does not bounce; a bucket without a leader yet (a partition
+    /// created a moment ago) is waited for, briefly.
     pub async fn tablet(
         &self,
         table: &TableRecord,
         partition_id: u64,
         bucket: u32,
-    ) -> NodeResult<Arc<LogTablet>> {
+    ) -> NodeResult<LogTablet> {
         let key = (table.table_id, partition_id, bucket);
-        if let Some(led) = self.inner.led.read().expect("led lock").get(&key) {
-            return Ok(Arc::clone(&led.tablet));
-        }
-        let view = self.view();
-        let record = view.state.buckets.get(&key).ok_or_else(|| {
-            NodeError::NotFound(format!(
-                "bucket {bucket} of {}.{} does not exist",
-                table.database, table.name
-            ))
-        })?;
-        if record.leader_node_id == 0 {
-            return Err(NodeError::Unavailable(format!(
-                "bucket {bucket} of {}.{} has no leader yet; retry",
-                table.database, table.name
-            )));
-        }
-        let me = self.inner.sink.node();
-        if record.leader_node_id == me.node_id {
-            if record.leader_node_epoch != me.node_epoch {
-                return Err(NodeError::Unavailable(format!(
-                    "bucket {bucket} of {}.{} is being moved off this node's previous life; retry",
-                    table.database, table.name
-                )));
+        let schema = self.table_schema(table)?;
+        let options = TableOptions::parse(&table.options)?;
+        let deadline = tokio::time::Instant::now() + LEADER_WAIT;
+        loop {
+            let led = self.inner.led.read().expect("led lock").get(&key).cloned();
+            if let Some(led) = led {
+                return Ok(LogTablet::new(
+                    self.inner.streams.clone(),
+                    led.stream_id,
+                    schema,
+                    options.compression,
+                ));
             }
-            return self.lead(table, record).await;
+            let view = self.view();
+            let record = view.state.buckets.get(&key).ok_or_else(|| {
+                NodeError::NotFound(format!(
+                    "bucket {bucket} of {}.{} does not exist",
+                    table.database, table.name
+                ))
+            })?;
+            let me = self.inner.sink.node();
+            if record.leader_node_id == 0
+                || (record.leader_node_id == me.node_id
+                    && record.leader_node_epoch != me.node_epoch)
+            {
+                // The coordinator has not (re)assigned it yet.
+                let waited = tokio::time::timeout_at(
+                    deadline,
+                    self.inner.sink.wait_applied(view.applied_index + 1),
+                )
+                .await;
+                if waited.is_err() {
+                    return Err(NodeError::Unavailable(format!(
+                        "bucket {bucket} of {}.{} has no leader yet; retry",
+                        table.database, table.name
+                    )));
+                }
+                continue;
+            }
+            if record.leader_node_id == me.node_id {
+                let stream_id = self.lead(table, record).await?;
+                return Ok(LogTablet::new(
+                    self.inner.streams.clone(),
+                    stream_id,
+                    schema,
+                    options.compression,
+                ));
+            }
+            let address = view
+                .state
+                .nodes
+                .get(&record.leader_node_id)
+                .map(|n| n.address.clone())
+                .unwrap_or_default();
+            return Err(NodeError::NotLeader {
+                table: format!("{}.{}", table.database, table.name),
+                partition: view
+                    .state
+                    .partitions
+                    .get(&(table.table_id, partition_id))
+                    .map(|p| p.name.clone()),
+                bucket,
+                leader: record.leader_node_id,
+                address,
+            });
         }
-        let address = view
-            .state
-            .nodes
-            .get(&record.leader_node_id)
-            .map(|n| n.address.clone())
-            .unwrap_or_default();
-        Err(NodeError::NotLeader {
-            table: format!("{}.{}", table.database, table.name),
-            bucket,
-            leader: record.leader_node_id,
-            address,
-        })
     }
 
     /// Opens the stream of a bucket this node leads at the bucket's leader epoch (fencing the
-    /// previous writer) and keeps its tablet. Idempotent: reopening at the same epoch keeps the
-    /// appends in flight.
-    pub(crate) async fn lead(
-        &self,
-        table: &TableRecord,
-        b: &BucketRecord,
-    ) -> NodeResult<Arc<LogTablet>> {
+    /// previous writer) and remembers it. Idempotent: reopening at the same epoch keeps the
+    /// appends in flight. Returns the stream id.
+    pub(crate) async fn lead(&self, table: &TableRecord, b: &BucketRecord) -> NodeResult<u64> {
         let key = (b.table_id, b.partition_id, b.bucket);
         let _opening = self.inner.opening.lock().await;
         if let Some(led) = self.inner.led.read().expect("led lock").get(&key)
             && led.leader_epoch == b.leader_epoch
         {
-            return Ok(Arc::clone(&led.tablet));
+            return Ok(led.stream_id);
         }
-        let schema = self.table_schema(table)?;
-        let options = TableOptions::parse(&table.options)?;
         self.inner.streams.open(b.stream_id, b.leader_epoch).await?;
         tracing::info!(
             table = %table.name,
+            partition = b.partition_id,
             bucket = b.bucket,
             leader_epoch = b.leader_epoch,
             "leading bucket"
         );
-        let tablet = Arc::new(LogTablet::new(
-            self.inner.streams.clone(),
-            b.stream_id,
-            schema,
-            options.compression,
-        ));
         self.inner.led.write().expect("led lock").insert(
             key,
             Led {
                 leader_epoch: b.leader_epoch,
-                tablet: Arc::clone(&tablet),
+                stream_id: b.stream_id,
             },
         );
-        Ok(tablet)
+        Ok(b.stream_id)
     }
-    /// Writes `batch` to a table. Without `bucket`, rows are routed by the bucket key (or the
-    /// whole batch goes to the next bucket, round-robin, for a table without one). With
-    /// `bucket`, every row must belong to it, and `writer` (with its per-bucket sequence) makes
-    /// the write idempotent. Returns a result per bucket, so a client can retry only what failed.
+
+    /// Writes `batch` to a table.
+    ///
+    /// Routed (no `target.bucket`): rows go to their partition (created if new) and, by the
+    /// bucket key, to their bucket; a table without a bucket key puts the whole batch (per
+    /// partition) in the next bucket, round-robin. Targeted (`target.bucket`, and
+    /// `target.partition` for a partitioned table): every row must belong there, and
+    /// `target.writer` (with its per-bucket sequence) makes the write idempotent.
+    ///
+    /// Returns a result per bucket, so a client can retry only what failed. An error for the
+    /// whole request (unknown table, rows that do not fit the schema) stores nothing.
     pub async fn write(
         &self,
         database: &str,
         table: &str,
         batch: &RecordBatch,
-        bucket: Option<u32>,
-        writer: Option<WriterBatchId>,
+        target: &WriteTarget,
     ) -> NodeResult<Vec<BucketWrite>> {
         let record = self.table_record(database, table)?;
-        if record.is_partitioned() {
-            return Err(NodeError::Invalid(format!(
-                "{database}.{table} is partitioned: write to a partition (not supported yet)"
-            )));
-        }
         let options = TableOptions::parse(&record.options)?;
         let schema = self.table_schema(&record)?;
         let batch = mink_log::codec::check_batch(&schema, batch)?;
+        if batch.num_rows() == 0 {
+            return Ok(Vec::new());
+        }
+        let index_of = |c: &String| {
+            schema
+                .index_of(c)
+                .map_err(|e| NodeError::Invalid(e.to_string()))
+        };
         let key: Vec<usize> = options
             .bucket_key
             .iter()
-            .map(|c| {
-                schema
-                    .index_of(c)
-                    .map_err(|e| NodeError::Invalid(e.to_string()))
-            })
+            .map(index_of)
             .collect::<NodeResult<_>>()?;
-        let parts: Vec<(u32, RecordBatch)> = match (bucket, key.is_empty()) {
-            (Some(b), _) if b >= record.bucket_count => {
-                return Err(NodeError::Invalid(format!(
-                    "bucket {b} does not exist: {database}.{table} has {} buckets",
-                    record.bucket_count
-                )));
-            }
-            (Some(b), true) => vec![(b, batch)],
-            (Some(b), false) => {
-                let parts = split_by_bucket(&batch, &key, record.bucket_count)?;
-                if parts.iter().any(|(p, _)| *p != b) {
-                    return Err(NodeError::Invalid(format!(
-                        "the batch for bucket {b} holds rows of other buckets (see the routing function)"
-                    )));
-                }
-                parts
-            }
-            (None, true) => {
-                let b = self.inner.round_robin.fetch_add(1, Ordering::Relaxed)
-                    % u64::from(record.bucket_count);
-                vec![(u32::try_from(b).unwrap_or(0), batch)]
-            }
-            (None, false) => split_by_bucket(&batch, &key, record.bucket_count)?,
-        };
-        if writer.is_some() && bucket.is_none() {
+        if target.writer.is_some() && target.bucket.is_none() {
             return Err(NodeError::Invalid(
                 "an idempotent write names its bucket (writers route rows themselves)".into(),
             ));
         }
-        let writes = parts.into_iter().map(|(b, part)| {
-            let record = &record;
-            async move {
+        if let Some(b) = target.bucket
+            && b >= record.bucket_count
+        {
+            return Err(NodeError::Invalid(format!(
+                "bucket {b} does not exist: {database}.{table} has {} buckets",
+                record.bucket_count
+            )));
+        }
+        // Partitions first (all rows checked before anything is created or stored).
+        let by_partition: Vec<(Option<String>, RecordBatch)> = if record.is_partitioned() {
+            let pkey: Vec<usize> = record
+                .partition_keys
+                .iter()
+                .map(index_of)
+                .collect::<NodeResult<_>>()?;
+            let parts = split_by_partition(&batch, &pkey)?;
+            if let Some(p) = &target.partition
+                && parts.iter().any(|(name, _)| name != p)
+            {
+                return Err(NodeError::Invalid(format!(
+                    "the batch for partition {p:?} holds rows of other partitions"
+                )));
+            }
+            if target.bucket.is_some() && target.partition.is_none() {
+                return Err(NodeError::Invalid(format!(
+                    "{database}.{table} is partitioned: a write to a bucket names its partition too"
+                )));
+            }
+            let new = parts
+                .iter()
+                .filter(|(name, _)| {
+                    !self
+                        .view()
+                        .state
+                        .partition_names
+                        .contains_key(&(record.table_id, name.clone()))
+                })
+                .count();
+            if new > MAX_NEW_PARTITIONS_PER_WRITE {
+                return Err(NodeError::Invalid(format!(
+                    "the batch would create {new} partitions; at most {MAX_NEW_PARTITIONS_PER_WRITE} per write (create them ahead, or check the partition columns)"
+                )));
+            }
+            parts.into_iter().map(|(n, b)| (Some(n), b)).collect()
+        } else {
+            if let Some(p) = &target.partition {
+                return Err(NodeError::Invalid(format!(
+                    "{database}.{table} is not partitioned, yet the write names partition {p:?}"
+                )));
+            }
+            vec![(None, batch)]
+        };
+        let mut parts: Vec<(Option<String>, u64, u32, RecordBatch)> = Vec::new();
+        for (partition, batch) in by_partition {
+            let partition_id = match &partition {
+                Some(name) => self.ensure_partition(&record, name).await?,
+                None => 0,
+            };
+            match (target.bucket, key.is_empty()) {
+                (Some(b), true) => parts.push((partition, partition_id, b, batch)),
+                (Some(b), false) => {
+                    let split = split_by_bucket(&batch, &key, record.bucket_count)?;
+                    if split.iter().any(|(p, _)| *p != b) {
+                        return Err(NodeError::Invalid(format!(
+                            "the batch for bucket {b} holds rows of other buckets (see the routing function)"
+                        )));
+                    }
+                    parts.push((partition, partition_id, b, batch));
+                }
+                (None, true) => {
+                    let b = self.inner.round_robin.fetch_add(1, Ordering::Relaxed)
+                        % u64::from(record.bucket_count);
+                    parts.push((
+                        partition,
+                        partition_id,
+                        u32::try_from(b).unwrap_or(0),
+                        batch,
+                    ));
+                }
+                (None, false) => {
+                    for (b, part) in split_by_bucket(&batch, &key, record.bucket_count)? {
+                        parts.push((partition.clone(), partition_id, b, part));
+                    }
+                }
+            }
+        }
+        let writer = target.writer;
+        let record = &record;
+        let writes = parts
+            .into_iter()
+            .map(|(partition, partition_id, b, part)| async move {
                 let rows = part.num_rows();
-                let result = match self.tablet(record, 0, b).await {
+                let result = match self.tablet(record, partition_id, b).await {
                     Ok(tablet) => tablet.append(&part, writer).await.map_err(NodeError::from),
                     Err(e) => Err(e),
                 };
                 BucketWrite {
-                    partition_id: 0,
+                    partition,
+                    partition_id,
                     bucket: b,
                     rows,
                     result,
                 }
-            }
-        });
+            });
         // Concurrently: the engine puts them in one object, one flush delay for all.
         Ok(futures::future::join_all(writes).await)
     }
 
+    /// A bucket of a table by partition name (`None` for an unpartitioned table).
+    fn bucket_record(
+        &self,
+        view: &View,
+        record: &TableRecord,
+        partition: Option<&str>,
+        bucket: u32,
+    ) -> NodeResult<BucketRecord> {
+        let name = format!("{}.{}", record.database, record.name);
+        let partition_id = match (partition, record.is_partitioned()) {
+            (None, false) => 0,
+            (Some(p), true) => *view
+                .state
+                .partition_names
+                .get(&(record.table_id, p.to_string()))
+                .ok_or_else(|| {
+                    NodeError::NotFound(format!("partition {p:?} of {name} does not exist"))
+                })?,
+            (None, true) => {
+                return Err(NodeError::Invalid(format!(
+                    "{name} is partitioned: name the partition to read"
+                )));
+            }
+            (Some(p), false) => {
+                return Err(NodeError::Invalid(format!(
+                    "{name} is not partitioned, yet the request names partition {p:?}"
+                )));
+            }
+        };
+        view.state
+            .buckets
+            .get(&(record.table_id, partition_id, bucket))
+            .cloned()
+            .ok_or_else(|| {
+                NodeError::NotFound(format!(
+                    "bucket {bucket} of {name} does not exist (it has {} buckets)",
+                    record.bucket_count
+                ))
+            })
+    }
+
     /// Reads a bucket from `offset` (any node can read; no leadership needed).
+    #[allow(clippy::too_many_arguments)]
     pub async fn read(
         &self,
         database: &str,
         table: &str,
+        partition: Option<&str>,
         bucket: u32,
         offset: u64,
         max_bytes: usize,
         columns: &[String],
     ) -> NodeResult<Vec<mink_log::ReadBatch>> {
         let record = self.table_record(database, table)?;
-        let view = self.view();
-        let b = view
-            .state
-            .buckets
-            .get(&(record.table_id, 0, bucket))
-            .ok_or_else(|| {
-                NodeError::NotFound(format!(
-                    "bucket {bucket} of {database}.{table} does not exist"
-                ))
-            })?;
+        let b = self.bucket_record(&self.view(), &record, partition, bucket)?;
         let schema = self.table_schema(&record)?;
         let options = TableOptions::parse(&record.options)?;
         let tablet = LogTablet::new(
@@ -384,24 +525,17 @@ impl Node {
         Ok(tablet.read(offset, max_bytes, columns).await?)
     }
 
-    /// The committed end (high watermark) and start of a bucket.
+    /// The start and the committed end (high watermark) of a bucket.
     pub fn bucket_offsets(
         &self,
         database: &str,
         table: &str,
+        partition: Option<&str>,
         bucket: u32,
     ) -> NodeResult<(u64, u64)> {
         let record = self.table_record(database, table)?;
         let view = self.view();
-        let b = view
-            .state
-            .buckets
-            .get(&(record.table_id, 0, bucket))
-            .ok_or_else(|| {
-                NodeError::NotFound(format!(
-                    "bucket {bucket} of {database}.{table} does not exist"
-                ))
-            })?;
+        let b = self.bucket_record(&view, &record, partition, bucket)?;
         let s =
             view.state.streams.get(&b.stream_id).ok_or_else(|| {
                 NodeError::NotFound(format!("the stream of bucket {bucket} is gone"))
@@ -410,10 +544,12 @@ impl Node {
     }
 
     /// Waits (at most `limit`) until a bucket's committed end passes `offset`: tailing.
+    /// Returns the committed end.
     pub async fn wait_for_data(
         &self,
         database: &str,
         table: &str,
+        partition: Option<&str>,
         bucket: u32,
         offset: u64,
         limit: Duration,
@@ -421,7 +557,7 @@ impl Node {
         let deadline = tokio::time::Instant::now() + limit;
         loop {
             let applied = self.view().applied_index;
-            let (_, end) = self.bucket_offsets(database, table, bucket)?;
+            let (_, end) = self.bucket_offsets(database, table, partition, bucket)?;
             if end > offset {
                 return Ok(end);
             }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Int64Type, Schema};
-use mink_node::{Node, NodeConfig, NodeError, TableSpec};
+use mink_node::{Node, NodeConfig, NodeError, TableChange, TableSpec, WriteTarget};
 
 fn config(dir: &std::path::Path, node_id: u64) -> NodeConfig {
     let mut c = NodeConfig::new(
@@ -60,7 +60,7 @@ fn spec(name: &str, buckets: u32) -> TableSpec {
 async fn read_bucket(node: &Node, table: &str, bucket: u32) -> Vec<i64> {
     let mut ids = Vec::new();
     for b in node
-        .read("app", table, bucket, 0, 1 << 20, &[])
+        .read("app", table, None, bucket, 0, 1 << 20, &[])
         .await
         .unwrap()
     {
@@ -95,7 +95,7 @@ async fn a_node_creates_writes_and_reads_a_log_table() {
     );
     // Routed by user_id: every row exactly once, each in its bucket.
     let writes = node
-        .write("app", "events", &batch(0..100), None, None)
+        .write("app", "events", &batch(0..100), &WriteTarget::default())
         .await
         .unwrap();
     assert!(writes.iter().all(|w| w.result.is_ok()), "{writes:?}");
@@ -112,10 +112,10 @@ async fn a_node_creates_writes_and_reads_a_log_table() {
     all.sort_unstable();
     assert_eq!(all, (0..100).collect::<Vec<_>>());
     // Projection and offsets.
-    let (start, end) = node.bucket_offsets("app", "events", 0).unwrap();
+    let (start, end) = node.bucket_offsets("app", "events", None, 0).unwrap();
     assert_eq!(start, 0);
     let read = node
-        .read("app", "events", 0, 0, 1 << 20, &["event".into()])
+        .read("app", "events", None, 0, 0, 1 << 20, &["event".into()])
         .await
         .unwrap();
     assert_eq!(read[0].batch.num_columns(), 1);
@@ -130,19 +130,32 @@ async fn a_node_creates_writes_and_reads_a_log_table() {
     )])
     .unwrap();
     assert!(matches!(
-        node.write("app", "events", &bad, None, None).await,
-        Err(NodeError::Invalid(_))
-    ));
-    assert!(matches!(
-        node.write("app", "nope", &batch(0..1), None, None).await,
-        Err(NodeError::NotFound(_))
-    ));
-    assert!(matches!(
-        node.write("app", "events", &batch(0..1), Some(9), None)
+        node.write("app", "events", &bad, &WriteTarget::default())
             .await,
         Err(NodeError::Invalid(_))
     ));
-    assert_eq!(node.bucket_offsets("app", "events", 0).unwrap().1, end);
+    assert!(matches!(
+        node.write("app", "nope", &batch(0..1), &WriteTarget::default())
+            .await,
+        Err(NodeError::NotFound(_))
+    ));
+    assert!(matches!(
+        node.write(
+            "app",
+            "events",
+            &batch(0..1),
+            &WriteTarget {
+                bucket: Some(9),
+                ..Default::default()
+            }
+        )
+        .await,
+        Err(NodeError::Invalid(_))
+    ));
+    assert_eq!(
+        node.bucket_offsets("app", "events", None, 0).unwrap().1,
+        end
+    );
     let mut bad_options = spec("bad", 1);
     bad_options
         .options
@@ -205,7 +218,10 @@ async fn buckets_spread_over_nodes_and_writes_are_told_where_to_go() {
         ),
     ])
     .unwrap();
-    let at_a = a.write("app", "spread", &rows, None, None).await.unwrap();
+    let at_a = a
+        .write("app", "spread", &rows, &WriteTarget::default())
+        .await
+        .unwrap();
     match &at_a[0].result {
         Err(NodeError::NotLeader {
             leader, address, ..
@@ -214,7 +230,10 @@ async fn buckets_spread_over_nodes_and_writes_are_told_where_to_go() {
         }
         other => panic!("expected a redirect, got {other:?}"),
     }
-    let at_b = b.write("app", "spread", &rows, None, None).await.unwrap();
+    let at_b = b
+        .write("app", "spread", &rows, &WriteTarget::default())
+        .await
+        .unwrap();
     assert!(at_b[0].result.is_ok(), "{at_b:?}");
     // Any node reads any bucket.
     b.wait_applied(a.view().applied_index, Duration::from_secs(5))
@@ -235,7 +254,7 @@ async fn a_restarted_node_takes_its_buckets_back_at_a_new_leader_epoch() {
     node.create_database("app", false).await.unwrap();
     let before = node.create_table(spec("events", 2)).await.unwrap();
     let writes = node
-        .write("app", "events", &batch(0..10), None, None)
+        .write("app", "events", &batch(0..10), &WriteTarget::default())
         .await
         .unwrap();
     assert!(writes.iter().all(|w| w.result.is_ok()), "{writes:?}");
@@ -262,7 +281,7 @@ async fn a_restarted_node_takes_its_buckets_back_at_a_new_leader_epoch() {
         assert!(a.leader_epoch > b.leader_epoch, "{before:?} {after:?}");
     }
     let writes = node
-        .write("app", "events", &batch(10..20), None, None)
+        .write("app", "events", &batch(10..20), &WriteTarget::default())
         .await
         .unwrap();
     assert!(writes.iter().all(|w| w.result.is_ok()), "{writes:?}");
@@ -274,4 +293,250 @@ async fn a_restarted_node_takes_its_buckets_back_at_a_new_leader_epoch() {
     all.sort_unstable();
     assert_eq!(all, (0..20).collect::<Vec<_>>());
     node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn partitioned_tables_create_partitions_on_write_and_read_per_partition() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(config(dir.path(), 1)).await.unwrap();
+    node.create_database("app", false).await.unwrap();
+    let mut s = spec("daily", 2);
+    s.schema = Schema::new(vec![
+        Field::new("user_id", DataType::Int64, false),
+        Field::new("event", DataType::Utf8, true),
+        Field::new("day", DataType::Utf8, false),
+    ]);
+    s.partition_keys = vec!["day".into()];
+    let info = node.create_table(s).await.unwrap();
+    assert!(info.buckets.is_empty() && info.partitions.is_empty());
+    let rows = |ids: Vec<i64>, days: Vec<&str>| {
+        RecordBatch::try_from_iter(vec![
+            ("user_id", Arc::new(Int64Array::from(ids)) as ArrayRef),
+            (
+                "event",
+                Arc::new(StringArray::from(vec!["x"; days.len()])) as ArrayRef,
+            ),
+            ("day", Arc::new(StringArray::from(days)) as ArrayRef),
+        ])
+        .unwrap()
+    };
+    let writes = node
+        .write(
+            "app",
+            "daily",
+            &rows(vec![1, 2, 3, 4], vec!["d1", "d2", "d1", "d2"]),
+            &WriteTarget::default(),
+        )
+        .await
+        .unwrap();
+    assert!(writes.iter().all(|w| w.result.is_ok()), "{writes:?}");
+    assert_eq!(writes.iter().map(|w| w.rows).sum::<usize>(), 4);
+    let info = node.describe_table("app", "daily").unwrap();
+    let names: Vec<&str> = info.partitions.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["d1", "d2"]);
+    assert_eq!(info.buckets.len(), 4);
+    let mut d1 = Vec::new();
+    for b in 0..2 {
+        for r in node
+            .read("app", "daily", Some("d1"), b, 0, 1 << 20, &[])
+            .await
+            .unwrap()
+        {
+            d1.extend(
+                r.batch
+                    .column(0)
+                    .as_primitive::<Int64Type>()
+                    .values()
+                    .iter()
+                    .copied(),
+            );
+        }
+    }
+    d1.sort_unstable();
+    assert_eq!(d1, [1, 3]);
+    // Precise errors: no partition named, unknown partition, rows of another partition.
+    assert!(matches!(
+        node.read("app", "daily", None, 0, 0, 1 << 20, &[]).await,
+        Err(NodeError::Invalid(_))
+    ));
+    assert!(matches!(
+        node.read("app", "daily", Some("d9"), 0, 0, 1 << 20, &[])
+            .await,
+        Err(NodeError::NotFound(_))
+    ));
+    let target = WriteTarget {
+        partition: Some("d1".into()),
+        bucket: Some(0),
+        writer: None,
+    };
+    assert!(matches!(
+        node.write("app", "daily", &rows(vec![5], vec!["d2"]), &target)
+            .await,
+        Err(NodeError::Invalid(_))
+    ));
+    let bad = rows(vec![1], vec!["a$b"]);
+    assert!(matches!(
+        node.write("app", "daily", &bad, &WriteTarget::default())
+            .await,
+        Err(NodeError::Invalid(_))
+    ));
+    // Ahead-of-time creation and drop.
+    node.create_partition("app", "daily", "d3", false)
+        .await
+        .unwrap();
+    assert!(matches!(
+        node.create_partition("app", "daily", "d3", false).await,
+        Err(NodeError::AlreadyExists(_))
+    ));
+    node.drop_partition("app", "daily", "d1", false)
+        .await
+        .unwrap();
+    assert!(matches!(
+        node.read("app", "daily", Some("d1"), 0, 0, 1 << 20, &[])
+            .await,
+        Err(NodeError::NotFound(_))
+    ));
+    let names: Vec<String> = node
+        .describe_table("app", "daily")
+        .unwrap()
+        .partitions
+        .into_iter()
+        .map(|p| p.name)
+        .collect();
+    assert_eq!(names, ["d2", "d3"]);
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn altering_a_table_grows_its_schema_and_old_rows_read_with_nulls() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(config(dir.path(), 1)).await.unwrap();
+    node.create_database("app", false).await.unwrap();
+    node.create_table(spec("events", 1)).await.unwrap();
+    node.write("app", "events", &batch(0..3), &WriteTarget::default())
+        .await
+        .unwrap();
+    let mut fields = schema().fields().to_vec();
+    fields.push(Arc::new(Field::new("score", DataType::Float64, true)));
+    let grown = Schema::new(fields);
+    let info = node
+        .alter_table(
+            "app",
+            "events",
+            TableChange {
+                set_options: BTreeMap::from([("table.log.ttl".into(), "1d".into())]),
+                schema: Some(grown.clone()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(info.schema_version, 2);
+    assert_eq!(info.options["table.log.ttl"], "1d");
+    // The old shape is now refused; the new one is stored.
+    assert!(matches!(
+        node.write("app", "events", &batch(3..4), &WriteTarget::default())
+            .await,
+        Err(NodeError::Invalid(_))
+    ));
+    let mut columns = batch(3..5).columns().to_vec();
+    columns.push(Arc::new(arrow::array::Float64Array::from(vec![0.5, 1.5])));
+    let new_rows = RecordBatch::try_new(Arc::new(grown), columns).unwrap();
+    let w = node
+        .write("app", "events", &new_rows, &WriteTarget::default())
+        .await
+        .unwrap();
+    assert!(w[0].result.is_ok(), "{w:?}");
+    let read = node
+        .read("app", "events", None, 0, 0, 1 << 20, &[])
+        .await
+        .unwrap();
+    let scores: Vec<Option<f64>> = read
+        .iter()
+        .flat_map(|r| {
+            r.batch
+                .column(2)
+                .as_primitive::<arrow::datatypes::Float64Type>()
+                .iter()
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(scores, [None, None, None, Some(0.5), Some(1.5)]);
+    // Immutable options, dropped columns and bad values are refused.
+    for change in [
+        TableChange {
+            set_options: BTreeMap::from([("bucket.num".into(), "8".into())]),
+            ..Default::default()
+        },
+        TableChange {
+            set_options: BTreeMap::from([("table.log.ttl".into(), "later".into())]),
+            ..Default::default()
+        },
+        TableChange {
+            schema: Some(Schema::new(vec![Field::new(
+                "user_id",
+                DataType::Int64,
+                false,
+            )])),
+            ..Default::default()
+        },
+    ] {
+        assert!(matches!(
+            node.alter_table("app", "events", change).await,
+            Err(NodeError::Invalid(_))
+        ));
+    }
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn retention_trims_data_older_than_the_table_ttl() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), 1);
+    c.retention_interval = Duration::from_millis(50);
+    let node = Node::start(c).await.unwrap();
+    node.create_database("app", false).await.unwrap();
+    let mut s = spec("short", 1);
+    s.options.insert("table.log.ttl".into(), "300ms".into());
+    node.create_table(s).await.unwrap();
+    node.write("app", "short", &batch(0..5), &WriteTarget::default())
+        .await
+        .unwrap();
+    let (_, end) = node.bucket_offsets("app", "short", None, 0).unwrap();
+    assert_eq!(end, 5);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while node.bucket_offsets("app", "short", None, 0).unwrap().0 < 5 {
+        assert!(tokio::time::Instant::now() < deadline, "never trimmed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Reads below the start are refused precisely; new rows are kept.
+    assert!(
+        node.read("app", "short", None, 0, 0, 1 << 20, &[])
+            .await
+            .is_err()
+    );
+    node.write("app", "short", &batch(5..6), &WriteTarget::default())
+        .await
+        .unwrap();
+    assert_eq!(read_bucket_from(&node, "short", 5).await, [5]);
+    node.shutdown().await;
+}
+
+async fn read_bucket_from(node: &Node, table: &str, offset: u64) -> Vec<i64> {
+    let mut ids = Vec::new();
+    for b in node
+        .read("app", table, None, 0, offset, 1 << 20, &[])
+        .await
+        .unwrap()
+    {
+        ids.extend(
+            b.batch
+                .column(0)
+                .as_primitive::<Int64Type>()
+                .values()
+                .iter()
+                .copied(),
+        );
+    }
+    ids
 }
