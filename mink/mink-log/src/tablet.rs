@@ -2,7 +2,7 @@
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
-use s3stream::{AppendAck, S3Stream, WriterBatchId};
+use s3stream::{AppendAck, Appending, S3Stream, WriterBatchId};
 
 use crate::codec::{self, Compression};
 use crate::{LogError, LogResult};
@@ -47,6 +47,16 @@ impl LogTablet {
         batch: &RecordBatch,
         writer: Option<WriterBatchId>,
     ) -> LogResult<AppendAck> {
+        Ok(self.submit(batch, writer).await?.await?)
+    }
+
+    /// Like [`LogTablet::append`], but returns once the rows have their offsets (in submission
+    /// order); the [`Appending`] resolves when they are durable. For pipelining.
+    pub async fn submit(
+        &self,
+        batch: &RecordBatch,
+        writer: Option<WriterBatchId>,
+    ) -> LogResult<Appending> {
         let batch = codec::check_batch(&self.schema, batch)?;
         let rows = u32::try_from(batch.num_rows())
             .ok()
@@ -55,7 +65,7 @@ impl LogTablet {
         let bytes = codec::encode_batch(&batch, self.compression)?;
         Ok(self
             .streams
-            .append(self.stream_id, rows, bytes, writer)
+            .submit(self.stream_id, rows, bytes, writer)
             .await?)
     }
 

@@ -16,7 +16,8 @@ pub use catalog::{
     BucketInfo, MAX_PARTITIONS_PER_TABLE, PartitionInfo, TableChange, TableInfo, TableSpec,
 };
 pub use node::{
-    BucketWrite, MAX_NEW_PARTITIONS_PER_WRITE, Node, NodeConfig, WriteTarget, WriterId,
+    BucketWrite, MAX_NEW_PARTITIONS_PER_WRITE, Node, NodeConfig, PendingWrite, WriteTarget,
+    WriterId,
 };
 
 /// Errors of node operations, classed by who can act (they map onto gRPC statuses).

@@ -68,6 +68,27 @@ pub struct BucketWrite {
     pub result: Result<AppendAck, NodeError>,
 }
 
+/// A submitted write (see [`Node::submit_write`]): resolves to its per-bucket results.
+#[must_use = "a write is only known durable once this resolves"]
+pub struct PendingWrite(futures::future::BoxFuture<'static, Vec<BucketWrite>>);
+
+impl std::fmt::Debug for PendingWrite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PendingWrite")
+    }
+}
+
+impl Future for PendingWrite {
+    type Output = Vec<BucketWrite>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        self.0.as_mut().poll(cx)
+    }
+}
+
 /// Where a write goes (see [`Node::write`]). The default routes every row by its values.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct WriteTarget {
@@ -329,12 +350,28 @@ impl Node {
         batch: &RecordBatch,
         target: &WriteTarget,
     ) -> NodeResult<Vec<BucketWrite>> {
+        Ok(self
+            .submit_write(database, table, batch, target)
+            .await?
+            .await)
+    }
+
+    /// [`Node::write`] in two steps: returns once the rows have their offsets (writes submitted
+    /// one after another are stored in that order per bucket); the [`PendingWrite`] resolves
+    /// with the per-bucket results once they are durable. For pipelining a stream of batches.
+    pub async fn submit_write(
+        &self,
+        database: &str,
+        table: &str,
+        batch: &RecordBatch,
+        target: &WriteTarget,
+    ) -> NodeResult<PendingWrite> {
         let record = self.table_record(database, table)?;
         let options = TableOptions::parse(&record.options)?;
         let schema = self.table_schema(&record)?;
         let batch = mink_log::codec::check_batch(&schema, batch)?;
         if batch.num_rows() == 0 {
-            return Ok(Vec::new());
+            return Ok(PendingWrite(Box::pin(std::future::ready(Vec::new()))));
         }
         let index_of = |c: &String| {
             schema
@@ -437,26 +474,36 @@ impl Node {
                 }
             }
         }
-        let writer = target.writer;
-        let record = &record;
-        let writes = parts
-            .into_iter()
-            .map(|(partition, partition_id, b, part)| async move {
-                let rows = part.num_rows();
-                let result = match self.tablet(record, partition_id, b).await {
-                    Ok(tablet) => tablet.append(&part, writer).await.map_err(NodeError::from),
-                    Err(e) => Err(e),
-                };
-                BucketWrite {
-                    partition,
-                    partition_id,
-                    bucket: b,
-                    rows,
-                    result,
-                }
-            });
-        // Concurrently: the engine puts them in one object, one flush delay for all.
-        Ok(futures::future::join_all(writes).await)
+        let mut submitted = Vec::with_capacity(parts.len());
+        for (partition, partition_id, b, part) in parts {
+            let rows = part.num_rows();
+            let appending = match self.tablet(&record, partition_id, b).await {
+                Ok(tablet) => tablet
+                    .submit(&part, target.writer)
+                    .await
+                    .map_err(NodeError::from),
+                Err(e) => Err(e),
+            };
+            submitted.push((partition, partition_id, b, rows, appending));
+        }
+        // The engine puts them in one object: one flush delay for all of them.
+        Ok(PendingWrite(Box::pin(futures::future::join_all(
+            submitted.into_iter().map(
+                |(partition, partition_id, bucket, rows, appending)| async move {
+                    let result = match appending {
+                        Ok(appending) => appending.await.map_err(NodeError::from),
+                        Err(e) => Err(e),
+                    };
+                    BucketWrite {
+                        partition,
+                        partition_id,
+                        bucket,
+                        rows,
+                        result,
+                    }
+                },
+            ),
+        ))))
     }
 
     /// A bucket of a table by partition name (`None` for an unpartitioned table).

@@ -175,6 +175,35 @@ pub struct WriterBatchId {
     pub last_sequence: u64,
 }
 
+/// An append submitted to the write buffer (see [`S3Stream::submit`]): resolves once it is
+/// durable and committed, or failed.
+#[derive(Debug)]
+#[must_use = "an append is only known durable once this resolves"]
+pub struct Appending(Waiting);
+
+#[derive(Debug)]
+enum Waiting {
+    /// Answered without writing (an idempotent duplicate).
+    Ready(Option<AppendAck>),
+    Pending(oneshot::Receiver<Result<AppendAck, StreamError>>),
+}
+
+impl Future for Appending {
+    type Output = Result<AppendAck, StreamError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        match &mut self.0 {
+            Waiting::Ready(ack) => std::task::Poll::Ready(ack.take().ok_or(StreamError::Shutdown)),
+            Waiting::Pending(rx) => std::pin::Pin::new(rx)
+                .poll(cx)
+                .map(|r| r.map_err(|_| StreamError::Shutdown)?),
+        }
+    }
+}
+
 /// Where an append landed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AppendAck {
@@ -458,6 +487,21 @@ impl S3Stream {
         payload: Bytes,
         writer: Option<WriterBatchId>,
     ) -> Result<AppendAck, StreamError> {
+        self.submit(stream_id, count, payload, writer).await?.await
+    }
+
+    /// The first half of [`S3Stream::append`]: waits for room in the write buffer, then takes
+    /// the batch's offsets and returns; the returned [`Appending`] resolves once the batch is
+    /// durable. Batches submitted one after another to a stream are stored in that order, so
+    /// a caller can pipeline many appends (and idempotent sequences stay in order) while
+    /// waiting for their durability together.
+    pub async fn submit(
+        &self,
+        stream_id: u64,
+        count: u32,
+        payload: Bytes,
+        writer: Option<WriterBatchId>,
+    ) -> Result<Appending, StreamError> {
         let engine = &self.engine;
         if let Some(e) = self.failed() {
             return Err(e);
@@ -481,7 +525,7 @@ impl S3Stream {
             if let Some(w) = writer
                 && let Some(ack) = engine.committed_duplicate(stream_id, w)
             {
-                return Ok(ack);
+                return Ok(Appending(Waiting::Ready(Some(ack))));
             }
         }
         let permit = Arc::clone(&engine.budget)
@@ -498,7 +542,7 @@ impl S3Stream {
             if let Some(w) = writer
                 && let Some(ack) = engine.check_writer(stream_id, owned, w)?
             {
-                return Ok(ack);
+                return Ok(Appending(Waiting::Ready(Some(ack))));
             }
             let base_offset = owned.next_offset;
             owned.next_offset += u64::from(count);
@@ -528,7 +572,7 @@ impl S3Stream {
         };
         add(&engine.stats.appends, 1);
         add(&engine.stats.appended_bytes, size as u64);
-        rx.await.map_err(|_| StreamError::Shutdown)?
+        Ok(Appending(Waiting::Pending(rx)))
     }
 
     /// The stream's local state, if it may take appends.

@@ -21,6 +21,6 @@ pub mod store;
 pub use cache::CacheStats;
 pub use compaction::{CleanupReport, CompactionConfig, RoundReport};
 pub use engine::{
-    AppendAck, EngineConfig, EngineStats, S3Stream, StreamError, StreamInfo, WriterBatchId,
-    object_id_of, object_path,
+    AppendAck, Appending, EngineConfig, EngineStats, S3Stream, StreamError, StreamInfo,
+    WriterBatchId, object_id_of, object_path,
 };

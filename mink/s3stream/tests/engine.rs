@@ -315,6 +315,43 @@ async fn idempotent_writers_are_answered_with_original_offsets(world: World) {
 }
 suite!(idempotent_writers_are_answered_with_original_offsets);
 
+async fn submitted_appends_keep_their_order_and_resolve_when_durable(world: World) {
+    let engine = world.node(1).await;
+    let s = engine.create_streams(1).await.unwrap();
+    engine.open(s, 1).await.unwrap();
+    // Submit a pipeline of idempotent batches without waiting for any of them.
+    let mut pending = Vec::new();
+    for i in 0..50u64 {
+        let w = WriterBatchId {
+            writer_id: 5,
+            writer_epoch: 0,
+            first_sequence: i,
+            last_sequence: i,
+        };
+        pending.push(engine.submit(s, 1, payload(s, i), Some(w)).await.unwrap());
+    }
+    let acks = futures::future::try_join_all(pending).await.unwrap();
+    let bases: Vec<u64> = acks.iter().map(|a| a.base_offset).collect();
+    assert_eq!(bases, (0..50).collect::<Vec<_>>());
+    assert_eq!(engine.info(s).unwrap().end_offset, 50);
+    // A retry of a recent batch submitted later is a duplicate, answered at once.
+    let w = WriterBatchId {
+        writer_id: 5,
+        writer_epoch: 0,
+        first_sequence: 47,
+        last_sequence: 47,
+    };
+    let again = engine
+        .submit(s, 1, payload(s, 47), Some(w))
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert_eq!((again.base_offset, again.duplicate), (47, true));
+    engine.shutdown().await;
+}
+suite!(submitted_appends_keep_their_order_and_resolve_when_durable);
+
 async fn retriable_storage_failures_are_retried_with_the_same_bytes(world: World) {
     let faults = ObjectFaults::new(9);
     let faulty: Arc<dyn ObjectStore> = Arc::new(FaultyObjectStore::new(
