@@ -57,8 +57,88 @@ fn check_framing(mut bytes: &[u8]) -> LogResult<()> {
         if body > rest.len() - meta_len {
             return Err(bad("body longer than the data"));
         }
+        check_message(&rest[..meta_len], &rest[meta_len..meta_len + body])?;
         bytes = &rest[meta_len + body..];
     }
+}
+
+/// Most bytes a batch may claim once decompressed, and most rows: what a hostile length
+/// field could otherwise make the IPC reader allocate.
+pub const MAX_DECODED_BYTES: u64 = 1 << 30;
+pub const MAX_ROWS: i64 = 1 << 28;
+
+/// Checks one IPC message (flatbuffer `header`, `body`) before the IPC reader sees it: the
+/// reader slices the body by the header's buffer offsets without bounds checks (a truncated or
+/// crafted batch would panic it) and allocates what compressed buffers claim.
+pub fn check_message(header: &[u8], body: &[u8]) -> LogResult<()> {
+    let bad = |why: String| LogError::Invalid(format!("malformed Arrow IPC message: {why}"));
+    let message =
+        arrow::ipc::root_as_message(header).map_err(|e| bad(format!("invalid header: {e}")))?;
+    let declared = message.bodyLength();
+    if declared < 0 || declared as u64 > body.len() as u64 {
+        return Err(bad(format!(
+            "the header declares a body of {declared} bytes, {} arrived",
+            body.len()
+        )));
+    }
+    let batch = match (
+        message.header_as_record_batch(),
+        message.header_as_dictionary_batch(),
+    ) {
+        (Some(b), _) => b,
+        (None, Some(d)) => d
+            .data()
+            .ok_or_else(|| bad("a dictionary batch without data".into()))?,
+        (None, None) => return Ok(()),
+    };
+    if !(0..=MAX_ROWS).contains(&batch.length()) {
+        return Err(bad(format!("a batch of {} rows", batch.length())));
+    }
+    for node in batch.nodes().iter().flatten() {
+        if !(0..=MAX_ROWS).contains(&node.length()) || node.null_count() < 0 {
+            return Err(bad(format!(
+                "a column of {} values with {} nulls",
+                node.length(),
+                node.null_count()
+            )));
+        }
+    }
+    let compressed = batch.compression().is_some();
+    let mut decoded: u64 = 0;
+    for buffer in batch.buffers().iter().flatten() {
+        let (offset, length) = (buffer.offset(), buffer.length());
+        let end = offset.checked_add(length);
+        if offset < 0 || length < 0 || end.is_none_or(|e| e > declared) {
+            return Err(bad(format!(
+                "a buffer at {offset}+{length} outside the body of {declared} bytes"
+            )));
+        }
+        // Both fit: they lie within the body, which is in memory.
+        let (offset, length) = (
+            usize::try_from(offset).unwrap_or(usize::MAX),
+            usize::try_from(length).unwrap_or(usize::MAX),
+        );
+        decoded += if compressed && length > 0 {
+            let prefix = body
+                .get(offset..offset + 8)
+                .ok_or_else(|| bad("a compressed buffer shorter than its length prefix".into()))?;
+            let n = i64::from_le_bytes(prefix.try_into().expect("8 bytes"));
+            if n == -1 {
+                length as u64
+            } else {
+                u64::try_from(n)
+                    .map_err(|_| bad(format!("a compressed buffer claiming {n} bytes")))?
+            }
+        } else {
+            length as u64
+        };
+    }
+    if decoded > MAX_DECODED_BYTES {
+        return Err(bad(format!(
+            "the batch would decode to {decoded} bytes, more than the limit of {MAX_DECODED_BYTES}"
+        )));
+    }
+    Ok(())
 }
 
 /// Encodes a schema as an Arrow IPC stream holding only the schema (what `CreateTable` stores).

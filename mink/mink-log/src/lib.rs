@@ -9,8 +9,10 @@
 pub mod codec;
 pub mod options;
 pub mod routing;
+#[cfg(feature = "tablet")]
 mod tablet;
 
+#[cfg(feature = "tablet")]
 pub use tablet::{LogTablet, ReadBatch};
 
 /// Errors of the log tablet, classed for gRPC statuses and Kafka codes.
@@ -21,6 +23,7 @@ pub enum LogError {
     /// column, an unknown option value, a batch that does not decode.
     #[error("invalid: {0}")]
     Invalid(String),
+    #[cfg(feature = "tablet")]
     #[error(transparent)]
     Stream(#[from] s3stream::StreamError),
     #[error("arrow: {0}")]

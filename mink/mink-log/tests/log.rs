@@ -374,3 +374,44 @@ fn a_log_table_schema_only_grows_by_nullable_columns_at_the_end() {
     assert_eq!(read.num_columns(), 2);
     assert_eq!(read.column(1).null_count(), 2);
 }
+
+#[test]
+fn crafted_ipc_messages_are_refused_before_the_reader_sees_them() {
+    let batch = RecordBatch::try_from_iter(vec![(
+        "v",
+        Arc::new(Int64Array::from_iter_values(0..1000)) as ArrayRef,
+    )])
+    .unwrap();
+    let stored = codec::encode_batch(&batch, Compression::Zstd)
+        .unwrap()
+        .to_vec();
+    assert_eq!(codec::decode_batch(&stored).unwrap(), batch);
+    // Walk the stream to the record batch message: [0xffffffff][len][header][body].
+    let mut at = 0;
+    loop {
+        let len = i32::from_le_bytes(stored[at + 4..at + 8].try_into().unwrap()) as usize;
+        let header = &stored[at + 8..at + 8 + len];
+        let message = arrow::ipc::root_as_message(header).unwrap();
+        let body_at = at + 8 + len;
+        if let Some(rb) = message.header_as_record_batch() {
+            let first = rb
+                .buffers()
+                .unwrap()
+                .iter()
+                .find(|b| b.length() > 0)
+                .unwrap();
+            let prefix = body_at + first.offset() as usize;
+            // A compressed buffer claiming a terabyte.
+            let mut huge = stored.clone();
+            huge[prefix..prefix + 8].copy_from_slice(&(1i64 << 40).to_le_bytes());
+            let e = codec::decode_batch(&huge).unwrap_err().to_string();
+            assert!(e.contains("would decode to"), "{e}");
+            // A body cut short (the header still declares the whole body).
+            let cut = &stored[..body_at + message.bodyLength() as usize / 2];
+            assert!(codec::decode_batch(cut).is_err());
+            assert!(codec::check_message(header, &stored[body_at..body_at + 10]).is_err());
+            break;
+        }
+        at = body_at + message.bodyLength() as usize;
+    }
+}

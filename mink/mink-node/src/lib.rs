@@ -12,6 +12,8 @@ mod leadership;
 mod node;
 mod retention;
 
+pub use s3stream::{AppendAck, WriterBatchId};
+
 pub use catalog::{
     BucketInfo, MAX_PARTITIONS_PER_TABLE, PartitionInfo, TableChange, TableInfo, TableSpec,
 };

@@ -204,6 +204,18 @@ impl Node {
         }
     }
 
+    /// Nodes whose heartbeat is younger than the lease TTL.
+    pub async fn live_nodes(&self) -> NodeResult<std::collections::BTreeSet<u64>> {
+        Ok(self
+            .inner
+            .sink
+            .live_nodes()
+            .await?
+            .into_iter()
+            .map(|n| n.node_id)
+            .collect())
+    }
+
     /// Allocates an idempotent writer id.
     pub async fn allocate_writer(&self) -> NodeResult<WriterId> {
         let proposed = self

@@ -108,11 +108,14 @@ impl S3Stream {
                 })?;
                 sized.push((range.object_id, object.size));
             }
-            let indexes: Vec<_> =
-                futures::stream::iter(sized.iter().map(|&(id, size)| self.object_index(id, size)))
-                    .buffered(FETCH_CONCURRENCY)
-                    .try_collect()
-                    .await?;
+            let indexes: Vec<_> = futures::stream::iter(
+                sized
+                    .into_iter()
+                    .map(|(id, size)| self.object_index(id, size)),
+            )
+            .buffered(FETCH_CONCURRENCY)
+            .try_collect()
+            .await?;
             for (range, index) in group.iter().zip(indexes) {
                 let limit = range.end_offset.min(end);
                 let wanted: Vec<BlockIndex> = index
@@ -134,7 +137,10 @@ impl S3Stream {
         }
         let blocks: Vec<Bytes> = futures::stream::iter(
             plan.iter()
-                .map(|(object_id, entry, _)| self.block(*object_id, entry)),
+                .map(|&(object_id, entry, _)| (object_id, entry))
+                .collect::<Vec<_>>()
+                .into_iter()
+                .map(|(object_id, entry)| self.block(object_id, entry)),
         )
         .buffered(FETCH_CONCURRENCY)
         .try_collect()
@@ -240,7 +246,7 @@ impl S3Stream {
         Ok(index)
     }
 
-    async fn block(&self, object_id: u64, entry: &BlockIndex) -> Result<Bytes, StreamError> {
+    async fn block(&self, object_id: u64, entry: BlockIndex) -> Result<Bytes, StreamError> {
         let engine = &self.engine;
         if let Some(block) = engine.block_cache.get(&(object_id, entry.position)) {
             return Ok(block);

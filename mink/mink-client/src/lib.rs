@@ -1,0 +1,618 @@
+//! The Rust client for Mink, over Arrow Flight.
+//!
+//! - Admin: databases, tables, partitions, cluster ([`Client::create_table`], ...).
+//! - Writes: [`Client::writer`] returns a [`TableWriter`] that routes rows to buckets on the
+//!   client (the same function as the server, `mink_log::routing`), sends each bucket's rows to
+//!   its leader, and is idempotent by default: a writer id and per-bucket sequence numbers make
+//!   a retry after any failure store each row exactly once.
+//! - Reads: [`Client::scan`] reads a table, a partition or a bucket from an offset, with
+//!   projection, and tails it.
+//! - Redirects are followed, and the client remembers the highest metadata index any node has
+//!   answered with and asks every node to have caught up with it (read-your-writes).
+
+mod writer;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::Schema;
+use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
+use arrow_flight::error::FlightError;
+use arrow_flight::flight_service_client::FlightServiceClient;
+use arrow_flight::{Action, FlightDescriptor};
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
+pub use mink_flight::protocol::{
+    self, BucketDescription, BucketResult, ClusterDescription, ErrorBody, ErrorCode,
+    PartitionDescription, TableDescription, Ticket,
+};
+use protocol::action;
+use serde_json::json;
+use tonic::metadata::MetadataMap;
+use tonic::transport::{Channel, Endpoint};
+
+pub use writer::{TableWriter, WriteSummary};
+
+/// Errors of client calls.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// The server refused: `code` says who can act.
+    #[error("{message}")]
+    Server {
+        code: ErrorCode,
+        message: String,
+        /// For `NOT_LEADER`: the leader's node id and address.
+        leader: Option<(u64, String)>,
+    },
+    /// The connection failed or broke.
+    #[error("cannot reach {address}: {message}")]
+    Transport { address: String, message: String },
+    /// Wrong input found before anything was sent.
+    #[error("{0}")]
+    Invalid(String),
+    /// The server answered something this client does not understand.
+    #[error("protocol: {0}")]
+    Protocol(String),
+}
+
+impl ClientError {
+    /// The code of a server error (`None` for transport and client-side errors).
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            ClientError::Server { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+
+    /// Whether retrying (after a short wait, or at the leader) may succeed.
+    pub fn is_retriable(&self) -> bool {
+        match self {
+            ClientError::Server { code, .. } => code.is_retriable(),
+            ClientError::Transport { .. } => true,
+            _ => false,
+        }
+    }
+}
+
+pub type ClientResult<T> = Result<T, ClientError>;
+
+/// How a client behaves.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// Largest gRPC message sent or accepted.
+    pub max_message_bytes: usize,
+    /// How long a write keeps retrying retriable failures before giving up.
+    pub retry_deadline: Duration,
+    pub connect_timeout: Duration,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            max_message_bytes: 64 << 20,
+            retry_deadline: Duration::from_secs(60),
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Rows read from a bucket.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReadBatch {
+    pub partition: Option<String>,
+    pub bucket: u32,
+    /// Offset of the first row.
+    pub offset: u64,
+    pub batch: RecordBatch,
+}
+
+/// What to read: a builder over the protocol's [`Ticket`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Scan(pub Ticket);
+
+impl Scan {
+    /// Every bucket of the table, from its start to its high watermark now.
+    pub fn table(database: &str, table: &str) -> Self {
+        Scan(Ticket {
+            database: database.to_string(),
+            table: table.to_string(),
+            ..Default::default()
+        })
+    }
+
+    pub fn partition(mut self, partition: &str) -> Self {
+        self.0.partition = Some(partition.to_string());
+        self
+    }
+
+    pub fn bucket(mut self, bucket: u32) -> Self {
+        self.0.bucket = Some(bucket);
+        self
+    }
+
+    /// With a bucket: start here.
+    pub fn offset(mut self, offset: u64) -> Self {
+        self.0.offset = Some(offset);
+        self
+    }
+
+    /// With a bucket: start at the high watermark (new rows only).
+    pub fn latest(mut self) -> Self {
+        self.0.latest = true;
+        self
+    }
+
+    pub fn end_offset(mut self, end: u64) -> Self {
+        self.0.end_offset = Some(end);
+        self
+    }
+
+    pub fn columns<S: Into<String>>(mut self, columns: impl IntoIterator<Item = S>) -> Self {
+        self.0.columns = columns.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// With a bucket: keep reading new rows; end after `idle` without any (never if `None`).
+    pub fn tail(mut self, idle: Option<Duration>) -> Self {
+        self.0.tail = true;
+        self.0.tail_idle_ms = idle.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        self
+    }
+
+    pub fn max_rows(mut self, rows: u64) -> Self {
+        self.0.max_rows = Some(rows);
+        self
+    }
+}
+
+struct Inner {
+    /// The node this client was pointed at (`host:port`).
+    address: String,
+    config: ClientConfig,
+    channels: Mutex<HashMap<String, Channel>>,
+    /// Highest `mink-applied-index` seen from any node.
+    applied: AtomicU64,
+}
+
+/// A connection to a Mink cluster through one node (and, for writes, to bucket leaders).
+/// Cheap to clone; clones share connections and the read-your-writes position.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("address", &self.inner.address)
+            .field("applied_index", &self.applied_index())
+            .finish()
+    }
+}
+
+/// `grpc://host:port`, `http://host:port` or `host:port` → `host:port`.
+fn normalize(address: &str) -> String {
+    let a = address.trim();
+    for scheme in ["grpc+tcp://", "grpc://", "http://"] {
+        if let Some(rest) = a.strip_prefix(scheme) {
+            return rest.trim_end_matches('/').to_string();
+        }
+    }
+    a.trim_end_matches('/').to_string()
+}
+
+impl Client {
+    /// Connects to a node (`host:port` or `grpc://host:port`).
+    pub async fn connect(address: &str) -> ClientResult<Client> {
+        Self::connect_with(address, ClientConfig::default()).await
+    }
+
+    pub async fn connect_with(address: &str, config: ClientConfig) -> ClientResult<Client> {
+        let client = Client {
+            inner: Arc::new(Inner {
+                address: normalize(address),
+                config,
+                channels: Mutex::new(HashMap::new()),
+                applied: AtomicU64::new(0),
+            }),
+        };
+        client.channel(&client.inner.address.clone()).await?;
+        Ok(client)
+    }
+
+    /// The node this client talks to for everything but writes.
+    pub fn address(&self) -> &str {
+        &self.inner.address
+    }
+
+    pub fn config(&self) -> &ClientConfig {
+        &self.inner.config
+    }
+
+    /// The highest metadata index any node has answered with.
+    pub fn applied_index(&self) -> u64 {
+        self.inner.applied.load(Ordering::Relaxed)
+    }
+
+    pub(crate) async fn channel(
+        &self,
+        address: &str,
+    ) -> ClientResult<FlightServiceClient<Channel>> {
+        let address = normalize(address);
+        let cached = self
+            .inner
+            .channels
+            .lock()
+            .expect("channels")
+            .get(&address)
+            .cloned();
+        let channel = match cached {
+            Some(c) => c,
+            None => {
+                let transport = |e: &dyn std::fmt::Display| ClientError::Transport {
+                    address: address.clone(),
+                    message: e.to_string(),
+                };
+                let channel = Endpoint::from_shared(format!("http://{address}"))
+                    .map_err(|e| transport(&e))?
+                    .connect_timeout(self.inner.config.connect_timeout)
+                    .tcp_nodelay(true)
+                    .connect()
+                    .await
+                    .map_err(|e| transport(&source_chain(&e)))?;
+                self.inner
+                    .channels
+                    .lock()
+                    .expect("channels")
+                    .insert(address.clone(), channel.clone());
+                channel
+            }
+        };
+        let max = self.inner.config.max_message_bytes;
+        Ok(FlightServiceClient::new(channel)
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max))
+    }
+
+    /// A request carrying `mink-min-applied-index`.
+    pub(crate) fn request<T>(&self, body: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(body);
+        let index = self.applied_index();
+        if index > 0 {
+            request
+                .metadata_mut()
+                .insert(protocol::MIN_APPLIED_INDEX_HEADER, index.into());
+        }
+        request
+    }
+
+    /// Remembers the `mink-applied-index` of a response.
+    pub(crate) fn observe(&self, metadata: &MetadataMap) {
+        if let Some(index) = metadata
+            .get(protocol::APPLIED_INDEX_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            self.inner.applied.fetch_max(index, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn status_error(&self, address: &str, status: &tonic::Status) -> ClientError {
+        self.observe(status.metadata());
+        let header = |name: &str| {
+            status
+                .metadata()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let code = header(protocol::ERROR_CODE_HEADER).and_then(|c| ErrorCode::parse(&c));
+        let code = match (code, status.code()) {
+            (Some(c), _) => c,
+            // Not from Mink's service: the connection or the transport failed.
+            (None, tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::Unknown) => {
+                return ClientError::Transport {
+                    address: address.to_string(),
+                    message: status.message().to_string(),
+                };
+            }
+            (None, tonic::Code::NotFound) => ErrorCode::NotFound,
+            (None, tonic::Code::AlreadyExists) => ErrorCode::AlreadyExists,
+            (None, tonic::Code::InvalidArgument | tonic::Code::OutOfRange) => ErrorCode::Invalid,
+            (None, tonic::Code::ResourceExhausted) => ErrorCode::Invalid,
+            (None, tonic::Code::DeadlineExceeded) => ErrorCode::Unavailable,
+            (None, _) => ErrorCode::Failed,
+        };
+        let leader = header(protocol::LEADER_NODE_HEADER)
+            .and_then(|n| n.parse().ok())
+            .zip(header(protocol::LEADER_ADDRESS_HEADER));
+        ClientError::Server {
+            code,
+            message: status.message().to_string(),
+            leader,
+        }
+    }
+
+    /// Runs an admin action on the connected node.
+    async fn action<T: serde::de::DeserializeOwned>(
+        &self,
+        kind: &str,
+        body: &impl serde::Serialize,
+    ) -> ClientResult<T> {
+        let address = self.inner.address.clone();
+        let mut flight = self.channel(&address).await?;
+        let request = self.request(Action::new(kind, protocol::to_json(body)));
+        let response = flight
+            .do_action(request)
+            .await
+            .map_err(|s| self.status_error(&address, &s))?;
+        self.observe(response.metadata());
+        let mut results = response.into_inner();
+        let first = results
+            .message()
+            .await
+            .map_err(|s| self.status_error(&address, &s))?
+            .ok_or_else(|| ClientError::Protocol(format!("{kind} returned no result")))?;
+        protocol::parse(kind, &first.body).map_err(|e| ClientError::Protocol(e.0))
+    }
+
+    pub async fn create_database(&self, name: &str, if_not_exists: bool) -> ClientResult<()> {
+        let _: serde_json::Value = self
+            .action(
+                action::CREATE_DATABASE,
+                &protocol::CreateDatabase {
+                    name: name.to_string(),
+                    if_not_exists,
+                },
+            )
+            .await?;
+        Ok(())
+    }
+
+    pub async fn drop_database(
+        &self,
+        name: &str,
+        cascade: bool,
+        if_exists: bool,
+    ) -> ClientResult<()> {
+        let _: serde_json::Value = self
+            .action(
+                action::DROP_DATABASE,
+                &protocol::DropDatabase {
+                    name: name.to_string(),
+                    cascade,
+                    if_exists,
+                },
+            )
+            .await?;
+        Ok(())
+    }
+
+    pub async fn list_databases(&self) -> ClientResult<Vec<String>> {
+        let d: protocol::Databases = self.action(action::LIST_DATABASES, &json!({})).await?;
+        Ok(d.databases)
+    }
+
+    pub async fn list_tables(&self, database: &str) -> ClientResult<Vec<String>> {
+        let t: protocol::Tables = self
+            .action(
+                action::LIST_TABLES,
+                &protocol::ListTables {
+                    database: database.to_string(),
+                },
+            )
+            .await?;
+        Ok(t.tables)
+    }
+
+    /// Creates a log table. `options` use Fluss's names (`bucket.num`, `bucket.key`,
+    /// `table.log.ttl`, ...).
+    pub async fn create_table(
+        &self,
+        database: &str,
+        table: &str,
+        schema: &Schema,
+        options: impl IntoIterator<Item = (impl Into<String>, impl Into<String>)>,
+        partition_keys: &[&str],
+        if_not_exists: bool,
+    ) -> ClientResult<TableDescription> {
+        let schema = protocol::encode_schema(schema).map_err(|e| ClientError::Invalid(e.0))?;
+        self.action(
+            action::CREATE_TABLE,
+            &protocol::CreateTable {
+                database: database.to_string(),
+                table: table.to_string(),
+                schema,
+                options: options
+                    .into_iter()
+                    .map(|(k, v)| (k.into(), v.into()))
+                    .collect(),
+                partition_keys: partition_keys.iter().map(|s| (*s).to_string()).collect(),
+                comment: String::new(),
+                if_not_exists,
+            },
+        )
+        .await
+    }
+
+    pub async fn drop_table(
+        &self,
+        database: &str,
+        table: &str,
+        if_exists: bool,
+    ) -> ClientResult<()> {
+        let _: serde_json::Value = self
+            .action(
+                action::DROP_TABLE,
+                &protocol::DropTable {
+                    database: database.to_string(),
+                    table: table.to_string(),
+                    if_exists,
+                },
+            )
+            .await?;
+        Ok(())
+    }
+
+    pub async fn alter_table(
+        &self,
+        change: &protocol::AlterTable,
+    ) -> ClientResult<TableDescription> {
+        self.action(action::ALTER_TABLE, change).await
+    }
+
+    pub async fn describe_table(
+        &self,
+        database: &str,
+        table: &str,
+    ) -> ClientResult<TableDescription> {
+        self.action(
+            action::DESCRIBE_TABLE,
+            &protocol::TableRef {
+                database: database.to_string(),
+                table: table.to_string(),
+            },
+        )
+        .await
+    }
+
+    pub async fn create_partition(
+        &self,
+        database: &str,
+        table: &str,
+        partition: &str,
+        if_not_exists: bool,
+    ) -> ClientResult<PartitionDescription> {
+        self.action(
+            action::CREATE_PARTITION,
+            &protocol::PartitionRef {
+                database: database.to_string(),
+                table: table.to_string(),
+                partition: partition.to_string(),
+                if_not_exists,
+                if_exists: false,
+            },
+        )
+        .await
+    }
+
+    pub async fn drop_partition(
+        &self,
+        database: &str,
+        table: &str,
+        partition: &str,
+        if_exists: bool,
+    ) -> ClientResult<()> {
+        let _: serde_json::Value = self
+            .action(
+                action::DROP_PARTITION,
+                &protocol::PartitionRef {
+                    database: database.to_string(),
+                    table: table.to_string(),
+                    partition: partition.to_string(),
+                    if_not_exists: false,
+                    if_exists,
+                },
+            )
+            .await?;
+        Ok(())
+    }
+
+    pub async fn describe_cluster(&self) -> ClientResult<ClusterDescription> {
+        self.action(action::DESCRIBE_CLUSTER, &json!({})).await
+    }
+
+    pub(crate) async fn allocate_writer(&self) -> ClientResult<protocol::Writer> {
+        self.action(action::ALLOCATE_WRITER, &json!({})).await
+    }
+
+    /// The table's schema (`GetSchema`).
+    pub async fn schema(&self, database: &str, table: &str) -> ClientResult<Schema> {
+        self.describe_table(database, table)
+            .await?
+            .arrow_schema()
+            .map_err(|e| ClientError::Protocol(e.0))
+    }
+
+    /// An idempotent writer for a table (see [`TableWriter`]).
+    pub fn writer(&self, database: &str, table: &str) -> TableWriter {
+        TableWriter::new(self.clone(), database, table, true)
+    }
+
+    /// A writer without a writer id: a retry after an unknown outcome may store rows twice,
+    /// so it retries only what was certainly not stored.
+    pub fn plain_writer(&self, database: &str, table: &str) -> TableWriter {
+        TableWriter::new(self.clone(), database, table, false)
+    }
+
+    /// Reads rows (`DoGet`) from the connected node: a stream of batches with their bucket and
+    /// offsets, ending at the high watermark (or never, when tailing).
+    pub async fn scan(
+        &self,
+        scan: &Scan,
+    ) -> ClientResult<BoxStream<'static, ClientResult<ReadBatch>>> {
+        let address = self.inner.address.clone();
+        let mut flight = self.channel(&address).await?;
+        let ticket = arrow_flight::Ticket::new(protocol::to_json(&scan.0));
+        let response = flight
+            .do_get(self.request(ticket))
+            .await
+            .map_err(|s| self.status_error(&address, &s))?;
+        self.observe(response.metadata());
+        let this = self.clone();
+        let decoder = FlightDataDecoder::new(
+            response
+                .into_inner()
+                .map_err(|s| FlightError::Tonic(Box::new(s)))
+                .and_then(|data| async move { mink_flight::encode::checked(data) }),
+        );
+        let stream = decoder
+            .map(move |item| {
+                let decoded = item.map_err(|e| match e {
+                    FlightError::Tonic(s) => this.status_error(&address, &s),
+                    other => ClientError::Protocol(other.to_string()),
+                })?;
+                let DecodedPayload::RecordBatch(batch) = decoded.payload else {
+                    return Ok(None);
+                };
+                let meta: protocol::ReadMetadata =
+                    protocol::parse("batch app_metadata", &decoded.inner.app_metadata)
+                        .map_err(|e| ClientError::Protocol(e.0))?;
+                Ok(Some(ReadBatch {
+                    partition: meta.partition,
+                    bucket: meta.bucket,
+                    offset: meta.offset,
+                    batch,
+                }))
+            })
+            .filter_map(|r| async move { r.transpose() })
+            .boxed();
+        Ok(stream)
+    }
+
+    /// [`Client::scan`], collected.
+    pub async fn scan_all(&self, scan: &Scan) -> ClientResult<Vec<ReadBatch>> {
+        self.scan(scan).await?.try_collect().await
+    }
+
+    /// The `FlightDescriptor` of a table, for plain Flight calls.
+    pub fn descriptor(database: &str, table: &str) -> FlightDescriptor {
+        FlightDescriptor::new_path(vec![database.to_string(), table.to_string()])
+    }
+}
+
+/// The error and its causes on one line (tonic's transport errors hide the useful part).
+fn source_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}

@@ -1,0 +1,383 @@
+//! Routed, idempotent table writes.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use arrow_flight::FlightDescriptor;
+use mink_flight::encode::BatchEncoder;
+use mink_flight::protocol::{self, BucketResult, ErrorCode, TableDescription};
+use mink_log::routing::{split_by_bucket, split_by_partition};
+
+use crate::{Client, ClientError, ClientResult};
+
+/// A bucket: its partition's name (partitioned tables) and number.
+type BucketKey = (Option<String>, u32);
+
+/// What a write stored.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WriteSummary {
+    pub rows: u64,
+    /// One result per bucket the rows went to, with their offsets.
+    pub buckets: Vec<BucketResult>,
+}
+
+/// What the writer knows about its table.
+#[derive(Debug)]
+struct Layout {
+    schema: SchemaRef,
+    bucket_count: u32,
+    bucket_key: Vec<usize>,
+    partition_key: Vec<usize>,
+    leaders: HashMap<BucketKey, String>,
+}
+
+impl Layout {
+    fn new(d: &TableDescription) -> ClientResult<Self> {
+        let schema = Arc::new(d.arrow_schema().map_err(|e| ClientError::Protocol(e.0))?);
+        let index = |c: &String| {
+            schema.index_of(c).map_err(|_| {
+                ClientError::Protocol(format!("key column {c:?} is not in the schema"))
+            })
+        };
+        let mut layout = Layout {
+            bucket_count: d.bucket_count.max(1),
+            bucket_key: d
+                .bucket_key
+                .iter()
+                .map(index)
+                .collect::<ClientResult<_>>()?,
+            partition_key: d
+                .partition_keys
+                .iter()
+                .map(index)
+                .collect::<ClientResult<_>>()?,
+            schema,
+            leaders: HashMap::new(),
+        };
+        layout.learn(d);
+        Ok(layout)
+    }
+
+    fn learn(&mut self, d: &TableDescription) {
+        for b in &d.buckets {
+            if !b.leader_address.is_empty() {
+                self.leaders
+                    .insert((b.partition.clone(), b.bucket), b.leader_address.clone());
+            }
+        }
+    }
+}
+
+/// Rows of one bucket on their way.
+#[derive(Debug)]
+struct Part {
+    key: BucketKey,
+    batch: RecordBatch,
+    sequence: Option<u64>,
+}
+
+/// Writes rows to a table: routes each row to its partition and bucket on the client (the
+/// server's function, `mink_log::routing`), sends each bucket's rows to the bucket's leader,
+/// follows redirects, and retries what failed until [`crate::ClientConfig::retry_deadline`].
+///
+/// Idempotent by default ([`Client::writer`]): the writer has an id and numbers its batches
+/// per bucket, so a batch retried after an unknown outcome (a timeout, a dropped connection, a
+/// node crash) is stored once and answered with its original offsets. Calls to
+/// [`TableWriter::write`] are sequential (`&mut self`); use several writers for parallelism.
+#[derive(Debug)]
+pub struct TableWriter {
+    client: Client,
+    database: String,
+    table: String,
+    idempotent: bool,
+    layout: Option<Layout>,
+    writer: Option<protocol::Writer>,
+    /// Next sequence per bucket.
+    sequences: HashMap<BucketKey, u64>,
+    /// Keyless tables: the bucket of the next write.
+    sticky: u32,
+}
+
+impl TableWriter {
+    pub(crate) fn new(client: Client, database: &str, table: &str, idempotent: bool) -> Self {
+        TableWriter {
+            client,
+            database: database.to_string(),
+            table: table.to_string(),
+            idempotent,
+            layout: None,
+            writer: None,
+            sequences: HashMap::new(),
+            sticky: rand_start(),
+        }
+    }
+
+    /// The writer id (idempotent writers, once the first write has allocated it).
+    pub fn writer_id(&self) -> Option<u64> {
+        self.writer.map(|w| w.writer_id)
+    }
+
+    async fn refresh(&mut self) -> ClientResult<()> {
+        let d = self
+            .client
+            .describe_table(&self.database, &self.table)
+            .await?;
+        match &mut self.layout {
+            Some(layout) if layout.schema.fields().len() == d.columns.len() => layout.learn(&d),
+            _ => self.layout = Some(Layout::new(&d)?),
+        }
+        Ok(())
+    }
+
+    /// Writes `batch` (the table's columns, in order) and returns once every row is durable.
+    pub async fn write(&mut self, batch: &RecordBatch) -> ClientResult<WriteSummary> {
+        if self.layout.is_none() {
+            self.refresh().await?;
+        }
+        if self.idempotent && self.writer.is_none() {
+            self.writer = Some(self.client.allocate_writer().await?);
+        }
+        let mut parts = self.route(batch)?;
+        let rows = parts.iter().map(|p| p.batch.num_rows() as u64).sum();
+        let mut done: Vec<BucketResult> = Vec::with_capacity(parts.len());
+        let deadline = tokio::time::Instant::now() + self.client.config().retry_deadline;
+        let mut backoff = Duration::from_millis(20);
+        while !parts.is_empty() {
+            let outcomes = self.send(&parts).await;
+            let mut retry = Vec::new();
+            let mut refresh = false;
+            let mut last_error = None;
+            for (part, outcome) in parts.into_iter().zip(outcomes) {
+                match outcome {
+                    Ok(result) => {
+                        if let Some(s) = part.sequence {
+                            self.sequences.insert(part.key.clone(), s + 1);
+                        }
+                        done.push(result);
+                    }
+                    Err(e) => {
+                        let retriable = if self.idempotent {
+                            e.is_retriable()
+                        } else {
+                            // Without a writer id only a refusal before storing is safe to retry.
+                            e.code() == Some(ErrorCode::NotLeader)
+                        };
+                        if !retriable {
+                            return Err(e);
+                        }
+                        match &e {
+                            ClientError::Server {
+                                leader: Some((_, address)),
+                                ..
+                            } if !address.is_empty() => {
+                                if let Some(layout) = &mut self.layout {
+                                    layout.leaders.insert(part.key.clone(), address.clone());
+                                }
+                            }
+                            _ => refresh = true,
+                        }
+                        tracing::debug!(error = %e, bucket = part.key.1, "retrying a bucket write");
+                        last_error = Some(e);
+                        retry.push(part);
+                    }
+                }
+            }
+            parts = retry;
+            if let Some(e) = last_error {
+                if tokio::time::Instant::now() + backoff > deadline {
+                    return Err(e);
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                if refresh {
+                    // Leaders moved or are being assigned: ask again (errors retry next round).
+                    let _ = self.refresh().await;
+                }
+            }
+        }
+        done.sort_by(|a, b| (&a.partition, a.bucket).cmp(&(&b.partition, b.bucket)));
+        Ok(WriteSummary {
+            rows,
+            buckets: done,
+        })
+    }
+
+    /// Splits a batch into the parts of each bucket, numbered for the writer.
+    fn route(&mut self, batch: &RecordBatch) -> ClientResult<Vec<Part>> {
+        let layout = self.layout.as_ref().expect("layout loaded");
+        let batch = mink_log::codec::check_batch(&layout.schema, batch)
+            .map_err(|e| ClientError::Invalid(e.to_string()))?;
+        if batch.num_rows() == 0 {
+            return Ok(Vec::new());
+        }
+        let invalid = |e: mink_log::LogError| ClientError::Invalid(e.to_string());
+        let by_partition: Vec<(Option<String>, RecordBatch)> = if layout.partition_key.is_empty() {
+            vec![(None, batch)]
+        } else {
+            split_by_partition(&batch, &layout.partition_key)
+                .map_err(invalid)?
+                .into_iter()
+                .map(|(p, b)| (Some(p), b))
+                .collect()
+        };
+        let mut parts = Vec::new();
+        for (partition, batch) in by_partition {
+            if layout.bucket_key.is_empty() {
+                self.sticky = self.sticky.wrapping_add(1) % layout.bucket_count;
+                parts.push((partition, self.sticky, batch));
+            } else {
+                for (b, part) in split_by_bucket(&batch, &layout.bucket_key, layout.bucket_count)
+                    .map_err(invalid)?
+                {
+                    parts.push((partition.clone(), b, part));
+                }
+            }
+        }
+        Ok(parts
+            .into_iter()
+            .map(|(partition, bucket, batch)| {
+                let key = (partition, bucket);
+                let sequence = self
+                    .idempotent
+                    .then(|| self.sequences.get(&key).copied().unwrap_or(0));
+                Part {
+                    key,
+                    batch,
+                    sequence,
+                }
+            })
+            .collect())
+    }
+
+    /// Sends every part to its leader (one `DoPut` per leader, concurrently); a result per
+    /// part, in order.
+    async fn send(&self, parts: &[Part]) -> Vec<ClientResult<BucketResult>> {
+        let layout = self.layout.as_ref().expect("layout loaded");
+        let mut by_address: HashMap<String, Vec<usize>> = HashMap::new();
+        for (i, p) in parts.iter().enumerate() {
+            let address = layout
+                .leaders
+                .get(&p.key)
+                .cloned()
+                .unwrap_or_else(|| self.client.address().to_string());
+            by_address.entry(address).or_default().push(i);
+        }
+        let sends = by_address.into_iter().map(|(address, indices)| async move {
+            let group: Vec<&Part> = indices.iter().map(|&i| &parts[i]).collect();
+            let results = self.put(&address, &group).await;
+            indices.into_iter().zip(results).collect::<Vec<_>>()
+        });
+        let mut out: Vec<Option<ClientResult<BucketResult>>> = parts.iter().map(|_| None).collect();
+        for (i, r) in futures::future::join_all(sends).await.into_iter().flatten() {
+            out[i] = Some(r);
+        }
+        out.into_iter()
+            .map(|r| r.expect("every part answered"))
+            .collect()
+    }
+
+    /// One `DoPut` stream to `address` with the given parts.
+    async fn put(&self, address: &str, parts: &[&Part]) -> Vec<ClientResult<BucketResult>> {
+        let all = |e: ClientError| parts.iter().map(|_| Err(e.clone())).collect::<Vec<_>>();
+        let mut flight = match self.client.channel(address).await {
+            Ok(f) => f,
+            Err(e) => return all(e),
+        };
+        let layout = self.layout.as_ref().expect("layout loaded");
+        let descriptor = protocol::WriteDescriptor {
+            database: self.database.clone(),
+            table: self.table.clone(),
+            writer_id: self.writer.map(|w| w.writer_id),
+            writer_epoch: self.writer.map(|w| w.writer_epoch),
+            ..Default::default()
+        };
+        let mut encoder = BatchEncoder::new();
+        let mut messages = vec![encoder.schema(
+            &layout.schema,
+            Some(FlightDescriptor::new_cmd(protocol::to_json(&descriptor))),
+        )];
+        for p in parts {
+            let meta = protocol::BatchMetadata {
+                partition: p.key.0.clone(),
+                bucket: Some(p.key.1),
+                sequence: p.sequence,
+            };
+            match encoder.batch(&p.batch, protocol::to_json(&meta)) {
+                Ok(m) => messages.extend(m),
+                Err(e) => return all(ClientError::Invalid(e.to_string())),
+            }
+        }
+        let response = match flight
+            .do_put(self.client.request(futures::stream::iter(messages)))
+            .await
+        {
+            Ok(r) => r,
+            Err(s) => return all(self.client.status_error(address, &s)),
+        };
+        self.client.observe(response.metadata());
+        let mut stream = response.into_inner();
+        let mut results: Vec<Option<ClientResult<BucketResult>>> =
+            parts.iter().map(|_| None).collect();
+        let mut ended_with = None;
+        loop {
+            match stream.message().await {
+                Ok(Some(put)) => {
+                    let ack: protocol::PutAck =
+                        match protocol::parse("PutResult", &put.app_metadata) {
+                            Ok(a) => a,
+                            Err(e) => {
+                                ended_with = Some(ClientError::Protocol(e.0));
+                                break;
+                            }
+                        };
+                    let Some(slot) = usize::try_from(ack.batch)
+                        .ok()
+                        .and_then(|i| results.get_mut(i))
+                    else {
+                        ended_with = Some(ClientError::Protocol(format!(
+                            "an answer for batch {} never sent",
+                            ack.batch
+                        )));
+                        break;
+                    };
+                    *slot = Some(match ack.buckets.into_iter().next() {
+                        Some(r) => match &r.error {
+                            None => Ok(r),
+                            Some(e) => Err(ClientError::Server {
+                                code: e.code,
+                                message: e.message.clone(),
+                                leader: e.leader_node_id.zip(e.leader_address.clone()),
+                            }),
+                        },
+                        None => Err(ClientError::Protocol("an answer without a bucket".into())),
+                    });
+                }
+                Ok(None) => break,
+                Err(s) => {
+                    ended_with = Some(self.client.status_error(address, &s));
+                    break;
+                }
+            }
+        }
+        // Parts without an answer: their outcome is unknown (retried if idempotent).
+        let unanswered = ended_with.unwrap_or_else(|| ClientError::Transport {
+            address: address.to_string(),
+            message: "the stream ended before every batch was answered".into(),
+        });
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(unanswered.clone())))
+            .collect()
+    }
+}
+
+/// Where a keyless writer starts, so that many writers spread over the buckets.
+fn rand_start() -> u32 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    nanos ^ std::process::id()
+}

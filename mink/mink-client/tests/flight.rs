@@ -1,0 +1,601 @@
+//! The Flight service on real nodes (SQLite metadata, local object store), through the Rust
+//! client and through arrow-flight's plain client for what a careless or hostile client sends.
+#![allow(clippy::cast_possible_truncation)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field, Int64Type, Schema};
+use arrow_flight::flight_service_client::FlightServiceClient;
+use arrow_flight::{Action, FlightData, FlightDescriptor, Ticket};
+use futures::StreamExt;
+use mink_client::{Client, ClientError, ErrorCode, Scan, protocol};
+use mink_flight::encode::BatchEncoder;
+use mink_flight::{ServerConfig, serve};
+use mink_node::{Node, NodeConfig};
+
+struct Server {
+    node: Node,
+    address: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Server {
+    async fn start(dir: &std::path::Path, node_id: u64) -> Server {
+        Self::start_with(dir, node_id, ServerConfig::default()).await
+    }
+
+    async fn start_with(dir: &std::path::Path, node_id: u64, config: ServerConfig) -> Server {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let mut c = NodeConfig::new(
+            node_id,
+            &format!("sqlite://{}", dir.join("meta.db").display()),
+            dir.join("objects").to_str().unwrap(),
+        );
+        c.advertised_address = address.clone();
+        c.lease_ttl = Duration::from_millis(1000);
+        c.engine.flush_delay = Duration::from_millis(5);
+        c.leadership_interval = Duration::from_millis(20);
+        let node = Node::start(c).await.unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(
+            serve(node.clone(), config, listener, async {
+                let _ = stopped.await;
+            })
+            .map(|r| r.unwrap()),
+        );
+        Server {
+            node,
+            address,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        let _ = self.task.await;
+        self.node.shutdown().await;
+    }
+}
+
+use futures::FutureExt as _;
+
+fn schema() -> Schema {
+    Schema::new(vec![
+        Field::new("user_id", DataType::Int64, false),
+        Field::new("event", DataType::Utf8, true),
+    ])
+}
+
+fn batch(ids: std::ops::Range<i64>) -> RecordBatch {
+    RecordBatch::try_from_iter(vec![
+        (
+            "user_id",
+            Arc::new(Int64Array::from_iter_values(ids.clone())) as ArrayRef,
+        ),
+        (
+            "event",
+            Arc::new(StringArray::from_iter_values(ids.map(|i| format!("e{i}")))) as ArrayRef,
+        ),
+    ])
+    .unwrap()
+}
+
+fn ids(batches: &[mink_client::ReadBatch]) -> Vec<i64> {
+    let mut out: Vec<i64> = batches
+        .iter()
+        .flat_map(|b| {
+            b.batch
+                .column(0)
+                .as_primitive::<Int64Type>()
+                .values()
+                .to_vec()
+        })
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+async fn events_table(client: &Client, buckets: u32) {
+    client.create_database("app", true).await.unwrap();
+    client
+        .create_table(
+            "app",
+            "events",
+            &schema(),
+            [
+                ("bucket.num", buckets.to_string()),
+                ("bucket.key", "user_id".to_string()),
+            ],
+            &[],
+            false,
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn admin_write_scan_project_and_tail_through_the_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), 1).await;
+    let client = Client::connect(&format!("grpc://{}", server.address))
+        .await
+        .unwrap();
+    events_table(&client, 4).await;
+    assert_eq!(client.list_databases().await.unwrap(), ["app"]);
+    assert_eq!(client.list_tables("app").await.unwrap(), ["events"]);
+    let d = client.describe_table("app", "events").await.unwrap();
+    assert_eq!((d.bucket_count, d.buckets.len()), (4, 4));
+    assert_eq!(d.columns[0].r#type, "Int64");
+    assert_eq!(d.arrow_schema().unwrap(), schema());
+    assert!(client.applied_index() > 0);
+
+    let mut writer = client.writer("app", "events");
+    let summary = writer.write(&batch(0..100)).await.unwrap();
+    assert_eq!(summary.rows, 100);
+    assert!(
+        summary
+            .buckets
+            .iter()
+            .all(|b| !b.duplicate && b.error.is_none())
+    );
+    writer.write(&batch(100..150)).await.unwrap();
+
+    // The whole table, every row once; then one bucket from an offset, projected.
+    let all = client
+        .scan_all(&Scan::table("app", "events"))
+        .await
+        .unwrap();
+    assert_eq!(ids(&all), (0..150).collect::<Vec<_>>());
+    let b0 = summary.buckets.iter().find(|b| b.bucket == 0).unwrap();
+    let from = b0.base_offset.unwrap() + 1;
+    let part = client
+        .scan_all(
+            &Scan::table("app", "events")
+                .bucket(0)
+                .offset(from)
+                .columns(["event"]),
+        )
+        .await
+        .unwrap();
+    assert_eq!(part[0].offset, from);
+    assert_eq!(part[0].batch.num_columns(), 1);
+    assert_eq!(part[0].batch.schema().field(0).name(), "event");
+
+    // A tail sees rows written after it started.
+    let mut tail = client
+        .scan(
+            &Scan::table("app", "events")
+                .bucket(0)
+                .latest()
+                .tail(Some(Duration::from_secs(10))),
+        )
+        .await
+        .unwrap();
+    let later: Vec<i64> = (1000..1100)
+        .filter(|i| mink_log::routing::buckets_of(&batch(*i..*i + 1), &[0], 4).unwrap()[0] == 0)
+        .collect();
+    let rows = RecordBatch::try_from_iter(vec![
+        (
+            "user_id",
+            Arc::new(Int64Array::from(later.clone())) as ArrayRef,
+        ),
+        (
+            "event",
+            Arc::new(StringArray::from(vec!["late"; later.len()])) as ArrayRef,
+        ),
+    ])
+    .unwrap();
+    writer.write(&rows).await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), tail.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        got.batch
+            .column(0)
+            .as_primitive::<Int64Type>()
+            .values()
+            .to_vec(),
+        later
+    );
+
+    // Alter and drop.
+    let mut fields = schema().fields().to_vec();
+    fields.push(Arc::new(Field::new("score", DataType::Float64, true)));
+    let altered = client
+        .alter_table(&protocol::AlterTable {
+            database: "app".into(),
+            table: "events".into(),
+            set_options: BTreeMap::from([("table.log.ttl".into(), "2d".into())]),
+            schema: Some(protocol::encode_schema(&Schema::new(fields)).unwrap()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!((altered.schema_version, altered.columns.len()), (2, 3));
+    client.drop_table("app", "events", false).await.unwrap();
+    let e = client.describe_table("app", "events").await.unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::NotFound), "{e}");
+    server.stop().await;
+}
+
+/// A raw DoPut of `batches` with `descriptor`, each batch with its app_metadata.
+async fn raw_put(
+    address: &str,
+    descriptor: FlightDescriptor,
+    schema: &Schema,
+    batches: Vec<(RecordBatch, Vec<u8>)>,
+) -> Result<Vec<protocol::PutAck>, tonic::Status> {
+    let mut flight = plain(address).await;
+    let mut encoder = BatchEncoder::new();
+    let mut messages = vec![encoder.schema(schema, Some(descriptor))];
+    for (b, meta) in batches {
+        messages.extend(encoder.batch(&b, meta.into()).unwrap());
+    }
+    put_messages(&mut flight, messages).await
+}
+
+async fn put_messages(
+    flight: &mut FlightServiceClient<tonic::transport::Channel>,
+    messages: Vec<FlightData>,
+) -> Result<Vec<protocol::PutAck>, tonic::Status> {
+    let mut stream = flight
+        .do_put(futures::stream::iter(messages))
+        .await?
+        .into_inner();
+    let mut acks = Vec::new();
+    while let Some(r) = stream.message().await? {
+        acks.push(protocol::parse("ack", &r.app_metadata).unwrap());
+    }
+    Ok(acks)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_retried_batch_of_an_idempotent_writer_is_stored_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), 1).await;
+    let client = Client::connect(&server.address).await.unwrap();
+    events_table(&client, 1).await;
+    let descriptor = FlightDescriptor::new_cmd(protocol::to_json(&protocol::WriteDescriptor {
+        database: "app".into(),
+        table: "events".into(),
+        bucket: Some(0),
+        writer_id: Some(42),
+        writer_epoch: Some(0),
+        ..Default::default()
+    }));
+    let meta = |seq: u64| serde_json::to_vec(&serde_json::json!({"sequence": seq})).unwrap();
+    let first = raw_put(
+        &server.address,
+        descriptor.clone(),
+        &schema(),
+        vec![(batch(0..10), meta(0)), (batch(10..20), meta(1))],
+    )
+    .await
+    .unwrap();
+    assert_eq!(first.len(), 2);
+    assert_eq!(first[1].buckets[0].base_offset, Some(10));
+    // The same batch again (as after a lost acknowledgement): its original offsets, no copy.
+    let again = raw_put(
+        &server.address,
+        descriptor.clone(),
+        &schema(),
+        vec![(batch(10..20), meta(1))],
+    )
+    .await
+    .unwrap();
+    let r = &again[0].buckets[0];
+    assert_eq!(
+        (r.base_offset, r.end_offset, r.duplicate),
+        (Some(10), Some(20), true)
+    );
+    // A skipped sequence is refused per bucket, precisely.
+    let gap = raw_put(
+        &server.address,
+        descriptor,
+        &schema(),
+        vec![(batch(20..21), meta(5))],
+    )
+    .await
+    .unwrap();
+    let e = gap[0].buckets[0].error.as_ref().unwrap();
+    assert_eq!(e.code, ErrorCode::Invalid, "{e:?}");
+    let all = client
+        .scan_all(&Scan::table("app", "events"))
+        .await
+        .unwrap();
+    assert_eq!(ids(&all), (0..20).collect::<Vec<_>>());
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn writes_follow_redirects_and_reads_see_them_on_any_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Server::start(dir.path(), 1).await;
+    let b = Server::start(dir.path(), 2).await;
+    let client = Client::connect(&a.address).await.unwrap();
+    client.create_database("app", false).await.unwrap();
+    // Both nodes live before the table exists, so buckets spread.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    events_table(&client, 4).await;
+    let d = loop {
+        let d = client.describe_table("app", "events").await.unwrap();
+        if d.buckets.iter().all(|x| x.leader_node_id != 0) {
+            break d;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let leaders: std::collections::BTreeSet<u64> =
+        d.buckets.iter().map(|x| x.leader_node_id).collect();
+    assert_eq!(leaders.len(), 2, "{d:?}");
+    // A raw routed DoPut to node 1 is told, per bucket, where node 2's buckets live.
+    let acks = raw_put(
+        &a.address,
+        Client::descriptor("app", "events"),
+        &schema(),
+        vec![(batch(0..50), vec![])],
+    )
+    .await
+    .unwrap();
+    let redirected: Vec<_> = acks[0]
+        .buckets
+        .iter()
+        .filter(|r| r.error.is_some())
+        .collect();
+    assert!(!redirected.is_empty());
+    for r in redirected {
+        let e = r.error.as_ref().unwrap();
+        assert_eq!(
+            (e.code, e.leader_address.as_deref()),
+            (ErrorCode::NotLeader, Some(b.address.as_str()))
+        );
+    }
+    // The client routes and follows; a reader on the other node sees every row.
+    client
+        .writer("app", "events")
+        .write(&batch(100..200))
+        .await
+        .unwrap();
+    let reader = Client::connect(&b.address).await.unwrap();
+    let all = reader
+        .scan_all(&Scan::table("app", "events"))
+        .await
+        .unwrap();
+    let got: Vec<i64> = ids(&all).into_iter().filter(|i| *i >= 100).collect();
+    assert_eq!(got, (100..200).collect::<Vec<_>>());
+    a.stop().await;
+    b.stop().await;
+}
+
+async fn plain(address: &str) -> FlightServiceClient<tonic::transport::Channel> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    FlightServiceClient::new(channel)
+}
+
+fn code(e: &tonic::Status) -> (tonic::Code, String) {
+    let mink = e
+        .metadata()
+        .get(protocol::ERROR_CODE_HEADER)
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    (e.code(), mink)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_input_gets_a_precise_status_and_the_node_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = ServerConfig {
+        max_message_bytes: 1 << 20,
+        max_applied_wait: Duration::from_millis(200),
+        ..Default::default()
+    };
+    let server = Server::start_with(dir.path(), 1, config).await;
+    let client = Client::connect(&server.address).await.unwrap();
+    events_table(&client, 2).await;
+    client
+        .writer("app", "events")
+        .write(&batch(0..10))
+        .await
+        .unwrap();
+    let path = Client::descriptor("app", "events");
+    let mut flight = plain(&server.address).await;
+
+    // Schema mismatch: wrong types, missing column, null in a non-null column.
+    let wrong = RecordBatch::try_from_iter(vec![
+        (
+            "user_id",
+            Arc::new(StringArray::from(vec!["x"])) as ArrayRef,
+        ),
+        ("event", Arc::new(StringArray::from(vec!["y"])) as ArrayRef),
+    ])
+    .unwrap();
+    let e = raw_put(
+        &server.address,
+        path.clone(),
+        &wrong.schema(),
+        vec![(wrong, vec![])],
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(
+        code(&e),
+        (tonic::Code::InvalidArgument, "INVALID".into()),
+        "{e}"
+    );
+    assert!(e.message().contains("user_id"), "{e}");
+    let nulls = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            Field::new("user_id", DataType::Int64, true),
+            Field::new("event", DataType::Utf8, true),
+        ])),
+        vec![
+            Arc::new(Int64Array::from(vec![Some(1), None])),
+            Arc::new(StringArray::from(vec!["a", "b"])),
+        ],
+    )
+    .unwrap();
+    let e = raw_put(
+        &server.address,
+        path.clone(),
+        &nulls.schema(),
+        vec![(nulls, vec![])],
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+    assert!(e.message().contains("not nullable"), "{e}");
+
+    // Unknown table; garbage descriptors, tickets, actions and batch metadata.
+    let unknown = FlightDescriptor::new_path(vec!["app".into(), "nope".into()]);
+    let e = raw_put(
+        &server.address,
+        unknown,
+        &schema(),
+        vec![(batch(0..1), vec![])],
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(code(&e), (tonic::Code::NotFound, "NOT_FOUND".into()), "{e}");
+    let e = raw_put(
+        &server.address,
+        FlightDescriptor::new_cmd(b"{not json".to_vec()),
+        &schema(),
+        vec![],
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+    let e = raw_put(
+        &server.address,
+        FlightDescriptor::new_path(vec!["one".into()]),
+        &schema(),
+        vec![],
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+    let e = raw_put(
+        &server.address,
+        path.clone(),
+        &schema(),
+        vec![(batch(0..1), b"\xff\xfe".to_vec())],
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+    let e = flight.do_get(Ticket::new("garbage")).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+    let e = flight
+        .do_get(Ticket::new(
+            r#"{"database":"app","table":"events","bucket":7}"#,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e}");
+    let e = flight
+        .do_action(Action::new("format_disk", "{}"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+    let e = flight
+        .do_action(Action::new("create_table", "{\"database\":1}"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+
+    // Truncated and corrupted batch bodies; an oversized message.
+    let mut encoder = BatchEncoder::new();
+    let mut truncated = encoder.batch(&batch(0..100), Default::default()).unwrap();
+    let last = truncated.last_mut().unwrap();
+    last.data_body = last.data_body.slice(0..last.data_body.len() / 2);
+    let messages: Vec<FlightData> = std::iter::once(encoder.schema(&schema(), Some(path.clone())))
+        .chain(truncated)
+        .collect();
+    let e = put_messages(&mut flight, messages).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+    let mut header = encoder.batch(&batch(0..3), Default::default()).unwrap();
+    let last = header.last_mut().unwrap();
+    last.data_header = bytes::Bytes::from_static(b"\x01\x02\x03garbage-flatbuffer");
+    let messages: Vec<FlightData> = std::iter::once(encoder.schema(&schema(), Some(path.clone())))
+        .chain(header)
+        .collect();
+    let e = put_messages(&mut flight, messages).await.unwrap_err();
+    assert!(matches!(e.code(), tonic::Code::InvalidArgument), "{e}");
+    let big: Vec<i64> = (0..300_000).collect();
+    let huge = RecordBatch::try_from_iter(vec![
+        ("user_id", Arc::new(Int64Array::from(big)) as ArrayRef),
+        (
+            "event",
+            Arc::new(StringArray::from(vec!["x"; 300_000])) as ArrayRef,
+        ),
+    ])
+    .unwrap();
+    let e = raw_put(
+        &server.address,
+        path.clone(),
+        &schema(),
+        vec![(huge, vec![])],
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(
+            e.code(),
+            tonic::Code::ResourceExhausted | tonic::Code::OutOfRange | tonic::Code::InvalidArgument
+        ),
+        "{e}"
+    );
+
+    // A client ahead of the node waits, bounded, then is told to retry.
+    let mut request = tonic::Request::new(Action::new("list_databases", "{}"));
+    request.metadata_mut().insert(
+        protocol::MIN_APPLIED_INDEX_HEADER,
+        "999999999".parse().unwrap(),
+    );
+    let e = flight.do_action(request).await.unwrap_err();
+    assert_eq!(
+        code(&e),
+        (tonic::Code::Unavailable, "UNAVAILABLE".into()),
+        "{e}"
+    );
+
+    // Nothing stored was harmed, and the node keeps serving.
+    let all = client
+        .scan_all(&Scan::table("app", "events"))
+        .await
+        .unwrap();
+    assert_eq!(ids(&all), (0..10).collect::<Vec<_>>());
+    client
+        .writer("app", "events")
+        .write(&batch(10..20))
+        .await
+        .unwrap();
+    let all = client
+        .scan_all(&Scan::table("app", "events"))
+        .await
+        .unwrap();
+    assert_eq!(ids(&all), (0..20).collect::<Vec<_>>());
+    let e = client.describe_table("app", "nope").await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ClientError::Server {
+                code: ErrorCode::NotFound,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    server.stop().await;
+}

@@ -1,0 +1,81 @@
+//! Flight data with `app_metadata` on every batch (arrow-flight's encoder puts it only on the
+//! schema message).
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::Schema;
+use arrow::error::ArrowError;
+use arrow::ipc::writer::{
+    CompressionContext, DictionaryTracker, IpcDataGenerator, IpcWriteOptions,
+};
+use arrow_flight::error::FlightError;
+use arrow_flight::{FlightData, FlightDescriptor, SchemaAsIpc};
+use bytes::Bytes;
+
+/// Encodes one Flight stream: a schema message, then batches (dictionaries are sent before
+/// the batch that uses them, and again when they change).
+pub struct BatchEncoder {
+    generator: IpcDataGenerator,
+    dictionaries: DictionaryTracker,
+    compression: CompressionContext,
+    options: IpcWriteOptions,
+}
+
+impl std::fmt::Debug for BatchEncoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BatchEncoder")
+    }
+}
+
+impl Default for BatchEncoder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl BatchEncoder {
+    pub fn new() -> Self {
+        BatchEncoder {
+            generator: IpcDataGenerator::default(),
+            dictionaries: DictionaryTracker::new(false),
+            compression: CompressionContext::default(),
+            options: IpcWriteOptions::default(),
+        }
+    }
+
+    /// The stream's first message, with the descriptor a `DoPut` needs.
+    pub fn schema(&self, schema: &Schema, descriptor: Option<FlightDescriptor>) -> FlightData {
+        let mut data: FlightData = SchemaAsIpc::new(schema, &self.options).into();
+        data.flight_descriptor = descriptor;
+        data
+    }
+
+    /// The messages of one batch; the last one (the batch itself) carries `app_metadata`.
+    pub fn batch(
+        &mut self,
+        batch: &RecordBatch,
+        app_metadata: Bytes,
+    ) -> Result<Vec<FlightData>, ArrowError> {
+        let (dictionaries, data) = self.generator.encode(
+            batch,
+            &mut self.dictionaries,
+            &self.options,
+            &mut self.compression,
+        )?;
+        let mut out: Vec<FlightData> = dictionaries.into_iter().map(Into::into).collect();
+        let mut data: FlightData = data.into();
+        data.app_metadata = app_metadata;
+        out.push(data);
+        Ok(out)
+    }
+}
+
+/// Refuses a Flight message the IPC reader must not see: a truncated or crafted batch would
+/// panic it or make it allocate what a length field claims (see
+/// `mink_log::codec::check_message`). Put it in front of every `FlightDataDecoder`.
+pub fn checked(data: FlightData) -> Result<FlightData, FlightError> {
+    if !data.data_header.is_empty() {
+        mink_log::codec::check_message(&data.data_header, &data.data_body)
+            .map_err(|e| FlightError::DecodeError(e.to_string()))?;
+    }
+    Ok(data)
+}

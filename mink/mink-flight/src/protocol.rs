@@ -1,0 +1,458 @@
+//! Mink's Arrow Flight protocol: what goes in descriptors, tickets, action bodies and
+//! `app_metadata`. Everything is JSON (UTF-8), so any Flight client can speak it; schemas
+//! travel as base64 of an Arrow IPC schema message (`pyarrow.Schema.serialize()`).
+//! `docs/flight.md` is the user-facing description of the same contract.
+
+use std::collections::BTreeMap;
+
+use arrow::datatypes::Schema;
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+
+/// Response header on every call: the metadata index the answering node had applied.
+pub const APPLIED_INDEX_HEADER: &str = "mink-applied-index";
+/// Request header: answer only once the node has applied at least this index
+/// (read-your-writes across nodes). Waits a bounded time, then fails with `UNAVAILABLE`.
+pub const MIN_APPLIED_INDEX_HEADER: &str = "mink-min-applied-index";
+/// On a `NOT_LEADER` error (gRPC `FAILED_PRECONDITION`): the node leading the bucket.
+pub const LEADER_NODE_HEADER: &str = "mink-leader-node";
+/// On a `NOT_LEADER` error: the Flight address of the leader (`host:port`).
+pub const LEADER_ADDRESS_HEADER: &str = "mink-leader-address";
+/// On every error: the error's [`ErrorCode`] (`NOT_FOUND`, `NOT_LEADER`, ...).
+pub const ERROR_CODE_HEADER: &str = "mink-error-code";
+
+/// `DoAction` types. The body and the single result are JSON.
+pub mod action {
+    /// [`super::CreateDatabase`] → `{}`
+    pub const CREATE_DATABASE: &str = "create_database";
+    /// [`super::DropDatabase`] → `{}`
+    pub const DROP_DATABASE: &str = "drop_database";
+    /// `{}` → [`super::Databases`]
+    pub const LIST_DATABASES: &str = "list_databases";
+    /// [`super::ListTables`] → [`super::Tables`]
+    pub const LIST_TABLES: &str = "list_tables";
+    /// [`super::CreateTable`] → [`super::TableDescription`]
+    pub const CREATE_TABLE: &str = "create_table";
+    /// [`super::DropTable`] → `{}`
+    pub const DROP_TABLE: &str = "drop_table";
+    /// [`super::AlterTable`] → [`super::TableDescription`]
+    pub const ALTER_TABLE: &str = "alter_table";
+    /// [`super::TableRef`] → [`super::TableDescription`]
+    pub const DESCRIBE_TABLE: &str = "describe_table";
+    /// [`super::PartitionRef`] → [`super::PartitionDescription`]
+    pub const CREATE_PARTITION: &str = "create_partition";
+    /// [`super::PartitionRef`] → `{}`
+    pub const DROP_PARTITION: &str = "drop_partition";
+    /// `{}` → [`super::Writer`]: an idempotent writer id for `DoPut`.
+    pub const ALLOCATE_WRITER: &str = "allocate_writer";
+    /// `{}` → [`super::ClusterDescription`]
+    pub const DESCRIBE_CLUSTER: &str = "describe_cluster";
+
+    /// Every action with a one-line description (`ListActions`).
+    pub const ALL: &[(&str, &str)] = &[
+        (CREATE_DATABASE, "create a database: {name, if_not_exists}"),
+        (DROP_DATABASE, "drop a database: {name, cascade, if_exists}"),
+        (LIST_DATABASES, "list databases: {}"),
+        (LIST_TABLES, "list the tables of a database: {database}"),
+        (
+            CREATE_TABLE,
+            "create a log table: {database, table, schema (base64 Arrow IPC), options, partition_keys, comment, if_not_exists}",
+        ),
+        (DROP_TABLE, "drop a table: {database, table, if_exists}"),
+        (
+            ALTER_TABLE,
+            "change options or add nullable columns: {database, table, set_options, reset_options, schema}",
+        ),
+        (
+            DESCRIBE_TABLE,
+            "describe a table and its buckets: {database, table}",
+        ),
+        (
+            CREATE_PARTITION,
+            "create a partition: {database, table, partition, if_not_exists}",
+        ),
+        (
+            DROP_PARTITION,
+            "drop a partition: {database, table, partition, if_exists}",
+        ),
+        (ALLOCATE_WRITER, "allocate an idempotent writer id: {}"),
+        (DESCRIBE_CLUSTER, "the nodes and the metadata position: {}"),
+    ];
+}
+
+/// What went wrong, as a client can act on it. Also the `mink-error-code` header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ErrorCode {
+    NotFound,
+    AlreadyExists,
+    /// The request or its data is wrong; retrying it unchanged fails again.
+    Invalid,
+    /// The bucket is led by another node (named in the error): send it there.
+    NotLeader,
+    /// Retry shortly.
+    Unavailable,
+    /// The node cannot serve; another node might.
+    Failed,
+}
+
+impl ErrorCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::NotFound => "NOT_FOUND",
+            ErrorCode::AlreadyExists => "ALREADY_EXISTS",
+            ErrorCode::Invalid => "INVALID",
+            ErrorCode::NotLeader => "NOT_LEADER",
+            ErrorCode::Unavailable => "UNAVAILABLE",
+            ErrorCode::Failed => "FAILED",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "NOT_FOUND" => ErrorCode::NotFound,
+            "ALREADY_EXISTS" => ErrorCode::AlreadyExists,
+            "INVALID" => ErrorCode::Invalid,
+            "NOT_LEADER" => ErrorCode::NotLeader,
+            "UNAVAILABLE" => ErrorCode::Unavailable,
+            "FAILED" => ErrorCode::Failed,
+            _ => return None,
+        })
+    }
+
+    /// Whether the same request may succeed later (or at the leader).
+    pub fn is_retriable(self) -> bool {
+        matches!(self, ErrorCode::NotLeader | ErrorCode::Unavailable)
+    }
+}
+
+/// An error for one bucket of a write.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub code: ErrorCode,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader_node_id: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader_address: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateDatabase {
+    pub name: String,
+    #[serde(default)]
+    pub if_not_exists: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DropDatabase {
+    pub name: String,
+    /// Drop its tables too (otherwise a database with tables is refused).
+    #[serde(default)]
+    pub cascade: bool,
+    #[serde(default)]
+    pub if_exists: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Databases {
+    pub databases: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListTables {
+    pub database: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tables {
+    pub tables: Vec<String>,
+}
+
+/// A table by name (also the body of `describe_table`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TableRef {
+    pub database: String,
+    pub table: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTable {
+    pub database: String,
+    pub table: String,
+    /// Base64 of an Arrow IPC schema message (see [`encode_schema`]).
+    pub schema: String,
+    /// Fluss option names: `bucket.num`, `bucket.key`, `table.log.ttl`, `table.log.format`,
+    /// `table.log.arrow.compression.type`.
+    #[serde(default)]
+    pub options: BTreeMap<String, String>,
+    #[serde(default)]
+    pub partition_keys: Vec<String>,
+    #[serde(default)]
+    pub comment: String,
+    #[serde(default)]
+    pub if_not_exists: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DropTable {
+    pub database: String,
+    pub table: String,
+    #[serde(default)]
+    pub if_exists: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlterTable {
+    pub database: String,
+    pub table: String,
+    #[serde(default)]
+    pub set_options: BTreeMap<String, String>,
+    #[serde(default)]
+    pub reset_options: Vec<String>,
+    /// The whole new schema (base64 IPC): the current columns plus nullable ones at the end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PartitionRef {
+    pub database: String,
+    pub table: String,
+    /// The partition-key values joined by `$`, in partition-key order.
+    pub partition: String,
+    /// For `create_partition`: succeed if it exists.
+    #[serde(default)]
+    pub if_not_exists: bool,
+    /// For `drop_partition`: succeed if it does not exist.
+    #[serde(default)]
+    pub if_exists: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ColumnDescription {
+    pub name: String,
+    /// Arrow's name for the type (`Int64`, `Utf8`, `List(Int32)`, ...).
+    pub r#type: String,
+    pub nullable: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionDescription {
+    pub partition_id: u64,
+    pub name: String,
+    pub values: BTreeMap<String, String>,
+    pub created_at_ms: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BucketDescription {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<String>,
+    pub partition_id: u64,
+    pub bucket: u32,
+    pub stream_id: u64,
+    /// 0 while the bucket has no leader yet.
+    pub leader_node_id: u64,
+    pub leader_address: String,
+    pub leader_epoch: u64,
+    /// First readable offset (retention moves it).
+    pub start_offset: u64,
+    /// The high watermark: the next offset to be written.
+    pub end_offset: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableDescription {
+    pub table_id: u64,
+    pub database: String,
+    pub table: String,
+    /// Base64 Arrow IPC schema.
+    pub schema: String,
+    pub columns: Vec<ColumnDescription>,
+    pub schema_version: u32,
+    pub options: BTreeMap<String, String>,
+    pub partition_keys: Vec<String>,
+    pub bucket_count: u32,
+    pub bucket_key: Vec<String>,
+    pub comment: String,
+    pub created_at_ms: u64,
+    pub partitions: Vec<PartitionDescription>,
+    pub buckets: Vec<BucketDescription>,
+}
+
+impl TableDescription {
+    pub fn arrow_schema(&self) -> Result<Schema, ProtocolError> {
+        decode_schema(&self.schema)
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Writer {
+    pub writer_id: u64,
+    pub writer_epoch: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeDescription {
+    pub node_id: u64,
+    pub node_epoch: u64,
+    pub address: String,
+    /// Its heartbeat is younger than the lease TTL.
+    pub live: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterDescription {
+    /// The node that answered.
+    pub node_id: u64,
+    pub applied_index: u64,
+    /// The node holding the coordinator lease, if known.
+    pub coordinator_node_id: Option<u64>,
+    pub nodes: Vec<NodeDescription>,
+}
+
+/// `DoPut` descriptor as a command (`FlightDescriptor::new_cmd`). A path descriptor
+/// `[database, table]` means the same with every other field left out (a routed write).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WriteDescriptor {
+    pub database: String,
+    pub table: String,
+    /// Every batch goes to this partition (and must belong to it) unless its metadata says
+    /// otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<String>,
+    /// Every batch goes to this bucket unless its metadata says otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket: Option<u32>,
+    /// An idempotent writer (from `allocate_writer`): every batch then names its bucket and
+    /// carries its sequence number in that bucket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writer_id: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writer_epoch: Option<u64>,
+}
+
+/// `DoPut`: optional `app_metadata` of each batch.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchMetadata {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket: Option<u32>,
+    /// The writer's sequence number for this batch in its bucket: 0, 1, 2, ... A retry sends
+    /// the same number and is answered with the original offsets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence: Option<u64>,
+}
+
+/// What happened to the rows of one bucket.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BucketResult {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<String>,
+    pub bucket: u32,
+    pub rows: u64,
+    /// Offsets `[base_offset, end_offset)` of the stored rows (absent on error).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_offset: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_offset: Option<u64>,
+    /// The batch had been stored before (an idempotent retry); the offsets are the original.
+    #[serde(default)]
+    pub duplicate: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorBody>,
+}
+
+/// `DoPut`: the `app_metadata` of the `PutResult` answering each batch, in batch order, sent
+/// once the batch's rows are durable.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PutAck {
+    /// The batch's position in the stream (0-based).
+    pub batch: u64,
+    pub buckets: Vec<BucketResult>,
+}
+
+/// `DoGet` ticket: a table, one partition, or one bucket.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Ticket {
+    pub database: String,
+    pub table: String,
+    /// For a partitioned table: only this partition (all of them otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<String>,
+    /// Only this bucket (all of them otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket: Option<u32>,
+    /// With `bucket`: first offset to read (the bucket's start when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
+    /// With `bucket`: start at the high watermark (only new rows; for tailing).
+    #[serde(default)]
+    pub latest: bool,
+    /// With `bucket`: stop before this offset (the high watermark at the start otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_offset: Option<u64>,
+    /// Columns to return, in this order (all when absent or empty).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub columns: Vec<String>,
+    /// With `bucket`: keep the stream open and send rows as they are written.
+    #[serde(default)]
+    pub tail: bool,
+    /// With `tail`: end the stream after this long without new rows (never when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tail_idle_ms: Option<u64>,
+    /// Stop after about this many rows (whole batches).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_rows: Option<u64>,
+}
+
+/// `DoGet`: the `app_metadata` of each batch: where its rows are.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadMetadata {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<String>,
+    pub bucket: u32,
+    /// Offset of the batch's first row.
+    pub offset: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ProtocolError(pub String);
+
+/// Base64 of the Arrow IPC encoding of `schema`.
+pub fn encode_schema(schema: &Schema) -> Result<String, ProtocolError> {
+    let bytes = mink_log::codec::encode_schema(schema).map_err(|e| ProtocolError(e.to_string()))?;
+    Ok(base64::engine::general_purpose::STANDARD.encode(bytes))
+}
+
+/// Decodes [`encode_schema`]'s output, or base64 of `pyarrow.Schema.serialize()`.
+pub fn decode_schema(b64: &str) -> Result<Schema, ProtocolError> {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(b64.trim())
+        .map_err(|e| ProtocolError(format!("the schema is not base64: {e}")))?;
+    mink_log::codec::decode_schema(&bytes)
+        .map_err(|e| ProtocolError(format!("the schema is not an Arrow IPC schema: {e}")))
+}
+
+/// Parses a JSON body, naming what was expected when it does not fit.
+pub fn parse<T: serde::de::DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T, ProtocolError> {
+    serde_json::from_slice(bytes).map_err(|e| ProtocolError(format!("{what}: {e}")))
+}
+
+pub fn to_json<T: Serialize>(value: &T) -> bytes::Bytes {
+    bytes::Bytes::from(serde_json::to_vec(value).expect("protocol types serialize"))
+}

@@ -1,0 +1,1020 @@
+//! The Flight service on a node.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use arrow::ipc::writer::IpcWriteOptions;
+use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
+use arrow_flight::error::FlightError;
+use arrow_flight::flight_descriptor::DescriptorType;
+use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
+use arrow_flight::{
+    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightEndpoint, FlightInfo,
+    HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaAsIpc, SchemaResult,
+};
+use bytes::Bytes;
+use futures::stream::{BoxStream, FuturesOrdered};
+use futures::{Stream, StreamExt, TryStreamExt};
+use mink_node::{Node, NodeError, TableInfo, TableSpec, WriteTarget};
+use tokio::sync::mpsc;
+use tonic::metadata::{MetadataMap, MetadataValue};
+use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument as _;
+
+use crate::encode::BatchEncoder;
+use crate::protocol::{self, ErrorBody, ErrorCode, action};
+
+/// Limits and timings of the Flight service.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Largest gRPC message accepted or sent (one Flight batch).
+    pub max_message_bytes: usize,
+    /// Longest wait for `mink-min-applied-index` before answering `UNAVAILABLE`.
+    pub max_applied_wait: Duration,
+    /// Batches of one `DoPut` stream in flight (submitted, not yet durable).
+    pub put_pipeline_depth: usize,
+    /// Stored bytes fetched per read step of a `DoGet`.
+    pub read_bytes: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            max_message_bytes: 64 << 20,
+            max_applied_wait: Duration::from_secs(10),
+            put_pipeline_depth: 64,
+            read_bytes: 4 << 20,
+        }
+    }
+}
+
+/// Mink's Arrow Flight service (see `docs/flight.md` for the protocol).
+#[derive(Clone, Debug)]
+pub struct MinkFlight {
+    node: Node,
+    config: Arc<ServerConfig>,
+}
+
+type FlightStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+impl MinkFlight {
+    pub fn new(node: Node, config: ServerConfig) -> Self {
+        MinkFlight {
+            node,
+            config: Arc::new(config),
+        }
+    }
+
+    /// The tonic service, with the message size limits applied.
+    pub fn into_server(self) -> FlightServiceServer<Self> {
+        let max = self.config.max_message_bytes;
+        FlightServiceServer::new(self)
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max)
+    }
+
+    /// Honours `mink-min-applied-index`.
+    async fn catch_up(&self, metadata: &MetadataMap) -> Result<(), Status> {
+        let Some(value) = metadata.get(protocol::MIN_APPLIED_INDEX_HEADER) else {
+            return Ok(());
+        };
+        let index: u64 = value
+            .to_str()
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .ok_or_else(|| {
+                self.status(
+                    ErrorCode::Invalid,
+                    format!(
+                        "{} must be an unsigned integer",
+                        protocol::MIN_APPLIED_INDEX_HEADER
+                    ),
+                )
+            })?;
+        self.node
+            .wait_applied(index, self.config.max_applied_wait)
+            .await
+            .map(|_| ())
+            .map_err(|e| self.error(e))
+    }
+
+    fn applied_index(&self) -> MetadataValue<tonic::metadata::Ascii> {
+        MetadataValue::from(self.node.view().applied_index)
+    }
+
+    fn respond<T>(&self, body: T) -> Response<T> {
+        let mut response = Response::new(body);
+        response
+            .metadata_mut()
+            .insert(protocol::APPLIED_INDEX_HEADER, self.applied_index());
+        response
+    }
+
+    fn status(&self, code: ErrorCode, message: String) -> Status {
+        let grpc = match code {
+            ErrorCode::NotFound => tonic::Code::NotFound,
+            ErrorCode::AlreadyExists => tonic::Code::AlreadyExists,
+            ErrorCode::Invalid => tonic::Code::InvalidArgument,
+            ErrorCode::NotLeader => tonic::Code::FailedPrecondition,
+            ErrorCode::Unavailable => tonic::Code::Unavailable,
+            ErrorCode::Failed => tonic::Code::Internal,
+        };
+        let mut status = Status::new(grpc, message);
+        let m = status.metadata_mut();
+        m.insert(protocol::APPLIED_INDEX_HEADER, self.applied_index());
+        m.insert(
+            protocol::ERROR_CODE_HEADER,
+            MetadataValue::from_static(code.as_str()),
+        );
+        status
+    }
+
+    // By value: it reads best as `.map_err(|e| self.error(e))`.
+    #[allow(clippy::needless_pass_by_value)]
+    fn error(&self, e: NodeError) -> Status {
+        let body = error_body(&e);
+        let mut status = self.status(body.code, body.message);
+        if let (Some(node), Some(address)) = (body.leader_node_id, body.leader_address) {
+            let m = status.metadata_mut();
+            m.insert(protocol::LEADER_NODE_HEADER, MetadataValue::from(node));
+            if let Ok(a) = address.parse() {
+                m.insert(protocol::LEADER_ADDRESS_HEADER, a);
+            }
+        }
+        status
+    }
+
+    fn invalid(&self, message: impl Into<String>) -> Status {
+        self.status(ErrorCode::Invalid, message.into())
+    }
+
+    /// `[database, table]` from a path descriptor.
+    fn table_path(&self, descriptor: &FlightDescriptor) -> Result<(String, String), Status> {
+        match (descriptor.r#type(), descriptor.path.as_slice()) {
+            (DescriptorType::Path, [database, table]) => Ok((database.clone(), table.clone())),
+            _ => Err(self.invalid("expected a path descriptor [database, table]".to_string())),
+        }
+    }
+
+    fn flight_info(&self, info: &TableInfo) -> Result<FlightInfo, Status> {
+        let description = describe(info).map_err(|e| self.invalid(e.0))?;
+        let endpoints = info
+            .buckets
+            .iter()
+            .map(|b| {
+                let ticket = protocol::Ticket {
+                    database: info.database.clone(),
+                    table: info.name.clone(),
+                    partition: b.partition.clone(),
+                    bucket: Some(b.bucket),
+                    offset: Some(b.start_offset),
+                    end_offset: Some(b.end_offset),
+                    ..Default::default()
+                };
+                let mut e = FlightEndpoint::new()
+                    .with_ticket(arrow_flight::Ticket::new(protocol::to_json(&ticket)));
+                if !b.leader_address.is_empty() {
+                    e = e.with_location(format!("grpc://{}", b.leader_address));
+                }
+                e
+            })
+            .collect();
+        let records: u64 = info
+            .buckets
+            .iter()
+            .map(|b| b.end_offset - b.start_offset)
+            .sum();
+        FlightInfo::new()
+            .try_with_schema(&info.schema)
+            .map_err(|e| self.status(ErrorCode::Failed, e.to_string()))
+            .map(|f| {
+                f.with_descriptor(FlightDescriptor::new_path(vec![
+                    info.database.clone(),
+                    info.name.clone(),
+                ]))
+                .with_endpoints(endpoints)
+                .with_total_records(i64::try_from(records).unwrap_or(i64::MAX))
+                .with_total_bytes(-1)
+                .with_app_metadata(protocol::to_json(&description))
+            })
+    }
+
+    async fn action(&self, action: &Action) -> Result<Bytes, Status> {
+        let node = &self.node;
+        let body = action.body.as_ref();
+        let bad = |e: protocol::ProtocolError| self.invalid(e.0);
+        let err = |e: NodeError| self.error(e);
+        let empty = || protocol::to_json(&serde_json::json!({}));
+        Ok(match action.r#type.as_str() {
+            action::CREATE_DATABASE => {
+                let a: protocol::CreateDatabase =
+                    protocol::parse(action::CREATE_DATABASE, body).map_err(bad)?;
+                node.create_database(&a.name, a.if_not_exists)
+                    .await
+                    .map_err(err)?;
+                empty()
+            }
+            action::DROP_DATABASE => {
+                let a: protocol::DropDatabase =
+                    protocol::parse(action::DROP_DATABASE, body).map_err(bad)?;
+                node.drop_database(&a.name, a.cascade, a.if_exists)
+                    .await
+                    .map_err(err)?;
+                empty()
+            }
+            action::LIST_DATABASES => protocol::to_json(&protocol::Databases {
+                databases: node.list_databases(),
+            }),
+            action::LIST_TABLES => {
+                let a: protocol::ListTables =
+                    protocol::parse(action::LIST_TABLES, body).map_err(bad)?;
+                protocol::to_json(&protocol::Tables {
+                    tables: node.list_tables(&a.database).map_err(err)?,
+                })
+            }
+            action::CREATE_TABLE => {
+                let a: protocol::CreateTable =
+                    protocol::parse(action::CREATE_TABLE, body).map_err(bad)?;
+                let schema = protocol::decode_schema(&a.schema).map_err(bad)?;
+                let info = node
+                    .create_table(TableSpec {
+                        database: a.database,
+                        name: a.table,
+                        schema,
+                        options: a.options,
+                        partition_keys: a.partition_keys,
+                        comment: a.comment,
+                        if_not_exists: a.if_not_exists,
+                    })
+                    .await
+                    .map_err(err)?;
+                protocol::to_json(&describe(&info).map_err(bad)?)
+            }
+            action::DROP_TABLE => {
+                let a: protocol::DropTable =
+                    protocol::parse(action::DROP_TABLE, body).map_err(bad)?;
+                node.drop_table(&a.database, &a.table, a.if_exists)
+                    .await
+                    .map_err(err)?;
+                empty()
+            }
+            action::ALTER_TABLE => {
+                let a: protocol::AlterTable =
+                    protocol::parse(action::ALTER_TABLE, body).map_err(bad)?;
+                let schema = a
+                    .schema
+                    .as_deref()
+                    .map(protocol::decode_schema)
+                    .transpose()
+                    .map_err(bad)?;
+                let info = node
+                    .alter_table(
+                        &a.database,
+                        &a.table,
+                        mink_node::TableChange {
+                            set_options: a.set_options,
+                            reset_options: a.reset_options,
+                            schema,
+                        },
+                    )
+                    .await
+                    .map_err(err)?;
+                protocol::to_json(&describe(&info).map_err(bad)?)
+            }
+            action::DESCRIBE_TABLE => {
+                let a: protocol::TableRef =
+                    protocol::parse(action::DESCRIBE_TABLE, body).map_err(bad)?;
+                let info = node.describe_table(&a.database, &a.table).map_err(err)?;
+                protocol::to_json(&describe(&info).map_err(bad)?)
+            }
+            action::CREATE_PARTITION => {
+                let a: protocol::PartitionRef =
+                    protocol::parse(action::CREATE_PARTITION, body).map_err(bad)?;
+                let p = node
+                    .create_partition(&a.database, &a.table, &a.partition, a.if_not_exists)
+                    .await
+                    .map_err(err)?;
+                protocol::to_json(&protocol::PartitionDescription {
+                    partition_id: p.partition_id,
+                    name: p.name,
+                    values: p.values,
+                    created_at_ms: p.created_at_ms,
+                })
+            }
+            action::DROP_PARTITION => {
+                let a: protocol::PartitionRef =
+                    protocol::parse(action::DROP_PARTITION, body).map_err(bad)?;
+                node.drop_partition(&a.database, &a.table, &a.partition, a.if_exists)
+                    .await
+                    .map_err(err)?;
+                empty()
+            }
+            action::ALLOCATE_WRITER => {
+                let w = node.allocate_writer().await.map_err(err)?;
+                protocol::to_json(&protocol::Writer {
+                    writer_id: w.writer_id,
+                    writer_epoch: w.writer_epoch,
+                })
+            }
+            action::DESCRIBE_CLUSTER => {
+                let live = node.live_nodes().await.map_err(err)?;
+                let view = node.view();
+                protocol::to_json(&protocol::ClusterDescription {
+                    node_id: node.node_id(),
+                    applied_index: view.applied_index,
+                    coordinator_node_id: view.state.coordinator.as_ref().map(|c| c.node_id),
+                    nodes: view
+                        .state
+                        .nodes
+                        .values()
+                        .map(|n| protocol::NodeDescription {
+                            node_id: n.node_id,
+                            node_epoch: n.node_epoch,
+                            address: n.address.clone(),
+                            live: live.contains(&n.node_id),
+                        })
+                        .collect(),
+                })
+            }
+            other => {
+                return Err(
+                    self.invalid(format!("unknown action {other:?}; ListActions lists them"))
+                );
+            }
+        })
+    }
+}
+
+/// The per-bucket error body of a node error.
+pub(crate) fn error_body(e: &NodeError) -> ErrorBody {
+    let (code, leader) = match e {
+        NodeError::NotFound(_) => (ErrorCode::NotFound, None),
+        NodeError::AlreadyExists(_) => (ErrorCode::AlreadyExists, None),
+        NodeError::Invalid(_) => (ErrorCode::Invalid, None),
+        NodeError::NotLeader {
+            leader, address, ..
+        } => (ErrorCode::NotLeader, Some((*leader, address.clone()))),
+        NodeError::Unavailable(_) => (ErrorCode::Unavailable, None),
+        _ => (ErrorCode::Failed, None),
+    };
+    ErrorBody {
+        code,
+        message: e.to_string(),
+        leader_node_id: leader.as_ref().map(|l| l.0),
+        leader_address: leader.map(|l| l.1),
+    }
+}
+
+/// A table as the protocol describes it.
+pub(crate) fn describe(
+    info: &TableInfo,
+) -> Result<protocol::TableDescription, protocol::ProtocolError> {
+    Ok(protocol::TableDescription {
+        table_id: info.table_id,
+        database: info.database.clone(),
+        table: info.name.clone(),
+        schema: protocol::encode_schema(&info.schema)?,
+        columns: info
+            .schema
+            .fields()
+            .iter()
+            .map(|f| protocol::ColumnDescription {
+                name: f.name().clone(),
+                r#type: f.data_type().to_string(),
+                nullable: f.is_nullable(),
+            })
+            .collect(),
+        schema_version: info.schema_version,
+        options: info.options.clone(),
+        partition_keys: info.partition_keys.clone(),
+        bucket_count: info.bucket_count,
+        bucket_key: info.bucket_key.clone(),
+        comment: info.comment.clone(),
+        created_at_ms: info.created_at_ms,
+        partitions: info
+            .partitions
+            .iter()
+            .map(|p| protocol::PartitionDescription {
+                partition_id: p.partition_id,
+                name: p.name.clone(),
+                values: p.values.clone(),
+                created_at_ms: p.created_at_ms,
+            })
+            .collect(),
+        buckets: info
+            .buckets
+            .iter()
+            .map(|b| protocol::BucketDescription {
+                partition: b.partition.clone(),
+                partition_id: b.partition_id,
+                bucket: b.bucket,
+                stream_id: b.stream_id,
+                leader_node_id: b.leader_node_id,
+                leader_address: b.leader_address.clone(),
+                leader_epoch: b.leader_epoch,
+                start_offset: b.start_offset,
+                end_offset: b.end_offset,
+            })
+            .collect(),
+    })
+}
+
+/// One bucket to read in a `DoGet`.
+struct ReadPlan {
+    partition: Option<String>,
+    bucket: u32,
+    from: u64,
+    /// Exclusive; `None` while tailing.
+    to: Option<u64>,
+}
+
+impl MinkFlight {
+    fn plan_read(&self, t: &protocol::Ticket) -> Result<Vec<ReadPlan>, NodeError> {
+        let info = self.node.describe_table(&t.database, &t.table)?;
+        if let Some(p) = &t.partition
+            && !info.partitions.iter().any(|x| &x.name == p)
+        {
+            return Err(NodeError::NotFound(format!(
+                "partition {p:?} of {}.{} does not exist",
+                t.database, t.table
+            )));
+        }
+        let Some(bucket) = t.bucket else {
+            if t.offset.is_some() || t.end_offset.is_some() || t.latest || t.tail {
+                return Err(NodeError::Invalid(
+                    "offset, end_offset, latest and tail apply to one bucket: name it".into(),
+                ));
+            }
+            return Ok(info
+                .buckets
+                .iter()
+                .filter(|b| t.partition.is_none() || b.partition == t.partition)
+                .map(|b| ReadPlan {
+                    partition: b.partition.clone(),
+                    bucket: b.bucket,
+                    from: b.start_offset,
+                    to: Some(b.end_offset),
+                })
+                .collect());
+        };
+        let (start, end) =
+            self.node
+                .bucket_offsets(&t.database, &t.table, t.partition.as_deref(), bucket)?;
+        let from = match (t.offset, t.latest) {
+            (Some(_), true) => {
+                return Err(NodeError::Invalid("give offset or latest, not both".into()));
+            }
+            (Some(o), false) => o,
+            (None, true) => end,
+            (None, false) => start,
+        };
+        if from < start {
+            return Err(NodeError::Invalid(format!(
+                "offset {from} is before the start of bucket {bucket} ({start}): retention removed it"
+            )));
+        }
+        let to = match (t.tail, t.end_offset) {
+            (true, Some(_)) => {
+                return Err(NodeError::Invalid("a tail has no end_offset".into()));
+            }
+            (true, None) => None,
+            (false, Some(e)) => Some(e.min(end)),
+            (false, None) => Some(end),
+        };
+        Ok(vec![ReadPlan {
+            partition: t.partition.clone(),
+            bucket,
+            from,
+            to,
+        }])
+    }
+
+    /// Produces the batches of a read into `tx`, stopping when the client goes away.
+    async fn produce(
+        self,
+        t: protocol::Ticket,
+        plans: Vec<ReadPlan>,
+        schema: SchemaRef,
+        tx: mpsc::Sender<Result<FlightData, Status>>,
+    ) {
+        let mut encoder = BatchEncoder::new();
+        if tx.send(Ok(encoder.schema(&schema, None))).await.is_err() {
+            return;
+        }
+        let idle = t.tail_idle_ms.map(Duration::from_millis);
+        let mut rows_sent = 0u64;
+        for plan in plans {
+            let mut offset = plan.from;
+            let mut idle_since = tokio::time::Instant::now();
+            loop {
+                if plan.to.is_some_and(|to| offset >= to)
+                    || t.max_rows.is_some_and(|m| rows_sent >= m)
+                {
+                    break;
+                }
+                let read = self
+                    .node
+                    .read(
+                        &t.database,
+                        &t.table,
+                        plan.partition.as_deref(),
+                        plan.bucket,
+                        offset,
+                        self.config.read_bytes,
+                        &t.columns,
+                    )
+                    .await;
+                let batches = match read {
+                    Ok(b) => b,
+                    Err(e) => {
+                        let _ = tx.send(Err(self.error(e))).await;
+                        return;
+                    }
+                };
+                if batches.is_empty() {
+                    if plan.to.is_some() {
+                        break;
+                    }
+                    // Tailing: wait for rows, a second at a time so a gone client is noticed.
+                    if idle.is_some_and(|i| idle_since.elapsed() >= i) || tx.is_closed() {
+                        break;
+                    }
+                    let step = idle.map_or(Duration::from_secs(1), |i| {
+                        i.saturating_sub(idle_since.elapsed())
+                            .min(Duration::from_secs(1))
+                    });
+                    if let Err(e) = self
+                        .node
+                        .wait_for_data(
+                            &t.database,
+                            &t.table,
+                            plan.partition.as_deref(),
+                            plan.bucket,
+                            offset,
+                            step,
+                        )
+                        .await
+                    {
+                        let _ = tx.send(Err(self.error(e))).await;
+                        return;
+                    }
+                    continue;
+                }
+                idle_since = tokio::time::Instant::now();
+                for b in batches {
+                    let mut batch = b.batch;
+                    if let Some(to) = plan.to {
+                        let keep =
+                            usize::try_from(to.saturating_sub(b.base_offset)).unwrap_or(usize::MAX);
+                        if keep < batch.num_rows() {
+                            batch = batch.slice(0, keep);
+                        }
+                    }
+                    if batch.num_rows() == 0 {
+                        continue;
+                    }
+                    offset = b.base_offset + batch.num_rows() as u64;
+                    rows_sent += batch.num_rows() as u64;
+                    let meta = protocol::to_json(&protocol::ReadMetadata {
+                        partition: plan.partition.clone(),
+                        bucket: plan.bucket,
+                        offset: b.base_offset,
+                    });
+                    let data = match encoder.batch(&batch, meta) {
+                        Ok(d) => d,
+                        Err(e) => {
+                            let _ = tx
+                                .send(Err(self.status(ErrorCode::Failed, e.to_string())))
+                                .await;
+                            return;
+                        }
+                    };
+                    for d in data {
+                        if tx.send(Ok(d)).await.is_err() {
+                            return;
+                        }
+                    }
+                    if t.max_rows.is_some_and(|m| rows_sent >= m) {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs one `DoPut` stream: submits batches in order (pipelined up to the configured
+    /// depth) and answers each once durable, in order.
+    async fn put(
+        self,
+        descriptor: protocol::WriteDescriptor,
+        mut input: FlightDataDecoder,
+        tx: mpsc::Sender<Result<PutResult, Status>>,
+    ) {
+        let writer = descriptor.writer_id;
+        let writer_epoch = descriptor.writer_epoch.unwrap_or(0);
+        let mut in_flight = FuturesOrdered::new();
+        let mut next = 0u64;
+        let mut failure: Option<Status> = None;
+        let mut input_done = false;
+        loop {
+            let can_read = !input_done
+                && failure.is_none()
+                && in_flight.len() < self.config.put_pipeline_depth;
+            if !can_read && in_flight.is_empty() {
+                break;
+            }
+            tokio::select! {
+                biased;
+                Some(ack) = in_flight.next(), if !in_flight.is_empty() => {
+                    if tx.send(Ok(ack)).await.is_err() {
+                        return;
+                    }
+                }
+                item = input.next(), if can_read => {
+                    let decoded = match item {
+                        None => { input_done = true; continue; }
+                        Some(Err(e)) => {
+                            failure = Some(self.invalid(format!("batch {next}: {}", flight_error(&e))));
+                            continue;
+                        }
+                        Some(Ok(d)) => d,
+                    };
+                    let app_metadata = decoded.app_metadata();
+                    let batch = match decoded.payload {
+                        DecodedPayload::RecordBatch(b) => b,
+                        DecodedPayload::Schema(_) | DecodedPayload::None => continue,
+                    };
+                    let index = next;
+                    next += 1;
+                    match self.submit(&descriptor, writer, writer_epoch, &batch, &app_metadata).await {
+                        Ok(pending) => in_flight.push_back(async move {
+                            let buckets = pending
+                                .await
+                                .into_iter()
+                                .map(|w| bucket_result(&w))
+                                .collect();
+                            PutResult {
+                                app_metadata: protocol::to_json(&protocol::PutAck { batch: index, buckets }),
+                            }
+                        }),
+                        Err(status) => {
+                            failure = Some(Status::with_metadata(
+                                status.code(),
+                                format!("batch {index}: {}", status.message()),
+                                status.metadata().clone(),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(status) = failure {
+            let _ = tx.send(Err(status)).await;
+        }
+    }
+
+    async fn submit(
+        &self,
+        d: &protocol::WriteDescriptor,
+        writer: Option<u64>,
+        writer_epoch: u64,
+        batch: &RecordBatch,
+        app_metadata: &Bytes,
+    ) -> Result<mink_node::PendingWrite, Status> {
+        let meta: protocol::BatchMetadata = if app_metadata.is_empty() {
+            protocol::BatchMetadata::default()
+        } else {
+            protocol::parse("batch app_metadata", app_metadata).map_err(|e| self.invalid(e.0))?
+        };
+        let bucket = meta.bucket.or(d.bucket);
+        let writer = match (writer, meta.sequence) {
+            (Some(id), Some(seq)) => Some(s3stream_writer(id, writer_epoch, seq)),
+            (Some(_), None) => {
+                return Err(
+                    self.invalid("an idempotent writer's batch needs its sequence in app_metadata")
+                );
+            }
+            (None, Some(_)) => {
+                return Err(self.invalid("a batch sequence needs a writer_id in the descriptor"));
+            }
+            (None, None) => None,
+        };
+        let target = WriteTarget {
+            partition: meta.partition.or_else(|| d.partition.clone()),
+            bucket,
+            writer,
+        };
+        self.node
+            .submit_write(&d.database, &d.table, batch, &target)
+            .await
+            .map_err(|e| self.error(e))
+    }
+}
+
+fn s3stream_writer(writer_id: u64, writer_epoch: u64, sequence: u64) -> mink_node::WriterBatchId {
+    mink_node::WriterBatchId {
+        writer_id,
+        writer_epoch,
+        first_sequence: sequence,
+        last_sequence: sequence,
+    }
+}
+
+fn bucket_result(w: &mink_node::BucketWrite) -> protocol::BucketResult {
+    let (base, end, duplicate, error) = match &w.result {
+        Ok(ack) => (
+            Some(ack.base_offset),
+            Some(ack.end_offset),
+            ack.duplicate,
+            None,
+        ),
+        Err(e) => (None, None, false, Some(error_body(e))),
+    };
+    protocol::BucketResult {
+        partition: w.partition.clone(),
+        bucket: w.bucket,
+        rows: w.rows as u64,
+        base_offset: base,
+        end_offset: end,
+        duplicate,
+        error,
+    }
+}
+
+fn flight_error(e: &FlightError) -> String {
+    match e {
+        FlightError::Tonic(s) => s.message().to_string(),
+        other => other.to_string(),
+    }
+}
+
+#[tonic::async_trait]
+impl FlightService for MinkFlight {
+    type HandshakeStream = FlightStream<HandshakeResponse>;
+    type ListFlightsStream = FlightStream<FlightInfo>;
+    type DoGetStream = FlightStream<FlightData>;
+    type DoPutStream = FlightStream<PutResult>;
+    type DoExchangeStream = FlightStream<FlightData>;
+    type DoActionStream = FlightStream<arrow_flight::Result>;
+    type ListActionsStream = FlightStream<ActionType>;
+
+    async fn handshake(
+        &self,
+        _request: Request<Streaming<HandshakeRequest>>,
+    ) -> Result<Response<Self::HandshakeStream>, Status> {
+        // No authentication yet: an empty handshake succeeds.
+        let reply = HandshakeResponse::default();
+        Ok(self
+            .respond(Box::pin(futures::stream::once(async { Ok(reply) })) as Self::HandshakeStream))
+    }
+
+    async fn list_flights(
+        &self,
+        request: Request<Criteria>,
+    ) -> Result<Response<Self::ListFlightsStream>, Status> {
+        self.catch_up(request.metadata()).await?;
+        let database = String::from_utf8(request.get_ref().expression.to_vec())
+            .map_err(|_| self.invalid("the criteria must be a database name (UTF-8) or empty"))?;
+        let databases = if database.is_empty() {
+            self.node.list_databases()
+        } else {
+            vec![database]
+        };
+        let mut infos = Vec::new();
+        for db in databases {
+            for table in self.node.list_tables(&db).map_err(|e| self.error(e))? {
+                let info = self
+                    .node
+                    .describe_table(&db, &table)
+                    .map_err(|e| self.error(e))?;
+                infos.push(self.flight_info(&info));
+            }
+        }
+        Ok(self.respond(Box::pin(futures::stream::iter(infos)) as Self::ListFlightsStream))
+    }
+
+    async fn get_flight_info(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let span = tracing::info_span!("flight.get_flight_info");
+        async {
+            self.catch_up(request.metadata()).await?;
+            let (database, table) = self.table_path(request.get_ref())?;
+            let info = self
+                .node
+                .describe_table(&database, &table)
+                .map_err(|e| self.error(e))?;
+            Ok(self.respond(self.flight_info(&info)?))
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn poll_flight_info(
+        &self,
+        _request: Request<FlightDescriptor>,
+    ) -> Result<Response<PollInfo>, Status> {
+        Err(Status::unimplemented("PollFlightInfo: use GetFlightInfo"))
+    }
+
+    async fn get_schema(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<SchemaResult>, Status> {
+        self.catch_up(request.metadata()).await?;
+        let (database, table) = self.table_path(request.get_ref())?;
+        let info = self
+            .node
+            .describe_table(&database, &table)
+            .map_err(|e| self.error(e))?;
+        let result: SchemaResult = SchemaAsIpc::new(&info.schema, &IpcWriteOptions::default())
+            .try_into()
+            .map_err(|e: arrow::error::ArrowError| self.status(ErrorCode::Failed, e.to_string()))?;
+        Ok(self.respond(result))
+    }
+
+    async fn do_get(
+        &self,
+        request: Request<arrow_flight::Ticket>,
+    ) -> Result<Response<Self::DoGetStream>, Status> {
+        self.catch_up(request.metadata()).await?;
+        let ticket: protocol::Ticket =
+            protocol::parse("ticket", &request.get_ref().ticket).map_err(|e| self.invalid(e.0))?;
+        let span = tracing::info_span!(
+            "flight.do_get",
+            database = %ticket.database,
+            table = %ticket.table,
+            bucket = ?ticket.bucket,
+            tail = ticket.tail
+        );
+        let plans = self.plan_read(&ticket).map_err(|e| self.error(e))?;
+        let info = self
+            .node
+            .describe_table(&ticket.database, &ticket.table)
+            .map_err(|e| self.error(e))?;
+        let schema = if ticket.columns.is_empty() {
+            Arc::clone(&info.schema)
+        } else {
+            let indices = ticket
+                .columns
+                .iter()
+                .map(|c| {
+                    info.schema.index_of(c).map_err(|_| {
+                        self.invalid(format!(
+                            "no column {c:?} in {}.{}",
+                            ticket.database, ticket.table
+                        ))
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Arc::new(
+                info.schema
+                    .project(&indices)
+                    .map_err(|e| self.invalid(e.to_string()))?,
+            )
+        };
+        let (tx, rx) = mpsc::channel(8);
+        let this = self.clone();
+        tokio::spawn(
+            async move {
+                let failed = tx.clone();
+                let run =
+                    std::panic::AssertUnwindSafe(this.clone().produce(ticket, plans, schema, tx));
+                if futures::FutureExt::catch_unwind(run).await.is_err() {
+                    // Never let a cut-short read look like a complete one.
+                    let _ = failed
+                        .send(Err(this.status(
+                            ErrorCode::Failed,
+                            "the read failed inside the node (a bug)".into(),
+                        )))
+                        .await;
+                }
+            }
+            .instrument(span),
+        );
+        let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+        Ok(self.respond(Box::pin(stream) as Self::DoGetStream))
+    }
+
+    async fn do_put(
+        &self,
+        request: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoPutStream>, Status> {
+        self.catch_up(request.metadata()).await?;
+        let mut stream = request.into_inner();
+        let first = stream
+            .message()
+            .await?
+            .ok_or_else(|| self.invalid("an empty DoPut stream: send the schema first"))?;
+        let descriptor = first
+            .flight_descriptor
+            .clone()
+            .ok_or_else(|| self.invalid("the first DoPut message needs a flight descriptor"))?;
+        let write: protocol::WriteDescriptor = match descriptor.r#type() {
+            DescriptorType::Cmd => protocol::parse("DoPut descriptor command", &descriptor.cmd)
+                .map_err(|e| self.invalid(e.0))?,
+            _ => {
+                let (database, table) = self.table_path(&descriptor)?;
+                protocol::WriteDescriptor {
+                    database,
+                    table,
+                    ..Default::default()
+                }
+            }
+        };
+        // The table must exist before anything is read.
+        self.node
+            .describe_table(&write.database, &write.table)
+            .map_err(|e| self.error(e))?;
+        if write.writer_epoch.is_some() && write.writer_id.is_none() {
+            return Err(self.invalid("writer_epoch without writer_id"));
+        }
+        let span = tracing::info_span!(
+            "flight.do_put",
+            database = %write.database,
+            table = %write.table,
+            writer = ?write.writer_id
+        );
+        let input: BoxStream<'static, Result<FlightData, FlightError>> =
+            futures::stream::once(async { Ok(first) })
+                .chain(stream.map_err(|s| FlightError::Tonic(Box::new(s))))
+                .and_then(|data| async move { crate::encode::checked(data) })
+                .boxed();
+        let decoder = FlightDataDecoder::new(input);
+        let (tx, rx) = mpsc::channel(self.config.put_pipeline_depth.max(1));
+        let this = self.clone();
+        tokio::spawn(
+            async move {
+                let failed = tx.clone();
+                let run = std::panic::AssertUnwindSafe(this.clone().put(write, decoder, tx));
+                if futures::FutureExt::catch_unwind(run).await.is_err() {
+                    let _ = failed
+                        .send(Err(this.status(ErrorCode::Failed, "the write failed inside the node (a bug); batches not answered may or may not be stored".into())))
+                        .await;
+                }
+            }
+            .instrument(span),
+        );
+        let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+        Ok(self.respond(Box::pin(stream) as Self::DoPutStream))
+    }
+
+    async fn do_exchange(
+        &self,
+        _request: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoExchangeStream>, Status> {
+        Err(Status::unimplemented(
+            "DoExchange is not part of Mink's protocol",
+        ))
+    }
+
+    async fn do_action(
+        &self,
+        request: Request<Action>,
+    ) -> Result<Response<Self::DoActionStream>, Status> {
+        let span = tracing::info_span!("flight.do_action", action = %request.get_ref().r#type);
+        async {
+            self.catch_up(request.metadata()).await?;
+            let body = self.action(request.get_ref()).await?;
+            let result = arrow_flight::Result { body };
+            Ok(self.respond(
+                Box::pin(futures::stream::once(async { Ok(result) })) as Self::DoActionStream
+            ))
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn list_actions(
+        &self,
+        _request: Request<Empty>,
+    ) -> Result<Response<Self::ListActionsStream>, Status> {
+        let actions = action::ALL.iter().map(|(name, description)| {
+            Ok(ActionType {
+                r#type: (*name).to_string(),
+                description: (*description).to_string(),
+            })
+        });
+        Ok(self.respond(Box::pin(futures::stream::iter(actions)) as Self::ListActionsStream))
+    }
+}
+
+/// Serves Flight on `listener` until `shutdown` resolves.
+pub async fn serve(
+    node: Node,
+    config: ServerConfig,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    tonic::transport::Server::builder()
+        .add_service(MinkFlight::new(node, config).into_server())
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            shutdown,
+        )
+        .await
+}
