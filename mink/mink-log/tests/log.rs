@@ -1,4 +1,5 @@
 //! The log tablet's codec, options, routing, and the tablet on a real stream engine.
+#![allow(clippy::cast_possible_truncation)]
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
