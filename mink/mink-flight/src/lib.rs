@@ -8,6 +8,8 @@
 //! `DoGet` a JSON ticket, `DoAction` for admin. See `docs/flight.md`.
 
 pub mod encode;
+#[cfg(feature = "server")]
+mod metrics;
 pub mod protocol;
 #[cfg(feature = "server")]
 mod server;

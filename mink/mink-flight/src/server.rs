@@ -499,10 +499,10 @@ impl MinkFlight {
         plans: Vec<ReadPlan>,
         schema: SchemaRef,
         tx: mpsc::Sender<Result<FlightData, Status>>,
-    ) {
+    ) -> tonic::Code {
         let mut encoder = BatchEncoder::new();
         if tx.send(Ok(encoder.schema(&schema, None))).await.is_err() {
-            return;
+            return tonic::Code::Cancelled;
         }
         let idle = t.tail_idle_ms.map(Duration::from_millis);
         let mut rows_sent = 0u64;
@@ -530,8 +530,7 @@ impl MinkFlight {
                 let batches = match read {
                     Ok(b) => b,
                     Err(e) => {
-                        let _ = tx.send(Err(self.error(e))).await;
-                        return;
+                        return fail(&tx, self.error(e)).await;
                     }
                 };
                 if batches.is_empty() {
@@ -558,8 +557,7 @@ impl MinkFlight {
                         )
                         .await
                     {
-                        let _ = tx.send(Err(self.error(e))).await;
-                        return;
+                        return fail(&tx, self.error(e)).await;
                     }
                     continue;
                 }
@@ -586,15 +584,17 @@ impl MinkFlight {
                     let data = match encoder.batch(&batch, meta) {
                         Ok(d) => d,
                         Err(e) => {
-                            let _ = tx
-                                .send(Err(self.status(ErrorCode::Failed, e.to_string())))
-                                .await;
-                            return;
+                            return fail(&tx, self.status(ErrorCode::Failed, e.to_string())).await;
                         }
                     };
+                    let bytes = data
+                        .iter()
+                        .map(|d| d.data_header.len() + d.data_body.len())
+                        .sum();
+                    crate::metrics::transferred("out", bytes, batch.num_rows());
                     for d in data {
                         if tx.send(Ok(d)).await.is_err() {
-                            return;
+                            return tonic::Code::Cancelled;
                         }
                     }
                     if t.max_rows.is_some_and(|m| rows_sent >= m) {
@@ -603,6 +603,7 @@ impl MinkFlight {
                 }
             }
         }
+        tonic::Code::Ok
     }
 
     /// Runs one `DoPut` stream: submits batches in order (pipelined up to the configured
@@ -612,7 +613,7 @@ impl MinkFlight {
         descriptor: protocol::WriteDescriptor,
         mut input: FlightDataDecoder,
         tx: mpsc::Sender<Result<PutResult, Status>>,
-    ) {
+    ) -> tonic::Code {
         let writer = descriptor.writer_id;
         let writer_epoch = descriptor.writer_epoch.unwrap_or(0);
         let mut in_flight = FuturesOrdered::new();
@@ -630,7 +631,7 @@ impl MinkFlight {
                 biased;
                 Some(ack) = in_flight.next(), if !in_flight.is_empty() => {
                     if tx.send(Ok(ack)).await.is_err() {
-                        return;
+                        return tonic::Code::Cancelled;
                     }
                 }
                 item = input.next(), if can_read => {
@@ -649,6 +650,7 @@ impl MinkFlight {
                     };
                     let index = next;
                     next += 1;
+                    let arrived = std::time::Instant::now();
                     match self.submit(&descriptor, writer, writer_epoch, &batch, &app_metadata).await {
                         Ok(pending) => in_flight.push_back(async move {
                             let buckets = pending
@@ -656,6 +658,7 @@ impl MinkFlight {
                                 .into_iter()
                                 .map(|w| bucket_result(&w))
                                 .collect();
+                            crate::metrics::metrics().ack.record(arrived.elapsed().as_secs_f64(), &[]);
                             PutResult {
                                 app_metadata: protocol::to_json(&protocol::PutAck { batch: index, buckets }),
                             }
@@ -671,8 +674,9 @@ impl MinkFlight {
                 }
             }
         }
-        if let Some(status) = failure {
-            let _ = tx.send(Err(status)).await;
+        match failure {
+            Some(status) => fail(&tx, status).await,
+            None => tonic::Code::Ok,
         }
     }
 
@@ -707,11 +711,24 @@ impl MinkFlight {
             bucket,
             writer,
         };
-        self.node
+        let pending = self
+            .node
             .submit_write(&d.database, &d.table, batch, &target)
             .await
-            .map_err(|e| self.error(e))
+            .map_err(|e| self.error(e))?;
+        crate::metrics::metrics().rows.add(
+            batch.num_rows() as u64,
+            &[opentelemetry::KeyValue::new("direction", "in")],
+        );
+        Ok(pending)
     }
+}
+
+/// Ends a stream with an error; its code for the metrics.
+async fn fail<T>(tx: &mpsc::Sender<Result<T, Status>>, status: Status) -> tonic::Code {
+    let code = status.code();
+    let _ = tx.send(Err(status)).await;
+    code
 }
 
 fn s3stream_writer(writer_id: u64, writer_epoch: u64, sequence: u64) -> mink_node::WriterBatchId {
@@ -775,43 +792,65 @@ impl FlightService for MinkFlight {
         &self,
         request: Request<Criteria>,
     ) -> Result<Response<Self::ListFlightsStream>, Status> {
-        self.catch_up(request.metadata()).await?;
-        let database = String::from_utf8(request.get_ref().expression.to_vec())
-            .map_err(|_| self.invalid("the criteria must be a database name (UTF-8) or empty"))?;
-        let databases = if database.is_empty() {
-            self.node.list_databases()
-        } else {
-            vec![database]
-        };
-        let mut infos = Vec::new();
-        for db in databases {
-            for table in self.node.list_tables(&db).map_err(|e| self.error(e))? {
-                let info = self
-                    .node
-                    .describe_table(&db, &table)
-                    .map_err(|e| self.error(e))?;
-                infos.push(self.flight_info(&info));
+        let started = std::time::Instant::now();
+        let result: Result<Response<Self::ListFlightsStream>, Status> = async {
+            self.catch_up(request.metadata()).await?;
+            let database =
+                String::from_utf8(request.get_ref().expression.to_vec()).map_err(|_| {
+                    self.invalid("the criteria must be a database name (UTF-8) or empty")
+                })?;
+            let databases = if database.is_empty() {
+                self.node.list_databases()
+            } else {
+                vec![database]
+            };
+            let mut infos = Vec::new();
+            for db in databases {
+                for table in self.node.list_tables(&db).map_err(|e| self.error(e))? {
+                    let info = self
+                        .node
+                        .describe_table(&db, &table)
+                        .map_err(|e| self.error(e))?;
+                    infos.push(self.flight_info(&info));
+                }
             }
+            Ok(self.respond(Box::pin(futures::stream::iter(infos)) as Self::ListFlightsStream))
         }
-        Ok(self.respond(Box::pin(futures::stream::iter(infos)) as Self::ListFlightsStream))
+        .await;
+        crate::metrics::finished(
+            "list_flights",
+            result.as_ref().err().map_or(tonic::Code::Ok, Status::code),
+            started,
+        );
+        result
     }
 
     async fn get_flight_info(
         &self,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let span = tracing::info_span!("flight.get_flight_info");
-        async {
-            self.catch_up(request.metadata()).await?;
-            let (database, table) = self.table_path(request.get_ref())?;
-            let info = self
-                .node
-                .describe_table(&database, &table)
-                .map_err(|e| self.error(e))?;
-            Ok(self.respond(self.flight_info(&info)?))
+        let started = std::time::Instant::now();
+        let result: Result<Response<FlightInfo>, Status> = async {
+            let span = tracing::info_span!("flight.get_flight_info");
+            async {
+                self.catch_up(request.metadata()).await?;
+                let (database, table) = self.table_path(request.get_ref())?;
+                let info = self
+                    .node
+                    .describe_table(&database, &table)
+                    .map_err(|e| self.error(e))?;
+                Ok(self.respond(self.flight_info(&info)?))
+            }
+            .instrument(span)
+            .await
         }
-        .instrument(span)
-        .await
+        .await;
+        crate::metrics::finished(
+            "get_flight_info",
+            result.as_ref().err().map_or(tonic::Code::Ok, Status::code),
+            started,
+        );
+        result
     }
 
     async fn poll_flight_info(
@@ -825,85 +864,114 @@ impl FlightService for MinkFlight {
         &self,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<SchemaResult>, Status> {
-        self.catch_up(request.metadata()).await?;
-        let (database, table) = self.table_path(request.get_ref())?;
-        let info = self
-            .node
-            .describe_table(&database, &table)
-            .map_err(|e| self.error(e))?;
-        let result: SchemaResult = SchemaAsIpc::new(&info.schema, &IpcWriteOptions::default())
-            .try_into()
-            .map_err(|e: arrow::error::ArrowError| self.status(ErrorCode::Failed, e.to_string()))?;
-        Ok(self.respond(result))
+        let started = std::time::Instant::now();
+        let result: Result<Response<SchemaResult>, Status> = async {
+            self.catch_up(request.metadata()).await?;
+            let (database, table) = self.table_path(request.get_ref())?;
+            let info = self
+                .node
+                .describe_table(&database, &table)
+                .map_err(|e| self.error(e))?;
+            let result: SchemaResult = SchemaAsIpc::new(&info.schema, &IpcWriteOptions::default())
+                .try_into()
+                .map_err(|e: arrow::error::ArrowError| {
+                    self.status(ErrorCode::Failed, e.to_string())
+                })?;
+            Ok(self.respond(result))
+        }
+        .await;
+        crate::metrics::finished(
+            "get_schema",
+            result.as_ref().err().map_or(tonic::Code::Ok, Status::code),
+            started,
+        );
+        result
     }
 
     async fn do_get(
         &self,
         request: Request<arrow_flight::Ticket>,
     ) -> Result<Response<Self::DoGetStream>, Status> {
-        self.catch_up(request.metadata()).await?;
-        let ticket: protocol::Ticket =
-            protocol::parse("ticket", &request.get_ref().ticket).map_err(|e| self.invalid(e.0))?;
-        let span = tracing::info_span!(
-            "flight.do_get",
-            database = %ticket.database,
-            table = %ticket.table,
-            bucket = ?ticket.bucket,
-            tail = ticket.tail
-        );
-        let plans = self.plan_read(&ticket).map_err(|e| self.error(e))?;
-        let info = self
-            .node
-            .describe_table(&ticket.database, &ticket.table)
-            .map_err(|e| self.error(e))?;
-        let schema = if ticket.columns.is_empty() {
-            Arc::clone(&info.schema)
-        } else {
-            let indices = ticket
-                .columns
-                .iter()
-                .map(|c| {
-                    info.schema.index_of(c).map_err(|_| {
-                        self.invalid(format!(
-                            "no column {c:?} in {}.{}",
-                            ticket.database, ticket.table
-                        ))
+        let started = std::time::Instant::now();
+        let result: Result<Response<Self::DoGetStream>, Status> = async {
+            self.catch_up(request.metadata()).await?;
+            let ticket: protocol::Ticket = protocol::parse("ticket", &request.get_ref().ticket)
+                .map_err(|e| self.invalid(e.0))?;
+            let span = tracing::info_span!(
+                "flight.do_get",
+                database = %ticket.database,
+                table = %ticket.table,
+                bucket = ?ticket.bucket,
+                tail = ticket.tail
+            );
+            let plans = self.plan_read(&ticket).map_err(|e| self.error(e))?;
+            let info = self
+                .node
+                .describe_table(&ticket.database, &ticket.table)
+                .map_err(|e| self.error(e))?;
+            let schema = if ticket.columns.is_empty() {
+                Arc::clone(&info.schema)
+            } else {
+                let indices = ticket
+                    .columns
+                    .iter()
+                    .map(|c| {
+                        info.schema.index_of(c).map_err(|_| {
+                            self.invalid(format!(
+                                "no column {c:?} in {}.{}",
+                                ticket.database, ticket.table
+                            ))
+                        })
                     })
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            Arc::new(
-                info.schema
-                    .project(&indices)
-                    .map_err(|e| self.invalid(e.to_string()))?,
-            )
-        };
-        let (tx, rx) = mpsc::channel(8);
-        let this = self.clone();
-        tokio::spawn(
-            async move {
-                let failed = tx.clone();
-                let run =
-                    std::panic::AssertUnwindSafe(this.clone().produce(ticket, plans, schema, tx));
-                if futures::FutureExt::catch_unwind(run).await.is_err() {
-                    // Never let a cut-short read look like a complete one.
-                    let _ = failed
-                        .send(Err(this.status(
-                            ErrorCode::Failed,
-                            "the read failed inside the node (a bug)".into(),
-                        )))
-                        .await;
+                    .collect::<Result<Vec<_>, _>>()?;
+                Arc::new(
+                    info.schema
+                        .project(&indices)
+                        .map_err(|e| self.invalid(e.to_string()))?,
+                )
+            };
+            let (tx, rx) = mpsc::channel(8);
+            let this = self.clone();
+            tokio::spawn(
+                async move {
+                    let failed = tx.clone();
+                    let run = std::panic::AssertUnwindSafe(
+                        this.clone().produce(ticket, plans, schema, tx),
+                    );
+                    let outcome = futures::FutureExt::catch_unwind(run).await;
+                    crate::metrics::finished(
+                        "do_get",
+                        *outcome.as_ref().unwrap_or(&tonic::Code::Internal),
+                        started,
+                    );
+                    if outcome.is_err() {
+                        // Never let a cut-short read look like a complete one.
+                        let _ = failed
+                            .send(Err(this.status(
+                                ErrorCode::Failed,
+                                "the read failed inside the node (a bug)".into(),
+                            )))
+                            .await;
+                    }
                 }
-            }
-            .instrument(span),
-        );
-        let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
-        Ok(self.respond(Box::pin(stream) as Self::DoGetStream))
+                .instrument(span),
+            );
+            let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+            Ok(self.respond(Box::pin(stream) as Self::DoGetStream))
+        }
+        .await;
+        if let Err(status) = &result {
+            crate::metrics::finished("do_get", status.code(), started);
+        }
+        result
     }
 
     async fn do_put(
         &self,
         request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoPutStream>, Status> {
+        let started = std::time::Instant::now();
+        let result: Result<Response<Self::DoPutStream>, Status> = async {
         self.catch_up(request.metadata()).await?;
         let mut stream = request.into_inner();
         let first = stream
@@ -942,7 +1010,10 @@ impl FlightService for MinkFlight {
         let input: BoxStream<'static, Result<FlightData, FlightError>> =
             futures::stream::once(async { Ok(first) })
                 .chain(stream.map_err(|s| FlightError::Tonic(Box::new(s))))
-                .and_then(|data| async move { crate::encode::checked(data) })
+                .and_then(|data| async move {
+                    crate::metrics::transferred("in", data.data_header.len() + data.data_body.len(), 0);
+                    crate::encode::checked(data)
+                })
                 .boxed();
         let decoder = FlightDataDecoder::new(input);
         let (tx, rx) = mpsc::channel(self.config.put_pipeline_depth.max(1));
@@ -951,7 +1022,9 @@ impl FlightService for MinkFlight {
             async move {
                 let failed = tx.clone();
                 let run = std::panic::AssertUnwindSafe(this.clone().put(write, decoder, tx));
-                if futures::FutureExt::catch_unwind(run).await.is_err() {
+                let outcome = futures::FutureExt::catch_unwind(run).await;
+                crate::metrics::finished("do_put", *outcome.as_ref().unwrap_or(&tonic::Code::Internal), started);
+                if outcome.is_err() {
                     let _ = failed
                         .send(Err(this.status(ErrorCode::Failed, "the write failed inside the node (a bug); batches not answered may or may not be stored".into())))
                         .await;
@@ -961,6 +1034,12 @@ impl FlightService for MinkFlight {
         );
         let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
         Ok(self.respond(Box::pin(stream) as Self::DoPutStream))
+    }
+        .await;
+        if let Err(status) = &result {
+            crate::metrics::finished("do_put", status.code(), started);
+        }
+        result
     }
 
     async fn do_exchange(
@@ -976,17 +1055,27 @@ impl FlightService for MinkFlight {
         &self,
         request: Request<Action>,
     ) -> Result<Response<Self::DoActionStream>, Status> {
-        let span = tracing::info_span!("flight.do_action", action = %request.get_ref().r#type);
-        async {
-            self.catch_up(request.metadata()).await?;
-            let body = self.action(request.get_ref()).await?;
-            let result = arrow_flight::Result { body };
-            Ok(self.respond(
-                Box::pin(futures::stream::once(async { Ok(result) })) as Self::DoActionStream
-            ))
+        let started = std::time::Instant::now();
+        let result: Result<Response<Self::DoActionStream>, Status> = async {
+            let span = tracing::info_span!("flight.do_action", action = %request.get_ref().r#type);
+            async {
+                self.catch_up(request.metadata()).await?;
+                let body = self.action(request.get_ref()).await?;
+                let result = arrow_flight::Result { body };
+                Ok(self
+                    .respond(Box::pin(futures::stream::once(async { Ok(result) }))
+                        as Self::DoActionStream))
+            }
+            .instrument(span)
+            .await
         }
-        .instrument(span)
-        .await
+        .await;
+        crate::metrics::finished(
+            "do_action",
+            result.as_ref().err().map_or(tonic::Code::Ok, Status::code),
+            started,
+        );
+        result
     }
 
     async fn list_actions(

@@ -31,7 +31,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch}
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::cache::{BlockCache, IndexCache, LogCache};
+use crate::cache::{BlockCache, CacheStats, IndexCache, LogCache};
 use crate::format::{ObjectBuilder, RecordBatch};
 
 /// How the engine runs. The defaults suit real S3; see `docs/s3stream.md` for the cost.
@@ -388,6 +388,15 @@ impl S3Stream {
 
     pub fn stats(&self) -> &EngineStats {
         &self.engine.stats
+    }
+
+    /// Hits and misses of the read caches, by name (`log`, `index`, `block`).
+    pub fn cache_stats(&self) -> [(&'static str, &CacheStats); 3] {
+        [
+            ("log", &self.engine.log_cache.stats),
+            ("index", &self.engine.index_cache.stats),
+            ("block", &self.engine.block_cache.stats),
+        ]
     }
 
     pub fn sink(&self) -> &Sink {
@@ -1074,6 +1083,7 @@ impl Engine {
     }
 
     async fn upload(self: Arc<Self>, flush: Flush) -> Uploaded {
+        let started = Instant::now();
         let object_id = async {
             let object_id = self.object_id().await?;
             self.put(
@@ -1084,6 +1094,10 @@ impl Engine {
             Ok::<_, StreamError>(object_id)
         }
         .await;
+        let m = crate::metrics::metrics();
+        m.upload
+            .record(crate::metrics::seconds(started.elapsed()), &[]);
+        m.flush_bytes.record(flush.bytes.len() as u64, &[]);
         Uploaded { flush, object_id }
     }
 
@@ -1154,7 +1168,12 @@ impl Engine {
                 ranges,
                 compacted_object_ids: vec![],
             });
-            let proposed = match self.sink.propose(command).await {
+            let started = Instant::now();
+            let proposed = self.sink.propose(command).await;
+            crate::metrics::metrics()
+                .commit
+                .record(crate::metrics::seconds(started.elapsed()), &[]);
+            let proposed = match proposed {
                 Ok(p) => p,
                 Err(e) => {
                     let e = StreamError::from(e);

@@ -15,6 +15,7 @@ mod cache;
 mod compaction;
 mod engine;
 pub mod format;
+mod metrics;
 mod read;
 pub mod store;
 
