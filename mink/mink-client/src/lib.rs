@@ -439,6 +439,14 @@ impl Client {
         .await
     }
 
+    /// Creates a table from a full request (comment, if-not-exists, schema already encoded).
+    pub async fn create_table_with(
+        &self,
+        request: &protocol::CreateTable,
+    ) -> ClientResult<TableDescription> {
+        self.action(action::CREATE_TABLE, request).await
+    }
+
     pub async fn drop_table(
         &self,
         database: &str,

@@ -14,6 +14,11 @@ pub(crate) struct Metrics {
     pub(crate) flush_bytes: Histogram<u64>,
 }
 
+/// Latency buckets, 1 ms to 10 s (the SDK's defaults suit milliseconds, not seconds).
+const SECONDS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
 pub(crate) fn metrics() -> &'static Metrics {
     static METRICS: OnceLock<Metrics> = OnceLock::new();
     METRICS.get_or_init(|| {
@@ -23,16 +28,22 @@ pub(crate) fn metrics() -> &'static Metrics {
                 .f64_histogram("s3stream.flush.upload.duration")
                 .with_unit("s")
                 .with_description("Time to upload one stream-set object (id and PUT)")
+                .with_boundaries(SECONDS.to_vec())
                 .build(),
             commit: meter
                 .f64_histogram("s3stream.flush.commit.duration")
                 .with_unit("s")
                 .with_description("Time to commit one uploaded object in the metadata log")
+                .with_boundaries(SECONDS.to_vec())
                 .build(),
             flush_bytes: meter
                 .u64_histogram("s3stream.flush.size")
                 .with_unit("By")
                 .with_description("Bytes per stream-set object")
+                .with_boundaries(vec![
+                    4096.0, 65536.0, 262144.0, 1048576.0, 4194304.0, 8388608.0, 16777216.0,
+                    67108864.0,
+                ])
                 .build(),
         }
     })

@@ -1,0 +1,403 @@
+//! Databases, tables, partitions and the cluster.
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+
+use anyhow::{Context as _, bail};
+use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+use clap::Subcommand;
+use mink_client::{Client, TableDescription, protocol};
+
+use crate::say;
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum DatabaseCommand {
+    Create {
+        name: String,
+        #[arg(long)]
+        if_not_exists: bool,
+    },
+    Drop {
+        name: String,
+        /// Drop its tables too.
+        #[arg(long)]
+        cascade: bool,
+        #[arg(long)]
+        if_exists: bool,
+    },
+    List,
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum TableCommand {
+    /// Create a log table: `mink table create app.events --column 'id Int64 not null'
+    /// --column 'msg Utf8' --bucket-num 4 --bucket-key id`.
+    Create {
+        /// `database.table` (the database is created if missing).
+        table: String,
+        /// A column: `name Type` or `name:Type`, optionally followed by `not null`. Types are
+        /// Arrow's (`Int64`, `Utf8`, `Float64`, `Boolean`, `Date32`, `Timestamp(Microsecond, None)`,
+        /// `List(Int64)`, ...) or the SQL names `bigint`, `int`, `string`, `double`, `boolean`,
+        /// `date`, `timestamp`.
+        #[arg(long = "column", short = 'c', required = true)]
+        columns: Vec<String>,
+        /// Number of buckets (`bucket.num`).
+        #[arg(long)]
+        bucket_num: Option<u32>,
+        /// Columns whose hash picks a row's bucket, comma-separated (`bucket.key`).
+        #[arg(long)]
+        bucket_key: Option<String>,
+        /// Partition columns, comma-separated.
+        #[arg(long)]
+        partition_key: Option<String>,
+        /// Another table option, `key=value` (`table.log.ttl=3d`, ...).
+        #[arg(long = "option", short = 'o')]
+        options: Vec<String>,
+        #[arg(long)]
+        comment: Option<String>,
+        #[arg(long)]
+        if_not_exists: bool,
+    },
+    Describe {
+        table: String,
+        /// Print the description as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Change options (`--set k=v`, `--reset k`) or add nullable columns (`--add-column`).
+    Alter {
+        table: String,
+        #[arg(long = "set")]
+        set: Vec<String>,
+        #[arg(long = "reset")]
+        reset: Vec<String>,
+        #[arg(long = "add-column")]
+        add_columns: Vec<String>,
+    },
+    Drop {
+        table: String,
+        #[arg(long)]
+        if_exists: bool,
+    },
+    List {
+        database: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum PartitionCommand {
+    /// Create a partition by its values joined by `$` (writes create them too).
+    Create {
+        table: String,
+        partition: String,
+        #[arg(long)]
+        if_not_exists: bool,
+    },
+    Drop {
+        table: String,
+        partition: String,
+        #[arg(long)]
+        if_exists: bool,
+    },
+}
+
+/// `database.table` → both names.
+pub(crate) fn split_table(name: &str) -> anyhow::Result<(String, String)> {
+    match name.split_once('.') {
+        Some((d, t)) if !d.is_empty() && !t.is_empty() => Ok((d.to_string(), t.to_string())),
+        _ => bail!("name the table as database.table (got {name:?})"),
+    }
+}
+
+fn key_value(s: &str) -> anyhow::Result<(String, String)> {
+    s.split_once('=')
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .with_context(|| format!("expected key=value, got {s:?}"))
+}
+
+/// Parses a column: `name Type [not null]` or `name:Type[ not null]`.
+pub(crate) fn parse_column(spec: &str) -> anyhow::Result<Field> {
+    let spec = spec.trim();
+    let (name, rest) = match spec.split_once(':') {
+        Some((n, r)) if !n.contains(char::is_whitespace) => (n, r),
+        _ => spec
+            .split_once(char::is_whitespace)
+            .with_context(|| format!("a column is `name Type` (got {spec:?})"))?,
+    };
+    let rest = rest.trim();
+    let lower = rest.to_ascii_lowercase();
+    let (type_text, nullable) = match lower.strip_suffix("not null") {
+        Some(t) => (&rest[..t.len()], false),
+        None => (rest, true),
+    };
+    let data_type = parse_type(type_text.trim())?;
+    Ok(Field::new(name.trim(), data_type, nullable))
+}
+
+fn parse_type(t: &str) -> anyhow::Result<DataType> {
+    let alias = match t.to_ascii_lowercase().as_str() {
+        "bigint" | "long" | "int64" => Some(DataType::Int64),
+        "int" | "integer" | "int32" => Some(DataType::Int32),
+        "smallint" | "int16" => Some(DataType::Int16),
+        "tinyint" | "int8" => Some(DataType::Int8),
+        "string" | "text" | "varchar" | "utf8" => Some(DataType::Utf8),
+        "double" | "float64" => Some(DataType::Float64),
+        "float" | "real" | "float32" => Some(DataType::Float32),
+        "boolean" | "bool" => Some(DataType::Boolean),
+        "date" => Some(DataType::Date32),
+        "timestamp" => Some(DataType::Timestamp(TimeUnit::Microsecond, None)),
+        "timestamptz" | "timestamp_ltz" => Some(DataType::Timestamp(
+            TimeUnit::Microsecond,
+            Some("UTC".into()),
+        )),
+        "binary" | "bytes" => Some(DataType::Binary),
+        _ => None,
+    };
+    match alias {
+        Some(d) => Ok(d),
+        None => DataType::from_str(t).map_err(|e| anyhow::anyhow!("unknown type {t:?} ({e}); use an Arrow type such as Int64, Utf8, Float64, Timestamp(Microsecond, None), List(Int64)")),
+    }
+}
+
+pub(crate) async fn database(client: &Client, c: DatabaseCommand) -> anyhow::Result<()> {
+    match c {
+        DatabaseCommand::Create {
+            name,
+            if_not_exists,
+        } => {
+            client.create_database(&name, if_not_exists).await?;
+            say(&format!("created database {name}\n"));
+        }
+        DatabaseCommand::Drop {
+            name,
+            cascade,
+            if_exists,
+        } => {
+            client.drop_database(&name, cascade, if_exists).await?;
+            say(&format!("dropped database {name}\n"));
+        }
+        DatabaseCommand::List => {
+            for d in client.list_databases().await? {
+                say(&format!("{d}\n"));
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(crate) async fn table(client: &Client, c: TableCommand) -> anyhow::Result<()> {
+    match c {
+        TableCommand::Create {
+            table,
+            columns,
+            bucket_num,
+            bucket_key,
+            partition_key,
+            options,
+            comment,
+            if_not_exists,
+        } => {
+            let (database, name) = split_table(&table)?;
+            let fields = columns
+                .iter()
+                .map(|c| parse_column(c))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let mut opts: BTreeMap<String, String> = options
+                .iter()
+                .map(|o| key_value(o))
+                .collect::<anyhow::Result<_>>()?;
+            if let Some(n) = bucket_num {
+                opts.insert("bucket.num".into(), n.to_string());
+            }
+            if let Some(k) = bucket_key {
+                opts.insert("bucket.key".into(), k);
+            }
+            let partition_keys: Vec<String> = partition_key
+                .map(|p| p.split(',').map(|s| s.trim().to_string()).collect())
+                .unwrap_or_default();
+            client.create_database(&database, true).await?;
+            let schema =
+                protocol::encode_schema(&Schema::new(fields)).map_err(|e| anyhow::anyhow!(e.0))?;
+            let d: TableDescription = client
+                .create_table_with(&protocol::CreateTable {
+                    database,
+                    table: name,
+                    schema,
+                    options: opts,
+                    partition_keys,
+                    comment: comment.unwrap_or_default(),
+                    if_not_exists,
+                })
+                .await?;
+            say(&format!("created table {}.{}\n", d.database, d.table));
+            say(&describe_text(&d));
+        }
+        TableCommand::Describe { table, json } => {
+            let (database, name) = split_table(&table)?;
+            let d = client.describe_table(&database, &name).await?;
+            if json {
+                say(&format!("{}\n", serde_json::to_string_pretty(&d)?));
+            } else {
+                say(&describe_text(&d));
+            }
+        }
+        TableCommand::Alter {
+            table,
+            set,
+            reset,
+            add_columns,
+        } => {
+            let (database, name) = split_table(&table)?;
+            let schema = if add_columns.is_empty() {
+                None
+            } else {
+                let current = client
+                    .describe_table(&database, &name)
+                    .await?
+                    .arrow_schema()
+                    .map_err(|e| anyhow::anyhow!(e.0))?;
+                let mut fields: Vec<Field> = current
+                    .fields()
+                    .iter()
+                    .map(|f| f.as_ref().clone())
+                    .collect();
+                for c in &add_columns {
+                    fields.push(parse_column(c)?);
+                }
+                Some(
+                    protocol::encode_schema(&Schema::new(fields))
+                        .map_err(|e| anyhow::anyhow!(e.0))?,
+                )
+            };
+            let d = client
+                .alter_table(&protocol::AlterTable {
+                    database,
+                    table: name,
+                    set_options: set
+                        .iter()
+                        .map(|s| key_value(s))
+                        .collect::<anyhow::Result<_>>()?,
+                    reset_options: reset,
+                    schema,
+                })
+                .await?;
+            say(&describe_text(&d));
+        }
+        TableCommand::Drop { table, if_exists } => {
+            let (database, name) = split_table(&table)?;
+            client.drop_table(&database, &name, if_exists).await?;
+            say(&format!("dropped table {database}.{name}\n"));
+        }
+        TableCommand::List { database } => {
+            for t in client.list_tables(&database).await? {
+                say(&format!("{database}.{t}\n"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A table as text: columns, options, buckets.
+pub(crate) fn describe_text(d: &TableDescription) -> String {
+    let mut out = format!(
+        "table {}.{} (id {}, schema version {})\n",
+        d.database, d.table, d.table_id, d.schema_version
+    );
+    out.push_str("columns:\n");
+    for c in &d.columns {
+        let null = if c.nullable { "" } else { " not null" };
+        out.push_str(&format!("  {} {}{null}\n", c.name, c.r#type));
+    }
+    if !d.partition_keys.is_empty() {
+        out.push_str(&format!(
+            "partition keys: {}\n",
+            d.partition_keys.join(", ")
+        ));
+    }
+    out.push_str(&format!("buckets: {}", d.bucket_count));
+    if !d.bucket_key.is_empty() {
+        out.push_str(&format!(" by {}", d.bucket_key.join(", ")));
+    }
+    out.push('\n');
+    if !d.options.is_empty() {
+        out.push_str("options:\n");
+        for (k, v) in &d.options {
+            out.push_str(&format!("  {k} = {v}\n"));
+        }
+    }
+    let rows: u64 = d
+        .buckets
+        .iter()
+        .map(|b| b.end_offset - b.start_offset)
+        .sum();
+    out.push_str(&format!("rows in the log: {rows}\n"));
+    for b in &d.buckets {
+        let p = b
+            .partition
+            .as_ref()
+            .map(|p| format!("partition {p} "))
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "  {p}bucket {}: offsets {}..{}, leader node {} ({}) at epoch {}\n",
+            b.bucket,
+            b.start_offset,
+            b.end_offset,
+            b.leader_node_id,
+            b.leader_address,
+            b.leader_epoch
+        ));
+    }
+    out
+}
+
+pub(crate) async fn partition(client: &Client, c: PartitionCommand) -> anyhow::Result<()> {
+    match c {
+        PartitionCommand::Create {
+            table,
+            partition,
+            if_not_exists,
+        } => {
+            let (database, name) = split_table(&table)?;
+            let p = client
+                .create_partition(&database, &name, &partition, if_not_exists)
+                .await?;
+            say(&format!(
+                "created partition {} (id {}) of {database}.{name}\n",
+                p.name, p.partition_id
+            ));
+        }
+        PartitionCommand::Drop {
+            table,
+            partition,
+            if_exists,
+        } => {
+            let (database, name) = split_table(&table)?;
+            client
+                .drop_partition(&database, &name, &partition, if_exists)
+                .await?;
+            say(&format!(
+                "dropped partition {partition} of {database}.{name}\n"
+            ));
+        }
+    }
+    Ok(())
+}
+
+pub(crate) async fn cluster(client: &Client) -> anyhow::Result<()> {
+    let c = client.describe_cluster().await?;
+    say(&format!(
+        "answered by node {}; metadata applied up to index {}; coordinator: {}\n",
+        c.node_id,
+        c.applied_index,
+        c.coordinator_node_id
+            .map_or("none".to_string(), |n| format!("node {n}"))
+    ));
+    for n in c.nodes {
+        let state = if n.live { "live" } else { "down" };
+        say(&format!(
+            "  node {} (epoch {}) at {}: {state}\n",
+            n.node_id, n.node_epoch, n.address
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,545 @@
+//! `mink produce`, `mink scan`, `mink tail`: rows in and out as CSV, JSON lines, Parquet or a
+//! pretty table.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use arrow::array::{ArrayRef, RecordBatch, UInt32Array, UInt64Array};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use clap::{Args, ValueEnum};
+use futures::StreamExt;
+use indicatif::{ProgressBar, ProgressStyle};
+use mink_client::{Client, ReadBatch, Scan};
+
+use crate::admin::split_table;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum InFormat {
+    Csv,
+    Json,
+    Parquet,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum OutFormat {
+    Table,
+    Csv,
+    Json,
+    Parquet,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ProduceArgs {
+    /// `database.table`
+    table: String,
+    /// Input file (`-` or absent: standard input).
+    input: Option<PathBuf>,
+    /// Input format (default: from the file extension, else JSON lines).
+    #[arg(long, short = 'f', value_enum)]
+    format: Option<InFormat>,
+    /// Rows per write (each write is acknowledged once durable).
+    #[arg(long, default_value_t = 8192)]
+    batch_rows: usize,
+    /// CSV: the first line is data, not a header.
+    #[arg(long)]
+    no_header: bool,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ScanArgs {
+    /// `database.table`
+    table: String,
+    /// Only this partition (values joined by `$`).
+    #[arg(long)]
+    partition: Option<String>,
+    /// Only this bucket.
+    #[arg(long)]
+    bucket: Option<u32>,
+    /// With --bucket: the first offset to read.
+    #[arg(long)]
+    offset: Option<u64>,
+    /// Columns to read, comma-separated (default: all).
+    #[arg(long)]
+    columns: Option<String>,
+    /// Stop after this many rows (default for --format table: 100).
+    #[arg(long)]
+    limit: Option<u64>,
+    #[arg(long, short = 'f', value_enum, default_value = "table")]
+    format: OutFormat,
+    /// Write here instead of standard output (required for Parquet).
+    #[arg(long, short = 'o')]
+    output: Option<PathBuf>,
+    /// Add `_bucket` and `_offset` columns.
+    #[arg(long)]
+    with_offsets: bool,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct TailArgs {
+    /// `database.table`
+    table: String,
+    #[arg(long)]
+    partition: Option<String>,
+    /// Only this bucket (default: every bucket of the table or partition).
+    #[arg(long)]
+    bucket: Option<u32>,
+    /// Start from the oldest row rather than new ones.
+    #[arg(long)]
+    from_beginning: bool,
+    #[arg(long)]
+    columns: Option<String>,
+    /// Stop after this long without new rows (default: never).
+    #[arg(long, value_parser = parse_seconds)]
+    idle_timeout: Option<Duration>,
+    #[arg(long, short = 'f', value_enum, default_value = "json")]
+    format: OutFormat,
+    #[arg(long)]
+    with_offsets: bool,
+}
+
+fn parse_seconds(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (n, unit) = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .map_or((s, "s"), |i| s.split_at(i));
+    let n: f64 = n
+        .parse()
+        .map_err(|_| format!("expected a duration like 30s, 5m or 500ms, got {s:?}"))?;
+    let seconds = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" | "min" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("unknown unit {unit:?} in {s:?} (ms, s, m, h)")),
+    };
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+fn rows_bar(what: &str) -> ProgressBar {
+    let bar = ProgressBar::new_spinner();
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {msg}: {human_pos} rows ({per_sec}) {elapsed}")
+            .expect("valid template"),
+    );
+    bar.set_message(what.to_string());
+    bar.enable_steady_tick(Duration::from_millis(200));
+    bar
+}
+
+/// Brings a batch read from a file to the table's schema: columns by name, cast to the
+/// table's types (Parquet files often differ in width or string kind).
+fn conform(batch: &RecordBatch, schema: &SchemaRef) -> anyhow::Result<RecordBatch> {
+    let columns = schema
+        .fields()
+        .iter()
+        .map(|f| {
+            let c = batch.column_by_name(f.name()).with_context(|| {
+                format!(
+                    "the input has no column {:?} (the table has {})",
+                    f.name(),
+                    names(schema)
+                )
+            })?;
+            if c.data_type() == f.data_type() {
+                Ok(Arc::clone(c))
+            } else {
+                arrow::compute::cast(c, f.data_type()).with_context(|| {
+                    format!(
+                        "column {:?}: cannot cast {} to {}",
+                        f.name(),
+                        c.data_type(),
+                        f.data_type()
+                    )
+                })
+            }
+        })
+        .collect::<anyhow::Result<Vec<ArrayRef>>>()?;
+    let nullable = Arc::new(Schema::new(
+        schema
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone().with_nullable(true))
+            .collect::<Vec<_>>(),
+    ));
+    Ok(RecordBatch::try_new(nullable, columns)?)
+}
+
+fn names(schema: &Schema) -> String {
+    schema
+        .fields()
+        .iter()
+        .map(|f| f.name().as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+pub(crate) async fn produce(client: &Client, a: ProduceArgs) -> anyhow::Result<()> {
+    let (database, table) = split_table(&a.table)?;
+    let description = client.describe_table(&database, &table).await?;
+    let schema: SchemaRef = Arc::new(
+        description
+            .arrow_schema()
+            .map_err(|e| anyhow::anyhow!(e.0))?,
+    );
+    // Readers parse into the table's columns, all nullable: the node names any null in a
+    // non-null column precisely.
+    let loose: SchemaRef = Arc::new(Schema::new(
+        schema
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone().with_nullable(true))
+            .collect::<Vec<_>>(),
+    ));
+    let path = a.input.filter(|p| p.as_os_str() != "-");
+    let format = a.format.unwrap_or_else(|| {
+        match path
+            .as_ref()
+            .and_then(|p| p.extension())
+            .and_then(|e| e.to_str())
+        {
+            Some("csv") => InFormat::Csv,
+            Some("parquet" | "pq") => InFormat::Parquet,
+            _ => InFormat::Json,
+        }
+    });
+    let batch_rows = a.batch_rows.max(1);
+    let batches: Box<dyn Iterator<Item = anyhow::Result<RecordBatch>> + Send> = match format {
+        InFormat::Parquet => {
+            let Some(p) = &path else {
+                bail!(
+                    "Parquet input must be a file (it is read from its footer): mink produce {} data.parquet",
+                    a.table
+                )
+            };
+            let file =
+                std::fs::File::open(p).with_context(|| format!("cannot open {}", p.display()))?;
+            let reader =
+                parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+                    .with_context(|| format!("{} is not a Parquet file", p.display()))?
+                    .with_batch_size(batch_rows)
+                    .build()?;
+            let schema = Arc::clone(&schema);
+            Box::new(reader.map(move |b| conform(&b?, &schema)))
+        }
+        InFormat::Csv | InFormat::Json => {
+            let input: Box<dyn Read + Send> = match &path {
+                Some(p) => Box::new(
+                    std::fs::File::open(p)
+                        .with_context(|| format!("cannot open {}", p.display()))?,
+                ),
+                None => Box::new(std::io::stdin()),
+            };
+            let input: Box<dyn BufRead + Send> = Box::new(BufReader::with_capacity(1 << 20, input));
+            if format == InFormat::Csv {
+                let reader = arrow::csv::ReaderBuilder::new(Arc::clone(&loose))
+                    .with_header(!a.no_header)
+                    .with_batch_size(batch_rows)
+                    .build(input)?;
+                Box::new(reader.map(|b| b.context("CSV input")))
+            } else {
+                let reader = arrow::json::ReaderBuilder::new(Arc::clone(&loose))
+                    .with_batch_size(batch_rows)
+                    .build(input)?;
+                Box::new(
+                    reader.map(|b| {
+                        b.context("JSON input (one object per line, keys are column names)")
+                    }),
+                )
+            }
+        }
+    };
+    // Parse on a blocking thread, write from here: a bounded channel keeps them in step.
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<anyhow::Result<RecordBatch>>(4);
+    let reader = tokio::task::spawn_blocking(move || {
+        for b in batches {
+            if tx.blocking_send(b).is_err() {
+                break;
+            }
+        }
+    });
+    let mut writer = client.writer(&database, &table);
+    let bar = rows_bar(&format!("writing to {database}.{table}"));
+    let mut rows = 0u64;
+    while let Some(batch) = rx.recv().await {
+        let batch = batch?;
+        let batch = RecordBatch::try_new(Arc::clone(&schema), batch.columns().to_vec())
+            .or_else(|_| conform(&batch, &schema))?;
+        let written = writer
+            .write(&batch)
+            .await
+            .with_context(|| format!("after {rows} rows were written"))?;
+        rows += written.rows;
+        bar.set_position(rows);
+    }
+    let _ = reader.await;
+    bar.finish_and_clear();
+    crate::say(&format!("wrote {rows} rows to {database}.{table}\n"));
+    Ok(())
+}
+
+/// Adds `_bucket` and `_offset` columns.
+fn with_offsets(r: &ReadBatch) -> anyhow::Result<RecordBatch> {
+    let n = r.batch.num_rows();
+    let mut fields: Vec<Field> = vec![
+        Field::new("_bucket", DataType::UInt32, false),
+        Field::new("_offset", DataType::UInt64, false),
+    ];
+    fields.extend(r.batch.schema().fields().iter().map(|f| f.as_ref().clone()));
+    let mut columns: Vec<ArrayRef> = vec![
+        Arc::new(UInt32Array::from(vec![r.bucket; n])),
+        Arc::new(UInt64Array::from_iter_values(r.offset..r.offset + n as u64)),
+    ];
+    columns.extend(r.batch.columns().iter().cloned());
+    Ok(RecordBatch::try_new(
+        Arc::new(Schema::new(fields)),
+        columns,
+    )?)
+}
+
+/// Writes batches in a format, to a file or standard output.
+enum Sink {
+    /// Pretty tables are drawn once, over every batch (scans are limited for this format).
+    Table(Box<dyn Write + Send>, Vec<RecordBatch>),
+    Csv(arrow::csv::Writer<Box<dyn Write + Send>>),
+    Json(arrow::json::LineDelimitedWriter<Box<dyn Write + Send>>),
+    Parquet(Option<parquet::arrow::ArrowWriter<std::fs::File>>),
+}
+
+impl Sink {
+    fn open(
+        format: OutFormat,
+        output: Option<&PathBuf>,
+        schema: &SchemaRef,
+    ) -> anyhow::Result<Sink> {
+        let out = || -> anyhow::Result<Box<dyn Write + Send>> {
+            Ok(match output {
+                Some(p) => Box::new(std::io::BufWriter::new(
+                    std::fs::File::create(p)
+                        .with_context(|| format!("cannot create {}", p.display()))?,
+                )),
+                None => Box::new(std::io::BufWriter::new(std::io::stdout())),
+            })
+        };
+        Ok(match format {
+            OutFormat::Table => Sink::Table(out()?, Vec::new()),
+            OutFormat::Csv => Sink::Csv(
+                arrow::csv::WriterBuilder::new()
+                    .with_header(true)
+                    .build(out()?),
+            ),
+            OutFormat::Json => Sink::Json(arrow::json::LineDelimitedWriter::new(out()?)),
+            OutFormat::Parquet => {
+                let p = output.context("Parquet output needs a file: --output data.parquet")?;
+                let file = std::fs::File::create(p)
+                    .with_context(|| format!("cannot create {}", p.display()))?;
+                Sink::Parquet(Some(parquet::arrow::ArrowWriter::try_new(
+                    file,
+                    Arc::clone(schema),
+                    None,
+                )?))
+            }
+        })
+    }
+
+    fn write(&mut self, batch: &RecordBatch) -> anyhow::Result<()> {
+        match self {
+            Sink::Table(_, batches) => batches.push(batch.clone()),
+            Sink::Csv(w) => w.write(batch)?,
+            Sink::Json(w) => w.write(batch)?,
+            Sink::Parquet(w) => w.as_mut().expect("open").write(batch)?,
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> anyhow::Result<()> {
+        match self {
+            Sink::Table(w, batches) => {
+                if !batches.is_empty() {
+                    writeln!(
+                        w,
+                        "{}",
+                        arrow::util::pretty::pretty_format_batches(batches)?
+                    )?;
+                    batches.clear();
+                }
+                w.flush()?;
+            }
+            Sink::Csv(_) => {}
+            Sink::Json(w) => w.get_mut().flush()?,
+            Sink::Parquet(w) => {
+                if let Some(w) = w.take() {
+                    w.close()?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A closed standard output (`mink scan | head`) ends the command quietly.
+fn quiet_on_broken_pipe(r: anyhow::Result<()>) -> anyhow::Result<()> {
+    match r {
+        Err(e)
+            if e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+                    || c.downcast_ref::<arrow::error::ArrowError>()
+                        .is_some_and(|a| a.to_string().contains("Broken pipe"))
+            }) =>
+        {
+            Ok(())
+        }
+        other => other,
+    }
+}
+
+fn column_list(columns: Option<&String>) -> Vec<String> {
+    columns
+        .map(|c| {
+            c.split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+pub(crate) async fn scan(client: &Client, a: ScanArgs) -> anyhow::Result<()> {
+    let (database, table) = split_table(&a.table)?;
+    let mut scan = Scan::table(&database, &table).columns(column_list(a.columns.as_ref()));
+    if let Some(p) = &a.partition {
+        scan = scan.partition(p);
+    }
+    if let Some(b) = a.bucket {
+        scan = scan.bucket(b);
+    }
+    if let Some(o) = a.offset {
+        if a.bucket.is_none() {
+            bail!("--offset needs --bucket: offsets are per bucket");
+        }
+        scan = scan.offset(o);
+    }
+    let limit = a.limit.or((a.format == OutFormat::Table).then_some(100));
+    if let Some(l) = limit {
+        scan = scan.max_rows(l);
+    }
+    let mut stream = client.scan(&scan).await?;
+    let to_file = a.output.is_some();
+    let bar = to_file.then(|| rows_bar(&format!("reading {database}.{table}")));
+    let mut sink: Option<Sink> = None;
+    let mut rows = 0u64;
+    let mut more = false;
+    let result = async {
+        while let Some(r) = stream.next().await {
+            let r = r?;
+            let mut batch = if a.with_offsets {
+                with_offsets(&r)?
+            } else {
+                r.batch.clone()
+            };
+            if let Some(l) = limit {
+                if rows >= l {
+                    more = true;
+                    break;
+                }
+                let keep = usize::try_from(l - rows).unwrap_or(usize::MAX);
+                if batch.num_rows() > keep {
+                    batch = batch.slice(0, keep);
+                    more = true;
+                }
+            }
+            if sink.is_none() {
+                sink = Some(Sink::open(a.format, a.output.as_ref(), &batch.schema())?);
+            }
+            sink.as_mut().expect("opened").write(&batch)?;
+            rows += batch.num_rows() as u64;
+            if let Some(b) = &bar {
+                b.set_position(rows);
+            }
+        }
+        if let Some(s) = &mut sink {
+            s.flush()?;
+        }
+        Ok(())
+    }
+    .await;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    quiet_on_broken_pipe(result)?;
+    if a.format == OutFormat::Table || to_file {
+        let note = if more && a.limit.is_none() {
+            " (more rows: raise --limit or use --format csv)"
+        } else {
+            ""
+        };
+        let written = a
+            .output
+            .as_ref()
+            .map(|p| format!(" to {}", p.display()))
+            .unwrap_or_default();
+        crate::say(&format!("{rows} rows{written}{note}\n"));
+    }
+    Ok(())
+}
+
+pub(crate) async fn tail(client: &Client, a: TailArgs) -> anyhow::Result<()> {
+    let (database, table) = split_table(&a.table)?;
+    if a.format == OutFormat::Parquet {
+        bail!("tail writes as rows arrive: use --format json, csv or table");
+    }
+    let buckets: Vec<(Option<String>, u32)> = match a.bucket {
+        Some(b) => vec![(a.partition.clone(), b)],
+        None => client
+            .describe_table(&database, &table)
+            .await?
+            .buckets
+            .into_iter()
+            .filter(|b| a.partition.is_none() || b.partition == a.partition)
+            .map(|b| (b.partition, b.bucket))
+            .collect(),
+    };
+    if buckets.is_empty() {
+        bail!(
+            "{database}.{table} has no buckets to tail yet (a partitioned table gets them with its first rows)"
+        );
+    }
+    let mut streams = Vec::new();
+    for (partition, bucket) in buckets {
+        let mut s = Scan::table(&database, &table)
+            .bucket(bucket)
+            .columns(column_list(a.columns.as_ref()))
+            .tail(a.idle_timeout);
+        if let Some(p) = &partition {
+            s = s.partition(p);
+        }
+        if !a.from_beginning {
+            s = s.latest();
+        }
+        streams.push(client.scan(&s).await?);
+    }
+    let mut merged = futures::stream::select_all(streams);
+    let mut sink: Option<Sink> = None;
+    let result = async {
+        while let Some(r) = merged.next().await {
+            let r = r?;
+            let batch = if a.with_offsets {
+                with_offsets(&r)?
+            } else {
+                r.batch.clone()
+            };
+            if sink.is_none() {
+                sink = Some(Sink::open(a.format, None, &batch.schema())?);
+            }
+            let s = sink.as_mut().expect("opened");
+            s.write(&batch)?;
+            s.flush()?;
+        }
+        Ok(())
+    }
+    .await;
+    quiet_on_broken_pipe(result)
+}

@@ -1,0 +1,148 @@
+//! `mink`: the node, the client and the admin CLI in one binary.
+
+mod admin;
+mod data;
+mod serve;
+mod telemetry;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use mink_client::{Client, ClientError};
+
+use crate::serve::NodeArgs;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "mink",
+    version,
+    args_override_self = true,
+    about = "Mink: streaming tables on object storage. The node, the client and the admin CLI.",
+    after_help = "Start here:  mink dev      (one node on local defaults)\nThen:        mink table create app.events --column 'id Int64 not null' --column 'msg Utf8'\n             echo '{\"id\": 1, \"msg\": \"hi\"}' | mink produce app.events\n             mink scan app.events"
+)]
+struct Cli {
+    /// The node client commands talk to (`host:port`).
+    #[arg(
+        long,
+        global = true,
+        env = "MINK_SERVER",
+        default_value = "127.0.0.1:7171"
+    )]
+    server: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run one node on embedded defaults: SQLite metadata and objects under a data directory.
+    Dev {
+        /// Where metadata and objects live.
+        #[arg(long, env = "MINK_DATA_DIR", default_value = "mink-data")]
+        data_dir: PathBuf,
+        /// A TOML file with node settings (keys are the flag names).
+        #[arg(long, env = "MINK_CONFIG")]
+        config: Option<PathBuf>,
+        #[command(flatten)]
+        node: NodeArgs,
+    },
+    /// Run a node of a cluster (Postgres metadata, S3 objects).
+    Node {
+        /// A TOML file with node settings (keys are the flag names).
+        #[arg(long, env = "MINK_CONFIG")]
+        config: Option<PathBuf>,
+        #[command(flatten)]
+        node: NodeArgs,
+    },
+    /// Create, drop and list databases.
+    #[command(subcommand)]
+    Database(admin::DatabaseCommand),
+    /// Create, describe, alter, drop and list tables.
+    #[command(subcommand)]
+    Table(admin::TableCommand),
+    /// Create and drop partitions of a partitioned table.
+    #[command(subcommand)]
+    Partition(admin::PartitionCommand),
+    /// The cluster's nodes and metadata position.
+    Cluster,
+    /// Write rows from CSV, JSON lines or Parquet into a table.
+    Produce(data::ProduceArgs),
+    /// Read a table, a partition or a bucket.
+    Scan(data::ScanArgs),
+    /// Follow new rows of a table as they are written.
+    Tail(data::TailArgs),
+}
+
+/// Prints to stdout (the CLI's output, not a log).
+#[allow(clippy::print_stdout)]
+pub(crate) fn say(text: &str) {
+    print!("{text}");
+}
+
+/// What to do about a failure, in words.
+fn explain(e: &anyhow::Error, server: &str) -> String {
+    let mut message = format!("error: {e:#}");
+    if let Some(ClientError::Transport { .. }) = e.downcast_ref::<ClientError>() {
+        message.push_str(&format!(
+            "\nIs a node running at {server}? Start one with `mink dev`, or point at one with --server (MINK_SERVER)."
+        ));
+    }
+    message
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let connect = || async {
+        telemetry::init_client_logging();
+        Client::connect(&cli.server)
+            .await
+            .map_err(anyhow::Error::from)
+    };
+    match cli.command {
+        Command::Dev {
+            data_dir,
+            config,
+            node,
+        } => {
+            let args = serve::load(node, config.as_deref())?;
+            serve::run(serve::dev_defaults(args, &data_dir)?, true).await
+        }
+        Command::Node { config, node } => {
+            serve::run(serve::load(node, config.as_deref())?, false).await
+        }
+        Command::Database(c) => admin::database(&connect().await?, c).await,
+        Command::Table(c) => admin::table(&connect().await?, c).await,
+        Command::Partition(c) => admin::partition(&connect().await?, c).await,
+        Command::Cluster => admin::cluster(&connect().await?).await,
+        Command::Produce(a) => data::produce(&connect().await?, a).await,
+        Command::Scan(a) => data::scan(&connect().await?, a).await,
+        Command::Tail(a) => data::tail(&connect().await?, a).await,
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let server = cli.server.clone();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprint_line(&format!("error: cannot start the async runtime: {e}"));
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprint_line(&explain(&e, &server));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[allow(clippy::print_stderr)]
+fn eprint_line(text: &str) {
+    eprintln!("{text}");
+}

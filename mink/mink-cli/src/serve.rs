@@ -1,0 +1,204 @@
+//! `mink node` and `mink dev`: configuration (flags, `MINK_*` variables, a TOML file) and the
+//! running node with its Flight and metrics listeners.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use clap::Args;
+use mink_flight::ServerConfig;
+use mink_node::{Node, NodeConfig};
+use serde::Deserialize;
+
+use crate::telemetry;
+
+/// Settings of a node. Every flag is also a `MINK_*` variable and a key of the TOML file given
+/// by `--config` (flags win over variables, variables over the file).
+#[derive(Args, Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub(crate) struct NodeArgs {
+    /// This node's id: unique in the cluster, stable across restarts.
+    #[arg(long, env = "MINK_NODE_ID")]
+    pub(crate) node_id: Option<u64>,
+    /// Metadata database: `postgres://user@host/db`, or `sqlite://<path>` for one node.
+    #[arg(long, env = "MINK_METADATA")]
+    pub(crate) metadata: Option<String>,
+    /// Object store: `s3://bucket/prefix?endpoint=...&region=...`, `file:///path` or a path.
+    #[arg(long, env = "MINK_OBJECT_STORE")]
+    pub(crate) object_store: Option<String>,
+    /// Arrow Flight listen address.
+    #[arg(long, env = "MINK_LISTEN")]
+    pub(crate) listen: Option<String>,
+    /// The address other nodes and clients reach this node's Flight service at (defaults to
+    /// the listen address).
+    #[arg(long, env = "MINK_ADVERTISED_ADDRESS")]
+    pub(crate) advertised_address: Option<String>,
+    /// Prometheus `/metrics` listen address (`none` to disable).
+    #[arg(long, env = "MINK_METRICS_LISTEN")]
+    pub(crate) metrics_listen: Option<String>,
+    /// OTLP/gRPC endpoint for traces and metrics (`http://collector:4317`).
+    #[arg(long, env = "MINK_OTLP_ENDPOINT")]
+    pub(crate) otlp_endpoint: Option<String>,
+    /// Longest an append waits to share an object with others (the WAL flush delay).
+    #[arg(long, env = "MINK_FLUSH_DELAY_MS")]
+    pub(crate) flush_delay_ms: Option<u64>,
+    /// Lease and heartbeat time-to-live: how long a crashed node holds its role.
+    #[arg(long, env = "MINK_LEASE_TTL_MS")]
+    pub(crate) lease_ttl_ms: Option<u64>,
+    /// Largest Flight message (one batch) accepted.
+    #[arg(long, env = "MINK_MAX_MESSAGE_BYTES")]
+    pub(crate) max_message_bytes: Option<usize>,
+}
+
+impl NodeArgs {
+    /// Flags and variables over the file's values.
+    fn over(self, file: NodeArgs) -> NodeArgs {
+        NodeArgs {
+            node_id: self.node_id.or(file.node_id),
+            metadata: self.metadata.or(file.metadata),
+            object_store: self.object_store.or(file.object_store),
+            listen: self.listen.or(file.listen),
+            advertised_address: self.advertised_address.or(file.advertised_address),
+            metrics_listen: self.metrics_listen.or(file.metrics_listen),
+            otlp_endpoint: self.otlp_endpoint.or(file.otlp_endpoint),
+            flush_delay_ms: self.flush_delay_ms.or(file.flush_delay_ms),
+            lease_ttl_ms: self.lease_ttl_ms.or(file.lease_ttl_ms),
+            max_message_bytes: self.max_message_bytes.or(file.max_message_bytes),
+        }
+    }
+}
+
+pub(crate) fn load(args: NodeArgs, config: Option<&Path>) -> anyhow::Result<NodeArgs> {
+    let Some(path) = config else { return Ok(args) };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the config file {}", path.display()))?;
+    let file: NodeArgs = toml::from_str(&text).with_context(|| {
+        format!(
+            "{} is not a valid mink config (keys are the flag names, e.g. node-id = 1)",
+            path.display()
+        )
+    })?;
+    Ok(args.over(file))
+}
+
+/// `mink dev`: one node on embedded defaults under a data directory.
+pub(crate) fn dev_defaults(args: NodeArgs, data_dir: &Path) -> anyhow::Result<NodeArgs> {
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("cannot create the data directory {}", data_dir.display()))?;
+    let data_dir = data_dir
+        .canonicalize()
+        .with_context(|| format!("cannot resolve {}", data_dir.display()))?;
+    Ok(NodeArgs {
+        node_id: Some(args.node_id.unwrap_or(1)),
+        metadata: Some(
+            args.metadata
+                .unwrap_or_else(|| format!("sqlite://{}", data_dir.join("metadata.db").display())),
+        ),
+        object_store: Some(
+            args.object_store
+                .unwrap_or_else(|| path_url(&data_dir.join("objects"))),
+        ),
+        listen: Some(args.listen.unwrap_or_else(|| "127.0.0.1:7171".into())),
+        metrics_listen: Some(
+            args.metrics_listen
+                .unwrap_or_else(|| "127.0.0.1:9464".into()),
+        ),
+        ..args
+    })
+}
+
+fn path_url(p: &Path) -> String {
+    format!("file://{}", p.display())
+}
+
+/// Runs a node until SIGINT/SIGTERM. `banner` prints the endpoints once serving.
+pub(crate) async fn run(args: NodeArgs, banner: bool) -> anyhow::Result<()> {
+    let node_id = args
+        .node_id
+        .context("--node-id (MINK_NODE_ID) is required: a unique, stable number per node")?;
+    let metadata = args
+        .metadata
+        .clone()
+        .context("--metadata (MINK_METADATA) is required: postgres://... or sqlite://<path>")?;
+    let objects = args.object_store.clone().context(
+        "--object-store (MINK_OBJECT_STORE) is required: s3://bucket/prefix?endpoint=... or a path",
+    )?;
+    let listen = args.listen.clone().unwrap_or_else(|| "0.0.0.0:7171".into());
+    let telemetry = telemetry::init_node(args.otlp_endpoint.as_deref(), node_id)?;
+
+    let listener = tokio::net::TcpListener::bind(&listen)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot listen on {listen} (is another mink running? pick another with --listen)"
+            )
+        })?;
+    let bound = listener.local_addr()?;
+    let advertised = match &args.advertised_address {
+        Some(a) => a.clone(),
+        None if bound.ip().is_unspecified() => {
+            bail!(
+                "listening on {bound}: give --advertised-address (MINK_ADVERTISED_ADDRESS), the address clients reach this node at"
+            )
+        }
+        None => bound.to_string(),
+    };
+    let mut config = NodeConfig::new(node_id, &metadata, &objects);
+    config.advertised_address = advertised.clone();
+    if let Some(ms) = args.flush_delay_ms {
+        config.engine.flush_delay = Duration::from_millis(ms);
+    }
+    if let Some(ms) = args.lease_ttl_ms {
+        config.lease_ttl = Duration::from_millis(ms);
+    }
+    let node = Node::start(config).await.with_context(|| {
+        format!("node {node_id} could not start (metadata {metadata}, objects {objects})")
+    })?;
+    telemetry::observe_node(&node);
+
+    let metrics_address = match args.metrics_listen.as_deref() {
+        None | Some("none" | "") => None,
+        Some(a) => {
+            let l = tokio::net::TcpListener::bind(a).await.with_context(|| {
+                format!("cannot listen for metrics on {a} (use --metrics-listen none to disable)")
+            })?;
+            let address = l.local_addr()?;
+            let scrape = telemetry.scrape.clone();
+            tokio::spawn(async move {
+                if let Err(e) = telemetry::serve_metrics(l, scrape).await {
+                    tracing::error!(error = %e, "metrics endpoint stopped");
+                }
+            });
+            Some(address)
+        }
+    };
+
+    let mut server = ServerConfig::default();
+    if let Some(m) = args.max_message_bytes {
+        server.max_message_bytes = m;
+    }
+    if banner {
+        let mut out = format!(
+            "mink node {node_id} is serving\n  Flight:   grpc://{advertised}\n  Metadata: {metadata}\n  Objects:  {objects}\n"
+        );
+        if let Some(m) = metrics_address {
+            out.push_str(&format!("  Metrics:  http://{m}/metrics\n"));
+        }
+        out.push_str("Stop it with Ctrl-C. Try: mink table create app.events --column 'id Int64 not null' --column 'msg Utf8'\n");
+        crate::say(&out);
+    }
+    tracing::info!(%advertised, node_id, "serving Arrow Flight");
+    let shutdown = async {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+        }
+        tracing::info!("shutting down");
+    };
+    let served = mink_flight::serve(node.clone(), server, listener, shutdown).await;
+    node.shutdown().await;
+    telemetry.shutdown();
+    served.context("the Flight server failed")
+}
