@@ -1,6 +1,7 @@
 //! `mink-bench`: Mink's benchmarks. Each suite prints its figures beside the limit or baseline
 //! it is judged against, measured in the same run, as a table and (with `--json`) as JSON.
 
+mod flight;
 mod metadata;
 mod s3stream;
 
@@ -22,6 +23,8 @@ enum Suite {
     Metadata(metadata::Args),
     /// The stream engine: appends and fetches against raw object_store PUTs and GETs.
     S3stream(s3stream::Args),
+    /// Arrow Flight DoPut and DoGet through a node against a Flight echo server.
+    Flight(flight::Args),
 }
 
 #[tokio::main]
@@ -29,5 +32,6 @@ async fn main() -> anyhow::Result<()> {
     match Cli::parse().suite {
         Suite::Metadata(args) => metadata::run(args).await,
         Suite::S3stream(args) => s3stream::run(args).await,
+        Suite::Flight(args) => flight::run(args).await,
     }
 }

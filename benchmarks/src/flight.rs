@@ -1,0 +1,448 @@
+//! Arrow Flight benchmark: ingest (`DoPut`) and scan (`DoGet`) through a real node (SQLite
+//! metadata, the durable local object store, default engine settings), each beside the same
+//! client against a trivial Flight echo server in the same process and run: the loopback limit
+//! of Flight itself.
+//!
+//! - DoPut: `streams` concurrent streams send pre-encoded batches (routed by a bucket key over
+//!   `buckets` buckets) as fast as acknowledgements allow; the node acknowledges each batch once
+//!   durable, the echo server as soon as it arrives.
+//! - DoGet: the table written above, read as one whole-table stream and as one stream per
+//!   bucket; the echo server streams the same number of the same batches.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use arrow::array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
+use arrow_flight::flight_service_client::FlightServiceClient;
+use arrow_flight::flight_service_server::FlightService;
+use arrow_flight::{
+    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo,
+    HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaResult, Ticket,
+};
+use futures::{Stream, StreamExt as _};
+use mink_flight::encode::BatchEncoder;
+use mink_node::{Node, NodeConfig, TableSpec};
+use serde::Serialize;
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status, Streaming};
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct Args {
+    /// Measured seconds per DoPut point.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    /// Concurrent DoPut streams to measure.
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 4])]
+    streams: Vec<usize>,
+    #[arg(long, default_value_t = 8192)]
+    rows_per_batch: usize,
+    #[arg(long, default_value_t = 4)]
+    buckets: u32,
+    /// The node's flush delay (the default is the product's).
+    #[arg(long)]
+    flush_delay_ms: Option<u64>,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct Point {
+    call: &'static str,
+    streams: usize,
+    mink_rows_per_s: f64,
+    mink_mb_per_s: f64,
+    echo_rows_per_s: f64,
+    echo_mb_per_s: f64,
+    ratio_to_echo: f64,
+}
+
+type FlightStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// The loopback limit: acknowledges every batch on arrival, streams pre-encoded batches back.
+#[derive(Clone)]
+struct Echo {
+    /// Schema message, then one batch message.
+    messages: Arc<(FlightData, FlightData)>,
+}
+
+#[tonic::async_trait]
+impl FlightService for Echo {
+    type HandshakeStream = FlightStream<HandshakeResponse>;
+    type ListFlightsStream = FlightStream<FlightInfo>;
+    type DoGetStream = FlightStream<FlightData>;
+    type DoPutStream = FlightStream<PutResult>;
+    type DoExchangeStream = FlightStream<FlightData>;
+    type DoActionStream = FlightStream<arrow_flight::Result>;
+    type ListActionsStream = FlightStream<ActionType>;
+
+    async fn handshake(
+        &self,
+        _: Request<Streaming<HandshakeRequest>>,
+    ) -> Result<Response<Self::HandshakeStream>, Status> {
+        Err(Status::unimplemented("echo"))
+    }
+    async fn list_flights(
+        &self,
+        _: Request<Criteria>,
+    ) -> Result<Response<Self::ListFlightsStream>, Status> {
+        Err(Status::unimplemented("echo"))
+    }
+    async fn get_flight_info(
+        &self,
+        _: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        Err(Status::unimplemented("echo"))
+    }
+    async fn poll_flight_info(
+        &self,
+        _: Request<FlightDescriptor>,
+    ) -> Result<Response<PollInfo>, Status> {
+        Err(Status::unimplemented("echo"))
+    }
+    async fn get_schema(
+        &self,
+        _: Request<FlightDescriptor>,
+    ) -> Result<Response<SchemaResult>, Status> {
+        Err(Status::unimplemented("echo"))
+    }
+    /// The ticket is the number of batches to send.
+    async fn do_get(
+        &self,
+        request: Request<Ticket>,
+    ) -> Result<Response<Self::DoGetStream>, Status> {
+        let n: usize = std::str::from_utf8(&request.get_ref().ticket)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| Status::invalid_argument("ticket: a batch count"))?;
+        let m = Arc::clone(&self.messages);
+        let schema = futures::stream::once(futures::future::ready(Ok(m.0.clone())));
+        let batches = futures::stream::iter((0..n).map(move |_| Ok(m.1.clone())));
+        Ok(Response::new(Box::pin(schema.chain(batches))))
+    }
+    async fn do_put(
+        &self,
+        request: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoPutStream>, Status> {
+        let acks = request.into_inner().filter_map(|m| async move {
+            match m {
+                Ok(d) if d.data_body.is_empty() => None,
+                Ok(_) => Some(Ok(PutResult::default())),
+                Err(e) => Some(Err(e)),
+            }
+        });
+        Ok(Response::new(Box::pin(acks)))
+    }
+    async fn do_exchange(
+        &self,
+        _: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoExchangeStream>, Status> {
+        Err(Status::unimplemented("echo"))
+    }
+    async fn do_action(
+        &self,
+        _: Request<Action>,
+    ) -> Result<Response<Self::DoActionStream>, Status> {
+        Err(Status::unimplemented("echo"))
+    }
+    async fn list_actions(
+        &self,
+        _: Request<Empty>,
+    ) -> Result<Response<Self::ListActionsStream>, Status> {
+        Err(Status::unimplemented("echo"))
+    }
+}
+
+fn batch(rows: usize) -> RecordBatch {
+    let n = rows as i64;
+    RecordBatch::try_from_iter(vec![
+        (
+            "user_id",
+            Arc::new(Int64Array::from_iter_values(
+                (0..n).map(|i| (i * 7919) % 1_000_003),
+            )) as ArrayRef,
+        ),
+        (
+            "seq",
+            Arc::new(Int64Array::from_iter_values(0..n)) as ArrayRef,
+        ),
+        (
+            "event",
+            Arc::new(StringArray::from_iter_values(
+                (0..n).map(|i| format!("page_view/{:08}/campaign-{}", i, i % 97)),
+            )) as ArrayRef,
+        ),
+        (
+            "score",
+            Arc::new(Float64Array::from_iter_values(
+                (0..n).map(|i| i as f64 * 0.5),
+            )) as ArrayRef,
+        ),
+    ])
+    .expect("batch")
+}
+
+async fn client(address: &str) -> anyhow::Result<FlightServiceClient<Channel>> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))?
+        .tcp_nodelay(true)
+        .connect()
+        .await?;
+    Ok(FlightServiceClient::new(channel)
+        .max_decoding_message_size(256 << 20)
+        .max_encoding_message_size(256 << 20))
+}
+
+/// `streams` concurrent DoPut streams for `seconds`: (rows acknowledged, IPC bytes acknowledged,
+/// elapsed).
+async fn put_load(
+    address: &str,
+    messages: &(FlightData, FlightData),
+    rows_per_batch: usize,
+    streams: usize,
+    seconds: f64,
+) -> anyhow::Result<(u64, u64, Duration)> {
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let started = Instant::now();
+    let batch_bytes = (messages.1.data_header.len() + messages.1.data_body.len()) as u64;
+    let mut tasks = Vec::new();
+    for _ in 0..streams {
+        let mut flight = client(address).await?;
+        let (schema, data) = messages.clone();
+        tasks.push(tokio::spawn(async move {
+            // Send until the deadline; gRPC flow control and the server's pipeline bound what
+            // is in flight.
+            let input = futures::stream::once(futures::future::ready(schema)).chain(
+                futures::stream::unfold((), move |()| {
+                    let data = data.clone();
+                    async move { (Instant::now() < deadline).then_some((data, ())) }
+                }),
+            );
+            let mut acks = flight.do_put(input).await?.into_inner();
+            let mut n = 0u64;
+            while let Some(ack) = acks.message().await? {
+                let _ = ack;
+                n += 1;
+            }
+            Ok::<u64, anyhow::Error>(n)
+        }));
+    }
+    let mut batches = 0;
+    for t in tasks {
+        batches += t.await??;
+    }
+    let elapsed = started.elapsed();
+    Ok((
+        batches * rows_per_batch as u64,
+        batches * batch_bytes,
+        elapsed,
+    ))
+}
+
+/// Reads `tickets` concurrently: (rows, IPC bytes, elapsed).
+async fn get_load(address: &str, tickets: Vec<Vec<u8>>) -> anyhow::Result<(u64, u64, Duration)> {
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for t in tickets {
+        let mut flight = client(address).await?;
+        tasks.push(tokio::spawn(async move {
+            let mut stream = flight.do_get(Ticket::new(t)).await?.into_inner();
+            let (mut bytes, mut messages) = (0u64, 0u64);
+            while let Some(d) = stream.message().await? {
+                if !d.data_body.is_empty() {
+                    messages += 1;
+                }
+                bytes += (d.data_header.len() + d.data_body.len()) as u64;
+            }
+            Ok::<(u64, u64), anyhow::Error>((bytes, messages))
+        }));
+    }
+    let (mut bytes, mut messages) = (0, 0);
+    for t in tasks {
+        let (b, m) = t.await??;
+        bytes += b;
+        messages += m;
+    }
+    Ok((messages, bytes, started.elapsed()))
+}
+
+pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    // The node, as `mink dev` runs it.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let mink_address = listener.local_addr()?.to_string();
+    let mut config = NodeConfig::new(
+        1,
+        &format!("sqlite://{}", dir.path().join("metadata.db").display()),
+        dir.path()
+            .join("objects")
+            .to_str()
+            .context("utf-8 temp dir")?,
+    );
+    config.advertised_address = mink_address.clone();
+    if let Some(ms) = args.flush_delay_ms {
+        config.engine.flush_delay = Duration::from_millis(ms);
+    }
+    let node = Node::start(config).await?;
+    tokio::spawn(mink_flight::serve(
+        node.clone(),
+        mink_flight::ServerConfig::default(),
+        listener,
+        std::future::pending(),
+    ));
+    // The echo server.
+    let sample = batch(args.rows_per_batch);
+    let mut encoder = BatchEncoder::new();
+    let descriptor = FlightDescriptor::new_path(vec!["bench".into(), "events".into()]);
+    let schema_message = encoder.schema(&sample.schema(), Some(descriptor));
+    let mut batch_messages = encoder.batch(&sample, bytes::Bytes::new())?;
+    anyhow::ensure!(
+        batch_messages.len() == 1,
+        "no dictionaries in the benchmark batch"
+    );
+    let messages = (schema_message, batch_messages.remove(0));
+    let echo_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let echo_address = echo_listener.local_addr()?.to_string();
+    let echo = Echo {
+        messages: Arc::new(messages.clone()),
+    };
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(
+                arrow_flight::flight_service_server::FlightServiceServer::new(echo)
+                    .max_decoding_message_size(256 << 20)
+                    .max_encoding_message_size(256 << 20),
+            )
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(
+                echo_listener,
+            )),
+    );
+
+    node.create_database("bench", false).await?;
+    node.create_table(TableSpec {
+        database: "bench".into(),
+        name: "events".into(),
+        schema: sample.schema().as_ref().clone(),
+        options: [
+            ("bucket.num".to_string(), args.buckets.to_string()),
+            ("bucket.key".to_string(), "user_id".to_string()),
+        ]
+        .into(),
+        partition_keys: vec![],
+        comment: String::new(),
+        if_not_exists: false,
+    })
+    .await?;
+
+    let mut points = Vec::new();
+    let mb = |bytes: u64, d: Duration| bytes as f64 / 1e6 / d.as_secs_f64();
+    let per_s = |n: u64, d: Duration| n as f64 / d.as_secs_f64();
+    for &streams in &args.streams {
+        // Warm both up, then measure, echo first.
+        put_load(&echo_address, &messages, args.rows_per_batch, streams, 0.5).await?;
+        let (er, eb, ed) = put_load(
+            &echo_address,
+            &messages,
+            args.rows_per_batch,
+            streams,
+            args.seconds,
+        )
+        .await?;
+        let (mr, mbytes, md) = put_load(
+            &mink_address,
+            &messages,
+            args.rows_per_batch,
+            streams,
+            args.seconds,
+        )
+        .await?;
+        points.push(Point {
+            call: "DoPut",
+            streams,
+            mink_rows_per_s: per_s(mr, md),
+            mink_mb_per_s: mb(mbytes, md),
+            echo_rows_per_s: per_s(er, ed),
+            echo_mb_per_s: mb(eb, ed),
+            ratio_to_echo: mb(mbytes, md) / mb(eb, ed),
+        });
+    }
+
+    // Scan what was written: one whole-table stream, and one stream per bucket.
+    let info = node.describe_table("bench", "events")?;
+    let total_rows: u64 = info
+        .buckets
+        .iter()
+        .map(|b| b.end_offset - b.start_offset)
+        .sum();
+    let echo_batches = usize::try_from(total_rows / args.rows_per_batch as u64)
+        .unwrap_or(usize::MAX)
+        .max(1);
+    let whole = serde_json::to_vec(&serde_json::json!({"database": "bench", "table": "events"}))?;
+    let per_bucket: Vec<Vec<u8>> = info
+        .buckets
+        .iter()
+        .map(|b| {
+            serde_json::to_vec(
+                &serde_json::json!({"database": "bench", "table": "events", "bucket": b.bucket}),
+            )
+        })
+        .collect::<Result<_, _>>()?;
+    let n = per_bucket.len();
+    for (streams, tickets, echo_tickets) in [
+        (1, vec![whole], vec![echo_batches.to_string().into_bytes()]),
+        (
+            n,
+            per_bucket,
+            vec![(echo_batches / n).max(1).to_string().into_bytes(); n],
+        ),
+    ] {
+        let (_, mbytes, md) = get_load(&mink_address, tickets).await?;
+        let (_, ebytes, ed) = get_load(&echo_address, echo_tickets).await?;
+        let rows_per_byte = args.rows_per_batch as f64
+            / (messages.1.data_header.len() + messages.1.data_body.len()) as f64;
+        points.push(Point {
+            call: "DoGet",
+            streams,
+            mink_rows_per_s: total_rows as f64 / md.as_secs_f64(),
+            mink_mb_per_s: mb(mbytes, md),
+            echo_rows_per_s: ebytes as f64 * rows_per_byte / ed.as_secs_f64(),
+            echo_mb_per_s: mb(ebytes, ed),
+            ratio_to_echo: mb(mbytes, md) / mb(ebytes, ed),
+        });
+    }
+    node.shutdown().await;
+    print(&points, args.json, total_rows, &sample)
+}
+
+#[allow(clippy::print_stdout)]
+fn print(points: &[Point], json: bool, rows: u64, sample: &RecordBatch) -> anyhow::Result<()> {
+    if json {
+        for p in points {
+            println!("{}", serde_json::to_string(p)?);
+        }
+        return Ok(());
+    }
+    println!(
+        "Arrow Flight through a node (SQLite metadata, durable local object store) beside a Flight echo server, same client, same run; {} rows written, {} rows x {} columns per batch",
+        rows,
+        sample.num_rows(),
+        sample.num_columns()
+    );
+    println!(
+        "{:<6} {:>7} {:>14} {:>10} {:>14} {:>10} {:>8}",
+        "call", "streams", "mink rows/s", "mink MB/s", "echo rows/s", "echo MB/s", "ratio"
+    );
+    for p in points {
+        println!(
+            "{:<6} {:>7} {:>14.0} {:>10.1} {:>14.0} {:>10.1} {:>8.2}",
+            p.call,
+            p.streams,
+            p.mink_rows_per_s,
+            p.mink_mb_per_s,
+            p.echo_rows_per_s,
+            p.echo_mb_per_s,
+            p.ratio_to_echo
+        );
+    }
+    Ok(())
+}
