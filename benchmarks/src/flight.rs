@@ -43,6 +43,9 @@ pub(crate) struct Args {
     /// The node's flush delay (the default is the product's).
     #[arg(long)]
     flush_delay_ms: Option<u64>,
+    /// `table.log.arrow.compression.type` of the benchmark table: ZSTD (the default) or NONE.
+    #[arg(long, default_value = "ZSTD")]
+    compression: String,
     #[arg(long)]
     json: bool,
 }
@@ -326,6 +329,10 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
         options: [
             ("bucket.num".to_string(), args.buckets.to_string()),
             ("bucket.key".to_string(), "user_id".to_string()),
+            (
+                "table.log.arrow.compression.type".to_string(),
+                args.compression.clone(),
+            ),
         ]
         .into(),
         partition_keys: vec![],
@@ -411,11 +418,17 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
         });
     }
     node.shutdown().await;
-    print(&points, args.json, total_rows, &sample)
+    print(&points, args.json, total_rows, &sample, &args.compression)
 }
 
 #[allow(clippy::print_stdout)]
-fn print(points: &[Point], json: bool, rows: u64, sample: &RecordBatch) -> anyhow::Result<()> {
+fn print(
+    points: &[Point],
+    json: bool,
+    rows: u64,
+    sample: &RecordBatch,
+    compression: &str,
+) -> anyhow::Result<()> {
     if json {
         for p in points {
             println!("{}", serde_json::to_string(p)?);
@@ -423,10 +436,11 @@ fn print(points: &[Point], json: bool, rows: u64, sample: &RecordBatch) -> anyho
         return Ok(());
     }
     println!(
-        "Arrow Flight through a node (SQLite metadata, durable local object store) beside a Flight echo server, same client, same run; {} rows written, {} rows x {} columns per batch",
+        "Arrow Flight through a node (SQLite metadata, durable local object store) beside a Flight echo server, same client, same run; {} rows written, {} rows x {} columns per batch, stored with compression {}",
         rows,
         sample.num_rows(),
-        sample.num_columns()
+        sample.num_columns(),
+        compression
     );
     println!(
         "{:<6} {:>7} {:>14} {:>10} {:>14} {:>10} {:>8}",
