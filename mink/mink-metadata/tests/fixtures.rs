@@ -19,7 +19,9 @@ use common::*;
 use mink_metadata::*;
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    // At run time: a shared target directory may hold a binary built from another checkout.
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
         .join("tests/fixtures")
         .join(name)
 }
