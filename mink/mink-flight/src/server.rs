@@ -105,6 +105,41 @@ impl MinkFlight {
         MetadataValue::from(self.node.view().applied_index)
     }
 
+    /// Runs a streaming call's work on its own task and counts the call when the work ends. A
+    /// panic ends the stream with `bug` as an error status, so that a stream cut short never
+    /// looks complete to the client.
+    fn spawn_call<T, W>(
+        &self,
+        call: &'static str,
+        started: std::time::Instant,
+        span: tracing::Span,
+        tx: mpsc::Sender<Result<T, Status>>,
+        work: W,
+        bug: &'static str,
+    ) where
+        T: Send + 'static,
+        W: Future<Output = tonic::Code> + Send + 'static,
+    {
+        let this = self.clone();
+        tokio::spawn(
+            async move {
+                let outcome =
+                    futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(work)).await;
+                crate::metrics::finished(
+                    call,
+                    *outcome.as_ref().unwrap_or(&tonic::Code::Internal),
+                    started,
+                );
+                if outcome.is_err() {
+                    let _ = tx
+                        .send(Err(this.status(ErrorCode::Failed, bug.into())))
+                        .await;
+                }
+            }
+            .instrument(span),
+        );
+    }
+
     fn respond<T>(&self, body: T) -> Response<T> {
         let mut response = Response::new(body);
         response
@@ -931,30 +966,15 @@ impl FlightService for MinkFlight {
                 )
             };
             let (tx, rx) = mpsc::channel(8);
-            let this = self.clone();
-            tokio::spawn(
-                async move {
-                    let failed = tx.clone();
-                    let run = std::panic::AssertUnwindSafe(
-                        this.clone().produce(ticket, plans, schema, tx),
-                    );
-                    let outcome = futures::FutureExt::catch_unwind(run).await;
-                    crate::metrics::finished(
-                        "do_get",
-                        *outcome.as_ref().unwrap_or(&tonic::Code::Internal),
-                        started,
-                    );
-                    if outcome.is_err() {
-                        // Never let a cut-short read look like a complete one.
-                        let _ = failed
-                            .send(Err(this.status(
-                                ErrorCode::Failed,
-                                "the read failed inside the node (a bug)".into(),
-                            )))
-                            .await;
-                    }
-                }
-                .instrument(span),
+            let work = self.clone().produce(ticket, plans, schema, tx.clone());
+            // Never let a cut-short read look like a complete one.
+            self.spawn_call(
+                "do_get",
+                started,
+                span,
+                tx,
+                work,
+                "the read failed inside the node (a bug)",
             );
             let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
             Ok(self.respond(Box::pin(stream) as Self::DoGetStream))
@@ -1017,20 +1037,14 @@ impl FlightService for MinkFlight {
                 .boxed();
         let decoder = FlightDataDecoder::new(input);
         let (tx, rx) = mpsc::channel(self.config.put_pipeline_depth.max(1));
-        let this = self.clone();
-        tokio::spawn(
-            async move {
-                let failed = tx.clone();
-                let run = std::panic::AssertUnwindSafe(this.clone().put(write, decoder, tx));
-                let outcome = futures::FutureExt::catch_unwind(run).await;
-                crate::metrics::finished("do_put", *outcome.as_ref().unwrap_or(&tonic::Code::Internal), started);
-                if outcome.is_err() {
-                    let _ = failed
-                        .send(Err(this.status(ErrorCode::Failed, "the write failed inside the node (a bug); batches not answered may or may not be stored".into())))
-                        .await;
-                }
-            }
-            .instrument(span),
+        let work = self.clone().put(write, decoder, tx.clone());
+        self.spawn_call(
+            "do_put",
+            started,
+            span,
+            tx,
+            work,
+            "the write failed inside the node (a bug); batches not answered may or may not be stored",
         );
         let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
         Ok(self.respond(Box::pin(stream) as Self::DoPutStream))

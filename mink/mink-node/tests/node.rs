@@ -58,22 +58,7 @@ fn spec(name: &str, buckets: u32) -> TableSpec {
 }
 
 async fn read_bucket(node: &Node, table: &str, bucket: u32) -> Vec<i64> {
-    let mut ids = Vec::new();
-    for b in node
-        .read("app", table, None, bucket, 0, 1 << 20, &[])
-        .await
-        .unwrap()
-    {
-        ids.extend(
-            b.batch
-                .column(0)
-                .as_primitive::<Int64Type>()
-                .values()
-                .iter()
-                .copied(),
-        );
-    }
-    ids
+    read_bucket_from(node, table, bucket, 0).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -518,14 +503,14 @@ async fn retention_trims_data_older_than_the_table_ttl() {
     node.write("app", "short", &batch(5..6), &WriteTarget::default())
         .await
         .unwrap();
-    assert_eq!(read_bucket_from(&node, "short", 5).await, [5]);
+    assert_eq!(read_bucket_from(&node, "short", 0, 5).await, [5]);
     node.shutdown().await;
 }
 
-async fn read_bucket_from(node: &Node, table: &str, offset: u64) -> Vec<i64> {
+async fn read_bucket_from(node: &Node, table: &str, bucket: u32, offset: u64) -> Vec<i64> {
     let mut ids = Vec::new();
     for b in node
-        .read("app", table, None, 0, offset, 1 << 20, &[])
+        .read("app", table, None, bucket, offset, 1 << 20, &[])
         .await
         .unwrap()
     {
