@@ -179,7 +179,30 @@ pub struct WriterBatchId {
 /// durable and committed, or failed.
 #[derive(Debug)]
 #[must_use = "an append is only known durable once this resolves"]
-pub struct Appending(Waiting);
+pub struct Appending {
+    base_offset: u64,
+    waiting: Waiting,
+}
+
+impl Appending {
+    fn ready(ack: AppendAck) -> Self {
+        Appending {
+            base_offset: ack.base_offset,
+            waiting: Waiting::Ready(Some(ack)),
+        }
+    }
+
+    /// The offset of the batch's first record, known from submission on.
+    pub fn base_offset(&self) -> u64 {
+        self.base_offset
+    }
+
+    /// Whether this append was answered at submission as an idempotent duplicate (it then
+    /// resolves at once with the original offsets and writes nothing).
+    pub fn is_duplicate(&self) -> bool {
+        matches!(self.waiting, Waiting::Ready(_))
+    }
+}
 
 #[derive(Debug)]
 enum Waiting {
@@ -195,7 +218,7 @@ impl Future for Appending {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
-        match &mut self.0 {
+        match &mut self.waiting {
             Waiting::Ready(ack) => std::task::Poll::Ready(ack.take().ok_or(StreamError::Shutdown)),
             Waiting::Pending(rx) => std::pin::Pin::new(rx)
                 .poll(cx)
@@ -534,14 +557,14 @@ impl S3Stream {
             if let Some(w) = writer
                 && let Some(ack) = engine.committed_duplicate(stream_id, w)
             {
-                return Ok(Appending(Waiting::Ready(Some(ack))));
+                return Ok(Appending::ready(ack));
             }
         }
         let permit = Arc::clone(&engine.budget)
             .acquire_many_owned(u32::try_from(size).unwrap_or(u32::MAX))
             .await
             .map_err(|_| StreamError::Shutdown)?;
-        let rx = {
+        let (rx, base_offset) = {
             let mut state = engine.state.lock().expect("wal lock");
             if let Some(e) = self.failed() {
                 return Err(e);
@@ -551,7 +574,7 @@ impl S3Stream {
             if let Some(w) = writer
                 && let Some(ack) = engine.check_writer(stream_id, owned, w)?
             {
-                return Ok(Appending(Waiting::Ready(Some(ack))));
+                return Ok(Appending::ready(ack));
             }
             let base_offset = owned.next_offset;
             owned.next_offset += u64::from(count);
@@ -577,11 +600,33 @@ impl S3Stream {
             if state.pending_bytes >= engine.config.flush_bytes {
                 engine.flush_kick.notify_one();
             }
-            rx
+            (rx, base_offset)
         };
         add(&engine.stats.appends, 1);
         add(&engine.stats.appended_bytes, size as u64);
-        Ok(Appending(Waiting::Pending(rx)))
+        Ok(Appending {
+            base_offset,
+            waiting: Waiting::Pending(rx),
+        })
+    }
+
+    /// How an append by writer batch `w` would be answered, without taking it: `Some(ack)`
+    /// with the original offsets of a batch already stored, an error for a batch fenced, out of
+    /// order or still in flight, `None` for the writer's next batch. Lets a caller recognise a
+    /// retry before doing work for it (a primary-key changelog); the answer holds while the
+    /// caller is the stream's only submitter.
+    pub fn check_writer_batch(
+        &self,
+        stream_id: u64,
+        w: WriterBatchId,
+    ) -> Result<Option<AppendAck>, StreamError> {
+        if let Some(e) = self.failed() {
+            return Err(e);
+        }
+        let engine = &self.engine;
+        let state = engine.state.lock().expect("wal lock");
+        let owned = Self::writable(&state, stream_id)?;
+        engine.classify_writer_batch(stream_id, owned, w)
     }
 
     /// The stream's local state, if it may take appends.
@@ -788,6 +833,26 @@ impl Engine {
         owned: &mut Owned,
         w: WriterBatchId,
     ) -> Result<Option<AppendAck>, StreamError> {
+        if let Some(ack) = self.classify_writer_batch(stream_id, owned, w)? {
+            return Ok(Some(ack));
+        }
+        owned.writers.insert(
+            w.writer_id,
+            WriterTail {
+                epoch: w.writer_epoch,
+                last_sequence: w.last_sequence,
+            },
+        );
+        Ok(None)
+    }
+
+    /// [`Engine::check_writer`] without taking the batch.
+    fn classify_writer_batch(
+        &self,
+        stream_id: u64,
+        owned: &Owned,
+        w: WriterBatchId,
+    ) -> Result<Option<AppendAck>, StreamError> {
         if w.first_sequence > w.last_sequence {
             return Err(StreamError::Invalid(format!(
                 "writer {}: first sequence {} after last {}",
@@ -841,13 +906,6 @@ impl Engine {
                 });
             }
         }
-        owned.writers.insert(
-            w.writer_id,
-            WriterTail {
-                epoch: w.writer_epoch,
-                last_sequence: w.last_sequence,
-            },
-        );
         Ok(None)
     }
 

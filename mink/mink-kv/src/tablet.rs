@@ -1,0 +1,478 @@
+//! One bucket of a primary-key table: the working copy, the overlay of writes in flight, and
+//! the bucket's stream, which holds the changelog and is the truth.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arrow::array::{ArrayRef, RecordBatch};
+use arrow::datatypes::SchemaRef;
+use mink_log::LogTablet;
+use mink_log::codec::Compression;
+use s3stream::{Appending, S3Stream, WriterBatchId};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::changelog::{self, ChangeType};
+use crate::definition::KvTableDef;
+use crate::merge::{self, KvWrite};
+use crate::rows::{self, RowCodec};
+use crate::store::{KvStore, StoreSnapshot};
+use crate::{KeyChange, KvError, KvResult};
+
+/// How far a stored changelog read goes per fetch while replaying.
+const REPLAY_BYTES: usize = 8 << 20;
+
+/// The answer to a write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WriteAck {
+    /// Offsets `[base, end)` of the changelog rows stored; `None` when the write changed
+    /// nothing and had no writer id (nothing was appended).
+    pub offsets: Option<(u64, u64)>,
+    /// A retried idempotent batch: the offsets are the original write's.
+    pub duplicate: bool,
+    /// Changelog rows the write produced (0 for a duplicate or a write that changed nothing).
+    pub changes: usize,
+}
+
+/// Settings of a tablet.
+#[derive(Clone, Debug)]
+pub struct KvTabletConfig {
+    pub compression: Compression,
+    /// How often the working copy is forced to disk (between, commits are not fsynced).
+    pub sync_interval: Duration,
+}
+
+impl Default for KvTabletConfig {
+    fn default() -> Self {
+        KvTabletConfig {
+            compression: Compression::Zstd,
+            sync_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// A bucket of a primary-key table on this node. Writes need the bucket's stream open here
+/// (the leader); lookups and scans read the working copy, which holds only acknowledged rows.
+#[derive(Clone)]
+pub struct KvTablet {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    def: Arc<KvTableDef>,
+    codec: RowCodec,
+    log: LogTablet,
+    view: SchemaRef,
+    store: Arc<KvStore>,
+    streams: S3Stream,
+    stream_id: u64,
+    /// Held from the merge until the append is submitted: one changelog at a time, in order.
+    write: tokio::sync::Mutex<()>,
+    overlay: Mutex<Overlay>,
+    applier: mpsc::UnboundedSender<InFlight>,
+}
+
+/// The after-images of writes appended but not yet applied, by key: the base offset of the
+/// write that set it and the encoded row (`None`: deleted).
+#[derive(Default)]
+struct Overlay {
+    rows: HashMap<Vec<u8>, (u64, Option<Vec<u8>>)>,
+}
+
+struct InFlight {
+    /// `None` for a write that changed nothing and appended nothing: it still waits for the
+    /// writes before it, whose overlay it may have read.
+    appending: Option<Appending>,
+    base: u64,
+    puts: Vec<KeyChange>,
+    changes: usize,
+    reply: oneshot::Sender<KvResult<WriteAck>>,
+}
+
+impl std::fmt::Debug for KvTablet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvTablet")
+            .field("stream_id", &self.inner.stream_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KvTablet {
+    /// Opens the tablet of a bucket whose stream `stream_id` is open on this node at the
+    /// bucket's leader epoch: brings the working copy at `store_path` up to the stream's
+    /// committed end by replaying the changelog, then serves.
+    pub async fn open(
+        streams: S3Stream,
+        stream_id: u64,
+        def: Arc<KvTableDef>,
+        store_path: &Path,
+        config: &KvTabletConfig,
+    ) -> KvResult<Self> {
+        let codec = RowCodec::new(&def)?;
+        let storage = changelog::storage_schema(&def.schema);
+        let log = LogTablet::new(streams.clone(), stream_id, storage, config.compression);
+        let store = Arc::new(KvStore::open(
+            store_path,
+            rows::FORMAT,
+            config.sync_interval,
+        )?);
+        let info = streams.info(stream_id)?;
+        let mut from = store.next_offset()?;
+        if from < info.start_offset || from > info.end_offset {
+            if info.start_offset > 0 {
+                return Err(KvError::Store(format!(
+                    "the working copy is at offset {from}, the stream holds [{}, {}): a KV \
+                     snapshot is needed to rebuild it",
+                    info.start_offset, info.end_offset
+                )));
+            }
+            store.reset(0)?;
+            from = 0;
+        }
+        replay(&log, &codec, &store, from, info.end_offset).await?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let inner = Arc::new(Inner {
+            view: changelog::view_schema(&def.schema),
+            def,
+            codec,
+            log,
+            store,
+            streams,
+            stream_id,
+            write: tokio::sync::Mutex::new(()),
+            overlay: Mutex::new(Overlay::default()),
+            applier: tx,
+        });
+        tokio::spawn(apply_loop(Arc::downgrade(&inner), rx));
+        Ok(KvTablet { inner })
+    }
+
+    pub fn definition(&self) -> &Arc<KvTableDef> {
+        &self.inner.def
+    }
+
+    /// The schema of the changelog view (`_change_type`, `_log_offset`, `_commit_timestamp`,
+    /// then the table's columns).
+    pub fn changelog_schema(&self) -> &SchemaRef {
+        &self.inner.view
+    }
+
+    /// Writes a batch: a retry of an idempotent batch is answered with its original offsets
+    /// first; otherwise the changelog is computed against the working copy and the writes in
+    /// flight, appended, and applied once durable. Returns once acknowledged (durable and
+    /// visible to lookups), or failed with nothing visible.
+    pub async fn write(&self, write: KvWrite, writer: Option<WriterBatchId>) -> KvResult<WriteAck> {
+        let inner = &self.inner;
+        let reply = {
+            let _turn = inner.write.lock().await;
+            if let Some(w) = writer
+                && let Some(ack) = inner.streams.check_writer_batch(inner.stream_id, w)?
+            {
+                return Ok(WriteAck {
+                    offsets: Some((ack.base_offset, ack.end_offset)),
+                    duplicate: true,
+                    changes: 0,
+                });
+            }
+            let merged = merge::merge(&inner.def, &inner.codec, &write, &mut |keys| {
+                self.current(keys)
+            })?;
+            let commit_ms = now_ms();
+            let stored = match merge::changelog_batch(&inner.log.schema, &merged, commit_ms)? {
+                Some(batch) => Some(batch),
+                // An idempotent writer's batch is recorded even when it changes nothing, so
+                // its next sequence follows on.
+                None if writer.is_some() && write.batch.num_rows() > 0 => {
+                    Some(changelog::stored_batch(
+                        &inner.log.schema,
+                        write.batch.slice(0, 1).columns().to_vec(),
+                        vec![ChangeType::Noop as i8],
+                        commit_ms,
+                    )?)
+                }
+                None => None,
+            };
+            let appending = match &stored {
+                Some(batch) => Some(inner.log.submit(batch, writer).await?),
+                None => None,
+            };
+            let base = appending.as_ref().map_or(0, Appending::base_offset);
+            if appending.as_ref().is_none_or(|a| !a.is_duplicate()) {
+                let mut overlay = inner.overlay.lock().expect("overlay lock");
+                for (key, value) in &merged.puts {
+                    overlay.rows.insert(key.clone(), (base, value.clone()));
+                }
+            }
+            let (tx, rx) = oneshot::channel();
+            inner
+                .applier
+                .send(InFlight {
+                    appending,
+                    base,
+                    changes: merged.changelog_rows(),
+                    puts: merged.puts,
+                    reply: tx,
+                })
+                .map_err(|_| KvError::Aborted("the tablet is closing".into()))?;
+            rx
+        };
+        reply
+            .await
+            .map_err(|_| KvError::Aborted("the tablet closed".into()))?
+    }
+
+    /// The rows of `keys` as the writer sees them: in-flight writes first, then the copy.
+    fn current(&self, keys: &[&[u8]]) -> KvResult<Vec<Option<Vec<u8>>>> {
+        let mut out: Vec<Option<Option<Vec<u8>>>> = {
+            let overlay = self.inner.overlay.lock().expect("overlay lock");
+            keys.iter()
+                .map(|k| overlay.rows.get(*k).map(|(_, v)| v.clone()))
+                .collect()
+        };
+        let missing: Vec<&[u8]> = keys
+            .iter()
+            .zip(&out)
+            .filter(|(_, o)| o.is_none())
+            .map(|(k, _)| *k)
+            .collect();
+        if !missing.is_empty() {
+            let mut stored = self.inner.store.get_many(&missing)?.into_iter();
+            for o in out.iter_mut().filter(|o| o.is_none()) {
+                *o = Some(stored.next().flatten());
+            }
+        }
+        Ok(out.into_iter().map(Option::flatten).collect())
+    }
+
+    /// Point lookup: the rows stored under the keys given as the physical key columns (in key
+    /// order), in the order asked; missing keys are left out.
+    pub fn lookup(&self, key_columns: &[ArrayRef]) -> KvResult<RecordBatch> {
+        let keys = self.inner.codec.keys_of(key_columns)?;
+        let keys: Vec<&[u8]> = (0..keys.num_rows()).map(|i| keys.row(i).data()).collect();
+        let found = self.inner.store.get_many(&keys)?;
+        self.batch(found.iter().flatten().map(Vec::as_slice))
+    }
+
+    /// Prefix lookup: every row whose bucket key equals one of the given bucket-key rows, in
+    /// key order per prefix.
+    pub fn prefix_lookup(&self, bucket_columns: &[ArrayRef]) -> KvResult<RecordBatch> {
+        if !self.inner.def.supports_prefix_lookup() {
+            return Err(KvError::Invalid(
+                "prefix lookups need a bucket key that is a proper prefix of the primary key \
+                 (without partition keys)"
+                    .into(),
+            ));
+        }
+        let prefixes = self.inner.codec.prefixes_of(bucket_columns)?;
+        let snapshot = self.inner.store.snapshot()?;
+        let mut values = Vec::new();
+        for i in 0..prefixes.num_rows() {
+            let p = prefixes.row(i).data();
+            values.extend(
+                snapshot
+                    .scan(p, Some(p), usize::MAX)?
+                    .into_iter()
+                    .map(|(_, v)| v),
+            );
+        }
+        self.batch(values.iter().map(Vec::as_slice))
+    }
+
+    /// A scan of every row as of one offset.
+    pub fn snapshot(&self) -> KvResult<KvScan> {
+        Ok(KvScan {
+            snapshot: self.inner.store.snapshot()?,
+            tablet: self.clone(),
+            next: Some(Vec::new()),
+        })
+    }
+
+    /// Reads the changelog from `offset` (about `max_bytes` of stored data) as changelog view
+    /// batches, with their first offsets.
+    pub async fn read_changelog(
+        &self,
+        offset: u64,
+        max_bytes: usize,
+    ) -> KvResult<Vec<(u64, RecordBatch)>> {
+        let batches = self.inner.log.read(offset, max_bytes, &[]).await?;
+        batches
+            .into_iter()
+            .map(|b| {
+                Ok((
+                    b.base_offset,
+                    changelog::to_view(&self.inner.view, &b.batch, b.base_offset)?,
+                ))
+            })
+            .filter(|r| r.as_ref().map_or(true, |(_, b)| b.num_rows() > 0))
+            .collect()
+    }
+
+    /// The changelog offset the working copy has reached.
+    pub fn applied_offset(&self) -> KvResult<u64> {
+        self.inner.store.next_offset()
+    }
+
+    fn batch<'a>(&self, values: impl Iterator<Item = &'a [u8]>) -> KvResult<RecordBatch> {
+        let values: Vec<&[u8]> = values.collect();
+        let schema = self.inner.def.schema.clone();
+        if values.is_empty() {
+            return Ok(RecordBatch::new_empty(schema));
+        }
+        Ok(RecordBatch::try_new(
+            schema,
+            self.inner.codec.decode(values)?,
+        )?)
+    }
+}
+
+/// Rows of a tablet at one offset, in key order, page by page.
+#[derive(Debug)]
+pub struct KvScan {
+    snapshot: StoreSnapshot,
+    tablet: KvTablet,
+    /// Where the next page starts; `None` once done.
+    next: Option<Vec<u8>>,
+}
+
+impl KvScan {
+    /// The offset the scan is consistent at: every change below it, none at or above.
+    pub fn offset(&self) -> u64 {
+        self.snapshot.next_offset
+    }
+
+    /// The next page of at most `max_rows` rows, `None` at the end.
+    pub fn next_batch(&mut self, max_rows: usize) -> KvResult<Option<RecordBatch>> {
+        let Some(from) = self.next.take() else {
+            return Ok(None);
+        };
+        let rows = self.snapshot.scan(&from, None, max_rows.max(1))?;
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        if rows.len() == max_rows.max(1) {
+            let mut after = rows[rows.len() - 1].0.clone();
+            after.push(0);
+            self.next = Some(after);
+        }
+        Ok(Some(
+            self.tablet.batch(rows.iter().map(|(_, v)| v.as_slice()))?,
+        ))
+    }
+}
+
+/// Applies durable writes to the working copy in order and answers their writers. After a
+/// failed append, the overlay is cut back to the committed end; the writes after it were
+/// computed on top of it and fail with it (the stream fails them too).
+async fn apply_loop(inner: std::sync::Weak<Inner>, mut rx: mpsc::UnboundedReceiver<InFlight>) {
+    let mut failed_at: Option<(u64, String)> = None;
+    while let Some(f) = rx.recv().await {
+        let result = match f.appending {
+            Some(a) => a.await.map(Some).map_err(KvError::from),
+            None => Ok(None),
+        };
+        let Some(inner) = inner.upgrade() else {
+            let _ = f
+                .reply
+                .send(Err(KvError::Aborted("the tablet closed".into())));
+            continue;
+        };
+        let answer = match result {
+            Ok(ack) => match (&failed_at, ack) {
+                // It stored nothing and decided on top of the failed write.
+                (Some((_, why)), None) => Err(KvError::Aborted(why.clone())),
+                _ => {
+                    if let (Some((at, _)), Some(a)) = (&failed_at, ack)
+                        && !a.duplicate
+                        && a.base_offset > *at
+                    {
+                        tracing::error!(
+                            stream_id = inner.stream_id,
+                            base = a.base_offset,
+                            "a write was stored after an earlier one of its bucket failed"
+                        );
+                    }
+                    apply_durable(&inner, &f.puts, f.base, ack).map(|()| WriteAck {
+                        offsets: ack.map(|a| (a.base_offset, a.end_offset)),
+                        duplicate: ack.is_some_and(|a| a.duplicate),
+                        changes: if ack.is_some_and(|a| a.duplicate) {
+                            0
+                        } else {
+                            f.changes
+                        },
+                    })
+                }
+            },
+            Err(e) => {
+                let why = e.to_string();
+                failed_at = Some((f.base, why));
+                inner
+                    .overlay
+                    .lock()
+                    .expect("overlay lock")
+                    .rows
+                    .retain(|_, (base, _)| *base < f.base);
+                Err(e)
+            }
+        };
+        if failed_at.is_some() && rx.is_empty() {
+            // Every write computed on top of the failure has been answered.
+            failed_at = None;
+        }
+        let _ = f.reply.send(answer);
+    }
+}
+
+fn apply_durable(
+    inner: &Inner,
+    puts: &[KeyChange],
+    base: u64,
+    ack: Option<s3stream::AppendAck>,
+) -> KvResult<()> {
+    let Some(ack) = ack else {
+        return Ok(());
+    };
+    if ack.duplicate {
+        return Ok(());
+    }
+    inner.store.apply(puts, ack.end_offset)?;
+    let mut overlay = inner.overlay.lock().expect("overlay lock");
+    for (key, _) in puts {
+        if overlay.rows.get(key).is_some_and(|(b, _)| *b == base) {
+            overlay.rows.remove(key);
+        }
+    }
+    Ok(())
+}
+
+/// Brings the working copy from `from` to `end` by overwriting with after-images.
+async fn replay(
+    log: &LogTablet,
+    codec: &RowCodec,
+    store: &KvStore,
+    mut from: u64,
+    end: u64,
+) -> KvResult<()> {
+    while from < end {
+        let batches = log.read(from, REPLAY_BYTES, &[]).await?;
+        if batches.is_empty() {
+            return Err(KvError::Store(format!(
+                "the changelog ends at {from}, before the committed end {end}"
+            )));
+        }
+        let mut puts: Vec<KeyChange> = Vec::new();
+        for b in &batches {
+            puts.extend(changelog::key_changes(codec, &b.batch)?);
+            from = b.base_offset + b.batch.num_rows() as u64;
+        }
+        store.apply(&puts, from.min(end))?;
+    }
+    store.sync()?;
+    Ok(())
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
