@@ -13,13 +13,15 @@ pub mod changelog;
 pub mod definition;
 pub mod merge;
 pub mod rows;
+pub mod snapshot;
 pub mod store;
 pub mod tablet;
 
 pub use changelog::ChangeType;
 pub use definition::{AggFunction, ChangelogImage, DeleteBehavior, KvTableDef, MergeEngine};
 pub use merge::{KvWrite, Merged, RowKind};
-pub use tablet::{KvTablet, WriteAck};
+pub use snapshot::SnapshotInfo;
+pub use tablet::{KvTablet, KvTabletConfig, SnapshotSource, WriteAck};
 
 /// Errors of primary-key tables.
 #[derive(Debug, thiserror::Error)]

@@ -35,6 +35,15 @@ pub struct WriteAck {
     pub changes: usize,
 }
 
+/// The latest KV snapshot of a bucket (from the metadata log), to rebuild from.
+#[derive(Clone, Debug)]
+pub struct SnapshotSource {
+    pub objects: Arc<dyn object_store::ObjectStore>,
+    pub location: object_store::path::Path,
+    /// The snapshot holds every change below this offset.
+    pub log_offset: u64,
+}
+
 /// Settings of a tablet.
 #[derive(Clone, Debug)]
 pub struct KvTabletConfig {
@@ -101,13 +110,15 @@ impl std::fmt::Debug for KvTablet {
 impl KvTablet {
     /// Opens the tablet of a bucket whose stream `stream_id` is open on this node at the
     /// bucket's leader epoch: brings the working copy at `store_path` up to the stream's
-    /// committed end by replaying the changelog, then serves.
+    /// committed end (from the bucket's latest KV `snapshot` when the copy is behind it or
+    /// unusable) by replaying the changelog, then serves.
     pub async fn open(
         streams: S3Stream,
         stream_id: u64,
         def: Arc<KvTableDef>,
         store_path: &Path,
         config: &KvTabletConfig,
+        snapshot: Option<&SnapshotSource>,
     ) -> KvResult<Self> {
         let codec = RowCodec::new(&def)?;
         let storage = changelog::storage_schema(&def.schema);
@@ -119,16 +130,33 @@ impl KvTablet {
         )?);
         let info = streams.info(stream_id)?;
         let mut from = store.next_offset()?;
-        if from < info.start_offset || from > info.end_offset {
-            if info.start_offset > 0 {
+        let usable = from >= info.start_offset && from <= info.end_offset;
+        match snapshot {
+            // The snapshot is further along than the copy (or the copy is of no use).
+            Some(s) if !usable || s.log_offset > from => {
+                let rows =
+                    crate::snapshot::restore(&s.objects, &s.location, s.log_offset, &codec, &store)
+                        .await?;
+                tracing::info!(
+                    stream_id,
+                    rows,
+                    offset = s.log_offset,
+                    "restored a KV snapshot"
+                );
+                from = s.log_offset;
+            }
+            _ if usable => {}
+            _ if info.start_offset == 0 => {
+                store.reset(0)?;
+                from = 0;
+            }
+            _ => {
                 return Err(KvError::Store(format!(
-                    "the working copy is at offset {from}, the stream holds [{}, {}): a KV \
-                     snapshot is needed to rebuild it",
+                    "the working copy is at offset {from}, the stream holds [{}, {}) and there \
+                     is no KV snapshot to rebuild from",
                     info.start_offset, info.end_offset
                 )));
             }
-            store.reset(0)?;
-            from = 0;
         }
         replay(&log, &codec, &store, from, info.end_offset).await?;
         let (tx, rx) = mpsc::unbounded_channel();

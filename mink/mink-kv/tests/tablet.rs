@@ -144,6 +144,7 @@ async fn open(engine: &S3Stream, stream: u64, def: &Arc<KvTableDef>, copy: &Path
         Arc::clone(def),
         copy,
         &KvTabletConfig::default(),
+        None,
     )
     .await
     .unwrap()
@@ -445,4 +446,93 @@ async fn a_failed_append_in_a_pipeline_leaves_no_trace() {
     );
     one.shutdown().await;
     two.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_and_the_changelog_after_it_rebuild_a_trimmed_bucket() {
+    let world = World::new();
+    let engine = world.node(1, Duration::from_millis(5)).await;
+    let stream = engine.create_streams(1).await.unwrap();
+    engine.open(stream, 1).await.unwrap();
+    let def = def(&[
+        ("table.merge-engine", "aggregation"),
+        ("fields.v.agg", "sum"),
+    ]);
+    let tablet = open(&engine, stream, &def, &world.copy("a")).await;
+    let write = |round: i64| {
+        let t = tablet.clone();
+        async move {
+            let batch = rows(
+                &(0..20)
+                    .map(|i| (i % 3, i, Some(round), Some("s")))
+                    .collect::<Vec<_>>(),
+            );
+            t.write(KvWrite::upsert(batch), None).await.unwrap();
+        }
+    };
+    for round in 1..=3 {
+        write(round).await;
+    }
+    let objects = s3stream::store::open(&world.objects).unwrap();
+    let location = object_store::path::Path::from("kv/1/0/0/1.arrows");
+    let info = tablet
+        .write_snapshot(Arc::clone(&objects), &location)
+        .await
+        .unwrap();
+    assert_eq!(info.rows, 20);
+    assert_eq!(info.log_offset, tablet.applied_offset().unwrap());
+    for round in 4..=5 {
+        write(round).await;
+    }
+    let want = scan_all(&tablet).await;
+    assert!(want.iter().all(|r| r.2 == Some(15)), "{want:?}");
+    drop(tablet);
+    engine.trim(stream, info.log_offset).await.unwrap();
+
+    // Without the snapshot the bucket cannot be rebuilt; with it, snapshot + changelog.
+    std::fs::remove_file(world.copy("a")).unwrap();
+    let e = KvTablet::open(
+        engine.clone(),
+        stream,
+        Arc::clone(&def),
+        &world.copy("a"),
+        &KvTabletConfig::default(),
+        None,
+    )
+    .await
+    .unwrap_err();
+    assert!(e.to_string().contains("no KV snapshot"), "{e}");
+    let source = mink_kv::SnapshotSource {
+        objects,
+        location,
+        log_offset: info.log_offset,
+    };
+    let tablet = KvTablet::open(
+        engine.clone(),
+        stream,
+        Arc::clone(&def),
+        &world.copy("b"),
+        &KvTabletConfig::default(),
+        Some(&source),
+    )
+    .await
+    .unwrap();
+    assert_eq!(scan_all(&tablet).await, want, "no aggregate counted twice");
+    // A snapshot that does not say what the metadata says is refused.
+    let wrong = mink_kv::SnapshotSource {
+        log_offset: info.log_offset + 1,
+        ..source
+    };
+    let e = KvTablet::open(
+        engine.clone(),
+        stream,
+        Arc::clone(&def),
+        &world.copy("c"),
+        &KvTabletConfig::default(),
+        Some(&wrong),
+    )
+    .await
+    .unwrap_err();
+    assert!(e.to_string().contains("the metadata says"), "{e}");
+    engine.shutdown().await;
 }
