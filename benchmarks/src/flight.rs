@@ -323,6 +323,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
 
     node.create_database("bench", false).await?;
     node.create_table(TableSpec {
+        primary_key: vec![],
         database: "bench".into(),
         name: "events".into(),
         schema: sample.schema().as_ref().clone(),

@@ -50,6 +50,10 @@ pub(crate) enum TableCommand {
         /// Partition columns, comma-separated.
         #[arg(long)]
         partition_key: Option<String>,
+        /// Primary-key columns, comma-separated: a primary-key table (upserts, deletes,
+        /// lookups; see `-o table.merge-engine=...`).
+        #[arg(long)]
+        primary_key: Option<String>,
         /// Another table option, `key=value` (`table.log.ttl=3d`, ...).
         #[arg(long = "option", short = 'o')]
         options: Vec<String>,
@@ -193,6 +197,7 @@ pub(crate) async fn table(client: &Client, c: TableCommand) -> anyhow::Result<()
             bucket_num,
             bucket_key,
             partition_key,
+            primary_key,
             options,
             comment,
             if_not_exists,
@@ -225,6 +230,9 @@ pub(crate) async fn table(client: &Client, c: TableCommand) -> anyhow::Result<()
                     schema,
                     options: opts,
                     partition_keys,
+                    primary_key: primary_key
+                        .map(|p| p.split(',').map(|s| s.trim().to_string()).collect())
+                        .unwrap_or_default(),
                     comment: comment.unwrap_or_default(),
                     if_not_exists,
                 })
@@ -307,6 +315,9 @@ pub(crate) fn describe_text(d: &TableDescription) -> String {
     for c in &d.columns {
         let null = if c.nullable { "" } else { " not null" };
         out.push_str(&format!("  {} {}{null}\n", c.name, c.r#type));
+    }
+    if !d.primary_key.is_empty() {
+        out.push_str(&format!("primary key: {}\n", d.primary_key.join(", ")));
     }
     if !d.partition_keys.is_empty() {
         out.push_str(&format!(

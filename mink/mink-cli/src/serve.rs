@@ -48,6 +48,13 @@ pub(crate) struct NodeArgs {
     /// Largest Flight message (one batch) accepted.
     #[arg(long, env = "MINK_MAX_MESSAGE_BYTES")]
     pub(crate) max_message_bytes: Option<usize>,
+    /// Directory of the local working copies of primary-key buckets (a cache: rebuilt from
+    /// object storage when lost).
+    #[arg(long, env = "MINK_KV_DIR")]
+    pub(crate) kv_dir: Option<std::path::PathBuf>,
+    /// Seconds between KV snapshots of the primary-key buckets a node leads.
+    #[arg(long, env = "MINK_KV_SNAPSHOT_INTERVAL_S")]
+    pub(crate) kv_snapshot_interval_s: Option<u64>,
 }
 
 impl NodeArgs {
@@ -64,6 +71,8 @@ impl NodeArgs {
             flush_delay_ms: self.flush_delay_ms.or(file.flush_delay_ms),
             lease_ttl_ms: self.lease_ttl_ms.or(file.lease_ttl_ms),
             max_message_bytes: self.max_message_bytes.or(file.max_message_bytes),
+            kv_dir: self.kv_dir.or(file.kv_dir),
+            kv_snapshot_interval_s: self.kv_snapshot_interval_s.or(file.kv_snapshot_interval_s),
         }
     }
 }
@@ -103,6 +112,7 @@ pub(crate) fn dev_defaults(args: NodeArgs, data_dir: &Path) -> anyhow::Result<No
             args.metrics_listen
                 .unwrap_or_else(|| "127.0.0.1:9464".into()),
         ),
+        kv_dir: Some(args.kv_dir.unwrap_or_else(|| data_dir.join("kv"))),
         ..args
     })
 }
@@ -150,6 +160,12 @@ pub(crate) async fn run(args: NodeArgs, banner: bool) -> anyhow::Result<()> {
     }
     if let Some(ms) = args.lease_ttl_ms {
         config.lease_ttl = Duration::from_millis(ms);
+    }
+    if let Some(dir) = &args.kv_dir {
+        config.kv_dir.clone_from(dir);
+    }
+    if let Some(s) = args.kv_snapshot_interval_s {
+        config.kv_snapshot_interval = Duration::from_secs(s.max(1));
     }
     let node = Node::start(config).await.with_context(|| {
         format!("node {node_id} could not start (metadata {metadata}, objects {objects})")

@@ -246,8 +246,7 @@ fn pyarrow_flight_creates_writes_scans_tails_and_gets_precise_errors() {
     let Some(python) = python() else { return };
     let dir = tempfile::tempdir().unwrap();
     let dev = Dev::start(&dir.path().join("data"), "127.0.0.1:0", &[]);
-    let script = // At run time: a shared target directory may hold a binary built from another checkout.
-std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from).join("tests/pyarrow_flight.py");
+    let script = manifest_dir().join("tests/pyarrow_flight.py");
     let out = Command::new(python)
         .arg(script)
         .arg(&dev.flight)
@@ -256,6 +255,30 @@ std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(|| PathBuf::from(env!("CARGO_
     assert!(
         out.status.success(),
         "pyarrow_flight.py failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// At run time: a shared target directory may hold a binary built from another checkout.
+fn manifest_dir() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
+}
+
+#[test]
+fn pyarrow_primary_key_tables_upsert_delete_look_up_and_scan() {
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let dev = Dev::start(&dir.path().join("data"), "127.0.0.1:0", &[]);
+    let out = Command::new(python)
+        .arg(manifest_dir().join("tests/pyarrow_pk.py"))
+        .arg(&dev.flight)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "pyarrow_pk.py failed:\n{}\n{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );

@@ -432,6 +432,7 @@ impl Client {
                     .map(|(k, v)| (k.into(), v.into()))
                     .collect(),
                 partition_keys: partition_keys.iter().map(|s| (*s).to_string()).collect(),
+                primary_key: Vec::new(),
                 comment: String::new(),
                 if_not_exists,
             },

@@ -193,6 +193,10 @@ pub struct CreateTable {
     pub options: BTreeMap<String, String>,
     #[serde(default)]
     pub partition_keys: Vec<String>,
+    /// A primary-key table's key columns (they include the partition keys); absent for a
+    /// log table. Options such as `table.merge-engine` then apply (see docs/tables.md).
+    #[serde(default)]
+    pub primary_key: Vec<String>,
     #[serde(default)]
     pub comment: String,
     #[serde(default)]
@@ -283,6 +287,9 @@ pub struct TableDescription {
     pub partition_keys: Vec<String>,
     pub bucket_count: u32,
     pub bucket_key: Vec<String>,
+    /// Empty for a log table.
+    #[serde(default)]
+    pub primary_key: Vec<String>,
     pub comment: String,
     pub created_at_ms: u64,
     pub partitions: Vec<PartitionDescription>,
@@ -340,6 +347,10 @@ pub struct WriteDescriptor {
     pub writer_id: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub writer_epoch: Option<u64>,
+    /// Primary-key tables: a partial update setting only these columns (the key among them).
+    /// By default, a batch with only some of the table's columns sets those.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub columns: Option<Vec<String>>,
 }
 
 /// `DoPut`: optional `app_metadata` of each batch.
@@ -417,6 +428,19 @@ pub struct Ticket {
     /// Stop after about this many rows (whole batches).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_rows: Option<u64>,
+    /// Primary-key tables: read the changelog (`_change_type`, `_log_offset`,
+    /// `_commit_timestamp`, then the columns) with the offsets and tailing of a log read,
+    /// instead of the current rows.
+    #[serde(default)]
+    pub changelog: bool,
+    /// Primary-key tables: the rows of these keys (JSON objects holding every primary-key
+    /// column), in this order; missing keys are left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lookup: Option<Vec<serde_json::Map<String, serde_json::Value>>>,
+    /// Primary-key tables: every row under each of these bucket-key values (with the
+    /// partition columns of a partitioned table).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_lookup: Option<Vec<serde_json::Map<String, serde_json::Value>>>,
 }
 
 /// `DoGet`: the `app_metadata` of each batch: where its rows are.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arrow::array::RecordBatch;
-use arrow::datatypes::SchemaRef;
+use arrow::datatypes::{Schema, SchemaRef};
 use arrow::ipc::writer::IpcWriteOptions;
 use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
 use arrow_flight::error::FlightError;
@@ -279,6 +279,7 @@ impl MinkFlight {
                         database: a.database,
                         name: a.table,
                         schema,
+                        primary_key: a.primary_key,
                         options: a.options,
                         partition_keys: a.partition_keys,
                         comment: a.comment,
@@ -427,6 +428,7 @@ pub(crate) fn describe(
         partition_keys: info.partition_keys.clone(),
         bucket_count: info.bucket_count,
         bucket_key: info.bucket_key.clone(),
+        primary_key: info.primary_key.clone(),
         comment: info.comment.clone(),
         created_at_ms: info.created_at_ms,
         partitions: info
@@ -527,6 +529,188 @@ impl MinkFlight {
         }])
     }
 
+    /// `schema` narrowed to the ticket's columns, in their order.
+    fn projected(&self, schema: &SchemaRef, t: &protocol::Ticket) -> Result<SchemaRef, Status> {
+        if t.columns.is_empty() {
+            return Ok(Arc::clone(schema));
+        }
+        let indices = t
+            .columns
+            .iter()
+            .map(|c| {
+                schema.index_of(c).map_err(|_| {
+                    self.invalid(format!("no column {c:?} in {}.{}", t.database, t.table))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Arc::new(
+            schema
+                .project(&indices)
+                .map_err(|e| self.invalid(e.to_string()))?,
+        ))
+    }
+
+    /// `DoGet` of a primary-key table's current rows: a lookup, a prefix lookup, or a
+    /// snapshot scan (per bucket, each consistent at one offset, on the bucket's leader).
+    async fn kv_get(
+        &self,
+        t: protocol::Ticket,
+        info: &TableInfo,
+        started: std::time::Instant,
+        span: tracing::Span,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        if t.offset.is_some() || t.latest || t.tail || t.end_offset.is_some() {
+            return Err(self.invalid(
+                "offset, latest, end_offset and tail read the changelog of a primary-key table: set changelog: true",
+            ));
+        }
+        let schema = self.projected(&info.schema, &t)?;
+        let keys = match (&t.lookup, &t.prefix_lookup) {
+            (Some(_), Some(_)) => {
+                return Err(self.invalid("give lookup or prefix_lookup, not both"));
+            }
+            (Some(rows), None) => Some((rows, false)),
+            (None, Some(rows)) => Some((rows, true)),
+            (None, None) => None,
+        };
+        if let Some((rows, prefix)) = keys {
+            let keys = json_keys(&info.schema, rows).map_err(|e| self.invalid(e))?;
+            let found = if prefix {
+                self.node
+                    .prefix_lookup(&t.database, &t.table, &keys)
+                    .instrument(span)
+                    .await
+            } else {
+                self.node
+                    .lookup(&t.database, &t.table, &keys)
+                    .instrument(span)
+                    .await
+            }
+            .map_err(|e| self.error(e))?;
+            let found = mink_log::codec::project(&found, &t.columns)
+                .map_err(|e| self.invalid(e.to_string()))?;
+            let mut encoder = BatchEncoder::new();
+            let mut messages = vec![Ok(encoder.schema(&schema, None))];
+            if found.num_rows() > 0 {
+                let data = encoder
+                    .batch(&found, Bytes::new())
+                    .map_err(|e| self.status(ErrorCode::Failed, e.to_string()))?;
+                crate::metrics::transferred(
+                    "out",
+                    data.iter()
+                        .map(|d| d.data_header.len() + d.data_body.len())
+                        .sum(),
+                    found.num_rows(),
+                );
+                messages.extend(data.into_iter().map(Ok));
+            }
+            crate::metrics::finished("do_get", tonic::Code::Ok, started);
+            let stream = futures::stream::iter(messages);
+            return Ok(self.respond(Box::pin(stream) as <Self as FlightService>::DoGetStream));
+        }
+        if let Some(p) = &t.partition
+            && !info.partitions.iter().any(|x| &x.name == p)
+        {
+            return Err(self.error(NodeError::NotFound(format!(
+                "partition {p:?} of {}.{} does not exist",
+                t.database, t.table
+            ))));
+        }
+        let buckets: Vec<(Option<String>, u32)> = info
+            .buckets
+            .iter()
+            .filter(|b| t.partition.is_none() || b.partition == t.partition)
+            .filter(|b| t.bucket.is_none_or(|x| x == b.bucket))
+            .map(|b| (b.partition.clone(), b.bucket))
+            .collect();
+        if let Some(b) = t.bucket
+            && buckets.is_empty()
+        {
+            return Err(self.error(NodeError::NotFound(format!(
+                "bucket {b} of {}.{} does not exist",
+                t.database, t.table
+            ))));
+        }
+        let (tx, rx) = mpsc::channel(8);
+        let work = self
+            .clone()
+            .produce_snapshot(t, buckets, schema, tx.clone());
+        self.spawn_call(
+            "do_get",
+            started,
+            span,
+            tx,
+            work,
+            "the scan failed inside the node (a bug)",
+        );
+        let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+        Ok(self.respond(Box::pin(stream) as <Self as FlightService>::DoGetStream))
+    }
+
+    /// Produces a snapshot scan of the current rows of `buckets` into `tx`.
+    async fn produce_snapshot(
+        self,
+        t: protocol::Ticket,
+        buckets: Vec<(Option<String>, u32)>,
+        schema: SchemaRef,
+        tx: mpsc::Sender<Result<FlightData, Status>>,
+    ) -> tonic::Code {
+        let mut encoder = BatchEncoder::new();
+        if tx.send(Ok(encoder.schema(&schema, None))).await.is_err() {
+            return tonic::Code::Cancelled;
+        }
+        let mut rows_sent = 0u64;
+        for (partition, bucket) in buckets {
+            let mut scan = match self
+                .node
+                .kv_scan(&t.database, &t.table, partition.as_deref(), bucket)
+                .await
+            {
+                Ok(s) => s,
+                Err(e) => return fail(&tx, self.error(e)).await,
+            };
+            loop {
+                if t.max_rows.is_some_and(|m| rows_sent >= m) {
+                    return tonic::Code::Ok;
+                }
+                let batch = match scan.next_batch(SNAPSHOT_PAGE_ROWS) {
+                    Ok(Some(b)) => b,
+                    Ok(None) => break,
+                    Err(e) => return fail(&tx, self.error(e.into())).await,
+                };
+                let batch = match mink_log::codec::project(&batch, &t.columns) {
+                    Ok(b) => b,
+                    Err(e) => return fail(&tx, self.invalid(e.to_string())).await,
+                };
+                rows_sent += batch.num_rows() as u64;
+                let meta = protocol::to_json(&protocol::ReadMetadata {
+                    partition: partition.clone(),
+                    bucket,
+                    offset: scan.offset(),
+                });
+                let data = match encoder.batch(&batch, meta) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        return fail(&tx, self.status(ErrorCode::Failed, e.to_string())).await;
+                    }
+                };
+                crate::metrics::transferred(
+                    "out",
+                    data.iter()
+                        .map(|d| d.data_header.len() + d.data_body.len())
+                        .sum(),
+                    batch.num_rows(),
+                );
+                for d in data {
+                    if tx.send(Ok(d)).await.is_err() {
+                        return tonic::Code::Cancelled;
+                    }
+                }
+            }
+        }
+        tonic::Code::Ok
+    }
+
     /// Produces the batches of a read into `tx`, stopping when the client goes away.
     async fn produce(
         self,
@@ -599,17 +783,18 @@ impl MinkFlight {
                 idle_since = tokio::time::Instant::now();
                 for b in batches {
                     let mut batch = b.batch;
+                    offset = b.end_offset;
                     if let Some(to) = plan.to {
                         let keep =
                             usize::try_from(to.saturating_sub(b.base_offset)).unwrap_or(usize::MAX);
                         if keep < batch.num_rows() {
                             batch = batch.slice(0, keep);
+                            offset = b.base_offset + keep as u64;
                         }
                     }
                     if batch.num_rows() == 0 {
                         continue;
                     }
-                    offset = b.base_offset + batch.num_rows() as u64;
                     rows_sent += batch.num_rows() as u64;
                     let meta = protocol::to_json(&protocol::ReadMetadata {
                         partition: plan.partition.clone(),
@@ -745,6 +930,7 @@ impl MinkFlight {
             partition: meta.partition.or_else(|| d.partition.clone()),
             bucket,
             writer,
+            columns: d.columns.clone(),
         };
         let pending = self
             .node
@@ -760,6 +946,42 @@ impl MinkFlight {
 }
 
 /// Ends a stream with an error; its code for the metrics.
+/// Rows per batch of a snapshot scan.
+const SNAPSHOT_PAGE_ROWS: usize = 8192;
+
+/// Keys given as JSON objects, as a batch of the columns they name (typed by the table).
+fn json_keys(
+    schema: &Schema,
+    rows: &[serde_json::Map<String, serde_json::Value>],
+) -> Result<RecordBatch, String> {
+    let mut names: Vec<&String> = Vec::new();
+    for row in rows {
+        for k in row.keys() {
+            if !names.contains(&k) {
+                names.push(k);
+            }
+        }
+    }
+    let fields: Vec<arrow::datatypes::Field> = names
+        .iter()
+        .map(|n| {
+            schema
+                .field_with_name(n)
+                .map(|f| f.as_ref().clone().with_nullable(true))
+                .map_err(|_| format!("key column {n:?} is not in the table"))
+        })
+        .collect::<Result<_, _>>()?;
+    let key_schema = Arc::new(Schema::new(fields));
+    let mut decoder = arrow::json::ReaderBuilder::new(Arc::clone(&key_schema))
+        .build_decoder()
+        .map_err(|e| e.to_string())?;
+    decoder.serialize(rows).map_err(|e| format!("keys: {e}"))?;
+    Ok(decoder
+        .flush()
+        .map_err(|e| format!("keys: {e}"))?
+        .unwrap_or_else(|| RecordBatch::new_empty(key_schema)))
+}
+
 async fn fail<T>(tx: &mpsc::Sender<Result<T, Status>>, status: Status) -> tonic::Code {
     let code = status.code();
     let _ = tx.send(Err(status)).await;
@@ -939,32 +1161,29 @@ impl FlightService for MinkFlight {
                 bucket = ?ticket.bucket,
                 tail = ticket.tail
             );
-            let plans = self.plan_read(&ticket).map_err(|e| self.error(e))?;
             let info = self
                 .node
                 .describe_table(&ticket.database, &ticket.table)
                 .map_err(|e| self.error(e))?;
-            let schema = if ticket.columns.is_empty() {
-                Arc::clone(&info.schema)
+            let primary = !info.primary_key.is_empty();
+            if !primary
+                && (ticket.changelog || ticket.lookup.is_some() || ticket.prefix_lookup.is_some())
+            {
+                return Err(self.invalid(format!(
+                    "{}.{} is a log table: changelog, lookup and prefix_lookup read primary-key tables",
+                    ticket.database, ticket.table
+                )));
+            }
+            if primary && !ticket.changelog {
+                return self.kv_get(ticket, &info, started, span).await;
+            }
+            let plans = self.plan_read(&ticket).map_err(|e| self.error(e))?;
+            let full = if primary {
+                mink_kv::changelog::view_schema(&info.schema)
             } else {
-                let indices = ticket
-                    .columns
-                    .iter()
-                    .map(|c| {
-                        info.schema.index_of(c).map_err(|_| {
-                            self.invalid(format!(
-                                "no column {c:?} in {}.{}",
-                                ticket.database, ticket.table
-                            ))
-                        })
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                Arc::new(
-                    info.schema
-                        .project(&indices)
-                        .map_err(|e| self.invalid(e.to_string()))?,
-                )
+                Arc::clone(&info.schema)
             };
+            let schema = self.projected(&full, &ticket)?;
             let (tx, rx) = mpsc::channel(8);
             let work = self.clone().produce(ticket, plans, schema, tx.clone());
             // Never let a cut-short read look like a complete one.

@@ -21,7 +21,7 @@ pub use changelog::ChangeType;
 pub use definition::{AggFunction, ChangelogImage, DeleteBehavior, KvTableDef, MergeEngine};
 pub use merge::{KvWrite, Merged, RowKind};
 pub use snapshot::SnapshotInfo;
-pub use tablet::{KvTablet, KvTabletConfig, SnapshotSource, WriteAck};
+pub use tablet::{KvScan, KvTablet, KvTabletConfig, PendingKv, SnapshotSource, WriteAck};
 
 /// Errors of primary-key tables.
 #[derive(Debug, thiserror::Error)]

@@ -44,6 +44,36 @@ pub struct SnapshotSource {
     pub log_offset: u64,
 }
 
+/// A submitted write (see [`KvTablet::submit`]): resolves once acknowledged or failed.
+#[must_use = "a write is only acknowledged once this resolves"]
+#[derive(Debug)]
+pub struct PendingKv(PendingState);
+
+#[derive(Debug)]
+enum PendingState {
+    Ready(Option<KvResult<WriteAck>>),
+    Waiting(oneshot::Receiver<KvResult<WriteAck>>),
+}
+
+impl Future for PendingKv {
+    type Output = KvResult<WriteAck>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        match &mut self.0 {
+            PendingState::Ready(r) => std::task::Poll::Ready(
+                r.take()
+                    .unwrap_or_else(|| Err(KvError::Aborted("polled after completion".into()))),
+            ),
+            PendingState::Waiting(rx) => std::pin::Pin::new(rx)
+                .poll(cx)
+                .map(|r| r.unwrap_or_else(|_| Err(KvError::Aborted("the tablet closed".into())))),
+        }
+    }
+}
+
 /// Settings of a tablet.
 #[derive(Clone, Debug)]
 pub struct KvTabletConfig {
@@ -191,17 +221,28 @@ impl KvTablet {
     /// flight, appended, and applied once durable. Returns once acknowledged (durable and
     /// visible to lookups), or failed with nothing visible.
     pub async fn write(&self, write: KvWrite, writer: Option<WriterBatchId>) -> KvResult<WriteAck> {
+        self.submit(write, writer).await?.await
+    }
+
+    /// [`KvTablet::write`] in two steps: returns once the changelog is submitted (writes
+    /// submitted one after another are merged and stored in that order); the [`PendingKv`]
+    /// resolves with the acknowledgement. For pipelining.
+    pub async fn submit(
+        &self,
+        write: KvWrite,
+        writer: Option<WriterBatchId>,
+    ) -> KvResult<PendingKv> {
         let inner = &self.inner;
         let reply = {
             let _turn = inner.write.lock().await;
             if let Some(w) = writer
                 && let Some(ack) = inner.streams.check_writer_batch(inner.stream_id, w)?
             {
-                return Ok(WriteAck {
+                return Ok(PendingKv(PendingState::Ready(Some(Ok(WriteAck {
                     offsets: Some((ack.base_offset, ack.end_offset)),
                     duplicate: true,
                     changes: 0,
-                });
+                })))));
             }
             let merged = merge::merge(&inner.def, &inner.codec, &write, &mut |keys| {
                 self.current(keys)
@@ -245,9 +286,7 @@ impl KvTablet {
                 .map_err(|_| KvError::Aborted("the tablet is closing".into()))?;
             rx
         };
-        reply
-            .await
-            .map_err(|_| KvError::Aborted("the tablet closed".into()))?
+        Ok(PendingKv(PendingState::Waiting(reply)))
     }
 
     /// The rows of `keys` as the writer sees them: in-flight writes first, then the copy.
@@ -276,10 +315,27 @@ impl KvTablet {
     /// Point lookup: the rows stored under the keys given as the physical key columns (in key
     /// order), in the order asked; missing keys are left out.
     pub fn lookup(&self, key_columns: &[ArrayRef]) -> KvResult<RecordBatch> {
+        Ok(self.lookup_positions(key_columns)?.0)
+    }
+
+    /// [`KvTablet::lookup`], with the position (among the keys asked) of each row found.
+    pub fn lookup_positions(
+        &self,
+        key_columns: &[ArrayRef],
+    ) -> KvResult<(RecordBatch, Vec<usize>)> {
         let keys = self.inner.codec.keys_of(key_columns)?;
         let keys: Vec<&[u8]> = (0..keys.num_rows()).map(|i| keys.row(i).data()).collect();
         let found = self.inner.store.get_many(&keys)?;
-        self.batch(found.iter().flatten().map(Vec::as_slice))
+        let positions = found
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.is_some())
+            .map(|(i, _)| i)
+            .collect();
+        Ok((
+            self.batch(found.iter().flatten().map(Vec::as_slice))?,
+            positions,
+        ))
     }
 
     /// Prefix lookup: every row whose bucket key equals one of the given bucket-key rows, in

@@ -7,10 +7,13 @@ use s3stream::{AppendAck, Appending, S3Stream, WriterBatchId};
 use crate::codec::{self, Compression};
 use crate::{LogError, LogResult};
 
-/// Rows read from a bucket; `base_offset` is the offset of the first row.
+/// Rows read from a bucket; `base_offset` is the offset of the first row, `end_offset` the
+/// offset after the stored batch (where the next read starts; a reader that filters rows, such
+/// as a changelog view, may hold fewer rows than offsets).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReadBatch {
     pub base_offset: u64,
+    pub end_offset: u64,
     pub batch: RecordBatch,
 }
 
@@ -98,6 +101,7 @@ impl LogTablet {
             }
             out.push(ReadBatch {
                 base_offset,
+                end_offset: s.end_offset(),
                 batch: codec::project(&batch, columns)?,
             });
         }

@@ -81,8 +81,9 @@ impl Transcript {
         let bytes = encode_snapshot(self.driver.index, &self.driver.state);
         let (index, decoded) = decode_snapshot(&bytes, METADATA_VERSION).unwrap();
         assert_eq!((index, &decoded), (self.driver.index, &self.driver.state));
-        let path = // At run time: a shared target directory may hold a binary built from another checkout.
-std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
+        // At run time: a shared target directory may hold a binary built from another checkout.
+        let path = std::env::var_os("CARGO_MANIFEST_DIR")
+            .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
             .join("tests/golden")
             .join(format!("{name}.txt"));
         if std::env::var("MINK_BLESS").is_ok() {

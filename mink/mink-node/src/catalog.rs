@@ -14,12 +14,15 @@ use mink_metadata::{
 
 use crate::{Node, NodeError, NodeResult};
 
-/// What a client asks for when it creates a log table.
+/// What a client asks for when it creates a table: a log table, or a primary-key table when
+/// `primary_key` names columns.
 #[derive(Clone, Debug)]
 pub struct TableSpec {
     pub database: String,
     pub name: String,
     pub schema: Schema,
+    /// Columns of the primary key (it must include the partition keys); empty for a log table.
+    pub primary_key: Vec<String>,
     /// Fluss's option names (`bucket.num`, `bucket.key`, `table.log.ttl`, ...).
     pub options: BTreeMap<String, String>,
     pub partition_keys: Vec<String>,
@@ -56,6 +59,8 @@ pub struct TableInfo {
     pub partition_keys: Vec<String>,
     pub bucket_count: u32,
     pub bucket_key: Vec<String>,
+    /// Empty for a log table.
+    pub primary_key: Vec<String>,
     pub comment: String,
     pub created_at_ms: u64,
     pub partitions: Vec<PartitionInfo>,
@@ -84,6 +89,14 @@ pub struct TableChange {
 /// Most partitions a table may have; a write that would create more is refused. Each
 /// partition costs `bucket.num` streams, so this bounds what one bad write can create.
 pub const MAX_PARTITIONS_PER_TABLE: usize = 1024;
+
+/// Options that only mean something for primary-key tables.
+fn is_primary_key_option(key: &str) -> bool {
+    key.starts_with("table.merge-engine")
+        || key == mink_kv::definition::DELETE_BEHAVIOR
+        || key == mink_kv::definition::CHANGELOG_IMAGE
+        || key.starts_with("fields.")
+}
 
 fn rejected(r: &mink_metadata::Rejection) -> NodeError {
     match r.kind() {
@@ -181,7 +194,35 @@ impl Node {
     }
 
     /// Creates a log table, then waits (a few seconds at most) until its buckets have leaders.
-    pub async fn create_table(&self, spec: TableSpec) -> NodeResult<TableInfo> {
+    pub async fn create_table(&self, mut spec: TableSpec) -> NodeResult<TableInfo> {
+        if spec.primary_key.is_empty() {
+            if let Some(k) = spec.options.keys().find(|k| is_primary_key_option(k)) {
+                return Err(NodeError::Invalid(format!(
+                    "option {k} applies to primary-key tables only"
+                )));
+            }
+        } else {
+            // Keys are NOT NULL; the bucket key defaults to the key without partition columns
+            // and is stored resolved, so clients route by it like any bucket key.
+            spec.schema = mink_kv::KvTableDef::normalize_schema(&spec.schema, &spec.primary_key);
+            let given = TableOptions::parse(&spec.options)?.bucket_key;
+            let def = mink_kv::KvTableDef::new(
+                Arc::new(spec.schema.clone()),
+                &spec.primary_key,
+                &given,
+                &spec.partition_keys,
+                &spec.options,
+            )?;
+            let bucket_key: Vec<String> = def
+                .bucket_key
+                .iter()
+                .map(|&i| def.schema.field(i).name().clone())
+                .collect();
+            spec.options.insert(
+                mink_log::options::BUCKET_KEY.to_string(),
+                bucket_key.join(","),
+            );
+        }
         let options = TableOptions::parse(&spec.options)?;
         let schema = &spec.schema;
         if schema.fields().is_empty() {
@@ -222,7 +263,7 @@ impl Node {
                 database: spec.database.clone(),
                 name: spec.name.clone(),
                 schema: codec::encode_schema(schema)?,
-                primary_key: vec![],
+                primary_key: spec.primary_key.clone(),
                 bucket_key: options.bucket_key.clone(),
                 partition_keys: spec.partition_keys.clone(),
                 bucket_count: options.bucket_count,
@@ -277,6 +318,24 @@ impl Node {
             options.remove(k);
         }
         TableOptions::parse(&options)?;
+        if record.is_primary_key_table() {
+            // The working copies and the changelog are encoded by the schema and keys.
+            if change.schema.is_some() {
+                return Err(NodeError::Invalid(format!(
+                    "{database}.{table} is a primary-key table: its schema cannot change yet"
+                )));
+            }
+            if let Some(k) = change
+                .set_options
+                .keys()
+                .chain(&change.reset_options)
+                .find(|k| is_primary_key_option(k) || k.as_str() == mink_log::options::BUCKET_KEY)
+            {
+                return Err(NodeError::Invalid(format!(
+                    "option {k} of primary-key table {database}.{table} cannot change"
+                )));
+            }
+        }
         let new_schema = match &change.schema {
             Some(schema) => {
                 codec::check_evolution(&*self.table_schema(&record)?, schema)?;
@@ -482,6 +541,7 @@ impl Node {
             partition_keys: record.partition_keys.clone(),
             bucket_count: record.bucket_count,
             bucket_key: record.bucket_key.clone(),
+            primary_key: record.primary_key.clone(),
             comment: record.comment.clone(),
             created_at_ms: record.created_at_ms,
             partitions: state

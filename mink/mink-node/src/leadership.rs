@@ -108,6 +108,11 @@ async fn reconcile(node: &Node) -> NodeResult<()> {
             .write()
             .expect("led lock")
             .retain(|k, _| keep.contains(k));
+        node.inner
+            .kv
+            .write()
+            .expect("kv lock")
+            .retain(|k, _| keep.contains(k));
     }
     for b in mine {
         let Some(table) = view.state.tables.get(&b.table_id) else {

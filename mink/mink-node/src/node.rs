@@ -32,6 +32,12 @@ pub struct NodeConfig {
     pub leadership_interval: Duration,
     /// How often leaders apply `table.log.ttl` to their buckets.
     pub retention_interval: Duration,
+    /// Where the working copies of primary-key buckets live (rebuildable; not backed up).
+    pub kv_dir: std::path::PathBuf,
+    /// How often a leader snapshots the working copies of its primary-key buckets.
+    pub kv_snapshot_interval: Duration,
+    /// KV snapshots kept per bucket (the coordinator drops older ones).
+    pub kv_snapshots_retained: usize,
 }
 
 impl NodeConfig {
@@ -46,6 +52,9 @@ impl NodeConfig {
             compaction: CompactionConfig::default(),
             leadership_interval: Duration::from_millis(200),
             retention_interval: Duration::from_secs(60),
+            kv_dir: std::env::temp_dir().join(format!("mink-kv-node-{node_id}")),
+            kv_snapshot_interval: Duration::from_secs(600),
+            kv_snapshots_retained: 1,
         }
     }
 }
@@ -78,6 +87,16 @@ impl std::fmt::Debug for PendingWrite {
     }
 }
 
+impl PendingWrite {
+    pub(crate) fn new(results: impl Future<Output = Vec<BucketWrite>> + Send + 'static) -> Self {
+        PendingWrite(Box::pin(results))
+    }
+
+    pub(crate) fn ready(results: Vec<BucketWrite>) -> Self {
+        PendingWrite(Box::pin(std::future::ready(results)))
+    }
+}
+
 impl Future for PendingWrite {
     type Output = Vec<BucketWrite>;
 
@@ -95,6 +114,9 @@ pub struct WriteTarget {
     pub partition: Option<String>,
     pub bucket: Option<u32>,
     pub writer: Option<WriterBatchId>,
+    /// Primary-key tables: a partial update setting only these columns (see
+    /// [`Node::submit_kv_write`]).
+    pub columns: Option<Vec<String>>,
 }
 
 /// How long a write waits for a new bucket's first leader before answering "retry".
@@ -115,6 +137,9 @@ pub(crate) struct Inner {
     pub(crate) sink: Sink,
     pub(crate) streams: S3Stream,
     pub(crate) led: RwLock<HashMap<BucketKey, Led>>,
+    pub(crate) kv: RwLock<HashMap<BucketKey, crate::kv::OpenKv>>,
+    /// Serialises KV tablet opens (each replays its changelog).
+    pub(crate) kv_opening: tokio::sync::Mutex<()>,
     pub(crate) round_robin: AtomicU64,
     /// Serialises stream opens, so the leadership loop and a write do not open one twice.
     pub(crate) opening: tokio::sync::Mutex<()>,
@@ -157,6 +182,8 @@ impl Node {
                 sink,
                 streams,
                 led: RwLock::new(HashMap::new()),
+                kv: RwLock::new(HashMap::new()),
+                kv_opening: tokio::sync::Mutex::new(()),
                 round_robin: AtomicU64::new(0),
                 opening: tokio::sync::Mutex::new(()),
                 shutdown: watch::channel(false).0,
@@ -165,11 +192,12 @@ impl Node {
         };
         let leadership = tokio::spawn(crate::leadership::run(node.clone()));
         let retention = tokio::spawn(crate::retention::run(node.clone()));
+        let snapshots = tokio::spawn(crate::kv::run_snapshots(node.clone()));
         node.inner
             .tasks
             .lock()
             .expect("tasks lock")
-            .extend([leadership, retention]);
+            .extend([leadership, retention, snapshots]);
         tracing::info!(node_id = node.inner.config.node_id, "node started");
         Ok(node)
     }
@@ -379,12 +407,59 @@ impl Node {
         target: &WriteTarget,
     ) -> NodeResult<PendingWrite> {
         let record = self.table_record(database, table)?;
-        let options = TableOptions::parse(&record.options)?;
+        if record.is_primary_key_table() {
+            return self.submit_kv_write(database, table, batch, target).await;
+        }
         let schema = self.table_schema(&record)?;
         let batch = mink_log::codec::check_batch(&schema, batch)?;
         if batch.num_rows() == 0 {
             return Ok(PendingWrite(Box::pin(std::future::ready(Vec::new()))));
         }
+        let parts = self.route(&record, &schema, batch, target).await?;
+        let mut submitted = Vec::with_capacity(parts.len());
+        for (partition, partition_id, b, part) in parts {
+            let rows = part.num_rows();
+            let appending = match self.tablet(&record, partition_id, b).await {
+                Ok(tablet) => tablet
+                    .submit(&part, target.writer)
+                    .await
+                    .map_err(NodeError::from),
+                Err(e) => Err(e),
+            };
+            submitted.push((partition, partition_id, b, rows, appending));
+        }
+        // The engine puts them in one object: one flush delay for all of them.
+        Ok(PendingWrite(Box::pin(futures::future::join_all(
+            submitted.into_iter().map(
+                |(partition, partition_id, bucket, rows, appending)| async move {
+                    let result = match appending {
+                        Ok(appending) => appending.await.map_err(NodeError::from),
+                        Err(e) => Err(e),
+                    };
+                    BucketWrite {
+                        partition,
+                        partition_id,
+                        bucket,
+                        rows,
+                        result,
+                    }
+                },
+            ),
+        ))))
+    }
+
+    /// Splits a checked batch (it may carry extra columns after the table's) into its
+    /// partitions, creating new ones, and buckets: `(partition, partition_id, bucket, rows)`.
+    /// All rows are checked before anything is created.
+    pub(crate) async fn route(
+        &self,
+        record: &TableRecord,
+        schema: &arrow::datatypes::SchemaRef,
+        batch: RecordBatch,
+        target: &WriteTarget,
+    ) -> NodeResult<Vec<(Option<String>, u64, u32, RecordBatch)>> {
+        let (database, table) = (&record.database, &record.name);
+        let options = TableOptions::parse(&record.options)?;
         let index_of = |c: &String| {
             schema
                 .index_of(c)
@@ -455,7 +530,7 @@ impl Node {
         let mut parts: Vec<(Option<String>, u64, u32, RecordBatch)> = Vec::new();
         for (partition, batch) in by_partition {
             let partition_id = match &partition {
-                Some(name) => self.ensure_partition(&record, name).await?,
+                Some(name) => self.ensure_partition(record, name).await?,
                 None => 0,
             };
             match (target.bucket, key.is_empty()) {
@@ -486,40 +561,11 @@ impl Node {
                 }
             }
         }
-        let mut submitted = Vec::with_capacity(parts.len());
-        for (partition, partition_id, b, part) in parts {
-            let rows = part.num_rows();
-            let appending = match self.tablet(&record, partition_id, b).await {
-                Ok(tablet) => tablet
-                    .submit(&part, target.writer)
-                    .await
-                    .map_err(NodeError::from),
-                Err(e) => Err(e),
-            };
-            submitted.push((partition, partition_id, b, rows, appending));
-        }
-        // The engine puts them in one object: one flush delay for all of them.
-        Ok(PendingWrite(Box::pin(futures::future::join_all(
-            submitted.into_iter().map(
-                |(partition, partition_id, bucket, rows, appending)| async move {
-                    let result = match appending {
-                        Ok(appending) => appending.await.map_err(NodeError::from),
-                        Err(e) => Err(e),
-                    };
-                    BucketWrite {
-                        partition,
-                        partition_id,
-                        bucket,
-                        rows,
-                        result,
-                    }
-                },
-            ),
-        ))))
+        Ok(parts)
     }
 
     /// A bucket of a table by partition name (`None` for an unpartitioned table).
-    fn bucket_record(
+    pub(crate) fn bucket_record(
         &self,
         view: &View,
         record: &TableRecord,
@@ -572,6 +618,13 @@ impl Node {
         columns: &[String],
     ) -> NodeResult<Vec<mink_log::ReadBatch>> {
         let record = self.table_record(database, table)?;
+        if record.is_primary_key_table() {
+            return self
+                .read_changelog(
+                    database, table, partition, bucket, offset, max_bytes, columns,
+                )
+                .await;
+        }
         let b = self.bucket_record(&self.view(), &record, partition, bucket)?;
         let schema = self.table_schema(&record)?;
         let options = TableOptions::parse(&record.options)?;

@@ -44,6 +44,7 @@ fn batch(ids: std::ops::Range<i64>) -> RecordBatch {
 
 fn spec(name: &str, buckets: u32) -> TableSpec {
     TableSpec {
+        primary_key: vec![],
         database: "app".into(),
         name: name.into(),
         schema: schema(),
@@ -352,7 +353,7 @@ async fn partitioned_tables_create_partitions_on_write_and_read_per_partition() 
     let target = WriteTarget {
         partition: Some("d1".into()),
         bucket: Some(0),
-        writer: None,
+        ..Default::default()
     };
     assert!(matches!(
         node.write("app", "daily", &rows(vec![5], vec!["d2"]), &target)

@@ -409,6 +409,11 @@ impl S3Stream {
         }
     }
 
+    /// The object store the engine writes to (for neighbours such as KV snapshots).
+    pub fn object_store(&self) -> Arc<dyn ObjectStore> {
+        Arc::clone(&self.engine.store)
+    }
+
     pub fn stats(&self) -> &EngineStats {
         &self.engine.stats
     }

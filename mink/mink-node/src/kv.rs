@@ -1,0 +1,685 @@
+//! Primary-key tables on the node: KV tablets of the buckets this node leads, writes with row
+//! kinds and partial updates, lookups, snapshot scans, the changelog, and KV snapshots.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, UInt32Array};
+use arrow::compute::{cast, interleave_record_batch, take_record_batch};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use mink_kv::changelog;
+use mink_kv::merge::KvWrite;
+use mink_kv::{KvError, KvScan, KvTableDef, KvTablet, KvTabletConfig, SnapshotSource};
+use mink_log::LogTablet;
+use mink_log::options::TableOptions;
+use mink_log::routing::{buckets_of, partitions_of};
+use mink_metadata::{Command, CommitKvSnapshot, DropKvSnapshot, TableRecord};
+use object_store::ObjectStoreExt as _;
+
+use crate::node::{BucketWrite, PendingWrite, WriteTarget};
+use crate::{Node, NodeError, NodeResult};
+
+/// The column that marks a row of a primary-key write as an upsert or a delete.
+pub const ROW_KIND: &str = "_row_kind";
+
+impl From<arrow::error::ArrowError> for NodeError {
+    fn from(e: arrow::error::ArrowError) -> Self {
+        NodeError::Invalid(e.to_string())
+    }
+}
+
+impl From<KvError> for NodeError {
+    fn from(e: KvError) -> Self {
+        match e {
+            KvError::Invalid(m) => NodeError::Invalid(m),
+            KvError::DeletionDisabled => NodeError::Invalid(e.to_string()),
+            KvError::Log(l) => l.into(),
+            KvError::Stream(s) => s.into(),
+            KvError::Arrow(a) => NodeError::Invalid(a.to_string()),
+            KvError::Aborted(_) => NodeError::Unavailable(e.to_string()),
+            KvError::Store(_) => NodeError::Unavailable(e.to_string()),
+        }
+    }
+}
+
+/// A KV tablet this node has open, and the leader epoch it was opened under.
+#[derive(Clone, Debug)]
+pub(crate) struct OpenKv {
+    pub(crate) leader_epoch: u64,
+    pub(crate) tablet: KvTablet,
+}
+
+impl Node {
+    /// The primary-key definition of a table.
+    pub(crate) fn kv_definition(&self, record: &TableRecord) -> NodeResult<Arc<KvTableDef>> {
+        if !record.is_primary_key_table() {
+            return Err(NodeError::Invalid(format!(
+                "{}.{} is a log table: it has no primary key",
+                record.database, record.name
+            )));
+        }
+        Ok(Arc::new(KvTableDef::new(
+            self.table_schema(record)?,
+            &record.primary_key,
+            &record.bucket_key,
+            &record.partition_keys,
+            &record.options,
+        )?))
+    }
+
+    /// The KV tablet of a bucket this node leads (opened, and its working copy brought up to
+    /// date, on first use), or where to go instead.
+    pub async fn kv_tablet(
+        &self,
+        record: &TableRecord,
+        partition_id: u64,
+        bucket: u32,
+    ) -> NodeResult<KvTablet> {
+        let key = (record.table_id, partition_id, bucket);
+        // Leadership first: redirects, waiting for a leader, opening the stream.
+        self.tablet(record, partition_id, bucket).await?;
+        let Some(led) = self.inner.led.read().expect("led lock").get(&key).copied() else {
+            return Err(NodeError::Unavailable(format!(
+                "bucket {bucket} of {}.{} changed leader; retry",
+                record.database, record.name
+            )));
+        };
+        let open = |kv: &std::collections::HashMap<_, OpenKv>| {
+            kv.get(&key)
+                .filter(|o| o.leader_epoch == led.leader_epoch)
+                .map(|o| o.tablet.clone())
+        };
+        if let Some(t) = open(&self.inner.kv.read().expect("kv lock")) {
+            return Ok(t);
+        }
+        let _opening = self.inner.kv_opening.lock().await;
+        if let Some(t) = open(&self.inner.kv.read().expect("kv lock")) {
+            return Ok(t);
+        }
+        let def = self.kv_definition(record)?;
+        let options = TableOptions::parse(&record.options)?;
+        let snapshot = self
+            .view()
+            .state
+            .kv_snapshots
+            .values()
+            .filter(|s| (s.table_id, s.partition_id, s.bucket) == key)
+            .max_by_key(|s| s.snapshot_id)
+            .map(|s| SnapshotSource {
+                objects: self.inner.streams.object_store(),
+                location: object_store::path::Path::from(s.location.as_str()),
+                log_offset: s.log_offset,
+            });
+        let path = self.inner.config.kv_dir.join(format!(
+            "{}/{}/{}.redb",
+            record.table_id, partition_id, bucket
+        ));
+        let started = std::time::Instant::now();
+        let tablet = KvTablet::open(
+            self.inner.streams.clone(),
+            led.stream_id,
+            def,
+            &path,
+            &KvTabletConfig {
+                compression: options.compression,
+                ..KvTabletConfig::default()
+            },
+            snapshot.as_ref(),
+        )
+        .await?;
+        tracing::info!(
+            table = %record.name,
+            partition = partition_id,
+            bucket,
+            leader_epoch = led.leader_epoch,
+            offset = tablet.applied_offset().unwrap_or_default(),
+            elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            "KV tablet open"
+        );
+        self.inner.kv.write().expect("kv lock").insert(
+            key,
+            OpenKv {
+                leader_epoch: led.leader_epoch,
+                tablet: tablet.clone(),
+            },
+        );
+        Ok(tablet)
+    }
+
+    /// Writes to a primary-key table. The batch holds the table's columns, or in a partial
+    /// update the key and the columns to set (`columns` names them; by default the batch's
+    /// own columns when they are not all of the table's; `target.columns` names them otherwise), and optionally a last column
+    /// [`ROW_KIND`] (`upsert` or `delete`, Utf8). Routed and answered per bucket like a log
+    /// write; each bucket's rows are merged in order by its leader.
+    pub async fn submit_kv_write(
+        &self,
+        database: &str,
+        table: &str,
+        batch: &RecordBatch,
+        target: &WriteTarget,
+    ) -> NodeResult<PendingWrite> {
+        let record = self.table_record(database, table)?;
+        let def = self.kv_definition(&record)?;
+        let schema = Arc::clone(&def.schema);
+        let (batch, deletes) = split_row_kind(batch)?;
+        // Refused as a whole, before any bucket stores anything.
+        if deletes.true_count() > 0 && def.delete_behavior == mink_kv::DeleteBehavior::Disable {
+            return Err(KvError::DeletionDisabled.into());
+        }
+        let (full, targets) = widen(&schema, &batch, target.columns.as_deref())?;
+        if let Some(t) = &targets {
+            def.check_partial_update(t)?;
+        }
+        let full = mink_log::codec::check_batch(&schema, &full)?;
+        if full.num_rows() == 0 {
+            return Ok(PendingWrite::ready(Vec::new()));
+        }
+        // The row kinds travel with the rows through routing as a last column.
+        let mut columns_with_kind = full.columns().to_vec();
+        columns_with_kind.push(Arc::new(deletes));
+        let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+        fields.push(Field::new(ROW_KIND, DataType::Boolean, false));
+        let with_kind = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns_with_kind)?;
+        let parts = self.route(&record, &schema, with_kind, target).await?;
+        let mut submitted = Vec::with_capacity(parts.len());
+        for (partition, partition_id, b, part) in parts {
+            let rows = part.num_rows();
+            let n = part.num_columns();
+            let deletes = part.column(n - 1).as_boolean().clone();
+            let write = KvWrite {
+                batch: RecordBatch::try_new(Arc::clone(&schema), part.columns()[..n - 1].to_vec())?,
+                deletes: (deletes.true_count() > 0).then_some(deletes),
+                targets: targets.clone(),
+            };
+            let pending = match self.kv_tablet(&record, partition_id, b).await {
+                Ok(tablet) => tablet
+                    .submit(write, target.writer)
+                    .await
+                    .map_err(NodeError::from),
+                Err(e) => Err(e),
+            };
+            submitted.push((partition, partition_id, b, rows, pending));
+        }
+        Ok(PendingWrite::new(futures::future::join_all(
+            submitted.into_iter().map(
+                |(partition, partition_id, bucket, rows, pending)| async move {
+                    let result = match pending {
+                        Ok(p) => p.await.map_err(NodeError::from).map(|ack| {
+                            let (base_offset, end_offset) = ack.offsets.unwrap_or((0, 0));
+                            s3stream::AppendAck {
+                                base_offset,
+                                end_offset,
+                                duplicate: ack.duplicate,
+                            }
+                        }),
+                        Err(e) => Err(e),
+                    };
+                    BucketWrite {
+                        partition,
+                        partition_id,
+                        bucket,
+                        rows,
+                        result,
+                    }
+                },
+            ),
+        )))
+    }
+
+    /// Point lookup: `keys` holds the primary-key columns (by name; other columns are
+    /// ignored). Returns the rows found, in the order of the keys; missing keys are left out.
+    /// Every bucket involved must be led by this node (else [`NodeError::NotLeader`]).
+    pub async fn lookup(
+        &self,
+        database: &str,
+        table: &str,
+        keys: &RecordBatch,
+    ) -> NodeResult<RecordBatch> {
+        let record = self.table_record(database, table)?;
+        let def = self.kv_definition(&record)?;
+        let (keys, names) = key_columns(&def, keys, &def.primary_key, "primary key")?;
+        let at = |name: &String| names.iter().position(|n| n == name).unwrap_or(0);
+        let physical: Vec<usize> = def
+            .physical_key
+            .iter()
+            .map(|&i| at(def.schema.field(i).name()))
+            .collect();
+        self.gather(&record, &def, &keys, &names, |tablet, part| {
+            let columns: Vec<ArrayRef> = physical.iter().map(|&i| part.column(i).clone()).collect();
+            tablet.lookup_positions(&columns)
+        })
+        .await
+    }
+
+    /// Prefix lookup: `keys` holds the bucket-key columns (and the partition columns of a
+    /// partitioned table). Returns every row under each prefix, in key order per prefix.
+    pub async fn prefix_lookup(
+        &self,
+        database: &str,
+        table: &str,
+        keys: &RecordBatch,
+    ) -> NodeResult<RecordBatch> {
+        let record = self.table_record(database, table)?;
+        let def = self.kv_definition(&record)?;
+        let mut wanted = def.partition_keys.clone();
+        wanted.extend(def.bucket_key.iter().copied());
+        let (keys, names) = key_columns(&def, keys, &wanted, "bucket key")?;
+        let at = |name: &String| names.iter().position(|n| n == name).unwrap_or(0);
+        let bucket: Vec<usize> = def
+            .bucket_key
+            .iter()
+            .map(|&i| at(def.schema.field(i).name()))
+            .collect();
+        self.gather(&record, &def, &keys, &names, |tablet, part| {
+            let columns: Vec<ArrayRef> = bucket.iter().map(|&i| part.column(i).clone()).collect();
+            let mut batches = Vec::new();
+            let mut positions = Vec::new();
+            for row in 0..part.num_rows() {
+                let one: Vec<ArrayRef> = columns.iter().map(|c| c.slice(row, 1)).collect();
+                let found = tablet.prefix_lookup(&one)?;
+                positions.extend(std::iter::repeat_n(row, found.num_rows()));
+                batches.push(found);
+            }
+            let schema = Arc::clone(&tablet.definition().schema);
+            Ok((
+                arrow::compute::concat_batches(&schema, &batches)?,
+                positions,
+            ))
+        })
+        .await
+    }
+
+    /// Routes key rows to their partitions and buckets, runs `find` on each bucket's tablet,
+    /// and puts the rows found back in the order of the keys.
+    async fn gather(
+        &self,
+        record: &TableRecord,
+        def: &KvTableDef,
+        keys: &RecordBatch,
+        names: &[String],
+        find: impl Fn(&KvTablet, &RecordBatch) -> Result<(RecordBatch, Vec<usize>), KvError>,
+    ) -> NodeResult<RecordBatch> {
+        let at = |i: usize| {
+            names
+                .iter()
+                .position(|n| n == def.schema.field(i).name())
+                .unwrap_or(0)
+        };
+        let partition_columns: Vec<usize> = def.partition_keys.iter().map(|&i| at(i)).collect();
+        let bucket_columns: Vec<usize> = def.bucket_key.iter().map(|&i| at(i)).collect();
+        let partitions = if partition_columns.is_empty() {
+            vec![String::new(); keys.num_rows()]
+        } else {
+            partitions_of(keys, &partition_columns)?
+        };
+        let buckets = buckets_of(keys, &bucket_columns, record.bucket_count)?;
+        let mut groups: BTreeMap<(u64, u32), Vec<usize>> = BTreeMap::new();
+        let view = self.view();
+        for (row, (p, b)) in partitions.iter().zip(&buckets).enumerate() {
+            let partition_id = if partition_columns.is_empty() {
+                0
+            } else {
+                match view
+                    .state
+                    .partition_names
+                    .get(&(record.table_id, p.clone()))
+                {
+                    Some(id) => *id,
+                    // No such partition: nothing to find.
+                    None => continue,
+                }
+            };
+            groups.entry((partition_id, *b)).or_default().push(row);
+        }
+        let mut found: Vec<RecordBatch> = Vec::new();
+        // (key position, batch, row)
+        let mut order: Vec<(usize, usize, usize)> = Vec::new();
+        for ((partition_id, bucket), rows) in groups {
+            let tablet = self.kv_tablet(record, partition_id, bucket).await?;
+            let indices = UInt32Array::from_iter_values(
+                rows.iter().map(|&r| u32::try_from(r).unwrap_or(u32::MAX)),
+            );
+            let part = take_record_batch(keys, &indices)?;
+            let (batch, positions) = find(&tablet, &part)?;
+            let b = found.len();
+            order.extend(positions.iter().enumerate().map(|(j, &p)| (rows[p], b, j)));
+            found.push(batch);
+        }
+        if order.is_empty() {
+            return Ok(RecordBatch::new_empty(Arc::clone(&def.schema)));
+        }
+        order.sort_by_key(|&(p, b, j)| (p, b, j));
+        let refs: Vec<&RecordBatch> = found.iter().collect();
+        let indices: Vec<(usize, usize)> = order.iter().map(|&(_, b, j)| (b, j)).collect();
+        Ok(interleave_record_batch(&refs, &indices)?)
+    }
+
+    /// A scan of one bucket's current rows, consistent at one offset (on its leader).
+    pub async fn kv_scan(
+        &self,
+        database: &str,
+        table: &str,
+        partition: Option<&str>,
+        bucket: u32,
+    ) -> NodeResult<KvScan> {
+        let record = self.table_record(database, table)?;
+        let b = self.bucket_record(&self.view(), &record, partition, bucket)?;
+        let tablet = self.kv_tablet(&record, b.partition_id, bucket).await?;
+        Ok(tablet.snapshot()?)
+    }
+
+    /// Reads a primary-key bucket's changelog from `offset` as changelog view batches
+    /// (`_change_type`, `_log_offset`, `_commit_timestamp`, then the table's columns; `columns`
+    /// picks among them). Any node can serve it. A batch may hold no rows (a writer's marker)
+    /// while spanning offsets: continue from its `end_offset`.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn read_changelog(
+        &self,
+        database: &str,
+        table: &str,
+        partition: Option<&str>,
+        bucket: u32,
+        offset: u64,
+        max_bytes: usize,
+        columns: &[String],
+    ) -> NodeResult<Vec<mink_log::ReadBatch>> {
+        let record = self.table_record(database, table)?;
+        let def = self.kv_definition(&record)?;
+        let b = self.bucket_record(&self.view(), &record, partition, bucket)?;
+        let options = TableOptions::parse(&record.options)?;
+        let log = LogTablet::new(
+            self.inner.streams.clone(),
+            b.stream_id,
+            changelog::storage_schema(&def.schema),
+            options.compression,
+        );
+        let view = changelog::view_schema(&def.schema);
+        let mut out = Vec::new();
+        for read in log.read(offset, max_bytes, &[]).await? {
+            let batch = changelog::to_view(&view, &read.batch, read.base_offset)?;
+            out.push(mink_log::ReadBatch {
+                base_offset: read.base_offset,
+                end_offset: read.end_offset,
+                batch: mink_log::codec::project(&batch, columns)?,
+            });
+        }
+        Ok(out)
+    }
+
+    /// One round of KV snapshots: every primary-key bucket led here whose working copy has
+    /// moved since its latest snapshot writes a new one and records it (`CommitKvSnapshot`).
+    /// Returns how many were taken.
+    pub async fn snapshot_kv(&self) -> NodeResult<usize> {
+        let open: Vec<_> = self
+            .inner
+            .kv
+            .read()
+            .expect("kv lock")
+            .iter()
+            .map(|(k, o)| (*k, o.clone()))
+            .collect();
+        let me = self.inner.sink.node();
+        let mut taken = 0;
+        for ((table_id, partition_id, bucket), open) in open {
+            let view = self.view();
+            let latest = view
+                .state
+                .kv_snapshots
+                .values()
+                .filter(|s| {
+                    (s.table_id, s.partition_id, s.bucket) == (table_id, partition_id, bucket)
+                })
+                .max_by_key(|s| s.snapshot_id)
+                .cloned();
+            let applied = open.tablet.applied_offset()?;
+            if latest.as_ref().is_some_and(|s| s.log_offset >= applied) || applied == 0 {
+                continue;
+            }
+            let snapshot_id = latest.map_or(1, |s| s.snapshot_id + 1);
+            let location = format!(
+                "kv-snapshots/{table_id}/{partition_id}/{bucket}/{snapshot_id:020}-{}.arrows",
+                open.leader_epoch
+            );
+            let info = open
+                .tablet
+                .write_snapshot(
+                    self.inner.streams.object_store(),
+                    &object_store::path::Path::from(location.as_str()),
+                )
+                .await?;
+            let proposed = self
+                .inner
+                .sink
+                .propose(Command::CommitKvSnapshot(CommitKvSnapshot {
+                    node_id: me.node_id,
+                    node_epoch: me.node_epoch,
+                    table_id,
+                    partition_id,
+                    bucket,
+                    leader_epoch: open.leader_epoch,
+                    snapshot_id,
+                    log_offset: info.log_offset,
+                    location: location.clone(),
+                    size_bytes: info.size_bytes,
+                }))
+                .await?;
+            match proposed.result {
+                Ok(_) => {
+                    taken += 1;
+                    tracing::info!(
+                        table_id,
+                        partition_id,
+                        bucket,
+                        snapshot_id,
+                        rows = info.rows,
+                        offset = info.log_offset,
+                        "KV snapshot"
+                    );
+                }
+                Err(r) => {
+                    tracing::info!(%r, table_id, bucket, "KV snapshot refused");
+                    let _ = self
+                        .inner
+                        .streams
+                        .object_store()
+                        .delete(&object_store::path::Path::from(location.as_str()))
+                        .await;
+                }
+            }
+        }
+        Ok(taken)
+    }
+
+    /// Coordinator: forgets all but the newest `kv_snapshots_retained` snapshots of every
+    /// bucket and deletes their files. Returns how many were dropped.
+    pub async fn prune_kv_snapshots(&self) -> NodeResult<usize> {
+        let Some(epoch) = self.inner.sink.lease().borrow().coordinator_epoch() else {
+            return Ok(0);
+        };
+        let keep = self.inner.config.kv_snapshots_retained.max(1);
+        let view = self.view();
+        let mut by_bucket: BTreeMap<(u64, u64, u32), Vec<_>> = BTreeMap::new();
+        for s in view.state.kv_snapshots.values() {
+            by_bucket
+                .entry((s.table_id, s.partition_id, s.bucket))
+                .or_default()
+                .push(s.clone());
+        }
+        let mut dropped = 0;
+        for (_, mut snapshots) in by_bucket {
+            snapshots.sort_by_key(|s| std::cmp::Reverse(s.snapshot_id));
+            for s in snapshots.into_iter().skip(keep) {
+                let proposed = self
+                    .inner
+                    .sink
+                    .propose(Command::DropKvSnapshot(DropKvSnapshot {
+                        coordinator_epoch: epoch,
+                        table_id: s.table_id,
+                        partition_id: s.partition_id,
+                        bucket: s.bucket,
+                        snapshot_id: s.snapshot_id,
+                    }))
+                    .await?;
+                if proposed.result.is_ok() {
+                    dropped += 1;
+                    let _ = self
+                        .inner
+                        .streams
+                        .object_store()
+                        .delete(&object_store::path::Path::from(s.location.as_str()))
+                        .await;
+                }
+            }
+        }
+        Ok(dropped)
+    }
+}
+
+/// Splits off the [`ROW_KIND`] column: the batch without it, and `true` for each delete.
+fn split_row_kind(batch: &RecordBatch) -> NodeResult<(RecordBatch, BooleanArray)> {
+    let n = batch.num_rows();
+    let Ok(i) = batch.schema().index_of(ROW_KIND) else {
+        return Ok((batch.clone(), BooleanArray::from(vec![false; n])));
+    };
+    let kinds = cast(batch.column(i), &DataType::Utf8).map_err(|_| {
+        NodeError::Invalid(format!(
+            "{ROW_KIND} must be a string column: upsert or delete"
+        ))
+    })?;
+    let kinds = kinds.as_string::<i32>();
+    let mut deletes = Vec::with_capacity(n);
+    for row in 0..n {
+        let kind = kinds
+            .is_valid(row)
+            .then(|| kinds.value(row).to_ascii_lowercase());
+        deletes.push(match kind.as_deref() {
+            None | Some("upsert" | "+i" | "+u") => false,
+            Some("delete" | "-d") => true,
+            Some(other) => {
+                return Err(NodeError::Invalid(format!(
+                    "{ROW_KIND} of row {row} is {other:?}: upsert or delete"
+                )));
+            }
+        });
+    }
+    let mut rest = batch.clone();
+    rest.remove_column(i);
+    Ok((rest, BooleanArray::from(deletes)))
+}
+
+/// A batch of the table's schema from a batch of some of its columns (the others null), and
+/// the columns set when that is a partial update.
+fn widen(
+    schema: &SchemaRef,
+    batch: &RecordBatch,
+    columns: Option<&[String]>,
+) -> NodeResult<(RecordBatch, Option<Vec<usize>>)> {
+    let given = batch.schema();
+    for f in given.fields() {
+        if schema.index_of(f.name()).is_err() {
+            return Err(NodeError::Invalid(format!(
+                "column {:?} is not in the table",
+                f.name()
+            )));
+        }
+    }
+    let targets: Option<Vec<usize>> = match columns {
+        Some(names) => Some(
+            names
+                .iter()
+                .map(|c| {
+                    schema.index_of(c).map_err(|_| {
+                        NodeError::Invalid(format!("partial update names unknown column {c:?}"))
+                    })
+                })
+                .collect::<NodeResult<_>>()?,
+        ),
+        None if given.fields().len() < schema.fields().len() => Some(
+            given
+                .fields()
+                .iter()
+                .filter_map(|f| schema.index_of(f.name()).ok())
+                .collect(),
+        ),
+        None => None,
+    };
+    if targets.is_none() && given.fields().len() == schema.fields().len() {
+        return Ok((batch.clone(), None));
+    }
+    let columns: Vec<ArrayRef> = schema
+        .fields()
+        .iter()
+        .map(|f| {
+            batch
+                .column_by_name(f.name())
+                .cloned()
+                .unwrap_or_else(|| arrow::array::new_null_array(f.data_type(), batch.num_rows()))
+        })
+        .collect();
+    // Nullability is checked by the caller (check_batch) with precise messages.
+    let relaxed = Schema::new(
+        schema
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone().with_nullable(true))
+            .collect::<Vec<_>>(),
+    );
+    Ok((RecordBatch::try_new(Arc::new(relaxed), columns)?, targets))
+}
+
+/// The columns `wanted` (table indices) of `keys`, by name and cast to the table's types.
+fn key_columns(
+    def: &KvTableDef,
+    keys: &RecordBatch,
+    wanted: &[usize],
+    what: &str,
+) -> NodeResult<(RecordBatch, Vec<String>)> {
+    let mut fields = Vec::new();
+    let mut columns = Vec::new();
+    let mut names = Vec::new();
+    for &i in wanted {
+        let f = def.schema.field(i);
+        let c = keys.column_by_name(f.name()).ok_or_else(|| {
+            NodeError::Invalid(format!(
+                "the {what} column {:?} is missing from the keys",
+                f.name()
+            ))
+        })?;
+        let c = if c.data_type() == f.data_type() {
+            c.clone()
+        } else {
+            cast(c, f.data_type())
+                .map_err(|e| NodeError::Invalid(format!("key column {:?}: {e}", f.name())))?
+        };
+        if c.null_count() > 0 {
+            return Err(NodeError::Invalid(format!(
+                "key column {:?} holds a null",
+                f.name()
+            )));
+        }
+        fields.push(Field::new(f.name(), f.data_type().clone(), false));
+        columns.push(c);
+        names.push(f.name().clone());
+    }
+    Ok((
+        RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?,
+        names,
+    ))
+}
+
+/// Takes KV snapshots every `kv_snapshot_interval`; as coordinator, prunes old ones.
+pub(crate) async fn run_snapshots(node: Node) {
+    let mut shutdown = node.inner.shutdown.subscribe();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(node.inner.config.kv_snapshot_interval) => {}
+            _ = shutdown.changed() => return,
+        }
+        if let Err(e) = node.snapshot_kv().await {
+            tracing::warn!(error = %e, "KV snapshot round failed");
+        }
+        if let Err(e) = node.prune_kv_snapshots().await {
+            tracing::warn!(error = %e, "KV snapshot pruning failed");
+        }
+    }
+}
