@@ -80,6 +80,9 @@ pub struct KvTabletConfig {
     pub compression: Compression,
     /// How often the working copy is forced to disk (between, commits are not fsynced).
     pub sync_interval: Duration,
+    /// What the working copy belongs to (cluster, table, stream). A copy found at the path
+    /// with another identity (another cluster's, a dropped table's) is discarded, not used.
+    pub identity: String,
 }
 
 impl Default for KvTabletConfig {
@@ -87,6 +90,7 @@ impl Default for KvTabletConfig {
         KvTabletConfig {
             compression: Compression::Zstd,
             sync_interval: Duration::from_secs(1),
+            identity: String::new(),
         }
     }
 }
@@ -153,11 +157,8 @@ impl KvTablet {
         let codec = RowCodec::new(&def)?;
         let storage = changelog::storage_schema(&def.schema);
         let log = LogTablet::new(streams.clone(), stream_id, storage, config.compression);
-        let store = Arc::new(KvStore::open(
-            store_path,
-            rows::FORMAT,
-            config.sync_interval,
-        )?);
+        let format = format!("{}|{}|stream {stream_id}", rows::FORMAT, config.identity);
+        let store = Arc::new(KvStore::open(store_path, &format, config.sync_interval)?);
         let info = streams.info(stream_id)?;
         let mut from = store.next_offset()?;
         let usable = from >= info.start_offset && from <= info.end_offset;

@@ -122,6 +122,10 @@ impl Node {
             &path,
             &KvTabletConfig {
                 compression: options.compression,
+                identity: format!(
+                    "{} table {} created {}",
+                    self.inner.config.metadata_url, record.table_id, record.created_at_ms
+                ),
                 ..KvTabletConfig::default()
             },
             snapshot.as_ref(),

@@ -79,5 +79,9 @@ pub(crate) fn expired_end(
         }
         end = end.max(range.end_offset);
     }
+    // Never past a retention floor: the latest KV snapshot of a primary-key bucket.
+    if let Some(floor) = state.trim_floor(stream) {
+        end = end.min(floor);
+    }
     (end > stream.start_offset).then_some(end)
 }

@@ -526,3 +526,232 @@ async fn read_bucket_from(node: &Node, table: &str, bucket: u32, offset: u64) ->
     }
     ids
 }
+
+fn pk_spec(name: &str, options: &[(&str, &str)]) -> TableSpec {
+    let mut options: BTreeMap<String, String> = options
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    options.insert("bucket.num".into(), "2".into());
+    TableSpec {
+        primary_key: vec!["user_id".into()],
+        database: "app".into(),
+        name: name.into(),
+        schema: Schema::new(vec![
+            Field::new("user_id", DataType::Int64, true),
+            Field::new("visits", DataType::Int64, true),
+        ]),
+        options,
+        partition_keys: vec![],
+        comment: String::new(),
+        if_not_exists: false,
+    }
+}
+
+fn visits(rows: &[(i64, i64)]) -> RecordBatch {
+    RecordBatch::try_from_iter(vec![
+        (
+            "user_id",
+            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))) as ArrayRef,
+        ),
+        (
+            "visits",
+            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1))) as ArrayRef,
+        ),
+    ])
+    .unwrap()
+}
+
+async fn lookup_all(node: &Node, table: &str, ids: std::ops::Range<i64>) -> Vec<(i64, i64)> {
+    let keys = RecordBatch::try_from_iter(vec![(
+        "user_id",
+        Arc::new(Int64Array::from_iter_values(ids)) as ArrayRef,
+    )])
+    .unwrap();
+    let found = node.lookup("app", table, &keys).await.unwrap();
+    let id = found.column(0).as_primitive::<Int64Type>();
+    let v = found.column(1).as_primitive::<Int64Type>();
+    (0..found.num_rows())
+        .map(|i| (id.value(i), v.value(i)))
+        .collect()
+}
+
+/// Adds `n` visits to users 0..10.
+async fn add_visits(node: &Node, n: i64) {
+    let rows: Vec<(i64, i64)> = (0..10).map(|id| (id, n)).collect();
+    let w = node
+        .write("app", "visits", &visits(&rows), &WriteTarget::default())
+        .await
+        .unwrap();
+    assert!(w.iter().all(|b| b.result.is_ok()), "add({n}): {w:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_key_table_is_rebuilt_from_its_snapshot_after_retention_and_a_lost_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), 1);
+    c.kv_dir = dir.path().join("kv");
+    c.retention_interval = Duration::from_millis(30);
+    c.kv_snapshot_interval = Duration::from_secs(3600);
+    let node = Node::start(c.clone()).await.unwrap();
+    node.create_database("app", false).await.unwrap();
+    let info = node
+        .create_table(pk_spec(
+            "visits",
+            &[
+                ("table.merge-engine", "aggregation"),
+                ("fields.visits.agg", "sum"),
+                ("table.log.ttl", "1ms"),
+            ],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(info.primary_key, ["user_id"]);
+    assert_eq!(
+        info.bucket_key,
+        ["user_id"],
+        "the key is the default bucket key"
+    );
+    assert!(!info.schema.field(0).is_nullable(), "keys are NOT NULL");
+    add_visits(&node, 1).await;
+    add_visits(&node, 2).await;
+    // No snapshot yet: retention may not trim the changelog at all.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let starts = |node: &Node| {
+        (0..2)
+            .map(|b| node.bucket_offsets("app", "visits", None, b).unwrap().0)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(starts(&node), [0, 0]);
+    assert_eq!(node.snapshot_kv().await.unwrap(), 2, "one per bucket");
+    let floors: Vec<u64> = {
+        let view = node.view();
+        let mut s: Vec<_> = view.state.kv_snapshots.values().cloned().collect();
+        s.sort_by_key(|s| s.bucket);
+        s.iter().map(|s| s.log_offset).collect()
+    };
+    add_visits(&node, 4).await;
+    // Retention trims up to the snapshot, never past it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while starts(&node) != floors {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{:?} {floors:?}",
+            starts(&node)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let want: Vec<(i64, i64)> = (0..10).map(|id| (id, 7)).collect();
+    assert_eq!(lookup_all(&node, "visits", 0..10).await, want);
+    // A second snapshot; the coordinator keeps only the newest.
+    add_visits(&node, 1).await;
+    assert_eq!(node.snapshot_kv().await.unwrap(), 2);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while node.prune_kv_snapshots().await.unwrap() == 0 && node.view().state.kv_snapshots.len() > 2
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the coordinator did not prune"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(node.view().state.kv_snapshots.len(), 2);
+    node.shutdown().await;
+
+    // Restart with the working copies lost: snapshot + the changelog after it.
+    std::fs::remove_dir_all(dir.path().join("kv")).unwrap();
+    let node = Node::start(c).await.unwrap();
+    let want: Vec<(i64, i64)> = (0..10).map(|id| (id, 8)).collect();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let got = loop {
+        let keys = RecordBatch::try_from_iter(vec![(
+            "user_id",
+            Arc::new(Int64Array::from_iter_values(0..10)) as ArrayRef,
+        )])
+        .unwrap();
+        match node.lookup("app", "visits", &keys).await {
+            Ok(_) => break lookup_all(&node, "visits", 0..10).await,
+            Err(e) => {
+                assert!(tokio::time::Instant::now() < deadline, "{e}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    assert_eq!(got, want, "no aggregate lost or counted twice");
+    add_visits(&node, 1).await;
+    assert_eq!(
+        lookup_all(&node, "visits", 0..3).await,
+        [(0, 9), (1, 9), (2, 9)]
+    );
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn primary_key_tables_refuse_bad_definitions_and_writes_precisely() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), 1);
+    c.kv_dir = dir.path().join("kv");
+    let node = Node::start(c).await.unwrap();
+    node.create_database("app", false).await.unwrap();
+    let e = node
+        .create_table(pk_spec(
+            "t",
+            &[
+                ("table.merge-engine", "first_row"),
+                ("table.delete.behavior", "allow"),
+            ],
+        ))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("does not support deletes"), "{e}");
+    let mut log = spec("log", 1);
+    log.options
+        .insert("table.merge-engine".into(), "first_row".into());
+    let e = node.create_table(log).await.unwrap_err();
+    assert!(e.to_string().contains("primary-key tables only"), "{e}");
+    node.create_table(pk_spec("t", &[])).await.unwrap();
+    let e = node
+        .alter_table(
+            "app",
+            "t",
+            TableChange {
+                set_options: [("table.merge-engine".to_string(), "first_row".to_string())].into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("cannot change"), "{e}");
+    // A partial update naming a column that does not exist; a null key.
+    let e = node
+        .write(
+            "app",
+            "t",
+            &visits(&[(1, 1)]),
+            &WriteTarget {
+                columns: Some(vec!["user_id".into(), "nope".into()]),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("unknown column \"nope\""), "{e}");
+    let null_key = RecordBatch::try_from_iter(vec![
+        (
+            "user_id",
+            Arc::new(Int64Array::from(vec![None, Some(2)])) as ArrayRef,
+        ),
+        ("visits", Arc::new(Int64Array::from(vec![1, 2])) as ArrayRef),
+    ])
+    .unwrap();
+    let e = node
+        .write("app", "t", &null_key, &WriteTarget::default())
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("\"user_id\" is not nullable"), "{e}");
+    assert!(
+        lookup_all(&node, "t", 0..5).await.is_empty(),
+        "nothing stored"
+    );
+    node.shutdown().await;
+}
