@@ -129,6 +129,14 @@ impl Scan {
         self
     }
 
+    /// Primary-key tables: read the changelog (`_change_type`, `_log_offset`,
+    /// `_commit_timestamp`, then the columns) instead of the current rows; offsets and tailing
+    /// then apply as to a log table.
+    pub fn changelog(mut self) -> Self {
+        self.0.changelog = true;
+        self
+    }
+
     pub fn bucket(mut self, bucket: u32) -> Self {
         self.0.bucket = Some(bucket);
         self
@@ -601,6 +609,78 @@ impl Client {
             .filter_map(|r| async move { r.transpose() })
             .boxed();
         Ok(stream)
+    }
+
+    /// Primary-key tables: the rows of `keys` (JSON objects holding every primary-key column),
+    /// in the order of the keys; missing keys are left out. The buckets involved must be led
+    /// by the connected node (one node, or a client per leader).
+    pub async fn lookup(
+        &self,
+        database: &str,
+        table: &str,
+        keys: Vec<serde_json::Map<String, serde_json::Value>>,
+        columns: &[String],
+    ) -> ClientResult<RecordBatch> {
+        self.get_rows(Ticket {
+            database: database.to_string(),
+            table: table.to_string(),
+            lookup: Some(keys),
+            columns: columns.to_vec(),
+            ..Default::default()
+        })
+        .await
+    }
+
+    /// Primary-key tables: every row under each bucket-key value of `prefixes` (JSON objects
+    /// with the bucket-key columns, and the partition columns of a partitioned table).
+    pub async fn prefix_lookup(
+        &self,
+        database: &str,
+        table: &str,
+        prefixes: Vec<serde_json::Map<String, serde_json::Value>>,
+        columns: &[String],
+    ) -> ClientResult<RecordBatch> {
+        self.get_rows(Ticket {
+            database: database.to_string(),
+            table: table.to_string(),
+            prefix_lookup: Some(prefixes),
+            columns: columns.to_vec(),
+            ..Default::default()
+        })
+        .await
+    }
+
+    /// A `DoGet` whose batches carry no read metadata (lookups), as one batch.
+    async fn get_rows(&self, ticket: Ticket) -> ClientResult<RecordBatch> {
+        let address = self.inner.address.clone();
+        let mut flight = self.channel(&address).await?;
+        let response = flight
+            .do_get(self.request(arrow_flight::Ticket::new(protocol::to_json(&ticket))))
+            .await
+            .map_err(|s| self.status_error(&address, &s))?;
+        self.observe(response.metadata());
+        let mut decoder = FlightDataDecoder::new(
+            response
+                .into_inner()
+                .map_err(|s| FlightError::Tonic(Box::new(s)))
+                .and_then(|data| async move { mink_flight::encode::checked(data) }),
+        );
+        let mut schema = None;
+        let mut batches = Vec::new();
+        while let Some(item) = decoder.next().await {
+            let decoded = item.map_err(|e| match e {
+                FlightError::Tonic(s) => self.status_error(&address, &s),
+                other => ClientError::Protocol(other.to_string()),
+            })?;
+            match decoded.payload {
+                DecodedPayload::Schema(s) => schema = Some(s),
+                DecodedPayload::RecordBatch(b) => batches.push(b),
+                DecodedPayload::None => {}
+            }
+        }
+        let schema = schema.ok_or_else(|| ClientError::Protocol("no schema in the answer".into()))?;
+        arrow::compute::concat_batches(&schema, &batches)
+            .map_err(|e| ClientError::Protocol(e.to_string()))
     }
 
     /// [`Client::scan`], collected.

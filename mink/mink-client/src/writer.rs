@@ -31,6 +31,9 @@ struct Layout {
     bucket_count: u32,
     bucket_key: Vec<usize>,
     partition_key: Vec<usize>,
+    /// A primary-key table: batches may hold some of the columns (a partial update) and a
+    /// `_row_kind` column; keys are found by name.
+    primary_key: bool,
     leaders: HashMap<BucketKey, String>,
 }
 
@@ -54,6 +57,7 @@ impl Layout {
                 .iter()
                 .map(index)
                 .collect::<ClientResult<_>>()?,
+            primary_key: !d.primary_key.is_empty(),
             schema,
             leaders: HashMap::new(),
         };
@@ -133,6 +137,10 @@ impl TableWriter {
     }
 
     /// Writes `batch` (the table's columns, in order) and returns once every row is durable.
+    ///
+    /// Primary-key tables: rows upsert; a last Utf8 column `_row_kind` (`upsert` or `delete`)
+    /// marks deletes; a batch of only some columns (the key among them) is a partial update
+    /// of those columns.
     pub async fn write(&mut self, batch: &RecordBatch) -> ClientResult<WriteSummary> {
         if self.layout.is_none() {
             self.refresh().await?;
@@ -208,16 +216,39 @@ impl TableWriter {
     /// Splits a batch into the parts of each bucket, numbered for the writer.
     fn route(&mut self, batch: &RecordBatch) -> ClientResult<Vec<Part>> {
         let layout = self.layout.as_ref().expect("layout loaded");
-        let batch = mink_log::codec::check_batch(&layout.schema, batch)
-            .map_err(|e| ClientError::Invalid(e.to_string()))?;
+        let invalid = |e: mink_log::LogError| ClientError::Invalid(e.to_string());
+        let (batch, bucket_key, partition_key) = if layout.primary_key {
+            // Checked by the server, which widens partial batches; keys are found by name.
+            let by_name = |indices: &[usize]| -> ClientResult<Vec<usize>> {
+                indices
+                    .iter()
+                    .map(|&i| {
+                        let name = layout.schema.field(i).name();
+                        batch.schema().index_of(name).map_err(|_| {
+                            ClientError::Invalid(format!("the batch has no key column {name:?}"))
+                        })
+                    })
+                    .collect()
+            };
+            (
+                batch.clone(),
+                by_name(&layout.bucket_key)?,
+                by_name(&layout.partition_key)?,
+            )
+        } else {
+            (
+                mink_log::codec::check_batch(&layout.schema, batch).map_err(invalid)?,
+                layout.bucket_key.clone(),
+                layout.partition_key.clone(),
+            )
+        };
         if batch.num_rows() == 0 {
             return Ok(Vec::new());
         }
-        let invalid = |e: mink_log::LogError| ClientError::Invalid(e.to_string());
-        let by_partition: Vec<(Option<String>, RecordBatch)> = if layout.partition_key.is_empty() {
+        let by_partition: Vec<(Option<String>, RecordBatch)> = if partition_key.is_empty() {
             vec![(None, batch)]
         } else {
-            split_by_partition(&batch, &layout.partition_key)
+            split_by_partition(&batch, &partition_key)
                 .map_err(invalid)?
                 .into_iter()
                 .map(|(p, b)| (Some(p), b))
@@ -225,11 +256,11 @@ impl TableWriter {
         };
         let mut parts = Vec::new();
         for (partition, batch) in by_partition {
-            if layout.bucket_key.is_empty() {
+            if bucket_key.is_empty() {
                 self.sticky = self.sticky.wrapping_add(1) % layout.bucket_count;
                 parts.push((partition, self.sticky, batch));
             } else {
-                for (b, part) in split_by_bucket(&batch, &layout.bucket_key, layout.bucket_count)
+                for (b, part) in split_by_bucket(&batch, &bucket_key, layout.bucket_count)
                     .map_err(invalid)?
                 {
                     parts.push((partition.clone(), b, part));
@@ -295,8 +326,12 @@ impl TableWriter {
             ..Default::default()
         };
         let mut encoder = BatchEncoder::new();
+        // The batch's own schema: a primary-key write may hold some columns and `_row_kind`.
+        let schema = parts
+            .first()
+            .map_or_else(|| Arc::clone(&layout.schema), |p| p.batch.schema());
         let mut messages = vec![encoder.schema(
-            &layout.schema,
+            &schema,
             Some(FlightDescriptor::new_cmd(protocol::to_json(&descriptor))),
         )];
         for p in parts {

@@ -599,3 +599,132 @@ async fn bad_input_gets_a_precise_status_and_the_node_keeps_serving() {
     );
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn primary_key_tables_through_the_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), 1).await;
+    let client = Client::connect(&format!("grpc://{}", server.address))
+        .await
+        .unwrap();
+    client.create_database("app", true).await.unwrap();
+    let schema = Schema::new(vec![
+        Field::new("user_id", DataType::Int64, false),
+        Field::new("event", DataType::Utf8, true),
+        Field::new("n", DataType::Int64, true),
+    ]);
+    let d = client
+        .create_table_with(&protocol::CreateTable {
+            database: "app".into(),
+            table: "last".into(),
+            schema: protocol::encode_schema(&schema).unwrap(),
+            options: [
+                ("bucket.num".to_string(), "3".to_string()),
+                ("bucket.key".to_string(), "user_id".to_string()),
+            ]
+            .into(),
+            partition_keys: vec![],
+            primary_key: vec!["user_id".into(), "event".into()],
+            comment: String::new(),
+            if_not_exists: false,
+        })
+        .await
+        .unwrap();
+    assert_eq!(d.primary_key, ["user_id", "event"]);
+    let rows = |ids: &[i64], events: &[&str], n: &[i64], kinds: Option<&[&str]>| {
+        let mut columns: Vec<(&str, ArrayRef)> = vec![
+            ("user_id", Arc::new(Int64Array::from(ids.to_vec()))),
+            ("event", Arc::new(StringArray::from(events.to_vec()))),
+            ("n", Arc::new(Int64Array::from(n.to_vec()))),
+        ];
+        if let Some(k) = kinds {
+            columns.push(("_row_kind", Arc::new(StringArray::from(k.to_vec()))));
+        }
+        RecordBatch::try_from_iter(columns).unwrap()
+    };
+    let mut writer = client.writer("app", "last");
+    writer
+        .write(&rows(&[1, 1, 2, 3], &["a", "b", "a", "a"], &[1, 2, 3, 4], None))
+        .await
+        .unwrap();
+    writer
+        .write(&rows(&[1, 3], &["b", "a"], &[0, 40], Some(&["delete", "upsert"])))
+        .await
+        .unwrap();
+    // A partial update of `n` alone.
+    let partial = RecordBatch::try_from_iter(vec![
+        ("user_id", Arc::new(Int64Array::from(vec![2])) as ArrayRef),
+        ("event", Arc::new(StringArray::from(vec!["a"])) as ArrayRef),
+    ])
+    .unwrap();
+    writer.write(&partial).await.unwrap();
+
+    let key = |u: i64, e: &str| {
+        serde_json::json!({"user_id": u, "event": e})
+            .as_object()
+            .unwrap()
+            .clone()
+    };
+    let found = client
+        .lookup(
+            "app",
+            "last",
+            vec![key(3, "a"), key(1, "b"), key(2, "a"), key(1, "a")],
+            &[],
+        )
+        .await
+        .unwrap();
+    let ids: Vec<i64> = found.column(0).as_primitive::<Int64Type>().values().to_vec();
+    let n = found.column(2).as_primitive::<Int64Type>();
+    assert_eq!(ids, [3, 2, 1], "in key order, the deleted key left out");
+    assert_eq!((n.value(0), n.value(2)), (40, 1));
+    assert_eq!(n.value(1), 3, "a partial update of no columns but the key changes nothing");
+    let prefix = client
+        .prefix_lookup(
+            "app",
+            "last",
+            vec![serde_json::json!({"user_id": 1}).as_object().unwrap().clone()],
+            &["event".to_string()],
+        )
+        .await
+        .unwrap();
+    assert_eq!(prefix.column(0).as_string::<i32>().value(0), "a");
+    assert_eq!(prefix.num_rows(), 1);
+
+    // The snapshot scan: the current rows; the changelog: every change with its offset.
+    let current: usize = client
+        .scan_all(&Scan::table("app", "last"))
+        .await
+        .unwrap()
+        .iter()
+        .map(|b| b.batch.num_rows())
+        .sum();
+    assert_eq!(current, 3);
+    let mut changes = Vec::new();
+    for b in 0..3 {
+        for r in client
+            .scan_all(&Scan::table("app", "last").changelog().bucket(b))
+            .await
+            .unwrap()
+        {
+            let t = r.batch.column(0).as_string::<i32>();
+            let offsets = r.batch.column(1).as_primitive::<Int64Type>();
+            for i in 0..r.batch.num_rows() {
+                assert_eq!(offsets.value(i) as u64, r.offset + i as u64);
+                changes.push(t.value(i).to_string());
+            }
+        }
+    }
+    changes.sort();
+    assert_eq!(
+        changes,
+        ["delete", "insert", "insert", "insert", "insert", "update_after", "update_before"]
+    );
+    // Log-table reads of a primary-key table are refused precisely.
+    let e = client
+        .lookup("app", "nope", vec![key(1, "a")], &[])
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::NotFound), "{e}");
+    server.stop().await;
+}

@@ -52,11 +52,22 @@ impl NodeConfig {
             compaction: CompactionConfig::default(),
             leadership_interval: Duration::from_millis(200),
             retention_interval: Duration::from_secs(60),
-            kv_dir: std::env::temp_dir().join(format!("mink-kv-node-{node_id}")),
+            kv_dir: default_kv_dir(node_id, metadata_url),
             kv_snapshot_interval: Duration::from_secs(600),
             kv_snapshots_retained: 1,
         }
     }
+}
+
+/// A directory per cluster (metadata database) and node under the system's temporary directory:
+/// working copies are a cache, and two nodes on one host never share one.
+fn default_kv_dir(node_id: u64, metadata_url: &str) -> std::path::PathBuf {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut h = std::hash::DefaultHasher::new();
+    metadata_url.hash(&mut h);
+    std::env::temp_dir()
+        .join("mink-kv")
+        .join(format!("{:016x}-node-{node_id}", h.finish()))
 }
 
 /// An idempotent writer's identity (from `allocate_writer`).
