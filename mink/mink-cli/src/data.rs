@@ -46,6 +46,27 @@ pub(crate) struct ProduceArgs {
     /// CSV: the first line is data, not a header.
     #[arg(long)]
     no_header: bool,
+    /// Primary-key tables: delete the rows' keys instead of upserting the rows.
+    #[arg(long)]
+    delete: bool,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct LookupArgs {
+    /// `database.table` (a primary-key table)
+    table: String,
+    /// Keys as JSON objects holding every primary-key column: '{"id": 1}' (repeatable;
+    /// `-` reads one object per line from standard input).
+    #[arg(required = true)]
+    keys: Vec<String>,
+    /// Prefix lookup: the objects hold the bucket-key columns; every row under each.
+    #[arg(long)]
+    prefix: bool,
+    /// Columns to return, comma-separated (default: all).
+    #[arg(long)]
+    columns: Option<String>,
+    #[arg(long, short = 'f', value_enum, default_value = "table")]
+    format: OutFormat,
 }
 
 #[derive(Args, Debug)]
@@ -75,6 +96,10 @@ pub(crate) struct ScanArgs {
     /// Add `_bucket` and `_offset` columns.
     #[arg(long)]
     with_offsets: bool,
+    /// Primary-key tables: read the changelog (`_change_type`, `_log_offset`,
+    /// `_commit_timestamp`, then the columns) instead of the current rows.
+    #[arg(long)]
+    changelog: bool,
 }
 
 #[derive(Args, Debug)]
@@ -265,8 +290,21 @@ pub(crate) async fn produce(client: &Client, a: ProduceArgs) -> anyhow::Result<(
     let mut rows = 0u64;
     while let Some(batch) = rx.recv().await {
         let batch = batch?;
-        let batch = RecordBatch::try_new(Arc::clone(&schema), batch.columns().to_vec())
+        let mut batch = RecordBatch::try_new(Arc::clone(&schema), batch.columns().to_vec())
             .or_else(|_| conform(&batch, &schema))?;
+        if a.delete {
+            let mut fields: Vec<Field> =
+                schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+            fields.push(Field::new("_row_kind", DataType::Utf8, false));
+            let mut columns = batch.columns().to_vec();
+            columns.push(Arc::new(arrow::array::StringArray::from(vec![
+                "delete";
+                batch
+                    .num_rows(
+                    )
+            ])));
+            batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?;
+        }
         let written = writer
             .write(&batch)
             .await
@@ -410,6 +448,9 @@ fn column_list(columns: Option<&String>) -> Vec<String> {
 pub(crate) async fn scan(client: &Client, a: ScanArgs) -> anyhow::Result<()> {
     let (database, table) = split_table(&a.table)?;
     let mut scan = Scan::table(&database, &table).columns(column_list(a.columns.as_ref()));
+    if a.changelog {
+        scan = scan.changelog();
+    }
     if let Some(p) = &a.partition {
         scan = scan.partition(p);
     }
@@ -491,11 +532,12 @@ pub(crate) async fn tail(client: &Client, a: TailArgs) -> anyhow::Result<()> {
     if a.format == OutFormat::Parquet {
         bail!("tail writes as rows arrive: use --format json, csv or table");
     }
+    let description = client.describe_table(&database, &table).await?;
+    // New rows of a primary-key table are its changelog.
+    let changelog = !description.primary_key.is_empty();
     let buckets: Vec<(Option<String>, u32)> = match a.bucket {
         Some(b) => vec![(a.partition.clone(), b)],
-        None => client
-            .describe_table(&database, &table)
-            .await?
+        None => description
             .buckets
             .into_iter()
             .filter(|b| a.partition.is_none() || b.partition == a.partition)
@@ -513,6 +555,9 @@ pub(crate) async fn tail(client: &Client, a: TailArgs) -> anyhow::Result<()> {
             .bucket(bucket)
             .columns(column_list(a.columns.as_ref()))
             .tail(a.idle_timeout);
+        if changelog {
+            s = s.changelog();
+        }
         if let Some(p) = &partition {
             s = s.partition(p);
         }
@@ -542,4 +587,45 @@ pub(crate) async fn tail(client: &Client, a: TailArgs) -> anyhow::Result<()> {
     }
     .await;
     quiet_on_broken_pipe(result)
+}
+
+pub(crate) async fn lookup(client: &Client, a: LookupArgs) -> anyhow::Result<()> {
+    let (database, table) = split_table(&a.table)?;
+    let mut texts = Vec::new();
+    for k in &a.keys {
+        if k == "-" {
+            for line in std::io::stdin().lock().lines() {
+                let line = line?;
+                if !line.trim().is_empty() {
+                    texts.push(line);
+                }
+            }
+        } else {
+            texts.push(k.clone());
+        }
+    }
+    let keys = texts
+        .iter()
+        .map(|t| match serde_json::from_str::<serde_json::Value>(t) {
+            Ok(serde_json::Value::Object(o)) => Ok(o),
+            _ => Err(anyhow::anyhow!(
+                "key {t:?} is not a JSON object: write it as '{{\"id\": 1}}'"
+            )),
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let columns = column_list(a.columns.as_ref());
+    let found = if a.prefix {
+        client
+            .prefix_lookup(&database, &table, keys, &columns)
+            .await?
+    } else {
+        client.lookup(&database, &table, keys, &columns).await?
+    };
+    if a.format == OutFormat::Parquet {
+        bail!("lookup prints its rows: use --format table, json or csv");
+    }
+    let mut sink = Sink::open(a.format, None, &found.schema())?;
+    sink.write(&found)?;
+    sink.flush()?;
+    Ok(())
 }

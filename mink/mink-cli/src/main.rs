@@ -72,6 +72,8 @@ enum Command {
     Scan(data::ScanArgs),
     /// Follow new rows of a table as they are written.
     Tail(data::TailArgs),
+    /// Look up rows of a primary-key table by key (or by bucket-key prefix).
+    Lookup(data::LookupArgs),
 }
 
 /// Prints to stdout (the CLI's output, not a log).
@@ -117,6 +119,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Produce(a) => data::produce(&connect().await?, a).await,
         Command::Scan(a) => data::scan(&connect().await?, a).await,
         Command::Tail(a) => data::tail(&connect().await?, a).await,
+        Command::Lookup(a) => data::lookup(&connect().await?, a).await,
     }
 }
 

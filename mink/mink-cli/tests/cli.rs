@@ -267,6 +267,81 @@ fn manifest_dir() -> PathBuf {
 }
 
 #[test]
+fn primary_key_tables_from_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let dev = Dev::start(&dir.path().join("data"), "127.0.0.1:0", &[]);
+    let out = dev.run(
+        &[
+            "table",
+            "create",
+            "app.counts",
+            "-c",
+            "id Int64",
+            "-c",
+            "n Int64",
+            "--primary-key",
+            "id",
+            "-o",
+            "table.merge-engine=aggregation",
+            "-o",
+            "fields.n.agg=sum",
+            "-o",
+            "table.delete.behavior=allow",
+        ],
+        None,
+    );
+    assert!(out.contains("primary key: id"), "{out}");
+    let rows = "{\"id\": 1, \"n\": 2}\n{\"id\": 2, \"n\": 5}\n{\"id\": 1, \"n\": 3}\n";
+    assert!(
+        dev.run(&["produce", "app.counts"], Some(rows))
+            .contains("wrote 3 rows")
+    );
+    dev.run(
+        &["produce", "app.counts", "--delete"],
+        Some("{\"id\": 2}\n"),
+    );
+    let out = dev.run(
+        &[
+            "lookup",
+            "app.counts",
+            "{\"id\": 1}",
+            "{\"id\": 2}",
+            "-f",
+            "csv",
+        ],
+        None,
+    );
+    assert_eq!(out.lines().collect::<Vec<_>>(), ["id,n", "1,5"], "{out}");
+    let out = dev.run(
+        &[
+            "scan",
+            "app.counts",
+            "--changelog",
+            "-f",
+            "csv",
+            "--columns",
+            "_change_type,id,n",
+        ],
+        None,
+    );
+    let mut lines: Vec<&str> = out.lines().skip(1).collect();
+    lines.sort_unstable();
+    assert_eq!(
+        lines,
+        [
+            "delete,2,5",
+            "insert,1,2",
+            "insert,2,5",
+            "update_after,1,5",
+            "update_before,1,2"
+        ],
+        "{out}"
+    );
+    let (ok, _, err) = dev.try_run(&["lookup", "app.counts", "id=1"], None);
+    assert!(!ok && err.contains("not a JSON object"), "{err}");
+}
+
+#[test]
 fn pyarrow_primary_key_tables_upsert_delete_look_up_and_scan() {
     let Some(python) = python() else { return };
     let dir = tempfile::tempdir().unwrap();

@@ -678,7 +678,8 @@ impl Client {
                 DecodedPayload::None => {}
             }
         }
-        let schema = schema.ok_or_else(|| ClientError::Protocol("no schema in the answer".into()))?;
+        let schema =
+            schema.ok_or_else(|| ClientError::Protocol("no schema in the answer".into()))?;
         arrow::compute::concat_batches(&schema, &batches)
             .map_err(|e| ClientError::Protocol(e.to_string()))
     }

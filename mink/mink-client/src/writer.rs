@@ -260,8 +260,8 @@ impl TableWriter {
                 self.sticky = self.sticky.wrapping_add(1) % layout.bucket_count;
                 parts.push((partition, self.sticky, batch));
             } else {
-                for (b, part) in split_by_bucket(&batch, &bucket_key, layout.bucket_count)
-                    .map_err(invalid)?
+                for (b, part) in
+                    split_by_bucket(&batch, &bucket_key, layout.bucket_count).map_err(invalid)?
                 {
                     parts.push((partition.clone(), b, part));
                 }

@@ -644,11 +644,21 @@ async fn primary_key_tables_through_the_client() {
     };
     let mut writer = client.writer("app", "last");
     writer
-        .write(&rows(&[1, 1, 2, 3], &["a", "b", "a", "a"], &[1, 2, 3, 4], None))
+        .write(&rows(
+            &[1, 1, 2, 3],
+            &["a", "b", "a", "a"],
+            &[1, 2, 3, 4],
+            None,
+        ))
         .await
         .unwrap();
     writer
-        .write(&rows(&[1, 3], &["b", "a"], &[0, 40], Some(&["delete", "upsert"])))
+        .write(&rows(
+            &[1, 3],
+            &["b", "a"],
+            &[0, 40],
+            Some(&["delete", "upsert"]),
+        ))
         .await
         .unwrap();
     // A partial update of `n` alone.
@@ -674,16 +684,29 @@ async fn primary_key_tables_through_the_client() {
         )
         .await
         .unwrap();
-    let ids: Vec<i64> = found.column(0).as_primitive::<Int64Type>().values().to_vec();
+    let ids: Vec<i64> = found
+        .column(0)
+        .as_primitive::<Int64Type>()
+        .values()
+        .to_vec();
     let n = found.column(2).as_primitive::<Int64Type>();
     assert_eq!(ids, [3, 2, 1], "in key order, the deleted key left out");
     assert_eq!((n.value(0), n.value(2)), (40, 1));
-    assert_eq!(n.value(1), 3, "a partial update of no columns but the key changes nothing");
+    assert_eq!(
+        n.value(1),
+        3,
+        "a partial update of no columns but the key changes nothing"
+    );
     let prefix = client
         .prefix_lookup(
             "app",
             "last",
-            vec![serde_json::json!({"user_id": 1}).as_object().unwrap().clone()],
+            vec![
+                serde_json::json!({"user_id": 1})
+                    .as_object()
+                    .unwrap()
+                    .clone(),
+            ],
             &["event".to_string()],
         )
         .await
@@ -718,7 +741,15 @@ async fn primary_key_tables_through_the_client() {
     changes.sort();
     assert_eq!(
         changes,
-        ["delete", "insert", "insert", "insert", "insert", "update_after", "update_before"]
+        [
+            "delete",
+            "insert",
+            "insert",
+            "insert",
+            "insert",
+            "update_after",
+            "update_before"
+        ]
     );
     // Log-table reads of a primary-key table are refused precisely.
     let e = client
