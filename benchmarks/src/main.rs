@@ -2,6 +2,7 @@
 //! it is judged against, measured in the same run, as a table and (with `--json`) as JSON.
 
 mod flight;
+mod kv;
 mod metadata;
 mod s3stream;
 
@@ -25,6 +26,8 @@ enum Suite {
     S3stream(s3stream::Args),
     /// Arrow Flight DoPut and DoGet through a node against a Flight echo server.
     Flight(flight::Args),
+    /// Primary-key tables: upserts and lookups through a KV tablet against redb itself.
+    Kv(kv::Args),
 }
 
 #[tokio::main]
@@ -33,5 +36,6 @@ async fn main() -> anyhow::Result<()> {
         Suite::Metadata(args) => metadata::run(args).await,
         Suite::S3stream(args) => s3stream::run(args).await,
         Suite::Flight(args) => flight::run(args).await,
+        Suite::Kv(args) => kv::run(args).await,
     }
 }
