@@ -34,8 +34,9 @@ pub(crate) struct Args {
     keys: i64,
     #[arg(long, default_value_t = 1000)]
     rows_per_batch: usize,
-    /// Concurrent upsert writers (their writes pipeline in the tablet).
-    #[arg(long, default_value_t = 8)]
+    /// Concurrent upsert writers (their writes pipeline in the tablet; each waits about one
+    /// flush delay for its acknowledgement, so throughput grows with them until CPU-bound).
+    #[arg(long, default_value_t = 32)]
     writers: usize,
     /// Lookup threads.
     #[arg(long, default_value_t = 2)]

@@ -12,6 +12,8 @@ pub const MERGE_ENGINE: &str = "table.merge-engine";
 pub const VERSION_COLUMN: &str = "table.merge-engine.versioned.ver-column";
 pub const DELETE_BEHAVIOR: &str = "table.delete.behavior";
 pub const CHANGELOG_IMAGE: &str = "table.changelog.image";
+pub const AUTO_INCREMENT: &str = "auto-increment.fields";
+pub const AUTO_INCREMENT_CACHE: &str = "table.auto-increment.cache-size";
 /// Columns of the changelog view; user columns may not use these names.
 pub const RESERVED_COLUMNS: [&str; 3] = ["_change_type", "_log_offset", "_commit_timestamp"];
 
@@ -145,17 +147,28 @@ pub struct KvTableDef {
     pub merge_engine: MergeEngine,
     pub delete_behavior: DeleteBehavior,
     pub changelog_image: ChangelogImage,
+    /// The auto-increment column (`auto-increment.fields`): a new key gets the next value of
+    /// the table's sequence; an existing key keeps its value; writers never set it.
+    pub auto_increment: Option<usize>,
+    /// Values a bucket takes from the sequence at a time (`table.auto-increment.cache-size`).
+    pub auto_increment_cache: u64,
 }
 
 impl KvTableDef {
-    /// Marks the primary-key columns NOT NULL, as Fluss does: a key is never null.
-    pub fn normalize_schema(schema: &Schema, primary_key: &[String]) -> Schema {
+    /// Marks the primary-key columns and the auto-increment column (named in `options`) NOT
+    /// NULL, as Fluss does: neither is ever null in a stored row.
+    pub fn normalize_schema(
+        schema: &Schema,
+        primary_key: &[String],
+        options: &BTreeMap<String, String>,
+    ) -> Schema {
+        let auto = options.get(AUTO_INCREMENT).map(|v| v.trim().to_string());
         let fields: Vec<Field> = schema
             .fields()
             .iter()
             .map(|f| {
                 let f = f.as_ref().clone();
-                if primary_key.iter().any(|k| k == f.name()) {
+                if primary_key.iter().any(|k| k == f.name()) || auto.as_deref() == Some(f.name()) {
                     f.with_nullable(false)
                 } else {
                     f
@@ -362,6 +375,47 @@ impl KvTableDef {
                 "{CHANGELOG_IMAGE}: the aggregation merge engine needs FULL, not WAL"
             )));
         }
+        let auto_increment = match options.get(AUTO_INCREMENT).map(|v| v.trim()) {
+            None | Some("") => None,
+            Some(v) if v.contains(',') => {
+                return Err(invalid(format!(
+                    "{AUTO_INCREMENT}: a table has at most one auto-increment column, not {v:?}"
+                )));
+            }
+            Some(v) => {
+                let c = index(AUTO_INCREMENT, v)?;
+                if pk.contains(&c) {
+                    return Err(invalid(format!(
+                        "{AUTO_INCREMENT}: {v:?} is a primary key column; keys are written, not generated"
+                    )));
+                }
+                let t = schema.field(c).data_type();
+                if !matches!(t, DataType::Int32 | DataType::Int64) {
+                    return Err(invalid(format!(
+                        "{AUTO_INCREMENT}: column {v:?} has type {t}; INT or BIGINT expected"
+                    )));
+                }
+                if matches!(merge_engine, MergeEngine::Aggregation { .. }) {
+                    return Err(invalid(format!(
+                        "{AUTO_INCREMENT} cannot be combined with the aggregation merge engine"
+                    )));
+                }
+                Some(c)
+            }
+        };
+        let auto_increment_cache = match options.get(AUTO_INCREMENT_CACHE) {
+            None => 100_000,
+            Some(v) => v
+                .trim()
+                .parse::<u64>()
+                .ok()
+                .filter(|n| (1..=10_000_000).contains(n))
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "{AUTO_INCREMENT_CACHE}: {v:?} is not a count from 1 to 10000000"
+                    ))
+                })?,
+        };
         Ok(KvTableDef {
             schema,
             primary_key: pk,
@@ -371,7 +425,30 @@ impl KvTableDef {
             merge_engine,
             delete_behavior,
             changelog_image,
+            auto_increment,
+            auto_increment_cache,
         })
+    }
+
+    /// The schema a write is checked against: the auto-increment column may be null (writers
+    /// leave it out; the merge fills it).
+    pub fn write_schema(&self) -> SchemaRef {
+        match self.auto_increment {
+            None => self.schema.clone(),
+            Some(c) => {
+                let mut fields: Vec<Field> = self
+                    .schema
+                    .fields()
+                    .iter()
+                    .map(|f| f.as_ref().clone())
+                    .collect();
+                fields[c] = fields[c].clone().with_nullable(true);
+                std::sync::Arc::new(Schema::new_with_metadata(
+                    fields,
+                    self.schema.metadata().clone(),
+                ))
+            }
+        }
     }
 
     /// Whether partial updates are possible: the default and aggregation engines, and every
@@ -391,13 +468,9 @@ impl KvTableDef {
                 self.schema.field(k).name()
             )));
         }
-        if let Some(f) = self
-            .schema
-            .fields()
-            .iter()
-            .enumerate()
-            .find(|(i, f)| !self.primary_key.contains(i) && !f.is_nullable())
-        {
+        if let Some(f) = self.schema.fields().iter().enumerate().find(|(i, f)| {
+            !self.primary_key.contains(i) && self.auto_increment != Some(*i) && !f.is_nullable()
+        }) {
             return Err(invalid(format!(
                 "partial updates need every non-key column nullable; {:?} is NOT NULL",
                 f.1.name()

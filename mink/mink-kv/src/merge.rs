@@ -65,6 +65,31 @@ impl KvWrite {
     }
 }
 
+/// Values for the auto-increment column: `[next, end)` taken from the table's sequence.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AutoIds {
+    pub next: i64,
+    pub end: i64,
+}
+
+impl AutoIds {
+    pub fn remaining(&self) -> u64 {
+        u64::try_from(self.end - self.next).unwrap_or(0)
+    }
+
+    fn take(&mut self, n: usize) -> KvResult<Vec<i64>> {
+        if (n as u64) > self.remaining() {
+            return Err(KvError::Store(format!(
+                "{n} auto-increment values needed, {} at hand",
+                self.remaining()
+            )));
+        }
+        let ids = (self.next..).take(n).collect();
+        self.next += i64::try_from(n).unwrap_or(i64::MAX);
+        Ok(ids)
+    }
+}
+
 /// The outcome of a merge.
 #[derive(Debug, Default)]
 pub struct Merged {
@@ -112,8 +137,19 @@ pub fn merge(
     codec: &RowCodec,
     write: &KvWrite,
     current: &mut StoredRows<'_>,
+    auto_ids: &mut AutoIds,
 ) -> KvResult<Merged> {
-    let batch = mink_log::codec::check_batch(&def.schema, &write.batch)?;
+    let batch = mink_log::codec::check_batch(&def.write_schema(), &write.batch)?;
+    if let Some(c) = def.auto_increment {
+        let name = def.schema.field(c).name();
+        if batch.column(c).null_count() < batch.num_rows()
+            || write.targets.as_ref().is_some_and(|t| t.contains(&c))
+        {
+            return Err(invalid(format!(
+                "column {name:?} is auto-increment: its values are generated, leave it out"
+            )));
+        }
+    }
     let n = batch.num_rows();
     if let Some(d) = &write.deletes
         && d.len() != n
@@ -202,7 +238,7 @@ pub fn merge(
             .map(|&i| state[keys.row(i).data()].unwrap_or((NULLS, 0)))
             .collect();
         let exists: Vec<bool> = prev.iter().map(|&(s, _)| s != NULLS).collect();
-        let (actions, after) = merge_round(def, write, &sources, rows, &prev, &exists)?;
+        let (actions, after) = merge_round(def, write, &sources, rows, &prev, &exists, auto_ids)?;
         let source = sources.len();
         sources.push(after);
         for (j, &i) in rows.iter().enumerate() {
@@ -290,6 +326,7 @@ fn merge_round(
     rows: &[usize],
     prev: &[Image],
     exists: &[bool],
+    auto_ids: &mut AutoIds,
 ) -> KvResult<(Vec<Action>, Vec<ArrayRef>)> {
     let m = rows.len();
     let indices = arrow::array::PrimitiveArray::<UInt32Type>::from_iter_values(
@@ -398,6 +435,17 @@ fn merge_round(
                 _ => Action::Insert,
             }
         };
+    }
+    // A new key gets the next auto-increment value; a stored one keeps its own.
+    if let Some(c) = def.auto_increment {
+        let inserts = actions.iter().filter(|a| **a == Action::Insert).count();
+        let mut ids = auto_ids.take(inserts)?.into_iter();
+        let fresh: arrow::array::Int64Array = actions
+            .iter()
+            .map(|a| (*a == Action::Insert).then(|| ids.next()).flatten())
+            .collect();
+        let fresh = arrow::compute::cast(&fresh, schema.field(c).data_type())?;
+        after[c] = zip(&exists_mask, &old[c], &fresh)?;
     }
     // Rows that are partial deletes take the nulled image instead of the upsert's.
     if let Some(image) = deleted_image {

@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::changelog::{self, ChangeType};
 use crate::definition::KvTableDef;
-use crate::merge::{self, KvWrite};
+use crate::merge::{self, AutoIds, KvWrite};
 use crate::rows::{self, RowCodec};
 use crate::store::{KvStore, StoreSnapshot};
 use crate::{KeyChange, KvError, KvResult};
@@ -83,6 +83,9 @@ pub struct KvTabletConfig {
     /// What the working copy belongs to (cluster, table, stream). A copy found at the path
     /// with another identity (another cluster's, a dropped table's) is discarded, not used.
     pub identity: String,
+    /// The metadata sequence auto-increment values come from (one per table; default: one
+    /// per stream).
+    pub auto_increment_sequence: String,
 }
 
 impl Default for KvTabletConfig {
@@ -91,6 +94,7 @@ impl Default for KvTabletConfig {
             compression: Compression::Zstd,
             sync_interval: Duration::from_secs(1),
             identity: String::new(),
+            auto_increment_sequence: String::new(),
         }
     }
 }
@@ -111,7 +115,9 @@ struct Inner {
     streams: S3Stream,
     stream_id: u64,
     /// Held from the merge until the append is submitted: one changelog at a time, in order.
-    write: tokio::sync::Mutex<()>,
+    /// Guards the auto-increment values at hand.
+    write: tokio::sync::Mutex<AutoIds>,
+    auto_increment_sequence: String,
     overlay: Mutex<Overlay>,
     applier: mpsc::UnboundedSender<InFlight>,
 }
@@ -199,7 +205,12 @@ impl KvTablet {
             store,
             streams,
             stream_id,
-            write: tokio::sync::Mutex::new(()),
+            write: tokio::sync::Mutex::new(AutoIds::default()),
+            auto_increment_sequence: if config.auto_increment_sequence.is_empty() {
+                format!("auto-increment/stream-{stream_id}")
+            } else {
+                config.auto_increment_sequence.clone()
+            },
             overlay: Mutex::new(Overlay::default()),
             applier: tx,
         });
@@ -235,7 +246,7 @@ impl KvTablet {
     ) -> KvResult<PendingKv> {
         let inner = &self.inner;
         let reply = {
-            let _turn = inner.write.lock().await;
+            let mut auto_ids = inner.write.lock().await;
             if let Some(w) = writer
                 && let Some(ack) = inner.streams.check_writer_batch(inner.stream_id, w)?
             {
@@ -245,9 +256,17 @@ impl KvTablet {
                     changes: 0,
                 })))));
             }
-            let merged = merge::merge(&inner.def, &inner.codec, &write, &mut |keys| {
-                self.current(keys)
-            })?;
+            if inner.def.auto_increment.is_some() {
+                self.reserve_ids(&mut auto_ids, write.batch.num_rows())
+                    .await?;
+            }
+            let merged = merge::merge(
+                &inner.def,
+                &inner.codec,
+                &write,
+                &mut |keys| self.current(keys),
+                &mut auto_ids,
+            )?;
             let commit_ms = now_ms();
             let stored = match merge::changelog_batch(&inner.log.schema, &merged, commit_ms)? {
                 Some(batch) => Some(batch),
@@ -256,7 +275,7 @@ impl KvTablet {
                 None if writer.is_some() && write.batch.num_rows() > 0 => {
                     Some(changelog::stored_batch(
                         &inner.log.schema,
-                        write.batch.slice(0, 1).columns().to_vec(),
+                        marker_row(&inner.def, &write.batch)?,
                         vec![ChangeType::Noop as i8],
                         commit_ms,
                     )?)
@@ -288,6 +307,39 @@ impl KvTablet {
             rx
         };
         Ok(PendingKv(PendingState::Waiting(reply)))
+    }
+
+    /// Makes sure at least `n` auto-increment values are at hand, taking a range of the
+    /// table's sequence from the metadata log when not. Values never come back: a range lost
+    /// with a leader leaves a gap, never a duplicate.
+    async fn reserve_ids(&self, ids: &mut AutoIds, n: usize) -> KvResult<()> {
+        if ids.remaining() >= n as u64 {
+            return Ok(());
+        }
+        let count = self.inner.def.auto_increment_cache.max(n as u64);
+        let proposed = self
+            .inner
+            .streams
+            .sink()
+            .propose(mink_metadata::Command::Allocate(mink_metadata::Allocate {
+                sequence: self.inner.auto_increment_sequence.clone(),
+                count,
+            }))
+            .await
+            .map_err(|e| KvError::Aborted(format!("auto-increment values: {e}")))?;
+        match proposed.result {
+            Ok(outcome) => match outcome.into_reply() {
+                mink_metadata::Reply::Range(r) => {
+                    *ids = AutoIds {
+                        next: i64::try_from(r.start).unwrap_or(i64::MAX),
+                        end: i64::try_from(r.end).unwrap_or(i64::MAX),
+                    };
+                    Ok(())
+                }
+                other => Err(KvError::Store(format!("unexpected reply {other:?}"))),
+            },
+            Err(r) => Err(KvError::Invalid(format!("auto-increment values: {r}"))),
+        }
     }
 
     /// The rows of `keys` as the writer sees them: in-flight writes first, then the copy.
@@ -554,6 +606,23 @@ async fn replay(
     }
     store.sync()?;
     Ok(())
+}
+
+/// The row of a writer's marker: the write's first row, with a zero where it is null in a
+/// column the stored schema wants filled (the auto-increment column).
+fn marker_row(def: &KvTableDef, batch: &RecordBatch) -> KvResult<Vec<ArrayRef>> {
+    let row = batch.slice(0, 1);
+    row.columns()
+        .iter()
+        .zip(def.schema.fields())
+        .map(|(c, f)| {
+            if f.is_nullable() || c.null_count() == 0 {
+                return Ok(c.clone());
+            }
+            let zero = arrow::array::Int64Array::from(vec![0]);
+            Ok(arrow::compute::cast(&zero, f.data_type())?)
+        })
+        .collect()
 }
 
 fn now_ms() -> i64 {

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
 use mink_kv::changelog::{self, ChangeType};
-use mink_kv::merge::{KvWrite, merge};
+use mink_kv::merge::{AutoIds, KvWrite, merge};
 use mink_kv::rows::RowCodec;
 use mink_kv::{KvError, KvTableDef};
 use proptest::prelude::*;
@@ -381,9 +381,13 @@ fn run(cfg: &Config, writes: &[Vec<Op>]) -> Result<(), TestCaseError> {
             )),
             targets: cfg.partial.clone(),
         };
-        let result = merge(&def, &codec, &write, &mut |keys: &[&[u8]]| {
-            Ok(keys.iter().map(|k| store.get(*k).cloned()).collect())
-        });
+        let result = merge(
+            &def,
+            &codec,
+            &write,
+            &mut |keys: &[&[u8]]| Ok(keys.iter().map(|k| store.get(*k).cloned()).collect()),
+            &mut AutoIds::default(),
+        );
         if cfg.delete == "disable" && ops.iter().any(|o| o.delete) {
             prop_assert!(
                 matches!(result, Err(KvError::DeletionDisabled)),
@@ -459,7 +463,7 @@ fn definitions_follow_flusss_rules_and_name_what_is_wrong() {
     };
     let def = |pk: &[&str], bucket: &[&str], partitions: &[&str], o: &[(&str, &str)]| {
         let pk: Vec<String> = pk.iter().map(|s| s.to_string()).collect();
-        let schema = KvTableDef::normalize_schema(&schema(), &pk);
+        let schema = KvTableDef::normalize_schema(&schema(), &pk, &opts(o));
         KvTableDef::new(
             Arc::new(schema),
             &pk,
@@ -596,6 +600,47 @@ fn definitions_follow_flusss_rules_and_name_what_is_wrong() {
             &[("table.changelog.image", "HALF")],
             "table.changelog.image",
         ),
+        (
+            &["id"],
+            &[],
+            &[],
+            &[("auto-increment.fields", "id")],
+            "primary key column",
+        ),
+        (
+            &["id"],
+            &[],
+            &[],
+            &[("auto-increment.fields", "s")],
+            "INT or BIGINT",
+        ),
+        (
+            &["id"],
+            &[],
+            &[],
+            &[("auto-increment.fields", "v,ver")],
+            "at most one",
+        ),
+        (
+            &["id"],
+            &[],
+            &[],
+            &[
+                ("auto-increment.fields", "v"),
+                ("table.merge-engine", "aggregation"),
+            ],
+            "aggregation",
+        ),
+        (
+            &["id"],
+            &[],
+            &[],
+            &[
+                ("auto-increment.fields", "v"),
+                ("table.auto-increment.cache-size", "0"),
+            ],
+            "cache-size",
+        ),
     ] {
         let e = def(pk, bucket, partitions, o).unwrap_err().to_string();
         assert!(e.contains(needle), "{pk:?} {o:?}: {e}");
@@ -650,16 +695,37 @@ fn bad_writes_get_precise_errors_and_change_nothing() {
             .collect(),
     )
     .unwrap();
-    let e = merge(&def, &codec, &KvWrite::upsert(nulls), &mut no_rows).unwrap_err();
+    let e = merge(
+        &def,
+        &codec,
+        &KvWrite::upsert(nulls),
+        &mut no_rows,
+        &mut AutoIds::default(),
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("\"id\" is not nullable"), "{e}");
     // A partial update that leaves out the key, or names a column that does not exist.
     let batch = to_batch(&[vec![Some(Cell::I(1)), Some(Cell::I(2)), None, None, None]]);
     let mut partial = KvWrite::upsert(batch.clone());
     partial.targets = Some(vec![1]);
-    let e = merge(&def, &codec, &partial, &mut no_rows).unwrap_err();
+    let e = merge(
+        &def,
+        &codec,
+        &partial,
+        &mut no_rows,
+        &mut AutoIds::default(),
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("every primary key column"), "{e}");
     partial.targets = Some(vec![0, 9]);
-    let e = merge(&def, &codec, &partial, &mut no_rows).unwrap_err();
+    let e = merge(
+        &def,
+        &codec,
+        &partial,
+        &mut no_rows,
+        &mut AutoIds::default(),
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("column 9"), "{e}");
     // A partial update on a first_row table; a delete on a `disable` table.
     let first = KvTableDef::new(
@@ -675,9 +741,23 @@ fn bad_writes_get_precise_errors_and_change_nothing() {
     )
     .unwrap();
     partial.targets = Some(vec![0, 1]);
-    let e = merge(&first, &codec, &partial, &mut no_rows).unwrap_err();
+    let e = merge(
+        &first,
+        &codec,
+        &partial,
+        &mut no_rows,
+        &mut AutoIds::default(),
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("partial updates need"), "{e}");
-    let e = merge(&first, &codec, &KvWrite::delete(batch), &mut no_rows).unwrap_err();
+    let e = merge(
+        &first,
+        &codec,
+        &KvWrite::delete(batch),
+        &mut no_rows,
+        &mut AutoIds::default(),
+    )
+    .unwrap_err();
     assert!(matches!(e, KvError::DeletionDisabled), "{e}");
     // Wrong schema.
     let other = RecordBatch::try_from_iter(vec![(
@@ -685,6 +765,13 @@ fn bad_writes_get_precise_errors_and_change_nothing() {
         Arc::new(Int64Array::from(vec![1])) as ArrayRef,
     )])
     .unwrap();
-    let e = merge(&def, &codec, &KvWrite::upsert(other), &mut no_rows).unwrap_err();
+    let e = merge(
+        &def,
+        &codec,
+        &KvWrite::upsert(other),
+        &mut no_rows,
+        &mut AutoIds::default(),
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("columns"), "{e}");
 }

@@ -536,3 +536,113 @@ async fn a_snapshot_and_the_changelog_after_it_rebuild_a_trimmed_bucket() {
     assert!(e.to_string().contains("the metadata says"), "{e}");
     engine.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_increment_values_are_unique_kept_on_update_and_never_written() {
+    let world = World::new();
+    let engine = world.node(1, Duration::from_millis(5)).await;
+    let stream = engine.create_streams(1).await.unwrap();
+    engine.open(stream, 1).await.unwrap();
+    let options: BTreeMap<String, String> = [
+        ("auto-increment.fields".to_string(), "v".to_string()),
+        (
+            "table.auto-increment.cache-size".to_string(),
+            "3".to_string(),
+        ),
+    ]
+    .into();
+    let pk = ["grp".to_string(), "id".to_string()];
+    let schema = Arc::new(KvTableDef::normalize_schema(&schema(), &pk, &options));
+    assert!(
+        !schema.field(2).is_nullable(),
+        "the generated column is NOT NULL"
+    );
+    let def = Arc::new(KvTableDef::new(schema, &pk, &[], &[], &options).unwrap());
+    let config = KvTabletConfig {
+        auto_increment_sequence: "auto-increment/test".into(),
+        ..KvTabletConfig::default()
+    };
+    let tablet = KvTablet::open(
+        engine.clone(),
+        stream,
+        Arc::clone(&def),
+        &world.copy("a"),
+        &config,
+        None,
+    )
+    .await
+    .unwrap();
+    let write = |rows: &[(i64, i64, Option<&str>)]| {
+        let batch = RecordBatch::try_new(
+            def.write_schema(),
+            vec![
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))) as ArrayRef,
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1))),
+                Arc::new(Int64Array::from(vec![None::<i64>; rows.len()])),
+                Arc::new(StringArray::from(
+                    rows.iter().map(|r| r.2).collect::<Vec<_>>(),
+                )),
+            ],
+        )
+        .unwrap();
+        KvWrite::upsert(batch)
+    };
+    // Five new keys: more than one cached range (3) is taken.
+    tablet
+        .write(
+            write(&[
+                (1, 1, Some("a")),
+                (1, 2, None),
+                (2, 1, None),
+                (2, 2, None),
+                (3, 1, None),
+            ]),
+            None,
+        )
+        .await
+        .unwrap();
+    // An update keeps its value; a new key gets the next one.
+    tablet
+        .write(write(&[(1, 1, Some("b")), (4, 1, None)]), None)
+        .await
+        .unwrap();
+    let all = scan_all(&tablet).await;
+    let ids: Vec<i64> = all.iter().map(|r| r.2.unwrap()).collect();
+    let mut unique = ids.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), 6, "{all:?}");
+    let first = all.iter().find(|r| (r.0, r.1) == (1, 1)).unwrap();
+    assert_eq!(
+        (first.2, first.3.as_deref()),
+        (Some(1), Some("b")),
+        "{all:?}"
+    );
+    // Writers never set it.
+    let mut set = write(&[(9, 9, None)]);
+    let mut columns = set.batch.columns().to_vec();
+    columns[2] = Arc::new(Int64Array::from(vec![42]));
+    set.batch = RecordBatch::try_new(def.write_schema(), columns).unwrap();
+    let e = tablet.write(set, None).await.unwrap_err();
+    assert!(e.to_string().contains("auto-increment"), "{e}");
+    // A restart keeps the values (they are in the changelog's after-images) and never reuses
+    // one: the next range starts after every range taken.
+    drop(tablet);
+    let tablet = KvTablet::open(
+        engine.clone(),
+        stream,
+        Arc::clone(&def),
+        &world.copy("b"),
+        &config,
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(scan_all(&tablet).await, all);
+    tablet.write(write(&[(5, 1, None)]), None).await.unwrap();
+    let new = read(&tablet.lookup(&keys(&[(5, 1)])).unwrap())[0]
+        .2
+        .unwrap();
+    assert!(ids.iter().all(|&i| i < new), "{new} after {ids:?}");
+    engine.shutdown().await;
+}

@@ -96,6 +96,8 @@ fn is_primary_key_option(key: &str) -> bool {
         || key == mink_kv::definition::DELETE_BEHAVIOR
         || key == mink_kv::definition::CHANGELOG_IMAGE
         || key.starts_with("fields.")
+        || key == mink_kv::definition::AUTO_INCREMENT
+        || key == mink_kv::definition::AUTO_INCREMENT_CACHE
 }
 
 fn rejected(r: &mink_metadata::Rejection) -> NodeError {
@@ -204,7 +206,11 @@ impl Node {
         } else {
             // Keys are NOT NULL; the bucket key defaults to the key without partition columns
             // and is stored resolved, so clients route by it like any bucket key.
-            spec.schema = mink_kv::KvTableDef::normalize_schema(&spec.schema, &spec.primary_key);
+            spec.schema = mink_kv::KvTableDef::normalize_schema(
+                &spec.schema,
+                &spec.primary_key,
+                &spec.options,
+            );
             let given = TableOptions::parse(&spec.options)?.bucket_key;
             let def = mink_kv::KvTableDef::new(
                 Arc::new(spec.schema.clone()),

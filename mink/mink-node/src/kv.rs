@@ -126,6 +126,7 @@ impl Node {
                     "{} table {} created {}",
                     self.inner.config.metadata_url, record.table_id, record.created_at_ms
                 ),
+                auto_increment_sequence: format!("auto-increment/table-{}", record.table_id),
                 ..KvTabletConfig::default()
             },
             snapshot.as_ref(),
