@@ -377,6 +377,121 @@ fn rows(w: i64, first: i64, n: i64) -> RecordBatch {
     .unwrap()
 }
 
+/// Every batch adds 1 to ten keys of its writer in an aggregation table: after a SIGKILL in
+/// the middle and the writers' retries, every key counts each batch exactly once.
+#[test]
+fn acknowledged_upserts_survive_sigkill_and_count_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let listen = free_port();
+    let fast = ["--lease-ttl-ms", "1500", "--flush-delay-ms", "10"];
+    let dev = Dev::start(&data, &listen, &fast);
+    dev.run(
+        &[
+            "table",
+            "create",
+            "app.counts",
+            "-c",
+            "id Int64",
+            "-c",
+            "n Int64",
+            "--primary-key",
+            "id",
+            "--bucket-num",
+            "4",
+            "-o",
+            "table.merge-engine=aggregation",
+            "-o",
+            "fields.n.agg=sum",
+        ],
+        None,
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    const WRITERS: i64 = 4;
+    const BATCHES: i64 = 40;
+    let acked = Arc::new(std::sync::atomic::AtomicI64::new(0));
+    let load = {
+        let acked = Arc::clone(&acked);
+        let address = listen.clone();
+        runtime.spawn(async move {
+            let config = ClientConfig {
+                retry_deadline: Duration::from_secs(60),
+                connect_timeout: Duration::from_secs(1),
+                ..Default::default()
+            };
+            let client = Client::connect_with(&address, config).await.unwrap();
+            let tasks: Vec<_> = (0..WRITERS)
+                .map(|w| {
+                    let client = client.clone();
+                    let acked = Arc::clone(&acked);
+                    tokio::spawn(async move {
+                        let mut writer = client.writer("app", "counts");
+                        for b in 0..BATCHES {
+                            let batch = RecordBatch::try_from_iter(vec![
+                                (
+                                    "id",
+                                    Arc::new(Int64Array::from_iter_values(w * 10..w * 10 + 10))
+                                        as ArrayRef,
+                                ),
+                                ("n", Arc::new(Int64Array::from(vec![1; 10])) as ArrayRef),
+                            ])
+                            .unwrap();
+                            writer
+                                .write(&batch)
+                                .await
+                                .unwrap_or_else(|e| panic!("writer {w} batch {b}: {e}"));
+                            acked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await.unwrap();
+            }
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while acked.load(std::sync::atomic::Ordering::Relaxed) < WRITERS * 8 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the load never got going"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let before = acked.load(std::sync::atomic::Ordering::Relaxed);
+    dev.kill();
+    std::thread::sleep(Duration::from_millis(500));
+    let dev = Dev::start(&data, &listen, &fast);
+    runtime.block_on(load).unwrap();
+    assert!(
+        before < WRITERS * BATCHES,
+        "the kill happened after the load"
+    );
+    let counts = runtime.block_on(async {
+        let client = Client::connect(&dev.flight).await.unwrap();
+        let keys = (0..WRITERS * 10)
+            .map(|id| serde_json::json!({ "id": id }).as_object().unwrap().clone())
+            .collect();
+        client.lookup("app", "counts", keys, &[]).await.unwrap()
+    });
+    let ids = counts.column(0).as_primitive::<Int64Type>();
+    let n = counts.column(1).as_primitive::<Int64Type>();
+    assert_eq!(counts.num_rows(), (WRITERS * 10) as usize);
+    for i in 0..counts.num_rows() {
+        assert_eq!(
+            n.value(i),
+            BATCHES,
+            "key {} counted {} times for {BATCHES} acknowledged batches",
+            ids.value(i),
+            n.value(i)
+        );
+    }
+}
+
 #[test]
 fn acknowledged_rows_survive_sigkill_exactly_once_in_order() {
     let dir = tempfile::tempdir().unwrap();
