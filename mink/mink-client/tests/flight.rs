@@ -759,3 +759,136 @@ async fn primary_key_tables_through_the_client() {
     assert_eq!(e.code(), Some(ErrorCode::NotFound), "{e}");
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookups_go_to_each_buckets_leader_across_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Server::start(dir.path(), 1).await;
+    let b = Server::start(dir.path(), 2).await;
+    let client = Client::connect(&a.address).await.unwrap();
+    client.create_database("app", false).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let schema = Schema::new(vec![
+        Field::new("user_id", DataType::Int64, false),
+        Field::new("event", DataType::Utf8, false),
+        Field::new("n", DataType::Int64, true),
+    ]);
+    client
+        .create_table_with(&protocol::CreateTable {
+            database: "app".into(),
+            table: "kv".into(),
+            schema: protocol::encode_schema(&schema).unwrap(),
+            options: [
+                ("bucket.num".to_string(), "4".to_string()),
+                ("bucket.key".to_string(), "user_id".to_string()),
+            ]
+            .into(),
+            partition_keys: vec![],
+            primary_key: vec!["user_id".into(), "event".into()],
+            comment: String::new(),
+            if_not_exists: false,
+        })
+        .await
+        .unwrap();
+    let d = loop {
+        let d = client.describe_table("app", "kv").await.unwrap();
+        if d.buckets.iter().all(|x| x.leader_node_id != 0) {
+            break d;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let leaders: std::collections::BTreeSet<u64> =
+        d.buckets.iter().map(|x| x.leader_node_id).collect();
+    assert_eq!(leaders.len(), 2, "{d:?}");
+    let ids: Vec<i64> = (0..40).collect();
+    let rows = RecordBatch::try_from_iter(vec![
+        (
+            "user_id",
+            Arc::new(Int64Array::from(ids.clone())) as ArrayRef,
+        ),
+        (
+            "event",
+            Arc::new(StringArray::from_iter_values(
+                ids.iter().map(|i| format!("e{}", i % 2)),
+            )) as ArrayRef,
+        ),
+        ("n", Arc::new(Int64Array::from(ids.clone())) as ArrayRef),
+    ])
+    .unwrap();
+    client.writer("app", "kv").write(&rows).await.unwrap();
+    let key = |u: i64| {
+        serde_json::json!({"user_id": u, "event": format!("e{}", u % 2)})
+            .as_object()
+            .unwrap()
+            .clone()
+    };
+    // Keys of every bucket, asked of node 1, in a scrambled order, one missing.
+    let asked: Vec<i64> = vec![31, 2, 17, 40, 8, 25, 0];
+    let found = client
+        .lookup(
+            "app",
+            "kv",
+            asked.iter().map(|&u| key(u)).collect(),
+            &["n".into()],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        found
+            .column(0)
+            .as_primitive::<Int64Type>()
+            .values()
+            .to_vec(),
+        [31, 2, 17, 8, 25, 0],
+        "in the order asked, projected, the missing key left out"
+    );
+    let prefixes = client
+        .prefix_lookup(
+            "app",
+            "kv",
+            [5, 12, 33]
+                .iter()
+                .map(|u| {
+                    serde_json::json!({"user_id": u})
+                        .as_object()
+                        .unwrap()
+                        .clone()
+                })
+                .collect(),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        prefixes
+            .column(0)
+            .as_primitive::<Int64Type>()
+            .values()
+            .to_vec(),
+        [5, 12, 33]
+    );
+    // A snapshot scan through either node reads every bucket at its leader.
+    let other = Client::connect(&b.address).await.unwrap();
+    let rows: usize = other
+        .scan_all(&Scan::table("app", "kv"))
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.batch.num_rows())
+        .sum();
+    assert_eq!(rows, 40);
+    // A node asked directly for a bucket it does not lead names the leader.
+    let far = d
+        .buckets
+        .iter()
+        .find(|x| x.leader_node_id == 1)
+        .map(|x| x.bucket)
+        .unwrap();
+    let e = other
+        .scan_all(&Scan::table("app", "kv").bucket(far))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::NotLeader), "{e}");
+    a.stop().await;
+    b.stop().await;
+}
