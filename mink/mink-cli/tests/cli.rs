@@ -377,6 +377,51 @@ fn rows(w: i64, first: i64, n: i64) -> RecordBatch {
     .unwrap()
 }
 
+/// `writers` idempotent writers of `app.<table>` at `address`, each writing the batches
+/// `batch(writer, n)` for n in `0..batches` (20 ms apart, retrying for up to a minute) and
+/// calling `acked` with each batch once it is acknowledged.
+fn spawn_load(
+    runtime: &tokio::runtime::Runtime,
+    address: &str,
+    table: &'static str,
+    writers: i64,
+    batches: i64,
+    batch: fn(i64, i64) -> RecordBatch,
+    acked: impl Fn(&RecordBatch) + Send + Sync + 'static,
+) -> tokio::task::JoinHandle<()> {
+    let address = address.to_string();
+    let acked = Arc::new(acked);
+    runtime.spawn(async move {
+        let config = ClientConfig {
+            retry_deadline: Duration::from_secs(60),
+            connect_timeout: Duration::from_secs(1),
+            ..Default::default()
+        };
+        let client = Client::connect_with(&address, config).await.unwrap();
+        let tasks: Vec<_> = (0..writers)
+            .map(|w| {
+                let client = client.clone();
+                let acked = Arc::clone(&acked);
+                tokio::spawn(async move {
+                    let mut writer = client.writer("app", table);
+                    for b in 0..batches {
+                        let rows = batch(w, b);
+                        writer
+                            .write(&rows)
+                            .await
+                            .unwrap_or_else(|e| panic!("writer {w} batch {b}: {e}"));
+                        acked(&rows);
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+    })
+}
+
 /// Every batch adds 1 to ten keys of its writer in an aggregation table: after a SIGKILL in
 /// the middle and the writers' retries, every key counts each batch exactly once.
 #[test]
@@ -415,44 +460,26 @@ fn acknowledged_upserts_survive_sigkill_and_count_exactly_once() {
     let acked = Arc::new(std::sync::atomic::AtomicI64::new(0));
     let load = {
         let acked = Arc::clone(&acked);
-        let address = listen.clone();
-        runtime.spawn(async move {
-            let config = ClientConfig {
-                retry_deadline: Duration::from_secs(60),
-                connect_timeout: Duration::from_secs(1),
-                ..Default::default()
-            };
-            let client = Client::connect_with(&address, config).await.unwrap();
-            let tasks: Vec<_> = (0..WRITERS)
-                .map(|w| {
-                    let client = client.clone();
-                    let acked = Arc::clone(&acked);
-                    tokio::spawn(async move {
-                        let mut writer = client.writer("app", "counts");
-                        for b in 0..BATCHES {
-                            let batch = RecordBatch::try_from_iter(vec![
-                                (
-                                    "id",
-                                    Arc::new(Int64Array::from_iter_values(w * 10..w * 10 + 10))
-                                        as ArrayRef,
-                                ),
-                                ("n", Arc::new(Int64Array::from(vec![1; 10])) as ArrayRef),
-                            ])
-                            .unwrap();
-                            writer
-                                .write(&batch)
-                                .await
-                                .unwrap_or_else(|e| panic!("writer {w} batch {b}: {e}"));
-                            acked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            tokio::time::sleep(Duration::from_millis(20)).await;
-                        }
-                    })
-                })
-                .collect();
-            for t in tasks {
-                t.await.unwrap();
-            }
-        })
+        spawn_load(
+            &runtime,
+            &listen,
+            "counts",
+            WRITERS,
+            BATCHES,
+            |w, _| {
+                RecordBatch::try_from_iter(vec![
+                    (
+                        "id",
+                        Arc::new(Int64Array::from_iter_values(w * 10..w * 10 + 10)) as ArrayRef,
+                    ),
+                    ("n", Arc::new(Int64Array::from(vec![1; 10])) as ArrayRef),
+                ])
+                .unwrap()
+            },
+            move |_| {
+                acked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            },
+        )
     };
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while acked.load(std::sync::atomic::Ordering::Relaxed) < WRITERS * 8 {
@@ -526,39 +553,20 @@ fn acknowledged_rows_survive_sigkill_exactly_once_in_order() {
     const ROWS: i64 = 25;
     let load = {
         let acked = Arc::clone(&acked);
-        let address = listen.clone();
-        runtime.spawn(async move {
-            let config = ClientConfig {
-                retry_deadline: Duration::from_secs(60),
-                connect_timeout: Duration::from_secs(1),
-                ..Default::default()
-            };
-            let client = Client::connect_with(&address, config).await.unwrap();
-            let tasks: Vec<_> = (0..WRITERS)
-                .map(|w| {
-                    let client = client.clone();
-                    let acked = Arc::clone(&acked);
-                    tokio::spawn(async move {
-                        let mut writer = client.writer("app", "events");
-                        for b in 0..BATCHES {
-                            let batch = rows(w, b * ROWS, ROWS);
-                            writer
-                                .write(&batch)
-                                .await
-                                .unwrap_or_else(|e| panic!("writer {w} batch {b}: {e}"));
-                            acked
-                                .lock()
-                                .unwrap()
-                                .extend(batch.column(0).as_primitive::<Int64Type>().values());
-                            tokio::time::sleep(Duration::from_millis(20)).await;
-                        }
-                    })
-                })
-                .collect();
-            for t in tasks {
-                t.await.unwrap();
-            }
-        })
+        spawn_load(
+            &runtime,
+            &listen,
+            "events",
+            WRITERS,
+            BATCHES,
+            |w, b| rows(w, b * ROWS, ROWS),
+            move |batch| {
+                acked
+                    .lock()
+                    .unwrap()
+                    .extend(batch.column(0).as_primitive::<Int64Type>().values());
+            },
+        )
     };
     // Kill the node mid-load, then bring it back on the same address and data.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);

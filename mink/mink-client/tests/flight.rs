@@ -65,6 +65,33 @@ impl Server {
 
 use futures::FutureExt as _;
 
+/// A primary-key table keyed by (user_id, event), bucketed by user_id.
+async fn pk_table(client: &Client, name: &str, buckets: u32) -> protocol::TableDescription {
+    client.create_database("app", true).await.unwrap();
+    let schema = Schema::new(vec![
+        Field::new("user_id", DataType::Int64, false),
+        Field::new("event", DataType::Utf8, true),
+        Field::new("n", DataType::Int64, true),
+    ]);
+    client
+        .create_table_with(&protocol::CreateTable {
+            database: "app".into(),
+            table: name.into(),
+            schema: protocol::encode_schema(&schema).unwrap(),
+            options: [
+                ("bucket.num".to_string(), buckets.to_string()),
+                ("bucket.key".to_string(), "user_id".to_string()),
+            ]
+            .into(),
+            partition_keys: vec![],
+            primary_key: vec!["user_id".into(), "event".into()],
+            comment: String::new(),
+            if_not_exists: false,
+        })
+        .await
+        .unwrap()
+}
+
 fn schema() -> Schema {
     Schema::new(vec![
         Field::new("user_id", DataType::Int64, false),
@@ -607,29 +634,7 @@ async fn primary_key_tables_through_the_client() {
     let client = Client::connect(&format!("grpc://{}", server.address))
         .await
         .unwrap();
-    client.create_database("app", true).await.unwrap();
-    let schema = Schema::new(vec![
-        Field::new("user_id", DataType::Int64, false),
-        Field::new("event", DataType::Utf8, true),
-        Field::new("n", DataType::Int64, true),
-    ]);
-    let d = client
-        .create_table_with(&protocol::CreateTable {
-            database: "app".into(),
-            table: "last".into(),
-            schema: protocol::encode_schema(&schema).unwrap(),
-            options: [
-                ("bucket.num".to_string(), "3".to_string()),
-                ("bucket.key".to_string(), "user_id".to_string()),
-            ]
-            .into(),
-            partition_keys: vec![],
-            primary_key: vec!["user_id".into(), "event".into()],
-            comment: String::new(),
-            if_not_exists: false,
-        })
-        .await
-        .unwrap();
+    let d = pk_table(&client, "last", 3).await;
     assert_eq!(d.primary_key, ["user_id", "event"]);
     let rows = |ids: &[i64], events: &[&str], n: &[i64], kinds: Option<&[&str]>| {
         let mut columns: Vec<(&str, ArrayRef)> = vec![
@@ -768,28 +773,7 @@ async fn lookups_go_to_each_buckets_leader_across_nodes() {
     let client = Client::connect(&a.address).await.unwrap();
     client.create_database("app", false).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let schema = Schema::new(vec![
-        Field::new("user_id", DataType::Int64, false),
-        Field::new("event", DataType::Utf8, false),
-        Field::new("n", DataType::Int64, true),
-    ]);
-    client
-        .create_table_with(&protocol::CreateTable {
-            database: "app".into(),
-            table: "kv".into(),
-            schema: protocol::encode_schema(&schema).unwrap(),
-            options: [
-                ("bucket.num".to_string(), "4".to_string()),
-                ("bucket.key".to_string(), "user_id".to_string()),
-            ]
-            .into(),
-            partition_keys: vec![],
-            primary_key: vec!["user_id".into(), "event".into()],
-            comment: String::new(),
-            if_not_exists: false,
-        })
-        .await
-        .unwrap();
+    pk_table(&client, "kv", 4).await;
     let d = loop {
         let d = client.describe_table("app", "kv").await.unwrap();
         if d.buckets.iter().all(|x| x.leader_node_id != 0) {

@@ -55,6 +55,14 @@ impl World {
         )
     }
 
+    /// A node with one new stream, open at epoch 1.
+    async fn node_with_stream(&self, node_id: u64, flush_delay: Duration) -> (S3Stream, u64) {
+        let engine = self.node(node_id, flush_delay).await;
+        let stream = engine.create_streams(1).await.unwrap();
+        engine.open(stream, 1).await.unwrap();
+        (engine, stream)
+    }
+
     fn copy(&self, name: &str) -> PathBuf {
         self.dir.path().join("kv").join(format!("{name}.redb"))
     }
@@ -153,9 +161,7 @@ async fn open(engine: &S3Stream, stream: u64, def: &Arc<KvTableDef>, copy: &Path
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_lookups_scans_and_the_changelog() {
     let world = World::new();
-    let engine = world.node(1, Duration::from_millis(5)).await;
-    let stream = engine.create_streams(1).await.unwrap();
-    engine.open(stream, 1).await.unwrap();
+    let (engine, stream) = world.node_with_stream(1, Duration::from_millis(5)).await;
     let def = def(&[]);
     let tablet = open(&engine, stream, &def, &world.copy("a")).await;
 
@@ -255,9 +261,7 @@ async fn writes_lookups_scans_and_the_changelog() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idempotent_retry_is_recognised_before_the_merge() {
     let world = World::new();
-    let engine = world.node(1, Duration::from_millis(5)).await;
-    let stream = engine.create_streams(1).await.unwrap();
-    engine.open(stream, 1).await.unwrap();
+    let (engine, stream) = world.node_with_stream(1, Duration::from_millis(5)).await;
     let def = def(&[
         ("table.merge-engine", "aggregation"),
         ("fields.v.agg", "sum"),
@@ -315,9 +319,7 @@ async fn restart_lost_copy_and_leader_change_give_the_same_answers() {
     ];
     for options in engines {
         let world = World::new();
-        let one = world.node(1, Duration::from_millis(5)).await;
-        let stream = one.create_streams(1).await.unwrap();
-        one.open(stream, 1).await.unwrap();
+        let (one, stream) = world.node_with_stream(1, Duration::from_millis(5)).await;
         let def = def(options);
         let tablet = open(&one, stream, &def, &world.copy("one")).await;
         for round in 0..6i64 {
@@ -393,9 +395,7 @@ async fn restart_lost_copy_and_leader_change_give_the_same_answers() {
 async fn a_failed_append_in_a_pipeline_leaves_no_trace() {
     let world = World::new();
     // Slow flushes: the pipeline is still buffered when the stream is taken away.
-    let one = world.node(1, Duration::from_millis(400)).await;
-    let stream = one.create_streams(1).await.unwrap();
-    one.open(stream, 1).await.unwrap();
+    let (one, stream) = world.node_with_stream(1, Duration::from_millis(400)).await;
     let def = def(&[
         ("table.merge-engine", "aggregation"),
         ("fields.v.agg", "sum"),
@@ -451,9 +451,7 @@ async fn a_failed_append_in_a_pipeline_leaves_no_trace() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_and_the_changelog_after_it_rebuild_a_trimmed_bucket() {
     let world = World::new();
-    let engine = world.node(1, Duration::from_millis(5)).await;
-    let stream = engine.create_streams(1).await.unwrap();
-    engine.open(stream, 1).await.unwrap();
+    let (engine, stream) = world.node_with_stream(1, Duration::from_millis(5)).await;
     let def = def(&[
         ("table.merge-engine", "aggregation"),
         ("fields.v.agg", "sum"),
@@ -540,9 +538,7 @@ async fn a_snapshot_and_the_changelog_after_it_rebuild_a_trimmed_bucket() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_increment_values_are_unique_kept_on_update_and_never_written() {
     let world = World::new();
-    let engine = world.node(1, Duration::from_millis(5)).await;
-    let stream = engine.create_streams(1).await.unwrap();
-    engine.open(stream, 1).await.unwrap();
+    let (engine, stream) = world.node_with_stream(1, Duration::from_millis(5)).await;
     let options: BTreeMap<String, String> = [
         ("auto-increment.fields".to_string(), "v".to_string()),
         (

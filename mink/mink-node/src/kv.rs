@@ -243,12 +243,7 @@ impl Node {
         let record = self.table_record(database, table)?;
         let def = self.kv_definition(&record)?;
         let (keys, names) = key_columns(&def, keys, &def.primary_key, "primary key")?;
-        let at = |name: &String| names.iter().position(|n| n == name).unwrap_or(0);
-        let physical: Vec<usize> = def
-            .physical_key
-            .iter()
-            .map(|&i| at(def.schema.field(i).name()))
-            .collect();
+        let physical = positions(&def, &names, &def.physical_key);
         self.gather(&record, &def, &keys, &names, |tablet, part| {
             let columns: Vec<ArrayRef> = physical.iter().map(|&i| part.column(i).clone()).collect();
             tablet.lookup_positions(&columns)
@@ -269,12 +264,7 @@ impl Node {
         let mut wanted = def.partition_keys.clone();
         wanted.extend(def.bucket_key.iter().copied());
         let (keys, names) = key_columns(&def, keys, &wanted, "bucket key")?;
-        let at = |name: &String| names.iter().position(|n| n == name).unwrap_or(0);
-        let bucket: Vec<usize> = def
-            .bucket_key
-            .iter()
-            .map(|&i| at(def.schema.field(i).name()))
-            .collect();
+        let bucket = positions(&def, &names, &def.bucket_key);
         self.gather(&record, &def, &keys, &names, |tablet, part| {
             let columns: Vec<ArrayRef> = bucket.iter().map(|&i| part.column(i).clone()).collect();
             let mut batches = Vec::new();
@@ -304,14 +294,8 @@ impl Node {
         names: &[String],
         find: impl Fn(&KvTablet, &RecordBatch) -> Result<(RecordBatch, Vec<usize>), KvError>,
     ) -> NodeResult<RecordBatch> {
-        let at = |i: usize| {
-            names
-                .iter()
-                .position(|n| n == def.schema.field(i).name())
-                .unwrap_or(0)
-        };
-        let partition_columns: Vec<usize> = def.partition_keys.iter().map(|&i| at(i)).collect();
-        let bucket_columns: Vec<usize> = def.bucket_key.iter().map(|&i| at(i)).collect();
+        let partition_columns = positions(def, names, &def.partition_keys);
+        let bucket_columns = positions(def, names, &def.bucket_key);
         let partitions = if partition_columns.is_empty() {
             vec![String::new(); keys.num_rows()]
         } else {
@@ -538,6 +522,19 @@ impl Node {
         }
         Ok(dropped)
     }
+}
+
+/// Where each of the table's `columns` sits among the key batch's column `names`.
+fn positions(def: &KvTableDef, names: &[String], columns: &[usize]) -> Vec<usize> {
+    columns
+        .iter()
+        .map(|&i| {
+            names
+                .iter()
+                .position(|n| n == def.schema.field(i).name())
+                .unwrap_or(0)
+        })
+        .collect()
 }
 
 /// Splits off the [`ROW_KIND`] column: the batch without it, and `true` for each delete.
