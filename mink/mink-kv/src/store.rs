@@ -131,6 +131,26 @@ impl KvStore {
             .collect()
     }
 
+    /// Runs `f` over the stored rows of `keys`, in order, borrowed from one read transaction
+    /// (no copies: for lookups that decode them straight away).
+    pub fn with_rows<R>(
+        &self,
+        keys: &[&[u8]],
+        f: impl FnOnce(&[Option<&[u8]>]) -> KvResult<R>,
+    ) -> KvResult<R> {
+        let txn = self.db.begin_read().map_err(err)?;
+        let rows = txn.open_table(ROWS).map_err(err)?;
+        let guards = keys
+            .iter()
+            .map(|k| rows.get(*k).map_err(err))
+            .collect::<KvResult<Vec<_>>>()?;
+        let values: Vec<Option<&[u8]>> = guards
+            .iter()
+            .map(|g| g.as_ref().map(redb::AccessGuard::value))
+            .collect();
+        f(&values)
+    }
+
     /// Applies the changes of the changelog up to `next_offset` (exclusive).
     pub fn apply(&self, puts: &[KeyChange], next_offset: u64) -> KvResult<()> {
         let mut txn = self.db.begin_write().map_err(err)?;

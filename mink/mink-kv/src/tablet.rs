@@ -378,17 +378,15 @@ impl KvTablet {
     ) -> KvResult<(RecordBatch, Vec<usize>)> {
         let keys = self.inner.codec.keys_of(key_columns)?;
         let keys: Vec<&[u8]> = (0..keys.num_rows()).map(|i| keys.row(i).data()).collect();
-        let found = self.inner.store.get_many(&keys)?;
-        let positions = found
-            .iter()
-            .enumerate()
-            .filter(|(_, v)| v.is_some())
-            .map(|(i, _)| i)
-            .collect();
-        Ok((
-            self.batch(found.iter().flatten().map(Vec::as_slice))?,
-            positions,
-        ))
+        self.inner.store.with_rows(&keys, |found| {
+            let positions = found
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| v.is_some())
+                .map(|(i, _)| i)
+                .collect();
+            Ok((self.batch(found.iter().flatten().copied())?, positions))
+        })
     }
 
     /// Prefix lookup: every row whose bucket key equals one of the given bucket-key rows, in
