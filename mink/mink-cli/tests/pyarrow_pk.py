@@ -174,6 +174,35 @@ for rows in ([(1, "apple", 1.0, 10)], [(1, "apple", 3.0, 5)], [(1, "apple", 2.0,
 total = get({"database": "shop", "table": "totals", "lookup": [{"shop": 1, "item": "apple"}]})
 assert total.to_pylist() == [{"shop": 1, "item": "apple", "price": 3.0, "stock": 15}], total
 
+# A delete that sends only the key columns deletes the row.
+put(
+    "items",
+    pa.record_batch(
+        [pa.array([3], pa.int64()), pa.array(["fig"]), pa.array(["delete"])],
+        names=["shop", "item", "_row_kind"],
+    ),
+)
+assert get({"database": "shop", "table": "items", "lookup": [{"shop": 3, "item": "fig"}]}).num_rows == 0
+put("items", batch([(3, "fig", 4.0, 1)]))
+
+# An auto-increment column: generated for new keys, kept on updates, never written.
+ids_schema = pa.schema([pa.field("name", pa.string()), pa.field("uid", pa.int64())])
+action(
+    "create_table",
+    {
+        "database": "shop",
+        "table": "ids",
+        "schema": base64.b64encode(ids_schema.serialize().to_pybytes()).decode(),
+        "primary_key": ["name"],
+        "options": {"auto-increment.fields": "uid", "table.merge-engine": "first_row"},
+    },
+)
+names = lambda *n: pa.record_batch([pa.array(list(n))], names=["name"])
+put("ids", names("ann", "bob"))
+put("ids", names("bob", "cat"))
+uids = get({"database": "shop", "table": "ids", "lookup": [{"name": n} for n in ("ann", "bob", "cat")]})
+assert sorted(uids.column("uid").to_pylist()) == [1, 2, 3], uids.to_pylist()
+
 # Precise errors; the node keeps serving.
 expect_error(lambda: create("bad", {"table.merge-engine": "newest"}), "table.merge-engine")
 expect_error(
@@ -205,5 +234,9 @@ expect_error(
 )
 create("frozen", {"table.delete.behavior": "disable"})
 expect_error(lambda: put("frozen", batch([(1, "x", 1.0, 1)], ["delete"])), "disabled")
+expect_error(
+    lambda: put("ids", pa.record_batch([pa.array(["dan"]), pa.array([7], pa.int64())], names=["name", "uid"])),
+    "auto-increment",
+)
 assert get({"database": "shop", "table": "items"}).num_rows == 3
 print("ok")

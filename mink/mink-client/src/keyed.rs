@@ -55,6 +55,10 @@ impl Client {
         } else {
             d.primary_key.clone()
         };
+        if keys.is_empty() {
+            return mink_log::codec::project(&RecordBatch::new_empty(Arc::new(schema)), columns)
+                .map_err(invalid);
+        }
         let typed = typed_keys(&schema, &ids, &keys)?;
         let addresses = leaders(self.address(), &d, &typed, &ids)?;
         let mut groups: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
@@ -85,8 +89,14 @@ impl Client {
         let wanted = converter
             .convert_columns(typed.columns())
             .map_err(invalid)?;
+        // Each distinct key is asked once; every occurrence gets its rows below.
+        let mut seen = std::collections::HashSet::new();
         let answers = futures::future::try_join_all(groups.iter().map(|(address, rows)| {
-            let keys: Vec<Key> = rows.iter().map(|&i| keys[i].clone()).collect();
+            let keys: Vec<Key> = rows
+                .iter()
+                .filter(|&&i| seen.insert(wanted.row(i).as_ref().to_vec()))
+                .map(|&i| keys[i].clone())
+                .collect();
             self.get_rows_at(address, ticket(keys, Vec::new()))
         }))
         .await?;
@@ -110,8 +120,8 @@ impl Client {
         }
         let mut order = Vec::new();
         for i in 0..typed.num_rows() {
-            if let Some(rows) = by_id.remove(wanted.row(i).as_ref()) {
-                order.extend(rows);
+            if let Some(rows) = by_id.get(wanted.row(i).as_ref()) {
+                order.extend(rows.iter().copied());
             }
         }
         let out = if order.is_empty() {

@@ -574,13 +574,16 @@ impl MinkFlight {
             (None, None) => None,
         };
         if let Some((rows, prefix)) = keys {
-            let keys = json_keys(&info.schema, rows).map_err(|e| self.invalid(e))?;
-            let found = if prefix {
+            let found = if rows.is_empty() {
+                Ok(RecordBatch::new_empty(Arc::clone(&info.schema)))
+            } else if prefix {
+                let keys = json_keys(&info.schema, rows).map_err(|e| self.invalid(e))?;
                 self.node
                     .prefix_lookup(&t.database, &t.table, &keys)
                     .instrument(span)
                     .await
             } else {
+                let keys = json_keys(&info.schema, rows).map_err(|e| self.invalid(e))?;
                 self.node
                     .lookup(&t.database, &t.table, &keys)
                     .instrument(span)

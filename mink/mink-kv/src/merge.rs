@@ -387,23 +387,32 @@ fn merge_round(
     };
     // Deletes: a partial delete nulls the columns it names and deletes the row only when no
     // other non-key column holds a value.
-    let partial_delete_nulls: Option<Vec<bool>> = write.targets.as_ref().map(|_| {
-        let keeps: Vec<BooleanArray> = (0..columns)
-            .filter(|&c| !is_key(c) && !targeted(c))
+    // Per row: (no other non-key column holds a value, the named columns are all null
+    // already). A partial write naming no non-key column deletes like a full one.
+    let all_null = |cols: &mut dyn Iterator<Item = usize>| -> KvResult<Vec<bool>> {
+        let nulls: Vec<BooleanArray> = cols
             .map(|c| is_null(old[c].as_ref()))
-            .collect::<Result<_, _>>()
-            .unwrap_or_default();
-        (0..m).map(|j| keeps.iter().all(|k| k.value(j))).collect()
-    });
+            .collect::<Result<_, _>>()?;
+        Ok((0..m).map(|j| nulls.iter().all(|k| k.value(j))).collect())
+    };
+    let partial_delete: Option<(Vec<bool>, Vec<bool>)> = match &write.targets {
+        Some(t) if t.iter().any(|&c| !is_key(c)) => Some((
+            all_null(&mut (0..columns).filter(|&c| !is_key(c) && !targeted(c)))?,
+            all_null(&mut (0..columns).filter(|&c| !is_key(c) && targeted(c)))?,
+        )),
+        _ => None,
+    };
     let mut deleted_image: Option<Vec<ArrayRef>> = None;
     for (j, &i) in rows.iter().enumerate() {
         actions[j] = if write.is_delete(i) {
             match def.delete_behavior {
                 DeleteBehavior::Ignore | DeleteBehavior::Disable => Action::Ignore,
                 DeleteBehavior::Allow if !exists[j] => Action::Ignore,
-                DeleteBehavior::Allow => match &partial_delete_nulls {
+                DeleteBehavior::Allow => match &partial_delete {
                     None => Action::Delete,
-                    Some(all_null) if all_null[j] => Action::Delete,
+                    Some((rest_null, _)) if rest_null[j] => Action::Delete,
+                    // Nothing to null: no change.
+                    Some((_, named_null)) if named_null[j] => Action::Ignore,
                     Some(_) => {
                         if deleted_image.is_none() {
                             deleted_image = Some(
@@ -485,8 +494,16 @@ fn aggregate(
         Ok(zip(&new_null, old, &either)?)
     };
     Ok(match f {
-        AggFunction::Sum => skip_nulls(numeric::add(old, new).map_err(overflow("sum"))?)?,
-        AggFunction::Product => skip_nulls(numeric::mul(old, new).map_err(overflow("product"))?)?,
+        AggFunction::Sum => skip_nulls(same_type(
+            numeric::add(old, new).map_err(overflow("sum"))?,
+            new,
+            "sum",
+        )?)?,
+        AggFunction::Product => skip_nulls(same_type(
+            numeric::mul(old, new).map_err(overflow("product"))?,
+            new,
+            "product",
+        )?)?,
         AggFunction::Max => skip_nulls(zip(&cmp::gt(new, old)?, new, old)?)?,
         AggFunction::Min => skip_nulls(zip(&cmp::lt(new, old)?, new, old)?)?,
         AggFunction::LastValue => new.clone(),
@@ -505,6 +522,19 @@ fn aggregate(
             skip_nulls(Arc::new(boolean::or(old.as_boolean(), new.as_boolean())?))?
         }
     })
+}
+
+/// Arithmetic on decimals widens precision (and `mul` the scale): back to the column's type,
+/// refusing what does not fit.
+fn same_type(result: ArrayRef, like: &ArrayRef, what: &'static str) -> KvResult<ArrayRef> {
+    if result.data_type() == like.data_type() {
+        return Ok(result);
+    }
+    let options = arrow::compute::CastOptions {
+        safe: false,
+        ..Default::default()
+    };
+    arrow::compute::cast_with_options(&result, like.data_type(), &options).map_err(overflow(what))
 }
 
 fn overflow(what: &'static str) -> impl Fn(arrow::error::ArrowError) -> KvError {

@@ -65,26 +65,31 @@ impl KvTablet {
         let mut rows = 0u64;
         let mut size = 0u64;
         let schema = Arc::new(schema);
-        loop {
-            let page = scan.next_batch(PAGE_ROWS)?;
-            if let Some(batch) = &page {
-                rows += batch.num_rows() as u64;
-                ipc.write(&RecordBatch::try_new(
-                    Arc::clone(&schema),
-                    batch.columns().to_vec(),
-                )?)?;
-            } else {
-                ipc.finish()?;
+        let written: KvResult<()> = async {
+            loop {
+                let page = scan.next_batch(PAGE_ROWS)?;
+                if let Some(batch) = &page {
+                    rows += batch.num_rows() as u64;
+                    ipc.write(&RecordBatch::try_new(
+                        Arc::clone(&schema),
+                        batch.columns().to_vec(),
+                    )?)?;
+                } else {
+                    ipc.finish()?;
+                }
+                let bytes = std::mem::take(ipc.get_mut());
+                size += bytes.len() as u64;
+                out.put(Bytes::from(bytes)).await.map_err(storage)?;
+                if page.is_none() {
+                    return Ok(());
+                }
             }
-            let bytes = std::mem::take(ipc.get_mut());
-            size += bytes.len() as u64;
-            if let Err(e) = out.put(Bytes::from(bytes)).await {
-                let _ = out.abort().await;
-                return Err(storage(e));
-            }
-            if page.is_none() {
-                break;
-            }
+        }
+        .await;
+        if let Err(e) = written {
+            // No half-written upload left behind.
+            let _ = out.abort().await;
+            return Err(e);
         }
         out.shutdown()
             .await

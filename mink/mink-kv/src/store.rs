@@ -57,6 +57,9 @@ impl KvStore {
                 None
             }
             Ok(None) => None,
+            // Still held by the tablet of an earlier leadership on this node: never delete a
+            // copy in use; the caller retries once that tablet is gone.
+            Err(e @ KvError::Aborted(_)) => return Err(e),
             Err(e) => {
                 tracing::warn!(path = %path.display(), error = %e, "working copy does not open; rebuilding");
                 None
@@ -89,7 +92,16 @@ impl KvStore {
         if !path.exists() {
             return Ok(None);
         }
-        let db = Database::open(path).map_err(err)?;
+        let db = match Database::open(path) {
+            Ok(db) => db,
+            Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
+                return Err(KvError::Aborted(format!(
+                    "the working copy {} is still open (an earlier tablet of this bucket); retry",
+                    path.display()
+                )));
+            }
+            Err(e) => return Err(err(e)),
+        };
         Ok(Some(KvStore {
             db,
             path: path.to_path_buf(),

@@ -20,6 +20,9 @@ use crate::rows::{self, RowCodec};
 use crate::store::{KvStore, StoreSnapshot};
 use crate::{KeyChange, KvError, KvResult};
 
+/// How long an open waits for an earlier tablet of the bucket to let go of its working copy.
+const OPEN_WAIT: Duration = Duration::from_secs(2);
+
 /// How far a stored changelog read goes per fetch while replaying.
 const REPLAY_BYTES: usize = 8 << 20;
 
@@ -47,13 +50,7 @@ pub struct SnapshotSource {
 /// A submitted write (see [`KvTablet::submit`]): resolves once acknowledged or failed.
 #[must_use = "a write is only acknowledged once this resolves"]
 #[derive(Debug)]
-pub struct PendingKv(PendingState);
-
-#[derive(Debug)]
-enum PendingState {
-    Ready(Option<KvResult<WriteAck>>),
-    Waiting(oneshot::Receiver<KvResult<WriteAck>>),
-}
+pub struct PendingKv(oneshot::Receiver<KvResult<WriteAck>>);
 
 impl Future for PendingKv {
     type Output = KvResult<WriteAck>;
@@ -62,15 +59,9 @@ impl Future for PendingKv {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
-        match &mut self.0 {
-            PendingState::Ready(r) => std::task::Poll::Ready(
-                r.take()
-                    .unwrap_or_else(|| Err(KvError::Aborted("polled after completion".into()))),
-            ),
-            PendingState::Waiting(rx) => std::pin::Pin::new(rx)
-                .poll(cx)
-                .map(|r| r.unwrap_or_else(|_| Err(KvError::Aborted("the tablet closed".into())))),
-        }
+        std::pin::Pin::new(&mut self.0)
+            .poll(cx)
+            .map(|r| r.unwrap_or_else(|_| Err(KvError::Aborted("the tablet closed".into()))))
     }
 }
 
@@ -120,6 +111,11 @@ struct Inner {
     auto_increment_sequence: String,
     overlay: Mutex<Overlay>,
     applier: mpsc::UnboundedSender<InFlight>,
+    /// The stream's epoch when the tablet opened: it writes only while that holds.
+    epoch: u64,
+    /// Set for good once an append or the working copy fails: every write merged after it
+    /// may have read what failed, so the tablet refuses writes until reopened (replayed).
+    failed: Mutex<Option<String>>,
 }
 
 /// The after-images of writes appended but not yet applied, by key: the base offset of the
@@ -129,10 +125,20 @@ struct Overlay {
     rows: HashMap<Vec<u8>, (u64, Option<Vec<u8>>)>,
 }
 
+/// What a queued write waits for before it is answered, in order.
+enum Waiting {
+    /// Its changelog's durability.
+    Append(Appending),
+    /// Nothing: it changed nothing and appended nothing, but it may have read the writes
+    /// before it, so it is answered after them.
+    Nothing,
+    /// A retried idempotent batch, answered with its original offsets once the writes
+    /// before it are visible.
+    Duplicate(WriteAck),
+}
+
 struct InFlight {
-    /// `None` for a write that changed nothing and appended nothing: it still waits for the
-    /// writes before it, whose overlay it may have read.
-    appending: Option<Appending>,
+    waiting: Waiting,
     base: u64,
     puts: Vec<KeyChange>,
     changes: usize,
@@ -162,10 +168,21 @@ impl KvTablet {
     ) -> KvResult<Self> {
         let codec = RowCodec::new(&def)?;
         let storage = changelog::storage_schema(&def.schema);
-        let log = LogTablet::new(streams.clone(), stream_id, storage, config.compression);
-        let format = format!("{}|{}|stream {stream_id}", rows::FORMAT, config.identity);
-        let store = Arc::new(KvStore::open(store_path, &format, config.sync_interval)?);
         let info = streams.info(stream_id)?;
+        let log = LogTablet::new(streams.clone(), stream_id, storage, config.compression)
+            .at_epoch(info.epoch);
+        let format = format!("{}|{}|stream {stream_id}", rows::FORMAT, config.identity);
+        // A tablet being dropped (a previous opening of this bucket) may hold the file for a
+        // moment longer; one still in use holds it until its writers give up.
+        let waited = std::time::Instant::now();
+        let store = loop {
+            match KvStore::open(store_path, &format, config.sync_interval) {
+                Err(KvError::Aborted(_)) if waited.elapsed() < OPEN_WAIT => {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                r => break Arc::new(r?),
+            }
+        };
         let mut from = store.next_offset()?;
         let usable = from >= info.start_offset && from <= info.end_offset;
         match snapshot {
@@ -213,6 +230,8 @@ impl KvTablet {
             },
             overlay: Mutex::new(Overlay::default()),
             applier: tx,
+            epoch: info.epoch,
+            failed: Mutex::new(None),
         });
         tokio::spawn(apply_loop(Arc::downgrade(&inner), rx));
         Ok(KvTablet { inner })
@@ -245,68 +264,120 @@ impl KvTablet {
         writer: Option<WriterBatchId>,
     ) -> KvResult<PendingKv> {
         let inner = &self.inner;
-        let reply = {
-            let mut auto_ids = inner.write.lock().await;
-            if let Some(w) = writer
-                && let Some(ack) = inner.streams.check_writer_batch(inner.stream_id, w)?
-            {
-                return Ok(PendingKv(PendingState::Ready(Some(Ok(WriteAck {
+        let mut auto_ids = inner.write.lock().await;
+        self.check_writable()?;
+        let (tx, rx) = oneshot::channel();
+        let queue = |f: InFlight| {
+            inner
+                .applier
+                .send(f)
+                .map_err(|_| KvError::Aborted("the tablet is closing".into()))
+        };
+        if let Some(w) = writer
+            && let Some(ack) = inner.streams.check_writer_batch(inner.stream_id, w)?
+        {
+            queue(InFlight {
+                waiting: Waiting::Duplicate(WriteAck {
                     offsets: Some((ack.base_offset, ack.end_offset)),
                     duplicate: true,
                     changes: 0,
-                })))));
+                }),
+                base: ack.base_offset,
+                puts: Vec::new(),
+                changes: 0,
+                reply: tx,
+            })?;
+            return Ok(PendingKv(rx));
+        }
+        if inner.def.auto_increment.is_some() {
+            self.reserve_ids(&mut auto_ids, write.batch.num_rows())
+                .await?;
+        }
+        let merged = merge::merge(
+            &inner.def,
+            &inner.codec,
+            &write,
+            &mut |keys| self.current(keys),
+            &mut auto_ids,
+        )?;
+        let commit_ms = now_ms();
+        let stored = match merge::changelog_batch(&inner.log.schema, &merged, commit_ms)? {
+            Some(batch) => Some(batch),
+            // An idempotent writer's batch is recorded even when it changes nothing, so its
+            // next sequence follows on.
+            None if writer.is_some() && write.batch.num_rows() > 0 => {
+                Some(changelog::stored_batch(
+                    &inner.log.schema,
+                    marker_row(&inner.def, &write.batch)?,
+                    vec![ChangeType::Noop as i8],
+                    commit_ms,
+                )?)
             }
-            if inner.def.auto_increment.is_some() {
-                self.reserve_ids(&mut auto_ids, write.batch.num_rows())
-                    .await?;
-            }
-            let merged = merge::merge(
-                &inner.def,
-                &inner.codec,
-                &write,
-                &mut |keys| self.current(keys),
-                &mut auto_ids,
-            )?;
-            let commit_ms = now_ms();
-            let stored = match merge::changelog_batch(&inner.log.schema, &merged, commit_ms)? {
-                Some(batch) => Some(batch),
-                // An idempotent writer's batch is recorded even when it changes nothing, so
-                // its next sequence follows on.
-                None if writer.is_some() && write.batch.num_rows() > 0 => {
-                    Some(changelog::stored_batch(
-                        &inner.log.schema,
-                        marker_row(&inner.def, &write.batch)?,
-                        vec![ChangeType::Noop as i8],
-                        commit_ms,
-                    )?)
-                }
-                None => None,
-            };
-            let appending = match &stored {
-                Some(batch) => Some(inner.log.submit(batch, writer).await?),
-                None => None,
-            };
-            let base = appending.as_ref().map_or(0, Appending::base_offset);
-            if appending.as_ref().is_none_or(|a| !a.is_duplicate()) {
-                let mut overlay = inner.overlay.lock().expect("overlay lock");
-                for (key, value) in &merged.puts {
-                    overlay.rows.insert(key.clone(), (base, value.clone()));
-                }
-            }
-            let (tx, rx) = oneshot::channel();
-            inner
-                .applier
-                .send(InFlight {
-                    appending,
-                    base,
-                    changes: merged.changelog_rows(),
-                    puts: merged.puts,
-                    reply: tx,
-                })
-                .map_err(|_| KvError::Aborted("the tablet is closing".into()))?;
-            rx
+            None => None,
         };
-        Ok(PendingKv(PendingState::Waiting(reply)))
+        let waiting = match &stored {
+            Some(batch) => match inner.log.submit(batch, writer).await {
+                Ok(a) => Waiting::Append(a),
+                Err(e) => {
+                    // A refusal of the batch itself (too large) leaves the tablet usable;
+                    // anything else means the stream is no longer ours at this epoch.
+                    if !matches!(e, mink_log::LogError::Invalid(_)) {
+                        self.fail(&e.to_string());
+                    }
+                    return Err(e.into());
+                }
+            },
+            None => Waiting::Nothing,
+        };
+        let base = match &waiting {
+            Waiting::Append(a) => a.base_offset(),
+            _ => 0,
+        };
+        if matches!(&waiting, Waiting::Append(a) if !a.is_duplicate()) {
+            let mut overlay = inner.overlay.lock().expect("overlay lock");
+            for (key, value) in &merged.puts {
+                overlay.rows.insert(key.clone(), (base, value.clone()));
+            }
+        }
+        queue(InFlight {
+            waiting,
+            base,
+            changes: merged.changelog_rows(),
+            puts: merged.puts,
+            reply: tx,
+        })?;
+        drop(auto_ids);
+        Ok(PendingKv(rx))
+    }
+
+    /// Refuses writes once the tablet failed or the stream moved on from its epoch.
+    fn check_writable(&self) -> KvResult<()> {
+        if let Some(why) = self.inner.failed.lock().expect("failed lock").clone() {
+            return Err(KvError::Aborted(format!(
+                "this bucket's tablet failed ({why}); it reopens on the next request"
+            )));
+        }
+        let info = self.inner.streams.info(self.inner.stream_id)?;
+        if info.epoch != self.inner.epoch {
+            self.fail(&format!(
+                "the stream moved from epoch {} to {}",
+                self.inner.epoch, info.epoch
+            ));
+            return Err(KvError::Aborted(
+                "this bucket was reopened (a leader change); retry".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Marks the tablet failed for good and drops the overlay (nothing in it will apply).
+    fn fail(&self, why: &str) {
+        fail(&self.inner, why);
+    }
+
+    /// Whether the tablet failed and must be reopened.
+    pub fn is_failed(&self) -> bool {
+        self.inner.failed.lock().expect("failed lock").is_some()
     }
 
     /// Makes sure at least `n` auto-increment values are at hand, taking a range of the
@@ -424,22 +495,22 @@ impl KvTablet {
     }
 
     /// Reads the changelog from `offset` (about `max_bytes` of stored data) as changelog view
-    /// batches, with their first offsets.
+    /// batches with their offsets.
     pub async fn read_changelog(
         &self,
         offset: u64,
         max_bytes: usize,
-    ) -> KvResult<Vec<(u64, RecordBatch)>> {
+    ) -> KvResult<Vec<mink_log::ReadBatch>> {
         let batches = self.inner.log.read(offset, max_bytes, &[]).await?;
         batches
             .into_iter()
             .map(|b| {
-                Ok((
-                    b.base_offset,
-                    changelog::to_view(&self.inner.view, &b.batch, b.base_offset)?,
-                ))
+                // A writer's marker leaves a batch without rows: continue from `end_offset`.
+                Ok(mink_log::ReadBatch {
+                    batch: changelog::to_view(&self.inner.view, &b.batch, b.base_offset)?,
+                    ..b
+                })
             })
-            .filter(|r| r.as_ref().map_or(true, |(_, b)| b.num_rows() > 0))
             .collect()
     }
 
@@ -496,15 +567,20 @@ impl KvScan {
     }
 }
 
-/// Applies durable writes to the working copy in order and answers their writers. After a
-/// failed append, the overlay is cut back to the committed end; the writes after it were
-/// computed on top of it and fail with it (the stream fails them too).
+/// Applies durable writes to the working copy in order and answers their writers. After any
+/// failure (an append, or the working copy itself) the tablet is failed for good: the writes
+/// queued after it were merged on top of what failed, so they are refused even if their own
+/// append was stored (a retry of an idempotent batch is then answered as a duplicate by the
+/// reopened tablet), and nothing more is applied until it is reopened and replayed.
 async fn apply_loop(inner: std::sync::Weak<Inner>, mut rx: mpsc::UnboundedReceiver<InFlight>) {
-    let mut failed_at: Option<(u64, String)> = None;
     while let Some(f) = rx.recv().await {
-        let result = match f.appending {
-            Some(a) => a.await.map(Some).map_err(KvError::from),
-            None => Ok(None),
+        let result = match f.waiting {
+            Waiting::Append(a) => a.await.map(Some).map_err(KvError::from),
+            Waiting::Nothing => Ok(None),
+            Waiting::Duplicate(ack) => {
+                let _ = f.reply.send(Ok(ack));
+                continue;
+            }
         };
         let Some(inner) = inner.upgrade() else {
             let _ = f
@@ -512,64 +588,65 @@ async fn apply_loop(inner: std::sync::Weak<Inner>, mut rx: mpsc::UnboundedReceiv
                 .send(Err(KvError::Aborted("the tablet closed".into())));
             continue;
         };
-        let answer = match result {
-            Ok(ack) => match (&failed_at, ack) {
-                // It stored nothing and decided on top of the failed write.
-                (Some((_, why)), None) => Err(KvError::Aborted(why.clone())),
-                _ => {
-                    if let (Some((at, _)), Some(a)) = (&failed_at, ack)
-                        && !a.duplicate
-                        && a.base_offset > *at
-                    {
-                        tracing::error!(
-                            stream_id = inner.stream_id,
-                            base = a.base_offset,
-                            "a write was stored after an earlier one of its bucket failed"
-                        );
-                    }
-                    apply_durable(&inner, &f.puts, f.base, ack).map(|()| WriteAck {
-                        offsets: ack.map(|a| (a.base_offset, a.end_offset)),
-                        duplicate: ack.is_some_and(|a| a.duplicate),
-                        changes: if ack.is_some_and(|a| a.duplicate) {
-                            0
-                        } else {
-                            f.changes
-                        },
-                    })
+        let failed = inner.failed.lock().expect("failed lock").clone();
+        let answer = match (result, failed) {
+            (Ok(Some(ack)), _) if ack.duplicate => Ok(WriteAck {
+                offsets: Some((ack.base_offset, ack.end_offset)),
+                duplicate: true,
+                changes: 0,
+            }),
+            (Ok(_), Some(why)) => Err(KvError::Aborted(format!(
+                "an earlier write of this bucket failed ({why}); retry"
+            ))),
+            (Ok(None), None) => Ok(WriteAck {
+                offsets: None,
+                duplicate: false,
+                changes: 0,
+            }),
+            (Ok(Some(ack)), None) => match apply_durable(&inner, &f.puts, f.base, ack) {
+                Ok(()) => Ok(WriteAck {
+                    offsets: Some((ack.base_offset, ack.end_offset)),
+                    duplicate: false,
+                    changes: f.changes,
+                }),
+                Err(e) => {
+                    // Stored, but not in the working copy: a retry is answered as a
+                    // duplicate once the tablet is reopened and has replayed it.
+                    fail(&inner, &e.to_string());
+                    Err(KvError::Aborted(format!(
+                        "the working copy failed ({e}); the write is stored, retry to confirm"
+                    )))
                 }
             },
-            Err(e) => {
-                let why = e.to_string();
-                failed_at = Some((f.base, why));
-                inner
-                    .overlay
-                    .lock()
-                    .expect("overlay lock")
-                    .rows
-                    .retain(|_, (base, _)| *base < f.base);
+            (Err(e), _) => {
+                fail(&inner, &e.to_string());
                 Err(e)
             }
         };
-        if failed_at.is_some() && rx.is_empty() {
-            // Every write computed on top of the failure has been answered.
-            failed_at = None;
-        }
         let _ = f.reply.send(answer);
     }
+}
+
+/// Marks a tablet failed for good (the first reason is kept) and drops its overlay.
+fn fail(inner: &Inner, why: &str) {
+    let mut failed = inner.failed.lock().expect("failed lock");
+    if failed.is_none() {
+        tracing::warn!(
+            stream_id = inner.stream_id,
+            reason = why,
+            "KV tablet failed"
+        );
+        *failed = Some(why.to_string());
+    }
+    inner.overlay.lock().expect("overlay lock").rows.clear();
 }
 
 fn apply_durable(
     inner: &Inner,
     puts: &[KeyChange],
     base: u64,
-    ack: Option<s3stream::AppendAck>,
+    ack: s3stream::AppendAck,
 ) -> KvResult<()> {
-    let Some(ack) = ack else {
-        return Ok(());
-    };
-    if ack.duplicate {
-        return Ok(());
-    }
     inner.store.apply(puts, ack.end_offset)?;
     let mut overlay = inner.overlay.lock().expect("overlay lock");
     for (key, _) in puts {

@@ -233,7 +233,7 @@ async fn writes_lookups_scans_and_the_changelog() {
     let log = tablet.read_changelog(0, 1 << 20).await.unwrap();
     let mut next = 0i64;
     let mut types = Vec::new();
-    for (_, b) in &log {
+    for b in log.iter().map(|r| &r.batch) {
         let offsets = b.column(1).as_primitive::<Int64Type>();
         for i in 0..b.num_rows() {
             assert_eq!(offsets.value(i), next);
@@ -295,7 +295,7 @@ async fn an_idempotent_retry_is_recognised_before_the_merge() {
         "counted once per sequence number"
     );
     let log = tablet.read_changelog(0, 1 << 20).await.unwrap();
-    let shown: usize = log.iter().map(|(_, b)| b.num_rows()).sum();
+    let shown: usize = log.iter().map(|r| r.batch.num_rows()).sum();
     assert_eq!(shown, 3, "+I, -U, +U; the marker is not shown");
     engine.shutdown().await;
 }

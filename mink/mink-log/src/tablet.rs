@@ -25,6 +25,8 @@ pub struct LogTablet {
     pub schema: SchemaRef,
     pub compression: Compression,
     streams: S3Stream,
+    /// Appends only while the stream is open at this epoch (see [`LogTablet::at_epoch`]).
+    epoch: Option<u64>,
 }
 
 impl LogTablet {
@@ -39,7 +41,16 @@ impl LogTablet {
             schema,
             compression,
             streams,
+            epoch: None,
         }
+    }
+
+    /// Appends only while the stream is open on this node at `epoch`: a writer whose batches
+    /// depend on what it read (a primary-key changelog) never appends to a later opening.
+    #[must_use]
+    pub fn at_epoch(mut self, epoch: u64) -> Self {
+        self.epoch = Some(epoch);
+        self
     }
 
     /// Appends a batch (checked against the table's schema); one offset per row. Returns once
@@ -68,7 +79,7 @@ impl LogTablet {
         let bytes = codec::encode_batch(&batch, self.compression)?;
         Ok(self
             .streams
-            .submit(self.stream_id, rows, bytes, writer)
+            .submit_at(self.stream_id, self.epoch, rows, bytes, writer)
             .await?)
     }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, UInt32Array};
 use arrow::compute::{cast, interleave_record_batch, take_record_batch};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::datatypes::{DataType, Field, Schema};
 use mink_kv::changelog;
 use mink_kv::merge::KvWrite;
 use mink_kv::{KvError, KvScan, KvTableDef, KvTablet, KvTabletConfig, SnapshotSource};
@@ -84,9 +84,11 @@ impl Node {
                 record.database, record.name
             )));
         };
+        // A failed tablet (an append or its working copy failed) is reopened: replay brings a
+        // fresh one to the stream's committed end.
         let open = |kv: &std::collections::HashMap<_, OpenKv>| {
             kv.get(&key)
-                .filter(|o| o.leader_epoch == led.leader_epoch)
+                .filter(|o| o.leader_epoch == led.leader_epoch && !o.tablet.is_failed())
                 .map(|o| o.tablet.clone())
         };
         if let Some(t) = open(&self.inner.kv.read().expect("kv lock")) {
@@ -96,6 +98,8 @@ impl Node {
         if let Some(t) = open(&self.inner.kv.read().expect("kv lock")) {
             return Ok(t);
         }
+        // Let go of the old one first: its working copy file can be open once only.
+        self.inner.kv.write().expect("kv lock").remove(&key);
         let def = self.kv_definition(record)?;
         let options = TableOptions::parse(&record.options)?;
         let snapshot = self
@@ -171,18 +175,32 @@ impl Node {
         if deletes.true_count() > 0 && def.delete_behavior == mink_kv::DeleteBehavior::Disable {
             return Err(KvError::DeletionDisabled.into());
         }
-        let (full, targets) = widen(&schema, &batch, target.columns.as_deref())?;
+        // Checked with the auto-increment column nullable: writers leave it out.
+        let write_schema = def.write_schema();
+        let (full, targets) = widen(&def, &batch, target.columns.as_deref())?;
         if let Some(t) = &targets {
             def.check_partial_update(t)?;
         }
-        let full = mink_log::codec::check_batch(&schema, &full)?;
+        let full = mink_log::codec::check_batch(&write_schema, &full)?;
+        if let Some(c) = def.auto_increment
+            && full.column(c).null_count() < full.num_rows()
+        {
+            return Err(NodeError::Invalid(format!(
+                "column {:?} is auto-increment: its values are generated, leave it out",
+                schema.field(c).name()
+            )));
+        }
         if full.num_rows() == 0 {
             return Ok(PendingWrite::ready(Vec::new()));
         }
         // The row kinds travel with the rows through routing as a last column.
         let mut columns_with_kind = full.columns().to_vec();
         columns_with_kind.push(Arc::new(deletes));
-        let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+        let mut fields: Vec<Field> = write_schema
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
         fields.push(Field::new(ROW_KIND, DataType::Boolean, false));
         let with_kind = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns_with_kind)?;
         let parts = self.route(&record, &schema, with_kind, target).await?;
@@ -192,7 +210,10 @@ impl Node {
             let n = part.num_columns();
             let deletes = part.column(n - 1).as_boolean().clone();
             let write = KvWrite {
-                batch: RecordBatch::try_new(Arc::clone(&schema), part.columns()[..n - 1].to_vec())?,
+                batch: RecordBatch::try_new(
+                    Arc::clone(&write_schema),
+                    part.columns()[..n - 1].to_vec(),
+                )?,
                 deletes: (deletes.true_count() > 0).then_some(deletes),
                 targets: targets.clone(),
             };
@@ -421,7 +442,10 @@ impl Node {
                 .max_by_key(|s| s.snapshot_id)
                 .cloned();
             let applied = open.tablet.applied_offset()?;
-            if latest.as_ref().is_some_and(|s| s.log_offset >= applied) || applied == 0 {
+            if open.tablet.is_failed()
+                || latest.as_ref().is_some_and(|s| s.log_offset >= applied)
+                || applied == 0
+            {
                 continue;
             }
             let snapshot_id = latest.map_or(1, |s| s.snapshot_id + 1);
@@ -572,11 +596,17 @@ fn split_row_kind(batch: &RecordBatch) -> NodeResult<(RecordBatch, BooleanArray)
 /// A batch of the table's schema from a batch of some of its columns (the others null), and
 /// the columns set when that is a partial update.
 fn widen(
-    schema: &SchemaRef,
+    def: &KvTableDef,
     batch: &RecordBatch,
     columns: Option<&[String]>,
 ) -> NodeResult<(RecordBatch, Option<Vec<usize>>)> {
+    let schema = &def.schema;
     let given = batch.schema();
+    // The auto-increment column is never written: leaving it out is not a partial update.
+    let settable = schema.fields().len() - usize::from(def.auto_increment.is_some());
+    let auto_given = def
+        .auto_increment
+        .is_some_and(|c| given.index_of(schema.field(c).name()).is_ok());
     for f in given.fields() {
         if schema.index_of(f.name()).is_err() {
             return Err(NodeError::Invalid(format!(
@@ -596,7 +626,7 @@ fn widen(
                 })
                 .collect::<NodeResult<_>>()?,
         ),
-        None if given.fields().len() < schema.fields().len() => Some(
+        None if given.fields().len() - usize::from(auto_given) < settable => Some(
             given
                 .fields()
                 .iter()

@@ -539,7 +539,29 @@ impl S3Stream {
         payload: Bytes,
         writer: Option<WriterBatchId>,
     ) -> Result<Appending, StreamError> {
+        self.submit_at(stream_id, None, count, payload, writer)
+            .await
+    }
+
+    /// [`S3Stream::submit`] only while the stream is open here at `epoch` (when given): a
+    /// caller that computed its batch for one opening of the stream never appends it to a
+    /// later one (fails with [`StreamError::Fenced`]).
+    pub async fn submit_at(
+        &self,
+        stream_id: u64,
+        epoch: Option<u64>,
+        count: u32,
+        payload: Bytes,
+        writer: Option<WriterBatchId>,
+    ) -> Result<Appending, StreamError> {
         let engine = &self.engine;
+        let check_epoch = |owned: &Owned| match epoch {
+            Some(e) if owned.epoch != e => Err(StreamError::Fenced {
+                stream_id,
+                reason: format!("open at epoch {}, the batch was made for {e}", owned.epoch),
+            }),
+            _ => Ok(()),
+        };
         if let Some(e) = self.failed() {
             return Err(e);
         }
@@ -558,7 +580,7 @@ impl S3Stream {
         // What can be answered without room in the buffer is answered first.
         {
             let state = engine.state.lock().expect("wal lock");
-            Self::writable(&state, stream_id)?;
+            check_epoch(Self::writable(&state, stream_id)?)?;
             if let Some(w) = writer
                 && let Some(ack) = engine.committed_duplicate(stream_id, w)
             {
@@ -574,7 +596,7 @@ impl S3Stream {
             if let Some(e) = self.failed() {
                 return Err(e);
             }
-            Self::writable(&state, stream_id)?;
+            check_epoch(Self::writable(&state, stream_id)?)?;
             let owned = state.streams.get_mut(&stream_id).expect("checked above");
             if let Some(w) = writer
                 && let Some(ack) = engine.check_writer(stream_id, owned, w)?
