@@ -755,3 +755,103 @@ async fn primary_key_tables_refuse_bad_definitions_and_writes_precisely() {
     );
     node.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_primary_key_table_keys_rows_per_partition() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), 1);
+    c.kv_dir = dir.path().join("kv");
+    let node = Node::start(c).await.unwrap();
+    node.create_database("app", false).await.unwrap();
+    let schema = Schema::new(vec![
+        Field::new("day", DataType::Utf8, true),
+        Field::new("user_id", DataType::Int64, true),
+        Field::new("visits", DataType::Int64, true),
+    ]);
+    let spec = |pk: Vec<&str>| TableSpec {
+        primary_key: pk.into_iter().map(String::from).collect(),
+        database: "app".into(),
+        name: "daily".into(),
+        schema: schema.clone(),
+        options: [
+            ("bucket.num".to_string(), "2".to_string()),
+            ("table.merge-engine".to_string(), "aggregation".to_string()),
+            ("fields.visits.agg".to_string(), "sum".to_string()),
+        ]
+        .into(),
+        partition_keys: vec!["day".into()],
+        comment: String::new(),
+        if_not_exists: false,
+    };
+    let e = node.create_table(spec(vec!["user_id"])).await.unwrap_err();
+    assert!(
+        e.to_string().contains("must be part of the primary key"),
+        "{e}"
+    );
+    let info = node
+        .create_table(spec(vec!["day", "user_id"]))
+        .await
+        .unwrap();
+    assert_eq!(
+        info.bucket_key,
+        ["user_id"],
+        "the key without the partition column"
+    );
+    let rows = |r: &[(&str, i64, i64)]| {
+        RecordBatch::try_from_iter(vec![
+            (
+                "day",
+                Arc::new(StringArray::from_iter_values(r.iter().map(|x| x.0))) as ArrayRef,
+            ),
+            (
+                "user_id",
+                Arc::new(Int64Array::from_iter_values(r.iter().map(|x| x.1))) as ArrayRef,
+            ),
+            (
+                "visits",
+                Arc::new(Int64Array::from_iter_values(r.iter().map(|x| x.2))) as ArrayRef,
+            ),
+        ])
+        .unwrap()
+    };
+    for batch in [
+        rows(&[("mon", 1, 1), ("tue", 1, 10), ("mon", 2, 5)]),
+        rows(&[("mon", 1, 2), ("tue", 1, 20)]),
+    ] {
+        let w = node
+            .write("app", "daily", &batch, &WriteTarget::default())
+            .await
+            .unwrap();
+        assert!(w.iter().all(|b| b.result.is_ok()), "{w:?}");
+    }
+    assert_eq!(
+        node.describe_table("app", "daily")
+            .unwrap()
+            .partitions
+            .len(),
+        2
+    );
+    let keys = RecordBatch::try_from_iter(vec![
+        (
+            "day",
+            Arc::new(StringArray::from(vec!["tue", "mon", "wed", "mon"])) as ArrayRef,
+        ),
+        (
+            "user_id",
+            Arc::new(Int64Array::from(vec![1, 1, 1, 2])) as ArrayRef,
+        ),
+    ])
+    .unwrap();
+    let found = node.lookup("app", "daily", &keys).await.unwrap();
+    let visits: Vec<i64> = found
+        .column(2)
+        .as_primitive::<Int64Type>()
+        .values()
+        .to_vec();
+    assert_eq!(
+        visits,
+        [30, 3, 5],
+        "per partition, in key order, the unknown partition left out"
+    );
+    node.shutdown().await;
+}
