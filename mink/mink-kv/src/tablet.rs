@@ -290,6 +290,8 @@ impl KvTablet {
             return Ok(PendingKv(rx));
         }
         if inner.def.auto_increment.is_some() {
+            // A batch that cannot be stored takes no values.
+            mink_log::codec::check_batch(&inner.def.write_schema(), &write.batch)?;
             self.reserve_ids(&mut auto_ids, write.batch.num_rows())
                 .await?;
         }
