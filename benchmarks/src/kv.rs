@@ -36,8 +36,8 @@ pub(crate) struct Args {
     rows_per_batch: usize,
     /// Concurrent upsert writers (their writes pipeline in the tablet; each waits about one
     /// flush delay for its acknowledgement, so throughput grows with them until CPU-bound).
-    #[arg(long, default_value_t = 32)]
-    writers: usize,
+    #[arg(long, value_delimiter = ',', default_values_t = [32, 128])]
+    writers: Vec<usize>,
     /// Lookup threads.
     #[arg(long, default_value_t = 2)]
     readers: usize,
@@ -143,40 +143,43 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     let seconds = Duration::from_secs_f64(args.seconds);
     let mut points = Vec::new();
 
-    // Upserts through the tablet.
-    let rows = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut tasks = Vec::new();
-    for _ in 0..args.writers.max(1) {
-        let (tablet, schema, rows, stop) = (
-            tablet.clone(),
-            Arc::clone(&schema),
-            Arc::clone(&rows),
-            Arc::clone(&stop),
-        );
-        let (keys, per_batch) = (args.keys, args.rows_per_batch);
-        tasks.push(tokio::spawn(async move {
-            let mut h = histogram();
-            while !stop.load(Ordering::Relaxed) {
-                let batch = random_batch(&schema, keys, per_batch);
-                let started = Instant::now();
-                tablet.write(KvWrite::upsert(batch), None).await?;
-                h.record(us(started.elapsed()))?;
-                rows.fetch_add(per_batch as u64, Ordering::Relaxed);
-            }
-            anyhow::Ok(h)
-        }));
+    // Upserts through the tablet, at each number of writers.
+    let mut upserts = Vec::new();
+    for &writers in &args.writers {
+        let rows = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut tasks = Vec::new();
+        for _ in 0..writers.max(1) {
+            let (tablet, schema, rows, stop) = (
+                tablet.clone(),
+                Arc::clone(&schema),
+                Arc::clone(&rows),
+                Arc::clone(&stop),
+            );
+            let (keys, per_batch) = (args.keys, args.rows_per_batch);
+            tasks.push(tokio::spawn(async move {
+                let mut h = histogram();
+                while !stop.load(Ordering::Relaxed) {
+                    let batch = random_batch(&schema, keys, per_batch);
+                    let started = Instant::now();
+                    tablet.write(KvWrite::upsert(batch), None).await?;
+                    h.record(us(started.elapsed()))?;
+                    rows.fetch_add(per_batch as u64, Ordering::Relaxed);
+                }
+                anyhow::Ok(h)
+            }));
+        }
+        let started = Instant::now();
+        tokio::time::sleep(seconds).await;
+        stop.store(true, Ordering::Relaxed);
+        let written = rows.load(Ordering::Relaxed);
+        let elapsed = started.elapsed();
+        let mut h = histogram();
+        for t in tasks {
+            h.add(t.await??)?;
+        }
+        upserts.push((writers, written as f64 / elapsed.as_secs_f64(), h));
     }
-    let started = Instant::now();
-    tokio::time::sleep(seconds).await;
-    stop.store(true, Ordering::Relaxed);
-    let written = rows.load(Ordering::Relaxed);
-    let elapsed = started.elapsed();
-    let mut upsert_h = histogram();
-    for t in tasks {
-        upsert_h.add(t.await??)?;
-    }
-    let mink_upserts = written as f64 / elapsed.as_secs_f64();
 
     // The limit: the same kind of batches straight into redb.
     let raw_path = dir.path().join("raw.redb");
@@ -210,16 +213,21 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
         })
         .await??
     };
-    points.push(Point {
-        what: format!("upsert rows ({} per batch)", args.rows_per_batch),
-        mink_per_s: mink_upserts,
-        mink_p50_us: upsert_h.value_at_quantile(0.5),
-        mink_p99_us: upsert_h.value_at_quantile(0.99),
-        raw_per_s: raw_rate,
-        raw_p50_us: raw_h.value_at_quantile(0.5),
-        raw_p99_us: raw_h.value_at_quantile(0.99),
-        ratio: mink_upserts / raw_rate,
-    });
+    for (writers, rate, h) in &upserts {
+        points.push(Point {
+            what: format!(
+                "upsert rows ({} per batch, {writers} writers)",
+                args.rows_per_batch
+            ),
+            mink_per_s: *rate,
+            mink_p50_us: h.value_at_quantile(0.5),
+            mink_p99_us: h.value_at_quantile(0.99),
+            raw_per_s: raw_rate,
+            raw_p50_us: raw_h.value_at_quantile(0.5),
+            raw_p99_us: raw_h.value_at_quantile(0.99),
+            ratio: rate / raw_rate,
+        });
+    }
 
     // Lookups: the tablet's working copy against redb directly, same threads, same keys.
     let raw = Arc::new(redb::Database::open(&raw_path)?);
@@ -300,19 +308,18 @@ fn print(points: &[Point], args: &Args) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "KV tablet on a stream engine (SQLite metadata, durable local object store) beside redb on the same keys, same run; {} keys, {} writers, {} readers, merge engine {}",
+        "KV tablet on a stream engine (SQLite metadata, durable local object store) beside redb on the same keys, same run; {} keys, {} readers, merge engine {}",
         args.keys,
-        args.writers,
         args.readers,
         args.merge_engine.as_deref().unwrap_or("last row")
     );
     println!(
-        "{:<34} {:>12} {:>9} {:>9} {:>12} {:>9} {:>9} {:>7}",
+        "{:<46} {:>12} {:>9} {:>9} {:>12} {:>9} {:>9} {:>7}",
         "what", "mink /s", "p50 us", "p99 us", "redb /s", "p50 us", "p99 us", "ratio"
     );
     for p in points {
         println!(
-            "{:<34} {:>12.0} {:>9} {:>9} {:>12.0} {:>9} {:>9} {:>7.2}",
+            "{:<46} {:>12.0} {:>9} {:>9} {:>12.0} {:>9} {:>9} {:>7.2}",
             p.what,
             p.mink_per_s,
             p.mink_p50_us,

@@ -165,6 +165,11 @@ impl KvStore {
 
     /// Applies the changes of the changelog up to `next_offset` (exclusive).
     pub fn apply(&self, puts: &[KeyChange], next_offset: u64) -> KvResult<()> {
+        self.apply_all(&[puts], next_offset)
+    }
+
+    /// Applies several writes' changes, in order, in one transaction.
+    pub fn apply_all(&self, writes: &[&[KeyChange]], next_offset: u64) -> KvResult<()> {
         let mut txn = self.db.begin_write().map_err(err)?;
         let sync = {
             let mut last = self.last_sync.lock().expect("sync lock");
@@ -182,7 +187,7 @@ impl KvStore {
         .map_err(|e| KvError::Store(e.to_string()))?;
         {
             let mut rows = txn.open_table(ROWS).map_err(err)?;
-            for (key, value) in puts {
+            for (key, value) in writes.iter().flat_map(|w| w.iter()) {
                 match value {
                     Some(v) => {
                         rows.insert(key.as_slice(), v.as_slice()).map_err(err)?;

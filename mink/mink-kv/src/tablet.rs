@@ -575,57 +575,147 @@ impl KvScan {
 /// append was stored (a retry of an idempotent batch is then answered as a duplicate by the
 /// reopened tablet), and nothing more is applied until it is reopened and replayed.
 async fn apply_loop(inner: std::sync::Weak<Inner>, mut rx: mpsc::UnboundedReceiver<InFlight>) {
-    while let Some(f) = rx.recv().await {
+    // Writes durable and good, not yet applied: applied together in one transaction as soon
+    // as the next write is not durable yet (appends of one flush complete together).
+    let mut group: Vec<Applied> = Vec::new();
+    loop {
+        let next = if group.is_empty() {
+            rx.recv().await
+        } else {
+            match rx.try_recv() {
+                Ok(f) => Some(f),
+                Err(_) => {
+                    apply_group(&inner, &mut group);
+                    rx.recv().await
+                }
+            }
+        };
+        let Some(f) = next else { break };
         let result = match f.waiting {
-            Waiting::Append(a) => a.await.map(Some).map_err(KvError::from),
+            Waiting::Append(mut a) => match futures::FutureExt::now_or_never(&mut a) {
+                Some(r) => r,
+                None => {
+                    apply_group(&inner, &mut group);
+                    a.await
+                }
+            }
+            .map(Some)
+            .map_err(KvError::from),
             Waiting::Nothing => Ok(None),
             Waiting::Duplicate(ack) => {
+                // Answered once the writes before it are visible.
+                apply_group(&inner, &mut group);
                 let _ = f.reply.send(Ok(ack));
                 continue;
             }
         };
-        let Some(inner) = inner.upgrade() else {
+        let Some(strong) = inner.upgrade() else {
             let _ = f
                 .reply
                 .send(Err(KvError::Aborted("the tablet closed".into())));
             continue;
         };
-        let failed = inner.failed.lock().expect("failed lock").clone();
-        let answer = match (result, failed) {
-            (Ok(Some(ack)), _) if ack.duplicate => Ok(WriteAck {
-                offsets: Some((ack.base_offset, ack.end_offset)),
-                duplicate: true,
-                changes: 0,
-            }),
-            (Ok(_), Some(why)) => Err(KvError::Aborted(format!(
-                "an earlier write of this bucket failed ({why}); retry"
-            ))),
-            (Ok(None), None) => Ok(WriteAck {
-                offsets: None,
-                duplicate: false,
-                changes: 0,
-            }),
-            (Ok(Some(ack)), None) => match apply_durable(&inner, &f.puts, f.base, ack) {
-                Ok(()) => Ok(WriteAck {
-                    offsets: Some((ack.base_offset, ack.end_offset)),
-                    duplicate: false,
-                    changes: f.changes,
-                }),
-                Err(e) => {
-                    // Stored, but not in the working copy: a retry is answered as a
-                    // duplicate once the tablet is reopened and has replayed it.
-                    fail(&inner, &e.to_string());
-                    Err(KvError::Aborted(format!(
-                        "the working copy failed ({e}); the write is stored, retry to confirm"
-                    )))
+        let failed = strong.failed.lock().expect("failed lock").clone();
+        match (result, failed) {
+            (Ok(Some(ack)), None) if !ack.duplicate => {
+                group.push(Applied {
+                    puts: f.puts,
+                    base: f.base,
+                    ack: WriteAck {
+                        offsets: Some((ack.base_offset, ack.end_offset)),
+                        duplicate: false,
+                        changes: f.changes,
+                    },
+                    end: ack.end_offset,
+                    reply: f.reply,
+                });
+                if group.len() >= MAX_APPLY_GROUP {
+                    apply_group(&inner, &mut group);
                 }
-            },
-            (Err(e), _) => {
-                fail(&inner, &e.to_string());
-                Err(e)
             }
-        };
-        let _ = f.reply.send(answer);
+            (result, failed) => {
+                apply_group(&inner, &mut group);
+                let answer = match (result, failed) {
+                    (Ok(Some(ack)), _) if ack.duplicate => Ok(WriteAck {
+                        offsets: Some((ack.base_offset, ack.end_offset)),
+                        duplicate: true,
+                        changes: 0,
+                    }),
+                    (Ok(_), Some(why)) => Err(KvError::Aborted(format!(
+                        "an earlier write of this bucket failed ({why}); retry"
+                    ))),
+                    (Ok(_), None) => Ok(WriteAck {
+                        offsets: None,
+                        duplicate: false,
+                        changes: 0,
+                    }),
+                    (Err(e), _) => {
+                        fail(&strong, &e.to_string());
+                        Err(e)
+                    }
+                };
+                let _ = f.reply.send(answer);
+            }
+        }
+    }
+    apply_group(&inner, &mut group);
+}
+
+/// Most durable writes applied in one transaction of the working copy.
+const MAX_APPLY_GROUP: usize = 256;
+
+/// A durable write waiting to be applied and answered.
+struct Applied {
+    puts: Vec<KeyChange>,
+    base: u64,
+    end: u64,
+    ack: WriteAck,
+    reply: oneshot::Sender<KvResult<WriteAck>>,
+}
+
+/// Applies a group of durable writes in one transaction, then answers them. If the working
+/// copy fails they are stored but not applied: a retry is answered as a duplicate once the
+/// reopened tablet has replayed them.
+fn apply_group(inner: &std::sync::Weak<Inner>, group: &mut Vec<Applied>) {
+    if group.is_empty() {
+        return;
+    }
+    let writes = std::mem::take(group);
+    let Some(inner) = inner.upgrade() else {
+        for w in writes {
+            let _ = w
+                .reply
+                .send(Err(KvError::Aborted("the tablet closed".into())));
+        }
+        return;
+    };
+    let end = writes.last().map_or(0, |w| w.end);
+    let puts: Vec<&[KeyChange]> = writes.iter().map(|w| w.puts.as_slice()).collect();
+    let applied = inner.store.apply_all(&puts, end);
+    match applied {
+        Ok(()) => {
+            {
+                let mut overlay = inner.overlay.lock().expect("overlay lock");
+                for w in &writes {
+                    for (key, _) in &w.puts {
+                        if overlay.rows.get(key).is_some_and(|(b, _)| *b == w.base) {
+                            overlay.rows.remove(key);
+                        }
+                    }
+                }
+            }
+            for w in writes {
+                let _ = w.reply.send(Ok(w.ack));
+            }
+        }
+        Err(e) => {
+            fail(&inner, &e.to_string());
+            for w in writes {
+                let _ = w.reply.send(Err(KvError::Aborted(format!(
+                    "the working copy failed ({e}); the write is stored, retry to confirm"
+                ))));
+            }
+        }
     }
 }
 
@@ -641,22 +731,6 @@ fn fail(inner: &Inner, why: &str) {
         *failed = Some(why.to_string());
     }
     inner.overlay.lock().expect("overlay lock").rows.clear();
-}
-
-fn apply_durable(
-    inner: &Inner,
-    puts: &[KeyChange],
-    base: u64,
-    ack: s3stream::AppendAck,
-) -> KvResult<()> {
-    inner.store.apply(puts, ack.end_offset)?;
-    let mut overlay = inner.overlay.lock().expect("overlay lock");
-    for (key, _) in puts {
-        if overlay.rows.get(key).is_some_and(|(b, _)| *b == base) {
-            overlay.rows.remove(key);
-        }
-    }
-    Ok(())
 }
 
 /// Brings the working copy from `from` to `end` by overwriting with after-images.
