@@ -598,13 +598,7 @@ impl MinkFlight {
                 let data = encoder
                     .batch(&found, Bytes::new())
                     .map_err(|e| self.status(ErrorCode::Failed, e.to_string()))?;
-                crate::metrics::transferred(
-                    "out",
-                    data.iter()
-                        .map(|d| d.data_header.len() + d.data_body.len())
-                        .sum(),
-                    found.num_rows(),
-                );
+                count_out(&data, found.num_rows());
                 messages.extend(data.into_iter().map(Ok));
             }
             crate::metrics::finished("do_get", tonic::Code::Ok, started);
@@ -697,13 +691,7 @@ impl MinkFlight {
                         return fail(&tx, self.status(ErrorCode::Failed, e.to_string())).await;
                     }
                 };
-                crate::metrics::transferred(
-                    "out",
-                    data.iter()
-                        .map(|d| d.data_header.len() + d.data_body.len())
-                        .sum(),
-                    batch.num_rows(),
-                );
+                count_out(&data, batch.num_rows());
                 for d in data {
                     if tx.send(Ok(d)).await.is_err() {
                         return tonic::Code::Cancelled;
@@ -810,11 +798,7 @@ impl MinkFlight {
                             return fail(&tx, self.status(ErrorCode::Failed, e.to_string())).await;
                         }
                     };
-                    let bytes = data
-                        .iter()
-                        .map(|d| d.data_header.len() + d.data_body.len())
-                        .sum();
-                    crate::metrics::transferred("out", bytes, batch.num_rows());
+                    count_out(&data, batch.num_rows());
                     for d in data {
                         if tx.send(Ok(d)).await.is_err() {
                             return tonic::Code::Cancelled;
@@ -949,6 +933,15 @@ impl MinkFlight {
 }
 
 /// Ends a stream with an error; its code for the metrics.
+/// Counts the bytes and rows of encoded messages going out.
+fn count_out(data: &[FlightData], rows: usize) {
+    let bytes = data
+        .iter()
+        .map(|d| d.data_header.len() + d.data_body.len())
+        .sum();
+    crate::metrics::transferred("out", bytes, rows);
+}
+
 /// Rows per batch of a snapshot scan.
 const SNAPSHOT_PAGE_ROWS: usize = 8192;
 
