@@ -230,7 +230,7 @@ expect_error(
 expect_error(lambda: put("items", batch([(1, "x", 1.0, 1)], ["remove"])), "upsert or delete")
 expect_error(
     lambda: get({"database": "shop", "table": "items", "lookup": [{"shop": 1}]}),
-    "\"item\" is missing",
+    "no value for \"item\"",
 )
 create("frozen", {"table.delete.behavior": "disable"})
 expect_error(lambda: put("frozen", batch([(1, "x", 1.0, 1)], ["delete"])), "disabled")

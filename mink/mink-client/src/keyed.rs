@@ -5,16 +5,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, RecordBatch};
-use arrow::datatypes::{Field, Schema};
-use arrow::row::{RowConverter, SortField};
-use mink_flight::protocol::{TableDescription, Ticket};
-use mink_log::routing::{buckets_of, partitions_of};
-use serde_json::{Map, Value};
+use arrow::array::RecordBatch;
+use mink_flight::keyed::{Key, KeyMatcher, key_buckets, key_columns, typed_keys};
+use mink_flight::protocol::Ticket;
 
 use crate::{Client, ClientError, ClientResult};
-
-type Key = Map<String, Value>;
 
 fn invalid(e: impl std::fmt::Display) -> ClientError {
     ClientError::Invalid(e.to_string())
@@ -31,11 +26,15 @@ impl Client {
         prefix: bool,
     ) -> ClientResult<RecordBatch> {
         let d = self.describe_table(database, table).await?;
-        let schema = d.arrow_schema().map_err(|e| ClientError::Protocol(e.0))?;
+        let schema = Arc::new(d.arrow_schema().map_err(|e| ClientError::Protocol(e.0))?);
         if d.primary_key.is_empty() {
             return Err(invalid(format!(
                 "{database}.{table} is a log table: lookups need a primary key"
             )));
+        }
+        if keys.is_empty() {
+            return mink_log::codec::project(&RecordBatch::new_empty(schema), columns)
+                .map_err(invalid);
         }
         let ticket = |keys: Vec<Key>, columns: Vec<String>| Ticket {
             database: database.to_string(),
@@ -45,157 +44,43 @@ impl Client {
             columns,
             ..Default::default()
         };
-        // The columns that identify a key (or a prefix), typed by the table.
-        let ids: Vec<String> = if prefix {
-            d.partition_keys
-                .iter()
-                .chain(&d.bucket_key)
-                .cloned()
-                .collect()
-        } else {
-            d.primary_key.clone()
-        };
-        if keys.is_empty() {
-            return mink_log::codec::project(&RecordBatch::new_empty(Arc::new(schema)), columns)
-                .map_err(invalid);
+        let ids = key_columns(&d, prefix);
+        let typed = typed_keys(&schema, &ids, &keys).map_err(invalid)?;
+        let leader: HashMap<(Option<String>, u32), &str> = d
+            .buckets
+            .iter()
+            .filter(|b| !b.leader_address.is_empty())
+            .map(|b| ((b.partition.clone(), b.bucket), b.leader_address.as_str()))
+            .collect();
+        let mut groups: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        for (i, b) in key_buckets(&d, &typed, &ids)
+            .map_err(invalid)?
+            .into_iter()
+            .enumerate()
+        {
+            let address = leader.get(&b).map_or(self.address(), |a| a);
+            groups.entry(address.to_string()).or_default().push(i);
         }
-        let typed = typed_keys(&schema, &ids, &keys)?;
-        let addresses = leaders(self.address(), &d, &typed, &ids)?;
-        let mut groups: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
-        for (i, a) in addresses.iter().enumerate() {
-            groups.entry(a.as_str()).or_default().push(i);
-        }
-        if groups.len() <= 1 {
-            let address = groups
-                .keys()
-                .next()
-                .map_or_else(|| self.address().to_string(), |a| (*a).to_string());
+        if groups.len() == 1 {
+            let address = groups.into_keys().next().unwrap_or_default();
             return self
                 .get_rows_at(&address, ticket(keys, columns.to_vec()))
                 .await;
         }
-        // Several leaders: ask each for whole rows, match them to the keys, project at the end.
-        let converter = RowConverter::new(
-            ids.iter()
-                .map(|c| {
-                    schema
-                        .field_with_name(c)
-                        .map(|f| SortField::new(f.data_type().clone()))
-                        .map_err(invalid)
-                })
-                .collect::<ClientResult<_>>()?,
-        )
-        .map_err(invalid)?;
-        let wanted = converter
-            .convert_columns(typed.columns())
-            .map_err(invalid)?;
-        // Each distinct key is asked once; every occurrence gets its rows below.
-        let mut seen = std::collections::HashSet::new();
+        // Several leaders: ask each distinct key once for whole rows, put them back in the
+        // keys' order, project at the end.
+        let matcher = KeyMatcher::new(&schema, &ids, &typed).map_err(invalid)?;
+        let first = matcher.first_occurrences();
         let answers = futures::future::try_join_all(groups.iter().map(|(address, rows)| {
-            let keys: Vec<Key> = rows
+            let asked: Vec<Key> = rows
                 .iter()
-                .filter(|&&i| seen.insert(wanted.row(i).as_ref().to_vec()))
+                .filter(|&&i| first[i])
                 .map(|&i| keys[i].clone())
                 .collect();
-            self.get_rows_at(address, ticket(keys, Vec::new()))
+            self.get_rows_at(address, ticket(asked, Vec::new()))
         }))
         .await?;
-        let mut by_id: HashMap<Vec<u8>, Vec<(usize, usize)>> = HashMap::new();
-        for (a, batch) in answers.iter().enumerate() {
-            let id_columns: Vec<ArrayRef> = ids
-                .iter()
-                .map(|c| {
-                    batch.column_by_name(c).cloned().ok_or_else(|| {
-                        ClientError::Protocol(format!("no column {c:?} in the answer"))
-                    })
-                })
-                .collect::<ClientResult<_>>()?;
-            let found = converter.convert_columns(&id_columns).map_err(invalid)?;
-            for r in 0..batch.num_rows() {
-                by_id
-                    .entry(found.row(r).as_ref().to_vec())
-                    .or_default()
-                    .push((a, r));
-            }
-        }
-        let mut order = Vec::new();
-        for i in 0..typed.num_rows() {
-            if let Some(rows) = by_id.get(wanted.row(i).as_ref()) {
-                order.extend(rows.iter().copied());
-            }
-        }
-        let out = if order.is_empty() {
-            RecordBatch::new_empty(Arc::new(schema))
-        } else {
-            let refs: Vec<&RecordBatch> = answers.iter().collect();
-            arrow::compute::interleave_record_batch(&refs, &order).map_err(invalid)?
-        };
-        mink_log::codec::project(&out, columns).map_err(invalid)
+        let rows = matcher.in_key_order(schema, &answers).map_err(invalid)?;
+        mink_log::codec::project(&rows, columns).map_err(invalid)
     }
-}
-
-/// The keys as a batch of the identifying columns, cast to the table's types.
-fn typed_keys(schema: &Schema, ids: &[String], keys: &[Key]) -> ClientResult<RecordBatch> {
-    let fields: Vec<Field> = ids
-        .iter()
-        .map(|c| {
-            schema
-                .field_with_name(c)
-                .map(|f| f.as_ref().clone().with_nullable(true))
-                .map_err(|_| invalid(format!("key column {c:?} is not in the table")))
-        })
-        .collect::<ClientResult<_>>()?;
-    for (i, k) in keys.iter().enumerate() {
-        if let Some(c) = ids.iter().find(|c| k.get(*c).is_none_or(Value::is_null)) {
-            return Err(invalid(format!("key {i} has no value for {c:?}")));
-        }
-    }
-    let key_schema = Arc::new(Schema::new(fields));
-    let mut decoder = arrow::json::ReaderBuilder::new(Arc::clone(&key_schema))
-        .build_decoder()
-        .map_err(invalid)?;
-    decoder
-        .serialize(keys)
-        .map_err(|e| invalid(format!("keys: {e}")))?;
-    Ok(decoder
-        .flush()
-        .map_err(|e| invalid(format!("keys: {e}")))?
-        .unwrap_or_else(|| RecordBatch::new_empty(key_schema)))
-}
-
-/// The leader's address of each key's bucket (the connected node where unknown).
-fn leaders(
-    connected: &str,
-    d: &TableDescription,
-    keys: &RecordBatch,
-    ids: &[String],
-) -> ClientResult<Vec<String>> {
-    let at = |names: &[String]| -> Vec<usize> {
-        names
-            .iter()
-            .filter_map(|n| ids.iter().position(|c| c == n))
-            .collect()
-    };
-    let partitions = if d.partition_keys.is_empty() {
-        vec![String::new(); keys.num_rows()]
-    } else {
-        partitions_of(keys, &at(&d.partition_keys)).map_err(invalid)?
-    };
-    let buckets = buckets_of(keys, &at(&d.bucket_key), d.bucket_count.max(1)).map_err(invalid)?;
-    let leader: HashMap<(Option<String>, u32), &str> = d
-        .buckets
-        .iter()
-        .filter(|b| !b.leader_address.is_empty())
-        .map(|b| ((b.partition.clone(), b.bucket), b.leader_address.as_str()))
-        .collect();
-    Ok(partitions
-        .into_iter()
-        .zip(buckets)
-        .map(|(p, b)| {
-            let p = (!d.partition_keys.is_empty()).then_some(p);
-            leader
-                .get(&(p, b))
-                .map_or_else(|| connected.to_string(), |a| (*a).to_string())
-        })
-        .collect())
 }

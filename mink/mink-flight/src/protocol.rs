@@ -20,6 +20,9 @@ pub const LEADER_NODE_HEADER: &str = "mink-leader-node";
 pub const LEADER_ADDRESS_HEADER: &str = "mink-leader-address";
 /// On every error: the error's [`ErrorCode`] (`NOT_FOUND`, `NOT_LEADER`, ...).
 pub const ERROR_CODE_HEADER: &str = "mink-error-code";
+/// Set by a node forwarding a read to a bucket's leader: the leader answers from what it
+/// leads and never forwards it again.
+pub const FORWARDED_HEADER: &str = "mink-forwarded";
 
 /// `DoAction` types. The body and the single result are JSON.
 pub mod action {

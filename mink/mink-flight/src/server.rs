@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arrow::array::RecordBatch;
-use arrow::datatypes::{Schema, SchemaRef};
+use arrow::datatypes::SchemaRef;
 use arrow::ipc::writer::IpcWriteOptions;
 use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
 use arrow_flight::error::FlightError;
@@ -54,8 +54,10 @@ impl Default for ServerConfig {
 /// Mink's Arrow Flight service (see `docs/flight.md` for the protocol).
 #[derive(Clone, Debug)]
 pub struct MinkFlight {
-    node: Node,
-    config: Arc<ServerConfig>,
+    pub(crate) node: Node,
+    pub(crate) config: Arc<ServerConfig>,
+    /// Channels to other nodes, for reads forwarded to bucket leaders.
+    pub(crate) peers: Arc<crate::forward::Peers>,
 }
 
 type FlightStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -65,6 +67,7 @@ impl MinkFlight {
         MinkFlight {
             node,
             config: Arc::new(config),
+            peers: Arc::default(),
         }
     }
 
@@ -148,7 +151,7 @@ impl MinkFlight {
         response
     }
 
-    fn status(&self, code: ErrorCode, message: String) -> Status {
+    pub(crate) fn status(&self, code: ErrorCode, message: String) -> Status {
         let grpc = match code {
             ErrorCode::NotFound => tonic::Code::NotFound,
             ErrorCode::AlreadyExists => tonic::Code::AlreadyExists,
@@ -169,7 +172,7 @@ impl MinkFlight {
 
     // By value: it reads best as `.map_err(|e| self.error(e))`.
     #[allow(clippy::needless_pass_by_value)]
-    fn error(&self, e: NodeError) -> Status {
+    pub(crate) fn error(&self, e: NodeError) -> Status {
         let body = error_body(&e);
         let mut status = self.status(body.code, body.message);
         if let (Some(node), Some(address)) = (body.leader_node_id, body.leader_address) {
@@ -182,7 +185,7 @@ impl MinkFlight {
         status
     }
 
-    fn invalid(&self, message: impl Into<String>) -> Status {
+    pub(crate) fn invalid(&self, message: impl Into<String>) -> Status {
         self.status(ErrorCode::Invalid, message.into())
     }
 
@@ -558,6 +561,7 @@ impl MinkFlight {
         info: &TableInfo,
         started: std::time::Instant,
         span: tracing::Span,
+        forwarded: bool,
     ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
         if t.offset.is_some() || t.latest || t.tail || t.end_offset.is_some() {
             return Err(self.invalid(
@@ -574,22 +578,10 @@ impl MinkFlight {
             (None, None) => None,
         };
         if let Some((rows, prefix)) = keys {
-            let found = if rows.is_empty() {
-                Ok(RecordBatch::new_empty(Arc::clone(&info.schema)))
-            } else if prefix {
-                let keys = json_keys(&info.schema, rows).map_err(|e| self.invalid(e))?;
-                self.node
-                    .prefix_lookup(&t.database, &t.table, &keys)
-                    .instrument(span)
-                    .await
-            } else {
-                let keys = json_keys(&info.schema, rows).map_err(|e| self.invalid(e))?;
-                self.node
-                    .lookup(&t.database, &t.table, &keys)
-                    .instrument(span)
-                    .await
-            }
-            .map_err(|e| self.error(e))?;
+            let found = self
+                .lookup_rows(&t, info, rows, prefix, forwarded)
+                .instrument(span)
+                .await?;
             let found = mink_log::codec::project(&found, &t.columns)
                 .map_err(|e| self.invalid(e.to_string()))?;
             let mut encoder = BatchEncoder::new();
@@ -631,7 +623,7 @@ impl MinkFlight {
         let (tx, rx) = mpsc::channel(8);
         let work = self
             .clone()
-            .produce_snapshot(t, buckets, schema, tx.clone());
+            .produce_snapshot(t, buckets, schema, tx.clone(), forwarded);
         self.spawn_call(
             "do_get",
             started,
@@ -651,13 +643,39 @@ impl MinkFlight {
         buckets: Vec<(Option<String>, u32)>,
         schema: SchemaRef,
         tx: mpsc::Sender<Result<FlightData, Status>>,
+        forwarded: bool,
     ) -> tonic::Code {
         let mut encoder = BatchEncoder::new();
         if tx.send(Ok(encoder.schema(&schema, None))).await.is_err() {
             return tonic::Code::Cancelled;
         }
+        let info = match self.node.describe_table(&t.database, &t.table) {
+            Ok(i) => i,
+            Err(e) => return fail(&tx, self.error(e)).await,
+        };
         let mut rows_sent = 0u64;
         for (partition, bucket) in buckets {
+            if t.max_rows.is_some_and(|m| rows_sent >= m) {
+                return tonic::Code::Ok;
+            }
+            if let crate::forward::Place::Leader(address) =
+                self.place(&info, partition.as_ref(), bucket, forwarded)
+            {
+                let ticket = protocol::Ticket {
+                    database: t.database.clone(),
+                    table: t.table.clone(),
+                    partition: partition.clone(),
+                    bucket: Some(bucket),
+                    columns: t.columns.clone(),
+                    max_rows: t.max_rows.map(|m| m - rows_sent),
+                    ..Default::default()
+                };
+                match self.relay(&address, &ticket, &mut encoder, &tx).await {
+                    Ok(rows) => rows_sent += rows,
+                    Err(code) => return code,
+                }
+                continue;
+            }
             let mut scan = match self
                 .node
                 .kv_scan(&t.database, &t.table, partition.as_deref(), bucket)
@@ -945,40 +963,7 @@ fn count_out(data: &[FlightData], rows: usize) {
 /// Rows per batch of a snapshot scan.
 const SNAPSHOT_PAGE_ROWS: usize = 8192;
 
-/// Keys given as JSON objects, as a batch of the columns they name (typed by the table).
-fn json_keys(
-    schema: &Schema,
-    rows: &[serde_json::Map<String, serde_json::Value>],
-) -> Result<RecordBatch, String> {
-    let mut names: Vec<&String> = Vec::new();
-    for row in rows {
-        for k in row.keys() {
-            if !names.contains(&k) {
-                names.push(k);
-            }
-        }
-    }
-    let fields: Vec<arrow::datatypes::Field> = names
-        .iter()
-        .map(|n| {
-            schema
-                .field_with_name(n)
-                .map(|f| f.as_ref().clone().with_nullable(true))
-                .map_err(|_| format!("key column {n:?} is not in the table"))
-        })
-        .collect::<Result<_, _>>()?;
-    let key_schema = Arc::new(Schema::new(fields));
-    let mut decoder = arrow::json::ReaderBuilder::new(Arc::clone(&key_schema))
-        .build_decoder()
-        .map_err(|e| e.to_string())?;
-    decoder.serialize(rows).map_err(|e| format!("keys: {e}"))?;
-    Ok(decoder
-        .flush()
-        .map_err(|e| format!("keys: {e}"))?
-        .unwrap_or_else(|| RecordBatch::new_empty(key_schema)))
-}
-
-async fn fail<T>(tx: &mpsc::Sender<Result<T, Status>>, status: Status) -> tonic::Code {
+pub(crate) async fn fail<T>(tx: &mpsc::Sender<Result<T, Status>>, status: Status) -> tonic::Code {
     let code = status.code();
     let _ = tx.send(Err(status)).await;
     code
@@ -1171,7 +1156,13 @@ impl FlightService for MinkFlight {
                 )));
             }
             if primary && !ticket.changelog {
-                return self.kv_get(ticket, &info, started, span).await;
+                let forwarded = request
+                    .metadata()
+                    .get(protocol::FORWARDED_HEADER)
+                    .is_some();
+                return self
+                    .kv_get(ticket, &info, started, span, forwarded)
+                    .await;
             }
             let plans = self.plan_read(&ticket).map_err(|e| self.error(e))?;
             let full = if primary {
