@@ -382,7 +382,7 @@ async fn writes_follow_redirects_and_reads_see_them_on_any_node() {
     let leaders: std::collections::BTreeSet<u64> =
         d.buckets.iter().map(|x| x.leader_node_id).collect();
     assert_eq!(leaders.len(), 2, "{d:?}");
-    // A raw routed DoPut to node 1 is told, per bucket, where node 2's buckets live.
+    // A raw routed DoPut to node 1: the rows of node 2's buckets are forwarded there.
     let acks = raw_put(
         &a.address,
         Client::descriptor("app", "events"),
@@ -391,19 +391,59 @@ async fn writes_follow_redirects_and_reads_see_them_on_any_node() {
     )
     .await
     .unwrap();
-    let redirected: Vec<_> = acks[0]
+    assert!(
+        acks[0]
+            .buckets
+            .iter()
+            .all(|r| r.error.is_none() && r.end_offset.is_some()),
+        "{acks:?}"
+    );
+    assert_eq!(acks[0].buckets.iter().map(|r| r.rows).sum::<u64>(), 50);
+    // A DoPut naming a bucket node 1 does not lead is told where it lives (never forwarded).
+    let far = d
         .buckets
         .iter()
-        .filter(|r| r.error.is_some())
+        .find(|x| x.leader_node_id == 2)
+        .unwrap()
+        .bucket;
+    let target = protocol::WriteDescriptor {
+        database: "app".into(),
+        table: "events".into(),
+        bucket: Some(far),
+        ..Default::default()
+    };
+    let rows_of_far: Vec<i64> = (0..400)
+        .filter(|i| mink_log::routing::buckets_of(&batch(*i..*i + 1), &[0], 4).unwrap()[0] == far)
+        .take(3)
         .collect();
-    assert!(!redirected.is_empty());
-    for r in redirected {
-        let e = r.error.as_ref().unwrap();
-        assert_eq!(
-            (e.code, e.leader_address.as_deref()),
-            (ErrorCode::NotLeader, Some(b.address.as_str()))
-        );
-    }
+    let acks = raw_put(
+        &a.address,
+        FlightDescriptor::new_cmd(protocol::to_json(&target)),
+        &schema(),
+        vec![(
+            RecordBatch::try_from_iter(vec![
+                (
+                    "user_id",
+                    Arc::new(Int64Array::from(rows_of_far.clone())) as ArrayRef,
+                ),
+                (
+                    "event",
+                    Arc::new(StringArray::from_iter_values(
+                        rows_of_far.iter().map(|i| format!("e{i}")),
+                    )) as ArrayRef,
+                ),
+            ])
+            .unwrap(),
+            vec![],
+        )],
+    )
+    .await
+    .unwrap();
+    let e = acks[0].buckets[0].error.as_ref().unwrap();
+    assert_eq!(
+        (e.code, e.leader_address.as_deref()),
+        (ErrorCode::NotLeader, Some(b.address.as_str()))
+    );
     // The client routes and follows; a reader on the other node sees every row.
     client
         .writer("app", "events")
@@ -415,8 +455,8 @@ async fn writes_follow_redirects_and_reads_see_them_on_any_node() {
         .scan_all(&Scan::table("app", "events"))
         .await
         .unwrap();
-    let got: Vec<i64> = ids(&all).into_iter().filter(|i| *i >= 100).collect();
-    assert_eq!(got, (100..200).collect::<Vec<_>>());
+    let got: Vec<i64> = ids(&all);
+    assert_eq!(got, (0..50).chain(100..200).collect::<Vec<_>>());
     a.stop().await;
     b.stop().await;
 }

@@ -225,5 +225,74 @@ impl MinkFlight {
     }
 }
 
+impl MinkFlight {
+    /// Writes the rows of one bucket of a routed write at its leader (a `DoPut` naming the
+    /// bucket, so it is never forwarded again) and returns the leader's result for them. If
+    /// the leader cannot be reached, the original `NOT_LEADER` result stands.
+    pub(crate) async fn forward_put(
+        &self,
+        database: &str,
+        table: &str,
+        w: &mink_node::BucketWrite,
+        rows: &RecordBatch,
+        address: &str,
+    ) -> protocol::BucketResult {
+        let fallback = crate::server::bucket_result(w);
+        let descriptor = protocol::WriteDescriptor {
+            database: database.to_string(),
+            table: table.to_string(),
+            partition: w.partition.clone(),
+            bucket: Some(w.bucket),
+            ..Default::default()
+        };
+        let mut encoder = BatchEncoder::new();
+        let mut messages = vec![encoder.schema(
+            &rows.schema(),
+            Some(arrow_flight::FlightDescriptor::new_cmd(protocol::to_json(
+                &descriptor,
+            ))),
+        )];
+        match encoder.batch(rows, bytes::Bytes::new()) {
+            Ok(m) => messages.extend(m),
+            Err(_) => return fallback,
+        }
+        let Ok(channel) = self.peer(address) else {
+            return fallback;
+        };
+        let mut client = FlightServiceClient::new(channel)
+            .max_encoding_message_size(self.config.max_message_bytes)
+            .max_decoding_message_size(self.config.max_message_bytes);
+        let ack = async {
+            let mut results = client
+                .do_put(Request::new(futures::stream::iter(messages)))
+                .await?
+                .into_inner();
+            let first = results.message().await?.ok_or_else(|| {
+                Status::unavailable("the leader closed the write without an answer")
+            })?;
+            protocol::parse::<protocol::PutAck>("forwarded PutResult", &first.app_metadata)
+                .map_err(|e| Status::internal(e.0))
+        }
+        .await;
+        match ack {
+            Ok(a) => a.buckets.into_iter().next().map_or(fallback, |mut r| {
+                r.rows = w.rows as u64;
+                r
+            }),
+            // The leader refused the rows themselves: its answer stands for them.
+            Err(s) if s.code() == tonic::Code::InvalidArgument => protocol::BucketResult {
+                error: Some(protocol::ErrorBody {
+                    code: protocol::ErrorCode::Invalid,
+                    message: s.message().to_string(),
+                    leader_node_id: None,
+                    leader_address: None,
+                }),
+                ..fallback
+            },
+            Err(_) => fallback,
+        }
+    }
+}
+
 /// Keeps the map type in one place.
 pub(crate) type Peers = std::sync::Mutex<HashMap<String, Channel>>;

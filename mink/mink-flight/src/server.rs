@@ -877,17 +877,28 @@ impl MinkFlight {
                     next += 1;
                     let arrived = std::time::Instant::now();
                     match self.submit(&descriptor, writer, writer_epoch, &batch, &app_metadata).await {
-                        Ok(pending) => in_flight.push_back(async move {
-                            let buckets = pending
-                                .await
-                                .into_iter()
-                                .map(|w| bucket_result(&w))
-                                .collect();
+                        Ok(pending) => in_flight.push_back({
+                            let this = self.clone();
+                            let (database, table) = (descriptor.database.clone(), descriptor.table.clone());
+                            async move {
+                            let mut buckets = Vec::new();
+                            for w in pending.await {
+                                // Rows of a routed write whose bucket another node leads go
+                                // there (one hop: the forwarded write names its bucket).
+                                buckets.push(match (&w.result, &w.unsent) {
+                                    (Err(NodeError::NotLeader { address, .. }), Some(rows))
+                                        if !address.is_empty() =>
+                                    {
+                                        this.forward_put(&database, &table, &w, rows, address).await
+                                    }
+                                    _ => bucket_result(&w),
+                                });
+                            }
                             crate::metrics::metrics().ack.record(arrived.elapsed().as_secs_f64(), &[]);
                             PutResult {
                                 app_metadata: protocol::to_json(&protocol::PutAck { batch: index, buckets }),
                             }
-                        }),
+                        }}),
                         Err(status) => {
                             failure = Some(Status::with_metadata(
                                 status.code(),
@@ -978,7 +989,7 @@ fn s3stream_writer(writer_id: u64, writer_epoch: u64, sequence: u64) -> mink_nod
     }
 }
 
-fn bucket_result(w: &mink_node::BucketWrite) -> protocol::BucketResult {
+pub(crate) fn bucket_result(w: &mink_node::BucketWrite) -> protocol::BucketResult {
     let (base, end, duplicate, error) = match &w.result {
         Ok(ack) => (
             Some(ack.base_offset),

@@ -204,6 +204,8 @@ impl Node {
         fields.push(Field::new(ROW_KIND, DataType::Boolean, false));
         let with_kind = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns_with_kind)?;
         let parts = self.route(&record, &schema, with_kind, target).await?;
+        // Rows a frontend may forward to another leader: a routed write of whole rows.
+        let routed_full = target.is_routed() && targets.is_none();
         let mut submitted = Vec::with_capacity(parts.len());
         for (partition, partition_id, b, part) in parts {
             let rows = part.num_rows();
@@ -217,18 +219,24 @@ impl Node {
                 deletes: (deletes.true_count() > 0).then_some(deletes),
                 targets: targets.clone(),
             };
-            let pending = match self.kv_tablet(&record, partition_id, b).await {
-                Ok(tablet) => tablet
-                    .submit(write, target.writer)
-                    .await
-                    .map_err(NodeError::from),
-                Err(e) => Err(e),
+            let (pending, unsent) = match self.kv_tablet(&record, partition_id, b).await {
+                Ok(tablet) => (
+                    tablet
+                        .submit(write, target.writer)
+                        .await
+                        .map_err(NodeError::from),
+                    None,
+                ),
+                Err(e @ NodeError::NotLeader { .. }) if routed_full => {
+                    (Err(e), Some(with_row_kind(&write)?))
+                }
+                Err(e) => (Err(e), None),
             };
-            submitted.push((partition, partition_id, b, rows, pending));
+            submitted.push((partition, partition_id, b, rows, pending, unsent));
         }
         Ok(PendingWrite::new(futures::future::join_all(
             submitted.into_iter().map(
-                |(partition, partition_id, bucket, rows, pending)| async move {
+                |(partition, partition_id, bucket, rows, pending, unsent)| async move {
                     let result = match pending {
                         Ok(p) => p.await.map_err(NodeError::from).map(|ack| {
                             let (base_offset, end_offset) = ack.offsets.unwrap_or((0, 0));
@@ -246,6 +254,7 @@ impl Node {
                         bucket,
                         rows,
                         result,
+                        unsent,
                     }
                 },
             ),
@@ -546,6 +555,34 @@ impl Node {
         }
         Ok(dropped)
     }
+}
+
+/// A write's rows as the leader takes them: the table's columns and `_row_kind`.
+fn with_row_kind(write: &KvWrite) -> NodeResult<RecordBatch> {
+    let n = write.batch.num_rows();
+    let kinds: arrow::array::StringArray = (0..n)
+        .map(|i| {
+            Some(if write.deletes.as_ref().is_some_and(|d| d.value(i)) {
+                "delete"
+            } else {
+                "upsert"
+            })
+        })
+        .collect();
+    let mut fields: Vec<Field> = write
+        .batch
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    fields.push(Field::new(ROW_KIND, DataType::Utf8, false));
+    let mut columns = write.batch.columns().to_vec();
+    columns.push(Arc::new(kinds));
+    Ok(RecordBatch::try_new(
+        Arc::new(Schema::new(fields)),
+        columns,
+    )?)
 }
 
 /// Where each of the table's `columns` sits among the key batch's column `names`.

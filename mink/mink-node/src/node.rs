@@ -86,6 +86,10 @@ pub struct BucketWrite {
     pub bucket: u32,
     pub rows: usize,
     pub result: Result<AppendAck, NodeError>,
+    /// With `NotLeader` on a routed write (no bucket or writer named, not a partial update):
+    /// the bucket's rows, as a batch the leader takes as is (with `_row_kind` for a
+    /// primary-key table), so a frontend can forward them.
+    pub unsent: Option<RecordBatch>,
 }
 
 /// A submitted write (see [`Node::submit_write`]): resolves to its per-bucket results.
@@ -128,6 +132,13 @@ pub struct WriteTarget {
     /// Primary-key tables: a partial update setting only these columns (see
     /// [`Node::submit_kv_write`]).
     pub columns: Option<Vec<String>>,
+}
+
+impl WriteTarget {
+    /// A write the node routes itself: no bucket, no writer, not a partial update.
+    pub fn is_routed(&self) -> bool {
+        self.bucket.is_none() && self.writer.is_none() && self.columns.is_none()
+    }
 }
 
 /// How long a write waits for a new bucket's first leader before answering "retry".
@@ -427,22 +438,27 @@ impl Node {
             return Ok(PendingWrite(Box::pin(std::future::ready(Vec::new()))));
         }
         let parts = self.route(&record, &schema, batch, target).await?;
+        let routed = target.is_routed();
         let mut submitted = Vec::with_capacity(parts.len());
         for (partition, partition_id, b, part) in parts {
             let rows = part.num_rows();
-            let appending = match self.tablet(&record, partition_id, b).await {
-                Ok(tablet) => tablet
-                    .submit(&part, target.writer)
-                    .await
-                    .map_err(NodeError::from),
-                Err(e) => Err(e),
+            let (appending, unsent) = match self.tablet(&record, partition_id, b).await {
+                Ok(tablet) => (
+                    tablet
+                        .submit(&part, target.writer)
+                        .await
+                        .map_err(NodeError::from),
+                    None,
+                ),
+                Err(e @ NodeError::NotLeader { .. }) => (Err(e), routed.then_some(part)),
+                Err(e) => (Err(e), None),
             };
-            submitted.push((partition, partition_id, b, rows, appending));
+            submitted.push((partition, partition_id, b, rows, appending, unsent));
         }
         // The engine puts them in one object: one flush delay for all of them.
         Ok(PendingWrite(Box::pin(futures::future::join_all(
             submitted.into_iter().map(
-                |(partition, partition_id, bucket, rows, appending)| async move {
+                |(partition, partition_id, bucket, rows, appending, unsent)| async move {
                     let result = match appending {
                         Ok(appending) => appending.await.map_err(NodeError::from),
                         Err(e) => Err(e),
@@ -453,6 +469,7 @@ impl Node {
                         bucket,
                         rows,
                         result,
+                        unsent,
                     }
                 },
             ),
