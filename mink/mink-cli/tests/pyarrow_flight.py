@@ -137,6 +137,35 @@ assert meta["offset"] == b0["end_offset"], (meta, b0)
 bucket0 = next(x for x in late_ack["buckets"] if x["bucket"] == 0)
 assert len(ids) == bucket0["rows"] and all(1000 <= i < 1030 for i in ids), (ids, bucket0)
 
+# Dictionary-encoded columns: stored per batch, read back with their dictionaries (a new one
+# replaces the last when it changes).
+dict_schema = pa.schema(
+    [pa.field("id", pa.int64(), nullable=False), pa.field("color", pa.dictionary(pa.int32(), pa.string()))]
+)
+action(
+    "create_table",
+    {
+        "database": "py",
+        "table": "colors",
+        "schema": base64.b64encode(dict_schema.serialize().to_pybytes()).decode(),
+        "options": {"bucket.num": "1"},
+    },
+)
+w, r = client.do_put(flight.FlightDescriptor.for_path("py", "colors"), dict_schema)
+for ids, colors in (([1, 2], ["red", "blue"]), ([3], ["green"])):
+    w.write_batch(
+        pa.record_batch(
+            [pa.array(ids, pa.int64()), pa.array(colors).dictionary_encode()], schema=dict_schema
+        )
+    )
+w.done_writing()
+r.read()
+r.read()
+w.close()
+colors = client.do_get(flight.Ticket(json.dumps({"database": "py", "table": "colors"}).encode())).read_all()
+assert colors.schema.field("color").type == dict_schema.field("color").type, colors.schema
+assert colors.column("color").to_pylist() == ["red", "blue", "green"], colors
+
 # Bad input: precise errors, and the node keeps serving.
 expect_error(KeyError, lambda: client.get_flight_info(flight.FlightDescriptor.for_path("py", "nope")), "does not exist")
 expect_error(pa.ArrowInvalid, lambda: client.do_get(flight.Ticket(b"not json")).read_all(), "ticket")

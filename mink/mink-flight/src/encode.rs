@@ -8,7 +8,7 @@ use arrow::ipc::writer::{
     CompressionContext, DictionaryTracker, IpcDataGenerator, IpcWriteOptions,
 };
 use arrow_flight::error::FlightError;
-use arrow_flight::{FlightData, FlightDescriptor, SchemaAsIpc};
+use arrow_flight::{FlightData, FlightDescriptor};
 use bytes::Bytes;
 
 /// Encodes one Flight stream: a schema message, then batches (dictionaries are sent before
@@ -42,9 +42,15 @@ impl BatchEncoder {
         }
     }
 
-    /// The stream's first message, with the descriptor a `DoPut` needs.
-    pub fn schema(&self, schema: &Schema, descriptor: Option<FlightDescriptor>) -> FlightData {
-        let mut data: FlightData = SchemaAsIpc::new(schema, &self.options).into();
+    /// The stream's first message, with the descriptor a `DoPut` needs. It assigns the
+    /// dictionary ids the batches' dictionary messages then refer to.
+    pub fn schema(&mut self, schema: &Schema, descriptor: Option<FlightDescriptor>) -> FlightData {
+        let encoded = self.generator.schema_to_bytes_with_dictionary_tracker(
+            schema,
+            &mut self.dictionaries,
+            &self.options,
+        );
+        let mut data: FlightData = encoded.into();
         data.flight_descriptor = descriptor;
         data
     }
