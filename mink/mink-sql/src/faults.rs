@@ -34,6 +34,9 @@ pub struct Faults {
     /// Unconditional: the next append commits, then the store pauses (as if the process froze
     /// right after COMMIT) and the append reports a dropped connection once resumed.
     pub pause_after_next_append: AtomicBool,
+    /// Like `pause_after_next_append`, for the next append whose row holds a
+    /// `CommitStreamSetObject` (other rows, a lease or coordinator command, pass).
+    pub pause_after_next_object_commit: AtomicBool,
     paused: watch::Sender<bool>,
     rng: Mutex<StdRng>,
     injected: AtomicU64,
@@ -48,6 +51,7 @@ impl Faults {
             latency_us: AtomicU64::new(0),
             next_append_lost_after_commit: AtomicBool::new(false),
             pause_after_next_append: AtomicBool::new(false),
+            pause_after_next_object_commit: AtomicBool::new(false),
             paused: watch::channel(false).0,
             rng: Mutex::new(StdRng::seed_from_u64(seed)),
             injected: AtomicU64::new(0),
@@ -160,11 +164,27 @@ impl FaultyStore {
 impl LogStore for FaultyStore {
     async fn append(&self, payload: &[u8]) -> StoreResult<u64> {
         let index = self.faults.write(self.inner.append(payload)).await?;
-        if self
+        let object_commit = || {
+            mink_metadata::decode_row(payload, mink_metadata::METADATA_VERSION).is_ok_and(|row| {
+                row.commands
+                    .iter()
+                    .any(|c| matches!(c, mink_metadata::Command::CommitStreamSetObject(_)))
+            })
+        };
+        let pause_here = self
             .faults
             .pause_after_next_append
             .swap(false, Ordering::Relaxed)
-        {
+            || (self
+                .faults
+                .pause_after_next_object_commit
+                .load(Ordering::Relaxed)
+                && object_commit()
+                && self
+                    .faults
+                    .pause_after_next_object_commit
+                    .swap(false, Ordering::Relaxed));
+        if pause_here {
             self.faults.pause();
             self.faults.gate().await?;
             self.faults.injected.fetch_add(1, Ordering::Relaxed);

@@ -872,8 +872,10 @@ async fn a_crash_between_commit_and_ack_is_answered_on_retry(world: World) {
         last_sequence: seq,
     };
     node.append(s, 1, payload(s, 0), Some(w(0))).await.unwrap();
-    // Make sure the next row is the commit: ids are prepared already.
-    meta.pause_after_next_append.store(true, Ordering::Relaxed);
+    // The row with the object's commit lands, then the store freezes (rows of other commands,
+    // such as the lease holder's, pass).
+    meta.pause_after_next_object_commit
+        .store(true, Ordering::Relaxed);
     let pending = {
         let node = node.clone();
         tokio::spawn(async move { node.append(s, 1, payload(s, 1), Some(w(1))).await })
