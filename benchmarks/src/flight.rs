@@ -189,6 +189,8 @@ fn batch(rows: usize) -> RecordBatch {
 async fn client(address: &str) -> anyhow::Result<FlightServiceClient<Channel>> {
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))?
         .tcp_nodelay(true)
+        .initial_stream_window_size(mink_flight::STREAM_WINDOW)
+        .initial_connection_window_size(mink_flight::CONNECTION_WINDOW)
         .connect()
         .await?;
     Ok(FlightServiceClient::new(channel)
@@ -310,7 +312,10 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
         messages: Arc::new(messages.clone()),
     };
     tokio::spawn(
+        // The same HTTP/2 windows as the node's listener: the same transport, no storage.
         tonic::transport::Server::builder()
+            .initial_stream_window_size(mink_flight::STREAM_WINDOW)
+            .initial_connection_window_size(mink_flight::CONNECTION_WINDOW)
             .add_service(
                 arrow_flight::flight_service_server::FlightServiceServer::new(echo)
                     .max_decoding_message_size(256 << 20)

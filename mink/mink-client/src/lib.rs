@@ -270,6 +270,8 @@ impl Client {
                     .map_err(|e| transport(&e))?
                     .connect_timeout(self.inner.config.connect_timeout)
                     .tcp_nodelay(true)
+                    .initial_stream_window_size(mink_flight::STREAM_WINDOW)
+                    .initial_connection_window_size(mink_flight::CONNECTION_WINDOW)
                     .connect()
                     .await
                     .map_err(|e| transport(&source_chain(&e)))?;

@@ -183,7 +183,9 @@ impl MinkFlight {
         }
         let endpoint = Endpoint::from_shared(format!("http://{address}"))
             .map_err(|e| Status::internal(format!("leader address {address:?}: {e}")))?
-            .connect_timeout(std::time::Duration::from_secs(5));
+            .connect_timeout(std::time::Duration::from_secs(5))
+            .initial_stream_window_size(crate::STREAM_WINDOW)
+            .initial_connection_window_size(crate::CONNECTION_WINDOW);
         let channel = endpoint.connect_lazy();
         peers.insert(address.to_string(), channel.clone());
         Ok(channel)

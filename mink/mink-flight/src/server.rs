@@ -1330,7 +1330,11 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
+    // HTTP/2's default 64 KiB windows make a sender of large batches wait for a window update
+    // many times per batch; on a busy node each one waits for the connection task.
     tonic::transport::Server::builder()
+        .initial_stream_window_size(crate::STREAM_WINDOW)
+        .initial_connection_window_size(crate::CONNECTION_WINDOW)
         .add_service(MinkFlight::new(node, config).into_server())
         .serve_with_incoming_shutdown(
             tokio_stream::wrappers::TcpListenerStream::new(listener),
