@@ -241,12 +241,38 @@ async fn admin_write_scan_project_and_tail_through_the_client() {
             database: "app".into(),
             table: "events".into(),
             set_options: BTreeMap::from([("table.log.ttl".into(), "2d".into())]),
-            schema: Some(protocol::encode_schema(&Schema::new(fields)).unwrap()),
+            schema: Some(protocol::encode_schema(&Schema::new(fields.clone())).unwrap()),
             ..Default::default()
         })
         .await
         .unwrap();
     assert_eq!((altered.schema_version, altered.columns.len()), (2, 3));
+    // Batches written before the change are read in the new schema (decoded, `score` null);
+    // batches written after it go out as stored.
+    let before = raw_get(
+        &server.address,
+        serde_json::json!({"database": "app", "table": "events"}),
+    )
+    .await;
+    assert_eq!(before.num_columns(), 3);
+    assert_eq!(before.column(2).null_count(), before.num_rows());
+    let scored = RecordBatch::try_new(
+        Arc::new(Schema::new(fields.clone())),
+        vec![
+            Arc::new(Int64Array::from(vec![9_000, 9_001])) as ArrayRef,
+            Arc::new(StringArray::from(vec!["s0", "s1"])) as ArrayRef,
+            Arc::new(arrow::array::Float64Array::from(vec![0.5, 1.5])) as ArrayRef,
+        ],
+    )
+    .unwrap();
+    client.writer("app", "events").write(&scored).await.unwrap();
+    let after = raw_get(
+        &server.address,
+        serde_json::json!({"database": "app", "table": "events"}),
+    )
+    .await;
+    assert_eq!(after.num_rows(), before.num_rows() + 2);
+    assert_eq!(after.column(2).null_count(), before.num_rows());
     client.drop_table("app", "events", false).await.unwrap();
     let e = client.describe_table("app", "events").await.unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::NotFound), "{e}");

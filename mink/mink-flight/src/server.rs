@@ -734,6 +734,14 @@ impl MinkFlight {
         }
         let idle = t.tail_idle_ms.map(Duration::from_millis);
         let mut rows_sent = 0u64;
+        // Whole stored batches of a log table, unprojected, go out as stored when written
+        // under the current schema.
+        let primary = self
+            .node
+            .describe_table(&t.database, &t.table)
+            .is_ok_and(|i| !i.primary_key.is_empty());
+        let wire_header =
+            (!primary && t.columns.is_empty()).then(|| mink_log::codec::schema_header(&schema));
         for plan in plans {
             let mut offset = plan.from;
             let mut idle_since = tokio::time::Instant::now();
@@ -743,19 +751,10 @@ impl MinkFlight {
                 {
                     break;
                 }
-                let read = self
-                    .node
-                    .read(
-                        &t.database,
-                        &t.table,
-                        plan.partition.as_deref(),
-                        plan.bucket,
-                        offset,
-                        self.config.read_bytes,
-                        &t.columns,
-                    )
-                    .await;
-                let batches = match read {
+                let batches = match self
+                    .read_pieces(&t, &plan, offset, wire_header.as_ref())
+                    .await
+                {
                     Ok(b) => b,
                     Err(e) => {
                         return fail(&tx, self.error(e)).await;
@@ -790,7 +789,42 @@ impl MinkFlight {
                     continue;
                 }
                 idle_since = tokio::time::Instant::now();
-                for b in batches {
+                for piece in batches {
+                    let b = match piece {
+                        Piece::Wire {
+                            header,
+                            body,
+                            base,
+                            end,
+                        } => {
+                            // A stored batch sent as it is stored.
+                            offset = end;
+                            let rows = end - base;
+                            rows_sent += rows;
+                            let data = FlightData {
+                                data_header: header,
+                                data_body: body,
+                                app_metadata: protocol::to_json(&protocol::ReadMetadata {
+                                    partition: plan.partition.clone(),
+                                    bucket: plan.bucket,
+                                    offset: base,
+                                }),
+                                ..Default::default()
+                            };
+                            count_out(
+                                std::slice::from_ref(&data),
+                                usize::try_from(rows).unwrap_or(usize::MAX),
+                            );
+                            if tx.send(Ok(data)).await.is_err() {
+                                return tonic::Code::Cancelled;
+                            }
+                            if t.max_rows.is_some_and(|m| rows_sent >= m) {
+                                break;
+                            }
+                            continue;
+                        }
+                        Piece::Decoded(b) => b,
+                    };
                     let mut batch = b.batch;
                     offset = b.end_offset;
                     if let Some(to) = plan.to {
@@ -829,6 +863,67 @@ impl MinkFlight {
             }
         }
         tonic::Code::Ok
+    }
+
+    /// One read step of a plan from `offset`: stored batches that can go out as stored (with a
+    /// `wire_header`, the schema message they must carry), the others decoded.
+    async fn read_pieces(
+        &self,
+        t: &protocol::Ticket,
+        plan: &ReadPlan,
+        offset: u64,
+        wire_header: Option<&Bytes>,
+    ) -> Result<Vec<Piece>, NodeError> {
+        let Some(wire_header) = wire_header else {
+            return Ok(self
+                .node
+                .read(
+                    &t.database,
+                    &t.table,
+                    plan.partition.as_deref(),
+                    plan.bucket,
+                    offset,
+                    self.config.read_bytes,
+                    &t.columns,
+                )
+                .await?
+                .into_iter()
+                .map(Piece::Decoded)
+                .collect());
+        };
+        let (tablet, stored) = self
+            .node
+            .read_stored(
+                &t.database,
+                &t.table,
+                plan.partition.as_deref(),
+                plan.bucket,
+                offset,
+                self.config.read_bytes,
+            )
+            .await?;
+        let mut pieces = Vec::with_capacity(stored.len());
+        for s in stored {
+            let whole = s.base_offset >= offset && plan.to.is_none_or(|to| s.end_offset <= to);
+            let wire = whole
+                .then(|| mink_log::codec::wire_batch(&s.payload))
+                .flatten()
+                .filter(|w| mink_log::codec::same_schema_header(&w.schema_header, wire_header));
+            match wire {
+                Some(w) => pieces.push(Piece::Wire {
+                    header: w.header,
+                    body: w.body,
+                    base: s.base_offset,
+                    end: s.end_offset,
+                }),
+                None => {
+                    if let Some(b) = tablet.decode_stored(&s, offset, &t.columns)? {
+                        pieces.push(Piece::Decoded(b));
+                    }
+                }
+            }
+        }
+        Ok(pieces)
     }
 
     /// Runs one `DoPut` stream: submits batches in order (pipelined up to the configured
@@ -969,6 +1064,17 @@ fn count_out(data: &[FlightData], rows: usize) {
         .map(|d| d.data_header.len() + d.data_body.len())
         .sum();
     crate::metrics::transferred("out", bytes, rows);
+}
+
+/// A read step's batch: as stored (its IPC record batch message) or decoded.
+enum Piece {
+    Wire {
+        header: Bytes,
+        body: Bytes,
+        base: u64,
+        end: u64,
+    },
+    Decoded(mink_log::ReadBatch),
 }
 
 /// Rows per batch of a snapshot scan.

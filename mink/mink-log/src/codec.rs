@@ -177,6 +177,82 @@ pub fn encode_batch(batch: &RecordBatch, compression: Compression) -> LogResult<
     Ok(Bytes::from(out))
 }
 
+/// A stored batch's messages as they go on the wire, sliced from the stored bytes (no copy).
+#[derive(Clone, Debug)]
+pub struct WireBatch {
+    /// The flatbuffer of the stream's schema message.
+    pub schema_header: Bytes,
+    /// The flatbuffer and body of its one record batch message (compressed as stored).
+    pub header: Bytes,
+    pub body: Bytes,
+}
+
+/// The messages of a stored batch, when it is a schema and one record batch (no dictionary
+/// messages): what a reader can send as is, without decoding and encoding it again.
+pub fn wire_batch(bytes: &Bytes) -> Option<WireBatch> {
+    let mut at = 0usize;
+    let mut schema_header = None;
+    let mut batch = None;
+    loop {
+        let rest = bytes.get(at..)?;
+        if rest.is_empty() {
+            break;
+        }
+        let skip = if rest.len() >= 4 && rest[..4] == [0xff; 4] {
+            4
+        } else {
+            0
+        };
+        let len_bytes: [u8; 4] = rest.get(skip..skip + 4)?.try_into().ok()?;
+        let meta_len = usize::try_from(i32::from_le_bytes(len_bytes)).ok()?;
+        if meta_len == 0 {
+            break; // end of stream
+        }
+        let start = at + skip + 4;
+        let header = bytes.get(start..start + meta_len)?;
+        let message = arrow::ipc::root_as_message(header).ok()?;
+        let body_len = usize::try_from(message.bodyLength()).ok()?;
+        let body = bytes.get(start + meta_len..start + meta_len + body_len)?;
+        if message.header_as_schema().is_some() && schema_header.is_none() {
+            schema_header = Some(bytes.slice(start..start + meta_len));
+        } else if message.header_as_record_batch().is_some() && batch.is_none() {
+            check_message(header, body).ok()?;
+            batch = Some((
+                bytes.slice(start..start + meta_len),
+                bytes.slice(start + meta_len..start + meta_len + body_len),
+            ));
+        } else {
+            return None; // dictionaries, or more than one batch
+        }
+        at = start + meta_len + body_len;
+    }
+    let (header, body) = batch?;
+    Some(WireBatch {
+        schema_header: schema_header?,
+        header,
+        body,
+    })
+}
+
+/// The flatbuffer of the schema message stored batches of `schema` carry (to recognise batches
+/// written under the current schema).
+pub fn schema_header(schema: &Schema) -> Bytes {
+    let encoded = arrow::ipc::writer::IpcDataGenerator::default()
+        .schema_to_bytes_with_dictionary_tracker(
+            schema,
+            &mut arrow::ipc::writer::DictionaryTracker::new(false),
+            &IpcWriteOptions::default(),
+        );
+    Bytes::from(encoded.ipc_message)
+}
+
+/// Whether a stored schema message (padded to the stream's alignment) is `current`'s.
+pub fn same_schema_header(stored: &[u8], current: &[u8]) -> bool {
+    stored.len() >= current.len()
+        && stored[..current.len()] == *current
+        && stored[current.len()..].iter().all(|b| *b == 0)
+}
+
 /// Decodes a stored batch. The bytes come from storage, so anything malformed is an error,
 /// never a panic.
 pub fn decode_batch(bytes: &[u8]) -> LogResult<RecordBatch> {

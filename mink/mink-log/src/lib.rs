@@ -13,7 +13,7 @@ pub mod routing;
 mod tablet;
 
 #[cfg(feature = "tablet")]
-pub use tablet::{LogTablet, ReadBatch};
+pub use tablet::{LogTablet, ReadBatch, StoredBatch};
 
 /// Errors of the log tablet, classed for gRPC statuses and Kafka codes.
 #[derive(Debug, thiserror::Error)]

@@ -91,31 +91,64 @@ impl LogTablet {
         max_bytes: usize,
         columns: &[String],
     ) -> LogResult<Vec<ReadBatch>> {
-        let stored = self
-            .streams
-            .fetch(self.stream_id, offset, max_bytes)
-            .await?;
+        let stored = self.read_stored(offset, max_bytes).await?;
         let mut out = Vec::with_capacity(stored.len());
-        for s in stored {
-            let mut batch = codec::evolve(&self.schema, &codec::decode_batch(&s.payload)?)?;
-            let mut base_offset = s.base_offset;
-            if base_offset < offset {
-                let skip = usize::try_from(offset - base_offset).unwrap_or(usize::MAX);
-                batch = batch.slice(
-                    skip.min(batch.num_rows()),
-                    batch.num_rows().saturating_sub(skip),
-                );
-                base_offset = offset;
+        for s in &stored {
+            if let Some(b) = self.decode_stored(s, offset, columns)? {
+                out.push(b);
             }
-            if batch.num_rows() == 0 {
-                continue;
-            }
-            out.push(ReadBatch {
-                base_offset,
-                end_offset: s.end_offset(),
-                batch: codec::project(&batch, columns)?,
-            });
         }
         Ok(out)
     }
+
+    /// The stored batches from the one holding `offset`, about `max_bytes` of them, undecoded.
+    pub async fn read_stored(&self, offset: u64, max_bytes: usize) -> LogResult<Vec<StoredBatch>> {
+        Ok(self
+            .streams
+            .fetch(self.stream_id, offset, max_bytes)
+            .await?
+            .into_iter()
+            .map(|s| StoredBatch {
+                base_offset: s.base_offset,
+                end_offset: s.end_offset(),
+                payload: s.payload,
+            })
+            .collect())
+    }
+
+    /// Decodes a stored batch as [`LogTablet::read`] does: its rows from `offset` on, in the
+    /// table's current schema, keeping `columns`. `None` when no row is left.
+    pub fn decode_stored(
+        &self,
+        s: &StoredBatch,
+        offset: u64,
+        columns: &[String],
+    ) -> LogResult<Option<ReadBatch>> {
+        let mut batch = codec::evolve(&self.schema, &codec::decode_batch(&s.payload)?)?;
+        let mut base_offset = s.base_offset;
+        if base_offset < offset {
+            let skip = usize::try_from(offset - base_offset).unwrap_or(usize::MAX);
+            batch = batch.slice(
+                skip.min(batch.num_rows()),
+                batch.num_rows().saturating_sub(skip),
+            );
+            base_offset = offset;
+        }
+        if batch.num_rows() == 0 {
+            return Ok(None);
+        }
+        Ok(Some(ReadBatch {
+            base_offset,
+            end_offset: s.end_offset,
+            batch: codec::project(&batch, columns)?,
+        }))
+    }
+}
+
+/// A batch as stored in the bucket's stream: an Arrow IPC stream of one record batch.
+#[derive(Clone, Debug)]
+pub struct StoredBatch {
+    pub base_offset: u64,
+    pub end_offset: u64,
+    pub payload: bytes::Bytes,
 }

@@ -665,6 +665,35 @@ impl Node {
         Ok(tablet.read(offset, max_bytes, columns).await?)
     }
 
+    /// A log table's bucket from `offset` as stored (undecoded), with the tablet that decodes
+    /// it: for readers that can send stored batches as they are.
+    pub async fn read_stored(
+        &self,
+        database: &str,
+        table: &str,
+        partition: Option<&str>,
+        bucket: u32,
+        offset: u64,
+        max_bytes: usize,
+    ) -> NodeResult<(LogTablet, Vec<mink_log::StoredBatch>)> {
+        let record = self.table_record(database, table)?;
+        if record.is_primary_key_table() {
+            return Err(NodeError::Invalid(format!(
+                "{database}.{table} stores a changelog, not rows: read it decoded"
+            )));
+        }
+        let b = self.bucket_record(&self.view(), &record, partition, bucket)?;
+        let options = TableOptions::parse(&record.options)?;
+        let tablet = LogTablet::new(
+            self.inner.streams.clone(),
+            b.stream_id,
+            self.table_schema(&record)?,
+            options.compression,
+        );
+        let stored = tablet.read_stored(offset, max_bytes).await?;
+        Ok((tablet, stored))
+    }
+
     /// The start and the committed end (high watermark) of a bucket.
     pub fn bucket_offsets(
         &self,
