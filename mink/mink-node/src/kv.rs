@@ -10,7 +10,6 @@ use arrow::datatypes::{DataType, Field, Schema};
 use mink_kv::changelog;
 use mink_kv::merge::KvWrite;
 use mink_kv::{KvError, KvScan, KvTableDef, KvTablet, KvTabletConfig, SnapshotSource};
-use mink_log::LogTablet;
 use mink_log::options::TableOptions;
 use mink_log::routing::{buckets_of, partitions_of};
 use mink_metadata::{Command, CommitKvSnapshot, DropKvSnapshot, TableRecord};
@@ -404,14 +403,12 @@ impl Node {
     ) -> NodeResult<Vec<mink_log::ReadBatch>> {
         let record = self.table_record(database, table)?;
         let def = self.kv_definition(&record)?;
-        let b = self.bucket_record(&self.view(), &record, partition, bucket)?;
-        let options = TableOptions::parse(&record.options)?;
-        let log = LogTablet::new(
-            self.inner.streams.clone(),
-            b.stream_id,
+        let log = self.bucket_log(
+            &record,
+            partition,
+            bucket,
             changelog::storage_schema(&def.schema),
-            options.compression,
-        );
+        )?;
         let view = changelog::view_schema(&def.schema);
         let mut out = Vec::new();
         for read in log.read(offset, max_bytes, &[]).await? {

@@ -653,16 +653,26 @@ impl Node {
                 )
                 .await;
         }
-        let b = self.bucket_record(&self.view(), &record, partition, bucket)?;
-        let schema = self.table_schema(&record)?;
+        let tablet = self.bucket_log(&record, partition, bucket, self.table_schema(&record)?)?;
+        Ok(tablet.read(offset, max_bytes, columns).await?)
+    }
+
+    /// A reader of a bucket's stream whose batches have `schema` (any node can read).
+    pub(crate) fn bucket_log(
+        &self,
+        record: &TableRecord,
+        partition: Option<&str>,
+        bucket: u32,
+        schema: arrow::datatypes::SchemaRef,
+    ) -> NodeResult<LogTablet> {
+        let b = self.bucket_record(&self.view(), record, partition, bucket)?;
         let options = TableOptions::parse(&record.options)?;
-        let tablet = LogTablet::new(
+        Ok(LogTablet::new(
             self.inner.streams.clone(),
             b.stream_id,
             schema,
             options.compression,
-        );
-        Ok(tablet.read(offset, max_bytes, columns).await?)
+        ))
     }
 
     /// A log table's bucket from `offset` as stored (undecoded), with the tablet that decodes
@@ -682,14 +692,7 @@ impl Node {
                 "{database}.{table} stores a changelog, not rows: read it decoded"
             )));
         }
-        let b = self.bucket_record(&self.view(), &record, partition, bucket)?;
-        let options = TableOptions::parse(&record.options)?;
-        let tablet = LogTablet::new(
-            self.inner.streams.clone(),
-            b.stream_id,
-            self.table_schema(&record)?,
-            options.compression,
-        );
+        let tablet = self.bucket_log(&record, partition, bucket, self.table_schema(&record)?)?;
         let stored = tablet.read_stored(offset, max_bytes).await?;
         Ok((tablet, stored))
     }
