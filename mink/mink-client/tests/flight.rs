@@ -983,6 +983,57 @@ async fn lookups_go_to_each_buckets_leader_across_nodes() {
         .unwrap();
     assert!(got.iter().all(|r| r.bucket == far.bucket && r.offset > 0));
     assert!(!got.is_empty());
+    // A plain routed DoPut to node 1 of many pipelined batches, each upserting every key: the
+    // rows of node 2's buckets are forwarded in order, so the last batch wins everywhere.
+    let kv_schema = Schema::new(vec![
+        Field::new("user_id", DataType::Int64, false),
+        Field::new("event", DataType::Utf8, true),
+        Field::new("n", DataType::Int64, true),
+    ]);
+    let round = |r: i64| {
+        RecordBatch::try_new(
+            Arc::new(kv_schema.clone()),
+            vec![
+                Arc::new(Int64Array::from(ids.clone())) as ArrayRef,
+                Arc::new(StringArray::from_iter_values(
+                    ids.iter().map(|i| format!("e{}", i % 2)),
+                )) as ArrayRef,
+                Arc::new(Int64Array::from(vec![r; ids.len()])) as ArrayRef,
+            ],
+        )
+        .unwrap()
+    };
+    let acks = raw_put(
+        &a.address,
+        Client::descriptor("app", "kv"),
+        &kv_schema,
+        (0..20).map(|r| (round(r), vec![])).collect(),
+    )
+    .await
+    .unwrap();
+    assert!(
+        acks.iter()
+            .flat_map(|a| &a.buckets)
+            .all(|b| b.error.is_none()),
+        "{acks:?}"
+    );
+    let last = client
+        .lookup(
+            "app",
+            "kv",
+            ids.iter().map(|&u| key(u)).collect(),
+            &["n".into()],
+        )
+        .await
+        .unwrap();
+    assert!(
+        last.column(0)
+            .as_primitive::<Int64Type>()
+            .values()
+            .iter()
+            .all(|&n| n == 19),
+        "{last:?}"
+    );
     a.stop().await;
     b.stop().await;
 }

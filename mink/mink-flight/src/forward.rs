@@ -148,10 +148,8 @@ impl MinkFlight {
         let mut client = FlightServiceClient::new(self.peer(address)?)
             .max_decoding_message_size(self.config.max_message_bytes);
         let mut request = Request::new(arrow_flight::Ticket::new(protocol::to_json(ticket)));
-        request.metadata_mut().insert(
-            FORWARDED_HEADER,
-            tonic::metadata::MetadataValue::from_static("1"),
-        );
+        self.forwarding(request.metadata_mut());
+        request.set_timeout(FORWARD_TIMEOUT);
         let response = client.do_get(request).await?;
         let decoder = FlightDataDecoder::new(
             response
@@ -264,11 +262,11 @@ impl MinkFlight {
         let mut client = FlightServiceClient::new(channel)
             .max_encoding_message_size(self.config.max_message_bytes)
             .max_decoding_message_size(self.config.max_message_bytes);
+        let mut request = Request::new(futures::stream::iter(messages));
+        self.forwarding(request.metadata_mut());
+        request.set_timeout(FORWARD_TIMEOUT);
         let ack = async {
-            let mut results = client
-                .do_put(Request::new(futures::stream::iter(messages)))
-                .await?
-                .into_inner();
+            let mut results = client.do_put(request).await?.into_inner();
             let first = results.message().await?.ok_or_else(|| {
                 Status::unavailable("the leader closed the write without an answer")
             })?;
@@ -276,25 +274,61 @@ impl MinkFlight {
                 .map_err(|e| Status::internal(e.0))
         }
         .await;
-        match ack {
-            Ok(a) => a.buckets.into_iter().next().map_or(fallback, |mut r| {
-                r.rows = w.rows as u64;
-                r
+        let failed = |code: protocol::ErrorCode, message: String| protocol::BucketResult {
+            base_offset: None,
+            end_offset: None,
+            duplicate: false,
+            error: Some(protocol::ErrorBody {
+                code,
+                message,
+                leader_node_id: None,
+                leader_address: None,
             }),
-            // The leader refused the rows themselves: its answer stands for them.
-            Err(s) if s.code() == tonic::Code::InvalidArgument => protocol::BucketResult {
-                error: Some(protocol::ErrorBody {
-                    code: protocol::ErrorCode::Invalid,
-                    message: s.message().to_string(),
-                    leader_node_id: None,
-                    leader_address: None,
-                }),
-                ..fallback
+            ..fallback.clone()
+        };
+        match ack {
+            Ok(a) => match a.buckets.into_iter().next() {
+                Some(mut r) => {
+                    r.rows = w.rows as u64;
+                    r
+                }
+                None => failed(
+                    protocol::ErrorCode::Unavailable,
+                    "the leader answered without a result: the write's outcome is unknown".into(),
+                ),
             },
-            Err(_) => fallback,
+            // The leader refused the rows themselves: its answer stands for them.
+            Err(s) if s.code() == tonic::Code::InvalidArgument => {
+                failed(protocol::ErrorCode::Invalid, s.message().to_string())
+            }
+            // Sent, then cut short: the rows may or may not be stored. Never "retry at the
+            // leader", which a client without a writer id takes as "not stored".
+            Err(s) => failed(
+                protocol::ErrorCode::Unavailable,
+                format!(
+                    "forwarding to the bucket's leader at {address} failed ({}): the write's \
+                     outcome is unknown",
+                    s.message()
+                ),
+            ),
+        }
+    }
+
+    /// Marks a request as forwarded and carries this node's metadata position, so the leader
+    /// answers with what this node has seen (a new schema, a new partition).
+    fn forwarding(&self, metadata: &mut tonic::metadata::MetadataMap) {
+        metadata.insert(
+            FORWARDED_HEADER,
+            tonic::metadata::MetadataValue::from_static("1"),
+        );
+        if let Ok(v) = self.node.view().applied_index.to_string().parse() {
+            metadata.insert(protocol::MIN_APPLIED_INDEX_HEADER, v);
         }
     }
 }
+
+/// Longest a forwarded read or write may take.
+const FORWARD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Keeps the map type in one place.
 pub(crate) type Peers = std::sync::Mutex<HashMap<String, Channel>>;

@@ -949,7 +949,29 @@ impl MinkFlight {
             }
             tokio::select! {
                 biased;
-                Some(ack) = in_flight.next(), if !in_flight.is_empty() => {
+                Some((index, writes, arrived)) = in_flight.next(), if !in_flight.is_empty() => {
+                    // Answered in order; rows of a routed write whose bucket another node
+                    // leads are written there first, one batch after another, so the leader
+                    // stores them in the order they came (one hop: the forwarded write names
+                    // its bucket).
+                    let (writes, arrived): (Vec<mink_node::BucketWrite>, std::time::Instant) =
+                        (writes, arrived);
+                    let mut buckets = Vec::new();
+                    for w in writes {
+                        buckets.push(match (&w.result, &w.unsent) {
+                            (Err(NodeError::NotLeader { address, .. }), Some(rows))
+                                if !address.is_empty() =>
+                            {
+                                self.forward_put(&descriptor.database, &descriptor.table, &w, rows, address)
+                                    .await
+                            }
+                            _ => bucket_result(&w),
+                        });
+                    }
+                    crate::metrics::metrics().ack.record(arrived.elapsed().as_secs_f64(), &[]);
+                    let ack = PutResult {
+                        app_metadata: protocol::to_json(&protocol::PutAck { batch: index, buckets }),
+                    };
                     if tx.send(Ok(ack)).await.is_err() {
                         return tonic::Code::Cancelled;
                     }
@@ -972,28 +994,9 @@ impl MinkFlight {
                     next += 1;
                     let arrived = std::time::Instant::now();
                     match self.submit(&descriptor, writer, writer_epoch, &batch, &app_metadata).await {
-                        Ok(pending) => in_flight.push_back({
-                            let this = self.clone();
-                            let (database, table) = (descriptor.database.clone(), descriptor.table.clone());
-                            async move {
-                            let mut buckets = Vec::new();
-                            for w in pending.await {
-                                // Rows of a routed write whose bucket another node leads go
-                                // there (one hop: the forwarded write names its bucket).
-                                buckets.push(match (&w.result, &w.unsent) {
-                                    (Err(NodeError::NotLeader { address, .. }), Some(rows))
-                                        if !address.is_empty() =>
-                                    {
-                                        this.forward_put(&database, &table, &w, rows, address).await
-                                    }
-                                    _ => bucket_result(&w),
-                                });
-                            }
-                            crate::metrics::metrics().ack.record(arrived.elapsed().as_secs_f64(), &[]);
-                            PutResult {
-                                app_metadata: protocol::to_json(&protocol::PutAck { batch: index, buckets }),
-                            }
-                        }}),
+                        Ok(pending) => in_flight.push_back(async move {
+                            (index, pending.await, arrived)
+                        }),
                         Err(status) => {
                             failure = Some(Status::with_metadata(
                                 status.code(),
