@@ -985,11 +985,7 @@ async fn lookups_go_to_each_buckets_leader_across_nodes() {
     assert!(!got.is_empty());
     // A plain routed DoPut to node 1 of many pipelined batches, each upserting every key: the
     // rows of node 2's buckets are forwarded in order, so the last batch wins everywhere.
-    let kv_schema = Schema::new(vec![
-        Field::new("user_id", DataType::Int64, false),
-        Field::new("event", DataType::Utf8, true),
-        Field::new("n", DataType::Int64, true),
-    ]);
+    let kv_schema = d.arrow_schema().unwrap();
     let round = |r: i64| {
         RecordBatch::try_new(
             Arc::new(kv_schema.clone()),
