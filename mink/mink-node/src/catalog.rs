@@ -184,15 +184,51 @@ impl Node {
             .ok_or_else(|| NodeError::NotFound(format!("table {database}.{table} does not exist")))
     }
 
+    /// The table's schema at its current version, decoded once per version (every write
+    /// and read needs it).
     pub(crate) fn table_schema(&self, record: &TableRecord) -> NodeResult<SchemaRef> {
-        Ok(Arc::new(codec::decode_schema(&record.schema).map_err(
-            |e| {
-                NodeError::Failed(format!(
-                    "the stored schema of {}.{} does not decode: {e}",
-                    record.database, record.name
-                ))
-            },
-        )?))
+        Ok(self.described(record)?.0)
+    }
+
+    /// The decoded schema and, for a primary-key table, its definition, cached by table and
+    /// schema version: a table's keys and primary-key options never change after its create.
+    pub(crate) fn described(
+        &self,
+        record: &TableRecord,
+    ) -> NodeResult<(SchemaRef, Option<Arc<mink_kv::KvTableDef>>)> {
+        let key = (record.table_id, record.schema_version);
+        if let Some(d) = self
+            .inner
+            .described
+            .read()
+            .expect("described lock")
+            .get(&key)
+        {
+            return Ok(d.clone());
+        }
+        let schema = Arc::new(codec::decode_schema(&record.schema).map_err(|e| {
+            NodeError::Failed(format!(
+                "the stored schema of {}.{} does not decode: {e}",
+                record.database, record.name
+            ))
+        })?);
+        let def = if record.is_primary_key_table() {
+            Some(Arc::new(mink_kv::KvTableDef::new(
+                Arc::clone(&schema),
+                &record.primary_key,
+                &record.bucket_key,
+                &record.partition_keys,
+                &record.options,
+            )?))
+        } else {
+            None
+        };
+        self.inner
+            .described
+            .write()
+            .expect("described lock")
+            .insert(key, (Arc::clone(&schema), def.clone()));
+        Ok((schema, def))
     }
 
     /// Creates a log table, then waits (a few seconds at most) until its buckets have leaders.

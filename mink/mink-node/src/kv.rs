@@ -51,19 +51,12 @@ pub(crate) struct OpenKv {
 impl Node {
     /// The primary-key definition of a table.
     pub(crate) fn kv_definition(&self, record: &TableRecord) -> NodeResult<Arc<KvTableDef>> {
-        if !record.is_primary_key_table() {
-            return Err(NodeError::Invalid(format!(
+        self.described(record)?.1.ok_or_else(|| {
+            NodeError::Invalid(format!(
                 "{}.{} is a log table: it has no primary key",
                 record.database, record.name
-            )));
-        }
-        Ok(Arc::new(KvTableDef::new(
-            self.table_schema(record)?,
-            &record.primary_key,
-            &record.bucket_key,
-            &record.partition_keys,
-            &record.options,
-        )?))
+            ))
+        })
     }
 
     /// The KV tablet of a bucket this node leads (opened, and its working copy brought up to

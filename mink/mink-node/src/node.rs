@@ -160,6 +160,17 @@ pub(crate) struct Inner {
     pub(crate) streams: S3Stream,
     pub(crate) led: RwLock<HashMap<BucketKey, Led>>,
     pub(crate) kv: RwLock<HashMap<BucketKey, crate::kv::OpenKv>>,
+    /// Decoded schemas (and primary-key definitions) by table and schema version.
+    #[allow(clippy::type_complexity)]
+    pub(crate) described: RwLock<
+        HashMap<
+            (u64, u32),
+            (
+                arrow::datatypes::SchemaRef,
+                Option<Arc<mink_kv::KvTableDef>>,
+            ),
+        >,
+    >,
     /// Serialises KV tablet opens (each replays its changelog).
     pub(crate) kv_opening: tokio::sync::Mutex<()>,
     pub(crate) round_robin: AtomicU64,
@@ -205,6 +216,7 @@ impl Node {
                 streams,
                 led: RwLock::new(HashMap::new()),
                 kv: RwLock::new(HashMap::new()),
+                described: RwLock::new(HashMap::new()),
                 kv_opening: tokio::sync::Mutex::new(()),
                 round_robin: AtomicU64::new(0),
                 opening: tokio::sync::Mutex::new(()),
