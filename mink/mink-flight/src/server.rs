@@ -472,8 +472,11 @@ struct ReadPlan {
 }
 
 impl MinkFlight {
-    fn plan_read(&self, t: &protocol::Ticket) -> Result<Vec<ReadPlan>, NodeError> {
-        let info = self.node.describe_table(&t.database, &t.table)?;
+    fn plan_read(
+        &self,
+        t: &protocol::Ticket,
+        info: &TableInfo,
+    ) -> Result<Vec<ReadPlan>, NodeError> {
         if let Some(p) = &t.partition
             && !info.partitions.iter().any(|x| &x.name == p)
         {
@@ -621,9 +624,9 @@ impl MinkFlight {
             ))));
         }
         let (tx, rx) = mpsc::channel(8);
-        let work = self
-            .clone()
-            .produce_snapshot(t, buckets, schema, tx.clone(), forwarded);
+        let work =
+            self.clone()
+                .produce_snapshot(t, info.clone(), buckets, schema, tx.clone(), forwarded);
         self.spawn_call(
             "do_get",
             started,
@@ -640,6 +643,7 @@ impl MinkFlight {
     async fn produce_snapshot(
         self,
         t: protocol::Ticket,
+        info: TableInfo,
         buckets: Vec<(Option<String>, u32)>,
         schema: SchemaRef,
         tx: mpsc::Sender<Result<FlightData, Status>>,
@@ -649,10 +653,6 @@ impl MinkFlight {
         if tx.send(Ok(encoder.schema(&schema, None))).await.is_err() {
             return tonic::Code::Cancelled;
         }
-        let info = match self.node.describe_table(&t.database, &t.table) {
-            Ok(i) => i,
-            Err(e) => return fail(&tx, self.error(e)).await,
-        };
         let mut rows_sent = 0u64;
         for (partition, bucket) in buckets {
             if t.max_rows.is_some_and(|m| rows_sent >= m) {
@@ -726,6 +726,7 @@ impl MinkFlight {
         t: protocol::Ticket,
         plans: Vec<ReadPlan>,
         schema: SchemaRef,
+        wire_header: Option<Bytes>,
         tx: mpsc::Sender<Result<FlightData, Status>>,
     ) -> tonic::Code {
         let mut encoder = BatchEncoder::new();
@@ -734,14 +735,6 @@ impl MinkFlight {
         }
         let idle = t.tail_idle_ms.map(Duration::from_millis);
         let mut rows_sent = 0u64;
-        // Whole stored batches of a log table, unprojected, go out as stored when written
-        // under the current schema.
-        let primary = self
-            .node
-            .describe_table(&t.database, &t.table)
-            .is_ok_and(|i| !i.primary_key.is_empty());
-        let wire_header =
-            (!primary && t.columns.is_empty()).then(|| mink_log::codec::schema_header(&schema));
         for plan in plans {
             let mut offset = plan.from;
             let mut idle_since = tokio::time::Instant::now();
@@ -1284,7 +1277,7 @@ impl FlightService for MinkFlight {
                     .kv_get(ticket, &info, started, span, forwarded)
                     .await;
             }
-            let plans = self.plan_read(&ticket).map_err(|e| self.error(e))?;
+            let plans = self.plan_read(&ticket, &info).map_err(|e| self.error(e))?;
             let full = if primary {
                 mink_kv::changelog::view_schema(&info.schema)
             } else {
@@ -1292,7 +1285,13 @@ impl FlightService for MinkFlight {
             };
             let schema = self.projected(&full, &ticket)?;
             let (tx, rx) = mpsc::channel(8);
-            let work = self.clone().produce(ticket, plans, schema, tx.clone());
+            // Whole stored batches of a log table, unprojected, go out as stored when written
+            // under the current schema.
+            let wire_header = (!primary && ticket.columns.is_empty())
+                .then(|| mink_log::codec::schema_header(&schema));
+            let work = self
+                .clone()
+                .produce(ticket, plans, schema, wire_header, tx.clone());
             // Never let a cut-short read look like a complete one.
             self.spawn_call(
                 "do_get",
