@@ -270,13 +270,7 @@ impl S3Stream {
         }
         // Then the rest into one stream-set object.
         let (bytes, _) = stream_set.finish();
-        let object_id = self.engine.object_id().await?;
-        self.engine
-            .put(
-                &object_path(&self.engine.config.object_prefix, object_id),
-                &bytes,
-            )
-            .await?;
+        let object_id = self.engine.put_new_object(&bytes).await?;
         let node = self.engine.sink.node();
         let proposed = self
             .engine
@@ -316,13 +310,7 @@ impl S3Stream {
                 .map_err(|e| StreamError::Failed(format!("compaction: {e}")))?;
         }
         let (bytes, _) = builder.finish();
-        let object_id = self.engine.object_id().await?;
-        self.engine
-            .put(
-                &object_path(&self.engine.config.object_prefix, object_id),
-                &bytes,
-            )
-            .await?;
+        let object_id = self.engine.put_new_object(&bytes).await?;
         let node = self.engine.sink.node();
         let proposed = self
             .engine

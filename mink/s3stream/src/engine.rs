@@ -678,16 +678,22 @@ impl S3Stream {
         let epoch = self.start_closing(stream_id)?;
         self.drain(stream_id).await;
         let node = self.engine.sink.node();
-        let proposed = self
-            .engine
-            .sink
-            .propose(Command::CloseStream(CloseStream {
+        self.let_go(
+            stream_id,
+            Command::CloseStream(CloseStream {
                 node_id: node.node_id,
                 node_epoch: node.node_epoch,
                 stream_id,
                 stream_epoch: epoch,
-            }))
-            .await?;
+            }),
+        )
+        .await
+    }
+
+    /// Proposes the close or delete of a stream this node stops writing, and forgets its
+    /// local state whatever the answer.
+    async fn let_go(&self, stream_id: u64, command: Command) -> Result<(), StreamError> {
+        let proposed = self.engine.sink.propose(command).await?;
         self.engine
             .state
             .lock()
@@ -788,27 +794,19 @@ impl S3Stream {
                 .map_or(0, |s| s.epoch)
         });
         let node = self.engine.sink.node();
-        let proposed = self
-            .engine
-            .sink
-            .propose(Command::DeleteStream(DeleteStream {
-                node_id: node.node_id,
-                node_epoch: node.node_epoch,
+        let deleted = self
+            .let_go(
                 stream_id,
-                stream_epoch: epoch,
-            }))
-            .await?;
-        self.engine
-            .state
-            .lock()
-            .expect("wal lock")
-            .streams
-            .remove(&stream_id);
+                Command::DeleteStream(DeleteStream {
+                    node_id: node.node_id,
+                    node_epoch: node.node_epoch,
+                    stream_id,
+                    stream_epoch: epoch,
+                }),
+            )
+            .await;
         self.engine.log_cache.trim(stream_id, u64::MAX);
-        proposed
-            .result
-            .map(|_| ())
-            .map_err(|r| StreamError::from_rejection(stream_id, &r))
+        deleted
     }
 
     pub(crate) fn shutdown_watch(&self) -> watch::Receiver<bool> {
@@ -1123,6 +1121,15 @@ impl Engine {
         }
     }
 
+    /// Writes a new object: takes a prepared id and PUTs `bytes` at its path (see
+    /// [`Engine::put`]). Returns the id, for the commit that makes the object live.
+    pub(crate) async fn put_new_object(&self, bytes: &Bytes) -> Result<u64, StreamError> {
+        let object_id = self.object_id().await?;
+        self.put(&object_path(&self.config.object_prefix, object_id), bytes)
+            .await?;
+        Ok(object_id)
+    }
+
     /// PUTs `bytes` at `path`, retrying the same bytes until it succeeds (hedging a slow PUT
     /// when configured). Gives up only when the engine stops.
     pub(crate) async fn put(&self, path: &Path, bytes: &Bytes) -> Result<(), StreamError> {
@@ -1169,16 +1176,7 @@ impl Engine {
 
     async fn upload(self: Arc<Self>, flush: Flush) -> Uploaded {
         let started = Instant::now();
-        let object_id = async {
-            let object_id = self.object_id().await?;
-            self.put(
-                &object_path(&self.config.object_prefix, object_id),
-                &flush.bytes,
-            )
-            .await?;
-            Ok::<_, StreamError>(object_id)
-        }
-        .await;
+        let object_id = self.put_new_object(&flush.bytes).await;
         let m = crate::metrics::metrics();
         m.upload
             .record(crate::metrics::seconds(started.elapsed()), &[]);
