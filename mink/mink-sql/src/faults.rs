@@ -38,8 +38,51 @@ pub struct Faults {
     /// `CommitStreamSetObject` (other rows, a lease or coordinator command, pass).
     pub pause_after_next_object_commit: AtomicBool,
     paused: watch::Sender<bool>,
+    dice: Dice,
+}
+
+/// Seeded dice for fault injection, shared by the fault wrappers of the metadata store and the
+/// object store: a fault with a chance in per mille, and a count of those injected.
+#[derive(Debug)]
+pub struct Dice {
     rng: Mutex<StdRng>,
     injected: AtomicU64,
+}
+
+impl Dice {
+    pub fn new(seed: u64) -> Self {
+        Dice {
+            rng: Mutex::new(StdRng::seed_from_u64(seed)),
+            injected: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether a fault with a chance of `per_mille` in 1000 strikes now (counted if so).
+    pub fn roll(&self, per_mille: &AtomicU32) -> bool {
+        let p = per_mille.load(Ordering::Relaxed);
+        if p == 0 {
+            return false;
+        }
+        let hit = self
+            .rng
+            .lock()
+            .expect("fault rng lock")
+            .random_range(0..1000)
+            < p;
+        if hit {
+            self.count();
+        }
+        hit
+    }
+
+    /// Counts a fault injected unconditionally.
+    pub fn count(&self) {
+        self.injected.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn injected(&self) -> u64 {
+        self.injected.load(Ordering::Relaxed)
+    }
 }
 
 impl Faults {
@@ -53,8 +96,7 @@ impl Faults {
             pause_after_next_append: AtomicBool::new(false),
             pause_after_next_object_commit: AtomicBool::new(false),
             paused: watch::channel(false).0,
-            rng: Mutex::new(StdRng::seed_from_u64(seed)),
-            injected: AtomicU64::new(0),
+            dice: Dice::new(seed),
         })
     }
 
@@ -84,24 +126,11 @@ impl Faults {
 
     /// How many faults were injected so far.
     pub fn injected(&self) -> u64 {
-        self.injected.load(Ordering::Relaxed)
+        self.dice.injected()
     }
 
     fn roll(&self, per_mille: &AtomicU32) -> bool {
-        let p = per_mille.load(Ordering::Relaxed);
-        if p == 0 {
-            return false;
-        }
-        let hit = self
-            .rng
-            .lock()
-            .expect("fault rng lock")
-            .random_range(0..1000)
-            < p;
-        if hit {
-            self.injected.fetch_add(1, Ordering::Relaxed);
-        }
-        hit
+        self.dice.roll(per_mille)
     }
 
     async fn gate(&self) -> StoreResult<()> {
@@ -187,7 +216,7 @@ impl LogStore for FaultyStore {
         if pause_here {
             self.faults.pause();
             self.faults.gate().await?;
-            self.faults.injected.fetch_add(1, Ordering::Relaxed);
+            self.faults.dice.count();
             return Err(StoreError::Unavailable(format!(
                 "injected: paused after COMMIT of row {index}, connection dropped"
             )));
@@ -197,7 +226,7 @@ impl LogStore for FaultyStore {
             .next_append_lost_after_commit
             .swap(false, Ordering::Relaxed)
         {
-            self.faults.injected.fetch_add(1, Ordering::Relaxed);
+            self.faults.dice.count();
             return Err(StoreError::Unavailable(format!(
                 "injected: connection dropped after COMMIT of row {index}"
             )));

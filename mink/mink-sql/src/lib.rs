@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 pub use config::SinkConfig;
 pub use error::SinkError;
-pub use faults::{Faults, FaultyStore};
+pub use faults::{Dice, Faults, FaultyStore};
 pub use lease::LeaseStatus;
 pub use postgres::PostgresStore;
 pub use sink::{Proposed, Sink, SinkStats, load_view};

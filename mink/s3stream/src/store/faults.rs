@@ -5,8 +5,8 @@
 
 use std::fmt;
 use std::ops::Range;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -18,8 +18,6 @@ use object_store::{
     CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
     PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
 };
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use tokio::sync::watch;
 
 /// What an injected failure looked like to the caller.
@@ -50,8 +48,7 @@ pub struct ObjectFaults {
     /// Added to the next PUT only, in microseconds (one slow request among fast ones).
     pub slow_next_put_us: AtomicU64,
     paused: watch::Sender<bool>,
-    rng: Mutex<StdRng>,
-    injected: AtomicU64,
+    dice: mink_sql::Dice,
     puts: AtomicU64,
 }
 
@@ -65,8 +62,7 @@ impl ObjectFaults {
             latency_us: AtomicU64::new(0),
             slow_next_put_us: AtomicU64::new(0),
             paused: watch::channel(false).0,
-            rng: Mutex::new(StdRng::seed_from_u64(seed)),
-            injected: AtomicU64::new(0),
+            dice: mink_sql::Dice::new(seed),
             puts: AtomicU64::new(0),
         })
     }
@@ -90,7 +86,7 @@ impl ObjectFaults {
 
     /// Faults injected so far.
     pub fn injected(&self) -> u64 {
-        self.injected.load(Ordering::Relaxed)
+        self.dice.injected()
     }
 
     /// PUTs that reached the real store.
@@ -99,20 +95,7 @@ impl ObjectFaults {
     }
 
     fn roll(&self, per_mille: &AtomicU32) -> bool {
-        let p = per_mille.load(Ordering::Relaxed);
-        if p == 0 {
-            return false;
-        }
-        let hit = self
-            .rng
-            .lock()
-            .expect("fault rng lock")
-            .random_range(0..1000)
-            < p;
-        if hit {
-            self.injected.fetch_add(1, Ordering::Relaxed);
-        }
-        hit
+        self.dice.roll(per_mille)
     }
 
     async fn gate(&self, latency: &AtomicU64) {
