@@ -10,7 +10,6 @@
 //! - Redirects are followed, and the client remembers the highest metadata index any node has
 //!   answered with and asks every node to have caught up with it (read-your-writes).
 
-mod keyed;
 mod writer;
 
 use std::collections::HashMap;
@@ -572,43 +571,13 @@ impl Client {
     /// Reads rows (`DoGet`) from the connected node: a stream of batches with their bucket and
     /// offsets, ending at the high watermark (or never, when tailing).
     ///
-    /// The current rows of a primary-key table live with each bucket's leader: such a scan
-    /// reads bucket after bucket from their leaders.
+    /// The current rows of a primary-key table live with each bucket's leader; the connected
+    /// node asks the leaders of the buckets it does not lead.
     pub async fn scan(
         &self,
         scan: &Scan,
     ) -> ClientResult<BoxStream<'static, ClientResult<ReadBatch>>> {
-        let t = &scan.0;
-        if t.bucket.is_none() && !t.changelog && t.lookup.is_none() && t.prefix_lookup.is_none() {
-            let d = self.describe_table(&t.database, &t.table).await?;
-            if !d.primary_key.is_empty() {
-                let this = self.clone();
-                let plans: Vec<(String, Ticket)> = d
-                    .buckets
-                    .iter()
-                    .filter(|b| t.partition.is_none() || b.partition == t.partition)
-                    .map(|b| {
-                        let address = if b.leader_address.is_empty() {
-                            self.inner.address.clone()
-                        } else {
-                            b.leader_address.clone()
-                        };
-                        let mut ticket = t.clone();
-                        ticket.bucket = Some(b.bucket);
-                        ticket.partition.clone_from(&b.partition);
-                        (address, ticket)
-                    })
-                    .collect();
-                return Ok(futures::stream::iter(plans)
-                    .then(move |(address, ticket)| {
-                        let this = this.clone();
-                        async move { this.scan_at(&address, &ticket).await }
-                    })
-                    .try_flatten()
-                    .boxed());
-            }
-        }
-        self.scan_at(&self.inner.address.clone(), t).await
+        self.scan_at(&self.inner.address.clone(), &scan.0).await
     }
 
     /// A `DoGet` of `ticket` at `address`.
@@ -657,8 +626,8 @@ impl Client {
     }
 
     /// Primary-key tables: the rows of `keys` (JSON objects holding every primary-key column),
-    /// in the order of the keys; missing keys are left out. Each key is asked of its bucket's
-    /// leader.
+    /// in the order of the keys; missing keys are left out (the connected node asks the
+    /// leaders of buckets it does not lead).
     pub async fn lookup(
         &self,
         database: &str,
@@ -666,7 +635,14 @@ impl Client {
         keys: Vec<serde_json::Map<String, serde_json::Value>>,
         columns: &[String],
     ) -> ClientResult<RecordBatch> {
-        self.keyed_get(database, table, keys, columns, false).await
+        self.get_rows(Ticket {
+            database: database.to_string(),
+            table: table.to_string(),
+            lookup: Some(keys),
+            columns: columns.to_vec(),
+            ..Default::default()
+        })
+        .await
     }
 
     /// Primary-key tables: every row under each bucket-key value of `prefixes` (JSON objects
@@ -679,17 +655,19 @@ impl Client {
         prefixes: Vec<serde_json::Map<String, serde_json::Value>>,
         columns: &[String],
     ) -> ClientResult<RecordBatch> {
-        self.keyed_get(database, table, prefixes, columns, true)
-            .await
+        self.get_rows(Ticket {
+            database: database.to_string(),
+            table: table.to_string(),
+            prefix_lookup: Some(prefixes),
+            columns: columns.to_vec(),
+            ..Default::default()
+        })
+        .await
     }
 
-    /// A `DoGet` at `address` whose batches carry no read metadata (lookups), as one batch.
-    pub(crate) async fn get_rows_at(
-        &self,
-        address: &str,
-        ticket: Ticket,
-    ) -> ClientResult<RecordBatch> {
-        let address = address.to_string();
+    /// A `DoGet` whose batches carry no read metadata (lookups), as one batch.
+    async fn get_rows(&self, ticket: Ticket) -> ClientResult<RecordBatch> {
+        let address = self.inner.address.clone();
         let mut flight = self.channel(&address).await?;
         let response = flight
             .do_get(self.request(arrow_flight::Ticket::new(protocol::to_json(&ticket))))

@@ -1,6 +1,6 @@
 //! Routing of primary-key lookups by key: which bucket each key (or prefix) belongs to, and
-//! putting rows answered by several nodes back in the order of the keys. Shared by the client
-//! (which asks each bucket's leader) and a node (which forwards to the leaders).
+//! putting rows answered by several nodes back in the order of the keys (a node forwarding
+//! lookups to bucket leaders; any Flight client that wants to ask the leaders itself).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
