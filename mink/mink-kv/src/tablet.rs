@@ -777,7 +777,5 @@ fn marker_row(def: &KvTableDef, batch: &RecordBatch) -> KvResult<Vec<ArrayRef>> 
 }
 
 fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    i64::try_from(mink_sql::wall_clock_ms()).unwrap_or(i64::MAX)
 }

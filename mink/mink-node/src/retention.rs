@@ -6,7 +6,7 @@
 //! and stamps them anew, so a row may outlive its TTL by up to the time since its last
 //! compaction; it never goes early.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use mink_log::options::TableOptions;
 use mink_metadata::State;
@@ -20,9 +20,7 @@ pub(crate) async fn run(node: Node) {
             _ = tokio::time::sleep(node.inner.config.retention_interval) => {}
             _ = shutdown.changed() => return,
         }
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let now_ms = mink_sql::wall_clock_ms();
         let led: Vec<_> = node
             .inner
             .led

@@ -178,7 +178,9 @@ impl Backoff {
     }
 }
 
-fn wall_clock_ms() -> u64 {
+/// This process's wall clock, in ms since the Unix epoch: what rows are stamped with, and what
+/// the stream engine and nodes compare the times in cluster state against.
+pub fn wall_clock_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))

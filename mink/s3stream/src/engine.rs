@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use mink_metadata::{
@@ -269,12 +269,7 @@ pub(crate) fn count_read(engine: &Engine) {
     add(&engine.stats.object_reads, 1);
 }
 
-pub(crate) fn wall_clock_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
+pub(crate) use mink_sql::wall_clock_ms;
 
 /// The path of an object id. Fixed-width hex keeps listings in id order.
 pub fn object_path(prefix: &str, object_id: u64) -> Path {
