@@ -107,6 +107,13 @@ fn config() -> EngineConfig {
     }
 }
 
+/// A new stream, open on `node` at epoch 1.
+async fn new_stream(node: &S3Stream) -> u64 {
+    let s = node.create_streams(1).await.unwrap();
+    node.open(s, 1).await.unwrap();
+    s
+}
+
 fn payload(stream: u64, offset: u64) -> Bytes {
     Bytes::from(format!("stream {stream} offset {offset} ").repeat(8))
 }
@@ -208,8 +215,7 @@ suite!(appends_are_read_back_in_order);
 async fn a_takeover_fences_the_old_owner(world: World) {
     let a = world.node(1).await;
     let b = world.node(2).await;
-    let s = a.create_streams(1).await.unwrap();
-    a.open(s, 1).await.unwrap();
+    let s = new_stream(&a).await;
     for i in 0..5 {
         a.append(s, 1, payload(s, i), None).await.unwrap();
     }
@@ -249,8 +255,7 @@ suite!(a_takeover_fences_the_old_owner);
 
 async fn idempotent_writers_are_answered_with_original_offsets(world: World) {
     let engine = world.node(1).await;
-    let s = engine.create_streams(1).await.unwrap();
-    engine.open(s, 1).await.unwrap();
+    let s = new_stream(&engine).await;
     let w = |first, last| WriterBatchId {
         writer_id: 77,
         writer_epoch: 3,
@@ -317,8 +322,7 @@ suite!(idempotent_writers_are_answered_with_original_offsets);
 
 async fn submitted_appends_keep_their_order_and_resolve_when_durable(world: World) {
     let engine = world.node(1).await;
-    let s = engine.create_streams(1).await.unwrap();
-    engine.open(s, 1).await.unwrap();
+    let s = new_stream(&engine).await;
     // Submit a pipeline of idempotent batches without waiting for any of them.
     let mut pending = Vec::new();
     for i in 0..50u64 {
@@ -401,8 +405,7 @@ suite!(retriable_storage_failures_are_retried_with_the_same_bytes);
 
 async fn an_expired_object_id_is_replaced_and_the_bytes_put_again(world: World) {
     let engine = world.node(1).await;
-    let s = engine.create_streams(1).await.unwrap();
-    engine.open(s, 1).await.unwrap();
+    let s = new_stream(&engine).await;
     engine.append(s, 1, payload(s, 0), None).await.unwrap();
     // The coordinator expires every prepared id, including the ones this node holds.
     let epoch = tokio::time::timeout(
@@ -445,8 +448,7 @@ async fn appends_wait_when_the_buffer_is_full(world: World) {
         ..config()
     };
     let engine = world.node_on(1, faulty, small).await;
-    let s = engine.create_streams(1).await.unwrap();
-    engine.open(s, 1).await.unwrap();
+    let s = new_stream(&engine).await;
     faults.pause();
     let writer = {
         let engine = engine.clone();
@@ -480,8 +482,7 @@ suite!(appends_wait_when_the_buffer_is_full);
 
 async fn a_fenced_node_fails_everything_and_a_restart_resumes(world: World) {
     let old = world.node(1).await;
-    let s = old.create_streams(1).await.unwrap();
-    old.open(s, 1).await.unwrap();
+    let s = new_stream(&old).await;
     let mut acked = BTreeMap::new();
     for i in 0..10 {
         let a = old.append(s, 1, payload(s, i), None).await.unwrap();
@@ -527,8 +528,7 @@ suite!(a_fenced_node_fails_everything_and_a_restart_resumes);
 
 async fn trim_and_close_and_delete(world: World) {
     let engine = world.node(1).await;
-    let s = engine.create_streams(1).await.unwrap();
-    engine.open(s, 1).await.unwrap();
+    let s = new_stream(&engine).await;
     for i in 0..20 {
         engine.append(s, 1, payload(s, i), None).await.unwrap();
     }
@@ -700,8 +700,7 @@ async fn orphans_are_swept(world: World) {
         ..config()
     };
     let engine = world.node_on(1, Arc::clone(&world.store), short).await;
-    let s = engine.create_streams(1).await.unwrap();
-    engine.open(s, 1).await.unwrap();
+    let s = new_stream(&engine).await;
     engine.append(s, 1, payload(s, 0), None).await.unwrap();
     let epoch = coordinator_epoch(&engine).await;
     tokio::time::sleep(Duration::from_millis(150)).await;
@@ -789,8 +788,7 @@ async fn a_crash_between_put_and_commit_loses_nothing_acknowledged(world: World)
     let node = world
         .node_with(1, store, short.clone(), Some(Arc::clone(&meta)))
         .await;
-    let s = node.create_streams(1).await.unwrap();
-    node.open(s, 1).await.unwrap();
+    let s = new_stream(&node).await;
     let w = |seq| WriterBatchId {
         writer_id: 5,
         writer_epoch: 0,
@@ -863,8 +861,7 @@ async fn a_crash_between_commit_and_ack_is_answered_on_retry(world: World) {
             Some(Arc::clone(&meta)),
         )
         .await;
-    let s = node.create_streams(1).await.unwrap();
-    node.open(s, 1).await.unwrap();
+    let s = new_stream(&node).await;
     let w = |seq| WriterBatchId {
         writer_id: 9,
         writer_epoch: 2,
@@ -1301,8 +1298,7 @@ async fn metadata_connection_faults_are_retried_without_duplicates(world: World)
             Some(Arc::clone(&meta)),
         )
         .await;
-    let s = engine.create_streams(1).await.unwrap();
-    engine.open(s, 1).await.unwrap();
+    let s = new_stream(&engine).await;
     // Connections drop before and after COMMIT, statements fail.
     meta.set(150, 150, 50);
     for i in 0..30 {
@@ -1328,8 +1324,7 @@ async fn a_slow_put_is_hedged(world: World) {
         ..config()
     };
     let engine = world.node_on(1, store, hedged).await;
-    let s = engine.create_streams(1).await.unwrap();
-    engine.open(s, 1).await.unwrap();
+    let s = new_stream(&engine).await;
     engine.append(s, 1, payload(s, 0), None).await.unwrap();
     faults.slow_next_put_us.store(5_000_000, Ordering::Relaxed);
     let started = tokio::time::Instant::now();
@@ -1346,8 +1341,7 @@ suite!(a_slow_put_is_hedged);
 
 async fn pipelined_batches_of_one_writer_share_a_flush(world: World) {
     let engine = world.node(1).await;
-    let s = engine.create_streams(1).await.unwrap();
-    engine.open(s, 1).await.unwrap();
+    let s = new_stream(&engine).await;
     let w = |seq| WriterBatchId {
         writer_id: 4,
         writer_epoch: 0,
@@ -1383,8 +1377,7 @@ async fn reopening_with_appends_in_flight_starts_clean(world: World) {
     ));
     let a = world.node_on(1, store, config()).await;
     let b = world.node(2).await;
-    let s = a.create_streams(1).await.unwrap();
-    a.open(s, 1).await.unwrap();
+    let s = new_stream(&a).await;
     a.append(s, 1, payload(s, 0), None).await.unwrap(); // ids prepared
     faults.pause();
     let old: Vec<_> = (1..4)
@@ -1470,8 +1463,7 @@ async fn an_id_forgotten_while_its_put_was_slow_is_replaced(world: World) {
         ..config()
     };
     let engine = world.node_on(1, store, short).await;
-    let s = engine.create_streams(1).await.unwrap();
-    engine.open(s, 1).await.unwrap();
+    let s = new_stream(&engine).await;
     engine.append(s, 1, payload(s, 0), None).await.unwrap();
     let epoch = coordinator_epoch(&engine).await;
     // The next PUT takes long enough for its id to expire and be cleaned meanwhile.
@@ -1493,8 +1485,7 @@ suite!(an_id_forgotten_while_its_put_was_slow_is_replaced);
 
 async fn an_impossible_rejection_fails_the_engine(world: World) {
     let engine = world.node(1).await;
-    let s = engine.create_streams(1).await.unwrap();
-    engine.open(s, 1).await.unwrap();
+    let s = new_stream(&engine).await;
     engine.append(s, 1, payload(s, 0), None).await.unwrap();
     // Someone commits to the stream behind the engine's back (same node, same epoch): the
     // engine's view of the stream's end is now wrong, which it cannot have caused.
