@@ -15,7 +15,7 @@ use mink_log::routing::{buckets_of, partitions_of};
 use mink_metadata::{Command, CommitKvSnapshot, DropKvSnapshot, TableRecord};
 use object_store::ObjectStoreExt as _;
 
-use crate::node::{BucketWrite, PendingWrite, WriteTarget};
+use crate::node::{PendingWrite, WriteTarget};
 use crate::{Node, NodeError, NodeResult};
 
 /// The column that marks a row of a primary-key write as an upsert or a delete.
@@ -226,31 +226,18 @@ impl Node {
             };
             submitted.push((partition, partition_id, b, rows, pending, unsent));
         }
-        Ok(PendingWrite::new(futures::future::join_all(
-            submitted.into_iter().map(
-                |(partition, partition_id, bucket, rows, pending, unsent)| async move {
-                    let result = match pending {
-                        Ok(p) => p.await.map_err(NodeError::from).map(|ack| {
-                            let (base_offset, end_offset) = ack.offsets.unwrap_or((0, 0));
-                            s3stream::AppendAck {
-                                base_offset,
-                                end_offset,
-                                duplicate: ack.duplicate,
-                            }
-                        }),
-                        Err(e) => Err(e),
-                    };
-                    BucketWrite {
-                        partition,
-                        partition_id,
-                        bucket,
-                        rows,
-                        result,
-                        unsent,
-                    }
-                },
-            ),
-        )))
+        Ok(PendingWrite::of(
+            submitted,
+            |pending: mink_kv::PendingKv| async move {
+                let ack = pending.await?;
+                let (base_offset, end_offset) = ack.offsets.unwrap_or((0, 0));
+                Ok(s3stream::AppendAck {
+                    base_offset,
+                    end_offset,
+                    duplicate: ack.duplicate,
+                })
+            },
+        ))
     }
 
     /// Point lookup: `keys` holds the primary-key columns (by name; other columns are

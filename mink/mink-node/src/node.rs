@@ -92,6 +92,17 @@ pub struct BucketWrite {
     pub unsent: Option<RecordBatch>,
 }
 
+/// A bucket's part of a write once submitted: `(partition, partition_id, bucket, rows,
+/// submitted or refused, rows to forward)`.
+pub(crate) type Submitted<S> = (
+    Option<String>,
+    u64,
+    u32,
+    usize,
+    NodeResult<S>,
+    Option<RecordBatch>,
+);
+
 /// A submitted write (see [`Node::submit_write`]): resolves to its per-bucket results.
 #[must_use = "a write is only known durable once this resolves"]
 pub struct PendingWrite(futures::future::BoxFuture<'static, Vec<BucketWrite>>);
@@ -105,6 +116,38 @@ impl std::fmt::Debug for PendingWrite {
 impl PendingWrite {
     pub(crate) fn new(results: impl Future<Output = Vec<BucketWrite>> + Send + 'static) -> Self {
         PendingWrite(Box::pin(results))
+    }
+
+    /// The per-bucket results of submitted parts `(partition, partition_id, bucket, rows,
+    /// submitted, unsent)`: each submitted part's acknowledgement by `ack`.
+    pub(crate) fn of<S, F>(
+        parts: Vec<Submitted<S>>,
+        ack: impl Fn(S) -> F + Send + Sync + 'static,
+    ) -> Self
+    where
+        S: Send + 'static,
+        F: Future<Output = NodeResult<AppendAck>> + Send + 'static,
+    {
+        let ack = Arc::new(ack);
+        PendingWrite::new(futures::future::join_all(parts.into_iter().map(
+            move |(partition, partition_id, bucket, rows, submitted, unsent)| {
+                let ack = Arc::clone(&ack);
+                async move {
+                    let result = match submitted {
+                        Ok(s) => ack(s).await,
+                        Err(e) => Err(e),
+                    };
+                    BucketWrite {
+                        partition,
+                        partition_id,
+                        bucket,
+                        rows,
+                        result,
+                        unsent,
+                    }
+                }
+            },
+        )))
     }
 
     pub(crate) fn ready(results: Vec<BucketWrite>) -> Self {
@@ -468,24 +511,9 @@ impl Node {
             submitted.push((partition, partition_id, b, rows, appending, unsent));
         }
         // The engine puts them in one object: one flush delay for all of them.
-        Ok(PendingWrite(Box::pin(futures::future::join_all(
-            submitted.into_iter().map(
-                |(partition, partition_id, bucket, rows, appending, unsent)| async move {
-                    let result = match appending {
-                        Ok(appending) => appending.await.map_err(NodeError::from),
-                        Err(e) => Err(e),
-                    };
-                    BucketWrite {
-                        partition,
-                        partition_id,
-                        bucket,
-                        rows,
-                        result,
-                        unsent,
-                    }
-                },
-            ),
-        ))))
+        Ok(PendingWrite::of(submitted, |appending| async move {
+            appending.await.map_err(NodeError::from)
+        }))
     }
 
     /// Splits a checked batch (it may carry extra columns after the table's) into its
