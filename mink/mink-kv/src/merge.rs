@@ -6,7 +6,7 @@
 //! previous image of a key is the stored row or the after-image of an earlier round. Images are
 //! referred to as (source, row) and only gathered (`interleave`) when needed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use arrow::array::{
@@ -231,7 +231,7 @@ pub fn merge(
     ];
     // (input row, order within the row, change type, image)
     let mut entries: Vec<(usize, u8, ChangeType, Image)> = Vec::new();
-    let mut changed: Vec<&[u8]> = Vec::new();
+    let mut changed: HashSet<&[u8]> = HashSet::new();
     for rows in &rounds {
         let prev: Vec<Image> = rows
             .iter()
@@ -262,7 +262,7 @@ pub fn merge(
                     state.insert(key, None);
                 }
             }
-            changed.push(key);
+            changed.insert(key);
         }
     }
     if entries.is_empty() {
@@ -274,13 +274,11 @@ pub fn merge(
     let types = entries.iter().map(|&(_, _, t, _)| t as i8).collect();
 
     // The final state of each changed key, encoded.
-    let mut finals: Vec<(&[u8], Option<Image>)> = Vec::new();
-    let mut done: HashMap<&[u8], ()> = HashMap::new();
-    for key in changed {
-        if done.insert(key, ()).is_none() {
-            finals.push((key, state[key]));
-        }
-    }
+    let finals: Vec<(&[u8], Option<Image>)> = distinct
+        .iter()
+        .filter(|key| changed.contains(*key))
+        .map(|key| (*key, state[key]))
+        .collect();
     let live: Vec<Image> = finals.iter().filter_map(|(_, image)| *image).collect();
     let encoded = if live.is_empty() {
         None
