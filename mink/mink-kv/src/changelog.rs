@@ -8,8 +8,7 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayRef, AsArray, Int8Array, Int64Array, RecordBatch, StringArray,
-    TimestampMillisecondArray,
+    ArrayRef, AsArray, Int8Array, Int64Array, RecordBatch, StringArray, TimestampMillisecondArray,
 };
 use arrow::compute::filter_record_batch;
 use arrow::datatypes::{DataType, Field, Int8Type, Schema, SchemaRef, TimeUnit};
@@ -117,13 +116,12 @@ pub fn to_view(view: &SchemaRef, stored: &RecordBatch, base_offset: u64) -> KvRe
             .iter()
             .map(|&t| ChangeType::from_i8(t).map_or("unknown", ChangeType::name)),
     );
-    let table_columns = stored.num_columns() - 2;
     let mut columns: Vec<ArrayRef> = vec![
         Arc::new(names),
         Arc::new(offsets),
-        stored.column(table_columns + 1).clone(),
+        stored.column(stored.num_columns() - 1).clone(),
     ];
-    columns.extend(stored.columns()[..table_columns].iter().cloned());
+    columns.extend(table_columns(stored));
     let batch = RecordBatch::try_new(view.clone(), columns)?;
     let shown: arrow::array::BooleanArray = types
         .values()
@@ -139,14 +137,6 @@ pub fn to_view(view: &SchemaRef, stored: &RecordBatch, base_offset: u64) -> KvRe
 /// The table columns of a stored batch.
 pub fn table_columns(stored: &RecordBatch) -> Vec<ArrayRef> {
     stored.columns()[..stored.num_columns() - 2].to_vec()
-}
-
-/// Whether a column of a stored batch holds the change type (for schema checks of readers).
-pub fn is_stored(stored: &RecordBatch) -> bool {
-    stored.num_columns() >= 2
-        && stored.schema().field(stored.num_columns() - 2).name() == CHANGE_TYPE
-        && stored.column(stored.num_columns() - 2).data_type() == &DataType::Int8
-        && stored.column(stored.num_columns() - 2).null_count() == 0
 }
 
 /// The key changes a stored changelog batch makes, in order: after-images overwrite, deletes

@@ -20,7 +20,6 @@ pub const FORMAT: &str = "arrow-row/58/1";
 pub struct RowCodec {
     schema: SchemaRef,
     physical_key: Vec<usize>,
-    bucket_key: Vec<usize>,
     keys: RowConverter,
     prefixes: RowConverter,
     values: RowConverter,
@@ -44,7 +43,6 @@ impl RowCodec {
             prefixes: converter(&def.schema, &def.bucket_key)?,
             values: converter(&def.schema, &all)?,
             physical_key: def.physical_key.clone(),
-            bucket_key: def.bucket_key.clone(),
         })
     }
 
@@ -101,10 +99,5 @@ impl RowCodec {
                 }
             })
             .collect()
-    }
-
-    /// Column indices of the physical key and of the bucket key.
-    pub fn key_columns(&self) -> (&[usize], &[usize]) {
-        (&self.physical_key, &self.bucket_key)
     }
 }

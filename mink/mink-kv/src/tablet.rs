@@ -241,12 +241,6 @@ impl KvTablet {
         &self.inner.def
     }
 
-    /// The schema of the changelog view (`_change_type`, `_log_offset`, `_commit_timestamp`,
-    /// then the table's columns).
-    pub fn changelog_schema(&self) -> &SchemaRef {
-        &self.inner.view
-    }
-
     /// Writes a batch: a retry of an idempotent batch is answered with its original offsets
     /// first; otherwise the changelog is computed against the working copy and the writes in
     /// flight, appended, and applied once durable. Returns once acknowledged (durable and
