@@ -155,7 +155,7 @@ impl LogStore for PostgresStore {
             "UPDATE meta_lease SET \
                term = CASE WHEN node_id = $1 AND node_epoch = $2 THEN term ELSE term + 1 END, \
                node_id = $1, node_epoch = $2, expires_at_ms = {NOW_MS} + $3 \
-             WHERE id = 1 AND (expires_at_ms <= {NOW_MS} OR (node_id = $1 AND node_epoch = $2)) \
+             WHERE id = 1 AND (expires_at_ms <= {NOW_MS} OR (node_id = $1 AND node_epoch <= $2)) \
              RETURNING term, expires_at_ms"
         ))
         .bind(to_i64(node_id))

@@ -106,8 +106,10 @@ pub type StoreResult<T> = Result<T, StoreError>;
 /// - Times (`now_ms`, heartbeats, lease expiry) come from the database's clock, in
 ///   milliseconds since the Unix epoch, so nodes with skewed clocks agree.
 /// - Lease: `acquire_lease` grants or renews the single lease row to `(node_id, node_epoch)`
-///   when it has lapsed or that node-epoch already holds it, sets its expiry to now + ttl, and
-///   raises `term` when the holder changes. It returns `None` when someone else holds it.
+///   when it has lapsed, that node-epoch already holds it, or an earlier epoch of the same node
+///   holds it (a restarted node has fenced its previous life by registering again, so it takes
+///   the lease back at once instead of waiting out the TTL); it sets the expiry to now + ttl
+///   and raises `term` when the holder changes. It returns `None` when someone else holds it.
 /// - Heartbeats: `heartbeat` upserts the node's row with the database's now; a row is never
 ///   overwritten by an older node epoch. `expire_heartbeat` marks the row dead (age = now).
 #[async_trait]

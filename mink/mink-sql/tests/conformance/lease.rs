@@ -205,3 +205,29 @@ async fn a_superseded_holder_gives_up_the_lease(db: TestDb) {
     other.shutdown().await;
 }
 conformance!(a_superseded_holder_gives_up_the_lease, multi_node);
+
+/// A holder that crashes (no release) and restarts under the same node id holds the lease
+/// again at its first tick, long before the TTL its previous life left on the lease.
+async fn a_restarted_holder_takes_its_lease_back_at_once(db: TestDb) {
+    let mut long = config(1);
+    long.lease_ttl = Duration::from_secs(60);
+    let crashed = start(&db, long.clone()).await;
+    let old_epoch = held(&mut crashed.lease(), Duration::from_secs(5)).await;
+    crashed.abort(); // a crash: the lease is neither released nor expired
+    let restarted_at = Instant::now();
+    let restarted = start(&db, long).await;
+    let epoch = held(&mut restarted.lease(), Duration::from_secs(5)).await;
+    assert!(epoch > old_epoch);
+    assert!(
+        restarted_at.elapsed() < Duration::from_secs(5),
+        "took {:?} with a 60 s TTL",
+        restarted_at.elapsed()
+    );
+    let coordinator = restarted.view().state.coordinator.clone().unwrap();
+    assert_eq!(
+        (coordinator.node_epoch, coordinator.epoch),
+        (restarted.node().node_epoch, epoch)
+    );
+    restarted.shutdown().await;
+}
+conformance!(a_restarted_holder_takes_its_lease_back_at_once, multi_node);

@@ -115,22 +115,29 @@ async fn lease_is_compare_and_set(db: TestDb) {
     let first = store.acquire_lease(1, 1, minute).await.unwrap().unwrap();
     assert_eq!(first.term, 1);
     assert_eq!(store.acquire_lease(2, 1, minute).await.unwrap(), None);
-    // A restarted node 1 (new epoch) does not inherit its predecessor's lease.
-    assert_eq!(store.acquire_lease(1, 2, minute).await.unwrap(), None);
     let renewed = store.acquire_lease(1, 1, minute).await.unwrap().unwrap();
     assert_eq!(renewed.term, 1, "a renew keeps the term");
     assert!(renewed.expires_at_ms >= first.expires_at_ms);
+    // A restarted node 1 (a new epoch: it has fenced its previous life) takes the lease back
+    // at once, under a new term; the previous life can no longer renew it.
+    let restarted = store.acquire_lease(1, 2, minute).await.unwrap().unwrap();
+    assert_eq!(
+        restarted.term, 2,
+        "a new life of the holder gets a new term"
+    );
+    assert_eq!(store.acquire_lease(1, 1, minute).await.unwrap(), None);
     store.release_lease(2, 1).await.unwrap(); // not the holder: no effect
+    store.release_lease(1, 1).await.unwrap(); // an earlier life: no effect
     assert_eq!(store.acquire_lease(2, 1, minute).await.unwrap(), None);
-    store.release_lease(1, 1).await.unwrap();
+    store.release_lease(1, 2).await.unwrap();
     let second = store.acquire_lease(2, 1, 50).await.unwrap().unwrap();
-    assert_eq!(second.term, 2, "a new holder gets a new term");
+    assert_eq!(second.term, 3, "a new holder gets a new term");
     let row = store.read_lease().await.unwrap();
-    assert_eq!((row.node_id, row.node_epoch, row.term), (2, 1, 2));
+    assert_eq!((row.node_id, row.node_epoch, row.term), (2, 1, 3));
     assert!(row.expires_at_ms > row.now_ms);
     tokio::time::sleep(Duration::from_millis(120)).await;
     let third = store.acquire_lease(3, 1, minute).await.unwrap().unwrap();
-    assert_eq!(third.term, 3, "an expired lease can be taken");
+    assert_eq!(third.term, 4, "an expired lease can be taken");
 }
 conformance!(lease_is_compare_and_set);
 
