@@ -330,26 +330,51 @@ async fn put_messages(
     Ok(acks)
 }
 
+/// An idempotent writer id from `allocate_writer`, through a plain Flight client.
+async fn allocate_writer(address: &str) -> protocol::Writer {
+    let mut flight = plain(address).await;
+    let mut results = flight
+        .do_action(Action::new(protocol::action::ALLOCATE_WRITER, "{}"))
+        .await
+        .unwrap()
+        .into_inner();
+    let body = results.message().await.unwrap().unwrap().body;
+    protocol::parse("allocate_writer", &body).unwrap()
+}
+
+fn writer_descriptor(table: &str, writer_id: u64, writer_epoch: u64) -> FlightDescriptor {
+    FlightDescriptor::new_cmd(protocol::to_json(&protocol::WriteDescriptor {
+        database: "app".into(),
+        table: table.into(),
+        bucket: Some(0),
+        writer_id: Some(writer_id),
+        writer_epoch: Some(writer_epoch),
+        ..Default::default()
+    }))
+}
+
+fn sequence(seq: u64) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({ "sequence": seq })).unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_retried_batch_of_an_idempotent_writer_is_stored_once() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path(), 1).await;
     let client = Client::connect(&server.address).await.unwrap();
     events_table(&client, 1).await;
-    let descriptor = FlightDescriptor::new_cmd(protocol::to_json(&protocol::WriteDescriptor {
-        database: "app".into(),
-        table: "events".into(),
-        bucket: Some(0),
-        writer_id: Some(42),
-        writer_epoch: Some(0),
-        ..Default::default()
-    }));
-    let meta = |seq: u64| serde_json::to_vec(&serde_json::json!({"sequence": seq})).unwrap();
+    client
+        .create_table("app", "other", &schema(), [("bucket.num", "1")], &[], false)
+        .await
+        .unwrap();
+    let writer = allocate_writer(&server.address).await;
+    assert_eq!(writer.writer_epoch, 0);
+    let descriptor = writer_descriptor("events", writer.writer_id, writer.writer_epoch);
     let first = raw_put(
         &server.address,
         descriptor.clone(),
         &schema(),
-        vec![(batch(0..10), meta(0)), (batch(10..20), meta(1))],
+        vec![(batch(0..10), sequence(0)), (batch(10..20), sequence(1))],
     )
     .await
     .unwrap();
@@ -360,7 +385,7 @@ async fn a_retried_batch_of_an_idempotent_writer_is_stored_once() {
         &server.address,
         descriptor.clone(),
         &schema(),
-        vec![(batch(10..20), meta(1))],
+        vec![(batch(10..20), sequence(1))],
     )
     .await
     .unwrap();
@@ -369,22 +394,58 @@ async fn a_retried_batch_of_an_idempotent_writer_is_stored_once() {
         (r.base_offset, r.end_offset, r.duplicate),
         (Some(10), Some(20), true)
     );
-    // A skipped sequence is refused per bucket, precisely.
-    let gap = raw_put(
+    // A skipped sequence is refused per bucket, precisely; so is a first batch in a bucket
+    // that does not start at sequence 0.
+    for (table, seq, expected) in [("events", 5, "expected 2"), ("other", 3, "expected 0")] {
+        let refused = raw_put(
+            &server.address,
+            writer_descriptor(table, writer.writer_id, 0),
+            &schema(),
+            vec![(batch(20..21), sequence(seq))],
+        )
+        .await
+        .unwrap();
+        let e = refused[0].buckets[0].error.as_ref().unwrap();
+        assert_eq!(e.code, ErrorCode::Invalid, "{e:?}");
+        assert!(e.message.contains(expected), "{e:?}");
+    }
+    // Writer ids and epochs come from allocate_writer only: nobody can fence a writer by
+    // sending its id at a higher epoch, nor make one up.
+    for (id, epoch, needle) in [
+        (writer.writer_id, 1, "has epoch 0, not 1"),
+        (writer.writer_id + 1_000, 0, "never allocated"),
+        (0, 0, "never allocated"),
+    ] {
+        let e = raw_put(
+            &server.address,
+            writer_descriptor("events", id, epoch),
+            &schema(),
+            vec![(batch(20..21), sequence(2))],
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(
+            code(&e),
+            (tonic::Code::InvalidArgument, "INVALID".into()),
+            "{e}"
+        );
+        assert!(e.message().contains(needle), "{e}");
+    }
+    // The writer was not harmed: its next batch is taken.
+    let next = raw_put(
         &server.address,
         descriptor,
         &schema(),
-        vec![(batch(20..21), meta(5))],
+        vec![(batch(20..30), sequence(2))],
     )
     .await
     .unwrap();
-    let e = gap[0].buckets[0].error.as_ref().unwrap();
-    assert_eq!(e.code, ErrorCode::Invalid, "{e:?}");
+    assert_eq!(next[0].buckets[0].base_offset, Some(20));
     let all = client
         .scan_all(&Scan::table("app", "events"))
         .await
         .unwrap();
-    assert_eq!(ids(&all), (0..20).collect::<Vec<_>>());
+    assert_eq!(ids(&all), (0..30).collect::<Vec<_>>());
     server.stop().await;
 }
 

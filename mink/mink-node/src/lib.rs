@@ -20,8 +20,8 @@ pub use catalog::{
 };
 pub use kv::ROW_KIND;
 pub use node::{
-    BucketWrite, MAX_NEW_PARTITIONS_PER_WRITE, Node, NodeConfig, PendingWrite, WriteTarget,
-    WriterId,
+    ALLOCATED_WRITER_EPOCH, BucketWrite, MAX_NEW_PARTITIONS_PER_WRITE, Node, NodeConfig,
+    PendingWrite, WriteTarget, WriterId,
 };
 
 /// Errors of node operations, classed by who can act (they map onto gRPC statuses).

@@ -184,6 +184,10 @@ impl WriteTarget {
     }
 }
 
+/// The epoch `allocate_writer` hands out with every writer id. A client cannot raise it: a
+/// writer that must start over takes a new id.
+pub const ALLOCATED_WRITER_EPOCH: u64 = 0;
+
 /// How long a write waits for a new bucket's first leader before answering "retry".
 const LEADER_WAIT: Duration = Duration::from_secs(5);
 
@@ -334,12 +338,33 @@ impl Node {
             Ok(outcome) => match outcome.into_reply() {
                 mink_metadata::Reply::Range(r) => Ok(WriterId {
                     writer_id: r.start,
-                    writer_epoch: 0,
+                    writer_epoch: ALLOCATED_WRITER_EPOCH,
                 }),
                 other => Err(NodeError::Failed(format!("unexpected reply {other:?}"))),
             },
             Err(r) => Err(NodeError::Failed(r.to_string())),
         }
+    }
+
+    /// Checks an idempotent writer's identity as Kafka checks producer ids: only ids that
+    /// `allocate_writer` handed out (another node's allocation this node has not applied yet
+    /// is caught up with first), at the epoch it handed out. (The stream then checks that the
+    /// writer starts at sequence 0 in each bucket and keeps its order.)
+    async fn check_writer(&self, w: &WriterBatchId) -> NodeResult<()> {
+        let allocated = |v: &View| (1..v.state.counters.next_producer_id).contains(&w.writer_id);
+        if !allocated(&self.view()) && !allocated(&self.inner.sink.catch_up().await?) {
+            return Err(NodeError::Invalid(format!(
+                "writer {} was never allocated: take a writer id from allocate_writer",
+                w.writer_id
+            )));
+        }
+        if w.writer_epoch != ALLOCATED_WRITER_EPOCH {
+            return Err(NodeError::Invalid(format!(
+                "writer {} has epoch {ALLOCATED_WRITER_EPOCH}, not {}: epochs come from allocate_writer (a new writer id starts over)",
+                w.writer_id, w.writer_epoch
+            )));
+        }
+        Ok(())
     }
 
     /// The tablet of a bucket this node leads, or where to go instead. A bucket the metadata
@@ -483,6 +508,9 @@ impl Node {
         batch: &RecordBatch,
         target: &WriteTarget,
     ) -> NodeResult<PendingWrite> {
+        if let Some(w) = &target.writer {
+            self.check_writer(w).await?;
+        }
         let record = self.table_record(database, table)?;
         if record.is_primary_key_table() {
             return self.submit_kv_write(database, table, batch, target).await;

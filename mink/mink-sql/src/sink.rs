@@ -886,6 +886,14 @@ impl Sink {
         }
     }
 
+    /// Waits until this node has applied every row the log held when called (one read of the
+    /// log's end, then [`Sink::wait_applied`]). For a request naming something this node's
+    /// view may not have caught up with yet, such as an id another node just allocated.
+    pub async fn catch_up(&self) -> Result<View, SinkError> {
+        let end = self.inner.shared.store.log_bounds().await?;
+        self.wait_applied(end.map_or(0, |(_, last)| last)).await
+    }
+
     /// Nodes whose heartbeat (by the database's clock) is younger than the lease TTL: the ones
     /// alive for assignment and failover.
     pub async fn live_nodes(&self) -> Result<Vec<crate::store::NodeRow>, SinkError> {

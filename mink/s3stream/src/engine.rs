@@ -105,11 +105,12 @@ pub enum StreamError {
         start: u64,
         end: u64,
     },
-    /// An idempotent writer skipped or repeated sequence numbers.
-    #[error("writer {writer_id}: sequence {got} does not follow {expected_after}")]
+    /// An idempotent writer skipped or repeated sequence numbers (`expected` is the next one
+    /// the stream takes from it: 0 for a writer, or a writer epoch, new to the stream).
+    #[error("writer {writer_id}: sequence {got} is out of order, expected {expected}")]
     OutOfOrderSequence {
         writer_id: u64,
-        expected_after: u64,
+        expected: u64,
         got: u64,
     },
     /// The writer's batch is still being written; ask again once it is acknowledged.
@@ -894,6 +895,15 @@ impl Engine {
                 })
             });
         let tail = owned.writers.get(&w.writer_id).copied().or(committed);
+        // As in Kafka: a writer new to the stream, or at a new epoch, starts at sequence 0.
+        let starts_anew = tail.is_none_or(|t| w.writer_epoch > t.epoch);
+        if starts_anew && w.first_sequence != 0 {
+            return Err(StreamError::OutOfOrderSequence {
+                writer_id: w.writer_id,
+                expected: 0,
+                got: w.first_sequence,
+            });
+        }
         if let Some(tail) = tail {
             if w.writer_epoch < tail.epoch {
                 return Err(StreamError::WriterFenced {
@@ -921,7 +931,7 @@ impl Engine {
                 }
                 return Err(StreamError::OutOfOrderSequence {
                     writer_id: w.writer_id,
-                    expected_after: tail.last_sequence,
+                    expected: tail.last_sequence.saturating_add(1),
                     got: w.first_sequence,
                 });
             }

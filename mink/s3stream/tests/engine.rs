@@ -282,14 +282,31 @@ async fn idempotent_writers_are_answered_with_original_offsets(world: World) {
     );
     let end = engine.info(s).unwrap().end_offset;
     assert_eq!(end, 5);
-    // Skipping sequences, or an older writer epoch, is refused.
+    // Skipping sequences, or an older writer epoch, is refused; so is a writer (or a new
+    // epoch of one) that does not start at sequence 0.
     assert!(matches!(
         engine.append(s, 1, payload(s, 9), Some(w(9, 9))).await,
-        Err(StreamError::OutOfOrderSequence {
-            expected_after: 4,
-            ..
-        })
+        Err(StreamError::OutOfOrderSequence { expected: 5, .. })
     ));
+    for late in [
+        WriterBatchId {
+            writer_id: 78,
+            ..w(3, 3)
+        },
+        WriterBatchId {
+            writer_epoch: 4,
+            ..w(5, 5)
+        },
+    ] {
+        assert!(matches!(
+            engine.append(s, 1, payload(s, 9), Some(late)).await,
+            Err(StreamError::OutOfOrderSequence {
+                expected: 0,
+                got: _,
+                ..
+            })
+        ));
+    }
     let old = WriterBatchId {
         writer_epoch: 2,
         ..w(5, 5)
@@ -1320,7 +1337,7 @@ async fn a_slow_put_is_hedged(world: World) {
         Arc::clone(&faults),
     ));
     let hedged = EngineConfig {
-        hedge_after: Some(Duration::from_millis(30)),
+        hedge_after: Some(Duration::from_millis(200)),
         ..config()
     };
     let engine = world.node_on(1, store, hedged).await;
@@ -1333,7 +1350,8 @@ async fn a_slow_put_is_hedged(world: World) {
         started.elapsed() < Duration::from_secs(2),
         "the hedge answered first"
     );
-    assert_eq!(engine.stats().hedged_puts.load(Ordering::Relaxed), 1);
+    // (A PUT of a loaded test server may be hedged too.)
+    assert!(engine.stats().hedged_puts.load(Ordering::Relaxed) >= 1);
     assert_eq!(read_all(&engine, s, 0).await.len(), 2);
     engine.shutdown().await;
 }
