@@ -333,7 +333,7 @@ impl Client {
             (None, tonic::Code::NotFound) => ErrorCode::NotFound,
             (None, tonic::Code::AlreadyExists) => ErrorCode::AlreadyExists,
             (None, tonic::Code::InvalidArgument | tonic::Code::OutOfRange) => ErrorCode::Invalid,
-            (None, tonic::Code::ResourceExhausted) => ErrorCode::Invalid,
+            (None, tonic::Code::ResourceExhausted) => ErrorCode::TooLarge,
             (None, tonic::Code::DeadlineExceeded) => ErrorCode::Unavailable,
             (None, _) => ErrorCode::Failed,
         };

@@ -93,6 +93,8 @@ pub enum ErrorCode {
     Invalid,
     /// The bucket is led by another node (named in the error): send it there.
     NotLeader,
+    /// A message over the node's size limit: send smaller batches.
+    TooLarge,
     /// Retry shortly.
     Unavailable,
     /// The node cannot serve; another node might.
@@ -106,6 +108,7 @@ impl ErrorCode {
             ErrorCode::AlreadyExists => "ALREADY_EXISTS",
             ErrorCode::Invalid => "INVALID",
             ErrorCode::NotLeader => "NOT_LEADER",
+            ErrorCode::TooLarge => "TOO_LARGE",
             ErrorCode::Unavailable => "UNAVAILABLE",
             ErrorCode::Failed => "FAILED",
         }
@@ -117,6 +120,7 @@ impl ErrorCode {
             "ALREADY_EXISTS" => ErrorCode::AlreadyExists,
             "INVALID" => ErrorCode::Invalid,
             "NOT_LEADER" => ErrorCode::NotLeader,
+            "TOO_LARGE" => ErrorCode::TooLarge,
             "UNAVAILABLE" => ErrorCode::Unavailable,
             "FAILED" => ErrorCode::Failed,
             _ => return None,
@@ -475,11 +479,112 @@ pub fn decode_schema(b64: &str) -> Result<Schema, ProtocolError> {
         .map_err(|e| ProtocolError(format!("the schema is not an Arrow IPC schema: {e}")))
 }
 
-/// Parses a JSON body, naming what was expected when it does not fit.
+/// Parses a JSON body; an error names the field that does not fit and what it takes
+/// (`ticket: field "bucket": invalid value: integer -1, expected an integer from 0 to
+/// 4294967295`), or where the JSON itself is broken.
 pub fn parse<T: serde::de::DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T, ProtocolError> {
-    serde_json::from_slice(bytes).map_err(|e| ProtocolError(format!("{what}: {e}")))
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if inner.is_syntax() || inner.is_eof() || path == "." {
+            return ProtocolError(format!("{what}: {}", json_wording(&inner.to_string())));
+        }
+        // The position adds nothing once the field is named.
+        let message = inner.to_string();
+        let message = message
+            .rsplit_once(" at line ")
+            .map_or(message.as_str(), |(m, _)| m);
+        ProtocolError(format!("{what}: field {path:?}: {}", json_wording(message)))
+    })?;
+    de.end()
+        .map_err(|e| ProtocolError(format!("{what}: {e}")))?;
+    Ok(value)
+}
+
+/// serde's type names in the words of the protocol's users.
+fn json_wording(message: &str) -> String {
+    message
+        .replace("expected u32", "expected an integer from 0 to 4294967295")
+        .replace(
+            "expected u64",
+            "expected an integer from 0 to 18446744073709551615",
+        )
+        .replace("expected a boolean", "expected true or false")
+}
+
+/// Longest error message a node sends. Messages echo user input (names, values); gRPC carries
+/// the message in a header, and a client refuses a header block over its limit (16 KiB by
+/// default) without showing anything of it.
+pub const MAX_ERROR_MESSAGE_BYTES: usize = 1024;
+
+/// `message` cut to [`MAX_ERROR_MESSAGE_BYTES`] in its middle, so that both what it is about
+/// and what it says about it survive.
+pub fn cap_message(message: String) -> String {
+    if message.len() <= MAX_ERROR_MESSAGE_BYTES {
+        return message;
+    }
+    let keep = MAX_ERROR_MESSAGE_BYTES / 2 - 32;
+    let mut head = keep;
+    while !message.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = message.len() - keep;
+    while !message.is_char_boundary(tail) {
+        tail += 1;
+    }
+    format!(
+        "{} [... {} bytes cut ...] {}",
+        &message[..head],
+        tail - head,
+        &message[tail..]
+    )
 }
 
 pub fn to_json<T: Serialize>(value: &T) -> bytes::Bytes {
     bytes::Bytes::from(serde_json::to_vec(value).expect("protocol types serialize"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error(body: &str) -> String {
+        parse::<Ticket>("ticket", body.as_bytes()).unwrap_err().0
+    }
+
+    #[test]
+    fn json_errors_name_the_field_and_what_it_takes() {
+        assert_eq!(
+            error(r#"{"database": "a", "table": "b", "bucket": -1}"#),
+            "ticket: field \"bucket\": invalid value: integer `-1`, expected an integer from 0 to 4294967295"
+        );
+        assert_eq!(
+            error(r#"{"database": "a", "table": "b", "tail": "yes"}"#),
+            "ticket: field \"tail\": invalid type: string \"yes\", expected true or false"
+        );
+        let unknown = error(r#"{"database": "a", "table": "b", "buckets": 1}"#);
+        assert!(
+            unknown.starts_with("ticket: ")
+                && unknown.contains("unknown field `buckets`, expected one of"),
+            "{unknown}"
+        );
+        let broken = error(r#"{"database": "a", "#);
+        assert!(broken.contains("line 1 column"), "{broken}");
+        assert!(
+            error("{} trailing").starts_with("ticket: "),
+            "trailing input"
+        );
+    }
+
+    #[test]
+    fn long_messages_keep_their_ends() {
+        let short = "table x does not exist".to_string();
+        assert_eq!(cap_message(short.clone()), short);
+        let long = format!("table {} does not exist", "é".repeat(10_000));
+        let capped = cap_message(long);
+        assert!(capped.len() <= MAX_ERROR_MESSAGE_BYTES, "{}", capped.len());
+        assert!(capped.starts_with("table éé") && capped.ends_with("éé does not exist"));
+        assert!(capped.contains(" bytes cut ...] "));
+    }
 }

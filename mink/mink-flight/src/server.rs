@@ -157,10 +157,11 @@ impl MinkFlight {
             ErrorCode::AlreadyExists => tonic::Code::AlreadyExists,
             ErrorCode::Invalid => tonic::Code::InvalidArgument,
             ErrorCode::NotLeader => tonic::Code::FailedPrecondition,
+            ErrorCode::TooLarge => tonic::Code::ResourceExhausted,
             ErrorCode::Unavailable => tonic::Code::Unavailable,
             ErrorCode::Failed => tonic::Code::Internal,
         };
-        let mut status = Status::new(grpc, message);
+        let mut status = Status::new(grpc, protocol::cap_message(message));
         let m = status.metadata_mut();
         m.insert(protocol::APPLIED_INDEX_HEADER, self.applied_index());
         m.insert(
@@ -199,17 +200,25 @@ impl MinkFlight {
 
     fn flight_info(&self, info: &TableInfo) -> Result<FlightInfo, Status> {
         let description = describe(info).map_err(|e| self.invalid(e.0))?;
+        let primary = !info.primary_key.is_empty();
         let endpoints = info
             .buckets
             .iter()
             .map(|b| {
+                // A log table's bucket up to its high watermark now; a primary-key table's
+                // bucket as a snapshot of its current rows (its offsets number the changelog).
+                let (offset, end_offset) = if primary {
+                    (None, None)
+                } else {
+                    (Some(b.start_offset), Some(b.end_offset))
+                };
                 let ticket = protocol::Ticket {
                     database: info.database.clone(),
                     table: info.name.clone(),
                     partition: b.partition.clone(),
                     bucket: Some(b.bucket),
-                    offset: Some(b.start_offset),
-                    end_offset: Some(b.end_offset),
+                    offset,
+                    end_offset,
                     ..Default::default()
                 };
                 let mut e = FlightEndpoint::new()
@@ -220,11 +229,18 @@ impl MinkFlight {
                 e
             })
             .collect();
-        let records: u64 = info
-            .buckets
-            .iter()
-            .map(|b| b.end_offset - b.start_offset)
-            .sum();
+        // Rows of a log table (one offset per row); unknown (-1) for a primary-key table,
+        // whose offsets count changes, not rows.
+        let records: i64 = if primary {
+            -1
+        } else {
+            let rows: u64 = info
+                .buckets
+                .iter()
+                .map(|b| b.end_offset - b.start_offset)
+                .sum();
+            i64::try_from(rows).unwrap_or(i64::MAX)
+        };
         FlightInfo::new()
             .try_with_schema(&info.schema)
             .map_err(|e| self.status(ErrorCode::Failed, e.to_string()))
@@ -234,7 +250,7 @@ impl MinkFlight {
                     info.name.clone(),
                 ]))
                 .with_endpoints(endpoints)
-                .with_total_records(i64::try_from(records).unwrap_or(i64::MAX))
+                .with_total_records(records)
                 .with_total_bytes(-1)
                 .with_app_metadata(protocol::to_json(&description))
             })
@@ -401,7 +417,7 @@ pub(crate) fn error_body(e: &NodeError) -> ErrorBody {
     };
     ErrorBody {
         code,
-        message: e.to_string(),
+        message: protocol::cap_message(e.to_string()),
         leader_node_id: leader.as_ref().map(|l| l.0),
         leader_address: leader.map(|l| l.1),
     }
@@ -973,7 +989,7 @@ impl MinkFlight {
                     let decoded = match item {
                         None => { input_done = true; continue; }
                         Some(Err(e)) => {
-                            failure = Some(self.invalid(format!("batch {next}: {}", flight_error(&e))));
+                            failure = Some(self.input_error(next, &e));
                             continue;
                         }
                         Some(Ok(d)) => d,
@@ -1112,10 +1128,30 @@ pub(crate) fn bucket_result(w: &mink_node::BucketWrite) -> protocol::BucketResul
     }
 }
 
-fn flight_error(e: &FlightError) -> String {
-    match e {
-        FlightError::Tonic(s) => s.message().to_string(),
-        other => other.to_string(),
+impl MinkFlight {
+    /// The status ending a `DoPut` whose input failed at batch `index`: a message over the
+    /// size limit is `RESOURCE_EXHAUSTED` (`TOO_LARGE`), anything else malformed is
+    /// `INVALID_ARGUMENT`.
+    fn input_error(&self, index: u64, e: &FlightError) -> Status {
+        match e {
+            // tonic's decoder refuses an oversized message before it is read.
+            FlightError::Tonic(s)
+                if s.code() == tonic::Code::OutOfRange
+                    && s.message().contains("message length too large") =>
+            {
+                self.status(
+                    ErrorCode::TooLarge,
+                    format!(
+                        "batch {index}: the message is over this node's limit of {} bytes \
+                         (--max-message-bytes); send smaller batches ({})",
+                        self.config.max_message_bytes,
+                        s.message()
+                    ),
+                )
+            }
+            FlightError::Tonic(s) => self.invalid(format!("batch {index}: {}", s.message())),
+            other => self.invalid(format!("batch {index}: {other}")),
+        }
     }
 }
 
