@@ -91,6 +91,51 @@ pub struct TableChange {
 pub const MAX_PARTITIONS_PER_TABLE: usize = 1024;
 
 /// Options that only mean something for primary-key tables.
+/// Table options Mink acts on under the prefixes Apache Fluss reserves (`table.`, `bucket.`).
+const KNOWN_OPTIONS: [&str; 10] = [
+    mink_log::options::BUCKET_NUM,
+    mink_log::options::BUCKET_KEY,
+    mink_log::options::LOG_TTL,
+    mink_log::options::LOG_FORMAT,
+    mink_log::options::LOG_COMPRESSION,
+    mink_kv::definition::MERGE_ENGINE,
+    mink_kv::definition::VERSION_COLUMN,
+    mink_kv::definition::DELETE_BEHAVIOR,
+    mink_kv::definition::CHANGELOG_IMAGE,
+    mink_kv::definition::AUTO_INCREMENT_CACHE,
+];
+
+/// Refuses options that would be accepted and ignored: Fluss options whose feature Mink does
+/// not have yet, and unknown `table.` / `bucket.` options (a misspelling, or an option of
+/// another system). Options outside those prefixes are the user's own properties, kept as
+/// given; `fields.<column>.*` and `auto-increment.fields` are checked by the key definition.
+fn check_options(options: &BTreeMap<String, String>) -> NodeResult<()> {
+    for (key, value) in options {
+        let not_built = |feature: &str| {
+            Err(NodeError::Invalid(format!(
+                "option {key}: {feature} is not built yet (README.md, \"Planned\"), so Mink refuses the option rather than ignore it"
+            )))
+        };
+        if key == mink_metadata::OPTION_DATALAKE_ENABLED {
+            if !value.trim().eq_ignore_ascii_case("false") {
+                return not_built("tiering into Apache Iceberg");
+            }
+        } else if key.starts_with("table.datalake.") {
+            return not_built("tiering into Apache Iceberg");
+        } else if key.starts_with("table.auto-partition.") {
+            return not_built("automatic partition creation and expiry");
+        } else if (key.starts_with("table.") || key.starts_with("bucket."))
+            && !KNOWN_OPTIONS.contains(&key.as_str())
+        {
+            return Err(NodeError::Invalid(format!(
+                "unknown option {key}: Mink's table options are {} (see docs/tables.md); options outside table. and bucket. are kept as your own properties",
+                KNOWN_OPTIONS.join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn is_primary_key_option(key: &str) -> bool {
     key.starts_with("table.merge-engine")
         || key == mink_kv::definition::DELETE_BEHAVIOR
@@ -233,6 +278,7 @@ impl Node {
 
     /// Creates a log table, then waits (a few seconds at most) until its buckets have leaders.
     pub async fn create_table(&self, mut spec: TableSpec) -> NodeResult<TableInfo> {
+        check_options(&spec.options)?;
         if spec.primary_key.is_empty() {
             if let Some(k) = spec.options.keys().find(|k| is_primary_key_option(k)) {
                 return Err(NodeError::Invalid(format!(
@@ -354,6 +400,7 @@ impl Node {
         change: TableChange,
     ) -> NodeResult<TableInfo> {
         let record = self.table_record(database, table)?;
+        check_options(&change.set_options)?;
         let mut options = record.options.clone();
         options.extend(change.set_options.clone());
         for k in &change.reset_options {

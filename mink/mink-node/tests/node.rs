@@ -855,3 +855,71 @@ async fn a_partitioned_primary_key_table_keys_rows_per_partition() {
     );
     node.shutdown().await;
 }
+
+/// An option is acted on or refused, never accepted and ignored: Fluss options whose feature
+/// is not built (tiering, automatic partitions) and unknown `table.`/`bucket.` options are
+/// refused, naming the option; the user's own properties are kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn options_whose_feature_does_not_exist_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(config(dir.path(), 1)).await.unwrap();
+    node.create_database("app", false).await.unwrap();
+    for (key, value, needle) in [
+        (
+            "table.datalake.enabled",
+            "true",
+            "tiering into Apache Iceberg is not built yet",
+        ),
+        (
+            "table.datalake.freshness",
+            "3min",
+            "tiering into Apache Iceberg is not built yet",
+        ),
+        (
+            "table.auto-partition.enabled",
+            "true",
+            "automatic partition creation",
+        ),
+        (
+            "table.replication.factor",
+            "3",
+            "unknown option table.replication.factor",
+        ),
+        ("bucket.nmu", "3", "unknown option bucket.nmu"),
+    ] {
+        let mut s = spec("refused", 1);
+        s.options.insert(key.into(), value.into());
+        match node.create_table(s).await {
+            Err(NodeError::Invalid(m)) => {
+                assert!(
+                    m.starts_with(&format!("option {key}")) || m.contains(key),
+                    "{m}"
+                );
+                assert!(m.contains(needle), "{m}");
+            }
+            other => panic!("{key} = {value}: {other:?}"),
+        }
+    }
+    assert!(node.describe_table("app", "refused").is_err());
+    let mut s = spec("events", 1);
+    s.options
+        .insert("table.datalake.enabled".into(), "false".into());
+    s.options.insert("owner".into(), "team-a".into());
+    let info = node.create_table(s).await.unwrap();
+    assert_eq!(
+        info.options.get("owner").map(String::as_str),
+        Some("team-a")
+    );
+    let refused = node
+        .alter_table(
+            "app",
+            "events",
+            TableChange {
+                set_options: BTreeMap::from([("table.datalake.enabled".into(), "true".into())]),
+                ..Default::default()
+            },
+        )
+        .await;
+    assert!(matches!(refused, Err(NodeError::Invalid(_))), "{refused:?}");
+    node.shutdown().await;
+}
