@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use arrow::array::{ArrayRef, RecordBatch, UInt32Array, UInt64Array};
+use arrow::array::{ArrayRef, AsArray as _, RecordBatch, UInt32Array, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use clap::{Args, ValueEnum};
 use futures::StreamExt;
@@ -154,8 +154,54 @@ fn rows_bar(what: &str) -> ProgressBar {
     bar
 }
 
+/// The type a text reader (CSV or JSON lines) parses a table column as; [`conform`] brings it
+/// to the column's type. Text holds a dictionary column as its values, a duration as an
+/// integer count of the column's unit (what `scan` writes), and, in CSV (whose reader knows
+/// fewer types), binary as hex, any string as `Utf8` and half floats as `Float32`.
+fn text_type(t: &DataType, csv: bool) -> DataType {
+    match t {
+        DataType::Dictionary(_, values) => text_type(values, csv),
+        DataType::Duration(_) => DataType::Int64,
+        DataType::Float16 if csv => DataType::Float32,
+        DataType::Binary
+        | DataType::LargeBinary
+        | DataType::BinaryView
+        | DataType::FixedSizeBinary(_)
+        | DataType::LargeUtf8
+        | DataType::Utf8View
+            if csv =>
+        {
+            DataType::Utf8
+        }
+        other => other.clone(),
+    }
+}
+
+fn is_binary(t: &DataType) -> bool {
+    matches!(
+        t,
+        DataType::Binary
+            | DataType::LargeBinary
+            | DataType::BinaryView
+            | DataType::FixedSizeBinary(_)
+    )
+}
+
+/// A column of hex text as bytes.
+fn unhex(name: &str, c: &ArrayRef) -> anyhow::Result<ArrayRef> {
+    let text = arrow::compute::cast(c, &DataType::Utf8)?;
+    let text = text.as_string::<i32>();
+    let bytes = text
+        .iter()
+        .map(|v| v.map(hex::decode).transpose())
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("column {name:?}: binary values are written as hex"))?;
+    Ok(Arc::new(arrow::array::BinaryArray::from_iter(bytes)))
+}
+
 /// Brings a batch read from a file to the table's schema: columns by name, cast to the
-/// table's types (Parquet files often differ in width or string kind).
+/// table's types (Parquet files often differ in width or string kind; text holds the types
+/// [`text_type`] names).
 fn conform(batch: &RecordBatch, schema: &SchemaRef) -> anyhow::Result<RecordBatch> {
     let columns = schema
         .fields()
@@ -170,6 +216,8 @@ fn conform(batch: &RecordBatch, schema: &SchemaRef) -> anyhow::Result<RecordBatc
             })?;
             if c.data_type() == f.data_type() {
                 Ok(Arc::clone(c))
+            } else if is_binary(f.data_type()) && !is_binary(c.data_type()) {
+                Ok(arrow::compute::cast(&unhex(f.name(), c)?, f.data_type())?)
             } else {
                 arrow::compute::cast(c, f.data_type()).with_context(|| {
                     format!(
@@ -209,15 +257,22 @@ pub(crate) async fn produce(client: &Client, a: ProduceArgs) -> anyhow::Result<(
             .arrow_schema()
             .map_err(|e| anyhow::anyhow!(e.0))?,
     );
-    // Readers parse into the table's columns, all nullable: the node names any null in a
-    // non-null column precisely.
-    let loose: SchemaRef = Arc::new(Schema::new(
-        schema
-            .fields()
-            .iter()
-            .map(|f| f.as_ref().clone().with_nullable(true))
-            .collect::<Vec<_>>(),
-    ));
+    // Readers parse into the table's columns, all nullable (the node names any null in a
+    // non-null column precisely), in the types text holds them as.
+    let loose = |csv: bool| -> SchemaRef {
+        Arc::new(Schema::new(
+            schema
+                .fields()
+                .iter()
+                .map(|f| {
+                    f.as_ref()
+                        .clone()
+                        .with_data_type(text_type(f.data_type(), csv))
+                        .with_nullable(true)
+                })
+                .collect::<Vec<_>>(),
+        ))
+    };
     let path = a.input.filter(|p| p.as_os_str() != "-");
     let format = a.format.unwrap_or_else(|| {
         match path
@@ -258,21 +313,29 @@ pub(crate) async fn produce(client: &Client, a: ProduceArgs) -> anyhow::Result<(
                 None => Box::new(std::io::stdin()),
             };
             let input: Box<dyn BufRead + Send> = Box::new(BufReader::with_capacity(1 << 20, input));
+            let table = Arc::clone(&schema);
             if format == InFormat::Csv {
-                let reader = arrow::csv::ReaderBuilder::new(Arc::clone(&loose))
+                if let Some(f) = schema.fields().iter().find(|f| f.data_type().is_nested()) {
+                    bail!(
+                        "CSV holds flat columns only, and {} has the nested column {:?} ({}): write JSON lines or Parquet",
+                        a.table,
+                        f.name(),
+                        f.data_type()
+                    );
+                }
+                let reader = arrow::csv::ReaderBuilder::new(loose(true))
                     .with_header(!a.no_header)
                     .with_batch_size(batch_rows)
                     .build(input)?;
-                Box::new(reader.map(|b| b.context("CSV input")))
+                Box::new(reader.map(move |b| conform(&b.context("CSV input")?, &table)))
             } else {
-                let reader = arrow::json::ReaderBuilder::new(Arc::clone(&loose))
+                let reader = arrow::json::ReaderBuilder::new(loose(false))
                     .with_batch_size(batch_rows)
                     .build(input)?;
-                Box::new(
-                    reader.map(|b| {
-                        b.context("JSON input (one object per line, keys are column names)")
-                    }),
-                )
+                Box::new(reader.map(move |b| {
+                    let b = b.context("JSON input (one object per line, keys are column names)")?;
+                    conform(&b, &table)
+                }))
             }
         }
     };
@@ -337,6 +400,34 @@ fn with_offsets(r: &ReadBatch) -> anyhow::Result<RecordBatch> {
     )?)
 }
 
+/// A batch as CSV and JSON lines write it: durations as integer counts of their unit, which
+/// `produce` reads back (Arrow's text form of a duration, `PT1.5S`, is not read by anything).
+fn as_text(batch: &RecordBatch) -> anyhow::Result<RecordBatch> {
+    if !batch
+        .schema()
+        .fields()
+        .iter()
+        .any(|f| matches!(f.data_type(), DataType::Duration(_)))
+    {
+        return Ok(batch.clone());
+    }
+    let mut fields = Vec::with_capacity(batch.num_columns());
+    let mut columns = Vec::with_capacity(batch.num_columns());
+    for (f, c) in batch.schema().fields().iter().zip(batch.columns()) {
+        if matches!(f.data_type(), DataType::Duration(_)) {
+            fields.push(f.as_ref().clone().with_data_type(DataType::Int64));
+            columns.push(arrow::compute::cast(c, &DataType::Int64)?);
+        } else {
+            fields.push(f.as_ref().clone());
+            columns.push(Arc::clone(c));
+        }
+    }
+    Ok(RecordBatch::try_new(
+        Arc::new(Schema::new(fields)),
+        columns,
+    )?)
+}
+
 /// Writes batches in a format, to a file or standard output.
 enum Sink {
     /// Pretty tables are drawn once, over every batch (scans are limited for this format).
@@ -361,6 +452,15 @@ impl Sink {
                 None => Box::new(std::io::BufWriter::new(std::io::stdout())),
             })
         };
+        if format == OutFormat::Csv
+            && let Some(f) = schema.fields().iter().find(|f| f.data_type().is_nested())
+        {
+            bail!(
+                "CSV holds flat columns only, and column {:?} is {}: use --format json or parquet, or leave it out with --columns",
+                f.name(),
+                f.data_type()
+            );
+        }
         Ok(match format {
             OutFormat::Table => Sink::Table(out()?, Vec::new()),
             OutFormat::Csv => Sink::Csv(
@@ -368,7 +468,12 @@ impl Sink {
                     .with_header(true)
                     .build(out()?),
             ),
-            OutFormat::Json => Sink::Json(arrow::json::LineDelimitedWriter::new(out()?)),
+            // Explicit nulls: a map entry whose value is null is kept, not dropped.
+            OutFormat::Json => Sink::Json(
+                arrow::json::WriterBuilder::new()
+                    .with_explicit_nulls(true)
+                    .build::<_, arrow::json::writer::LineDelimited>(out()?),
+            ),
             OutFormat::Parquet => {
                 let p = output.context("Parquet output needs a file: --output data.parquet")?;
                 let file = std::fs::File::create(p)
@@ -385,8 +490,8 @@ impl Sink {
     fn write(&mut self, batch: &RecordBatch) -> anyhow::Result<()> {
         match self {
             Sink::Table(_, batches) => batches.push(batch.clone()),
-            Sink::Csv(w) => w.write(batch)?,
-            Sink::Json(w) => w.write(batch)?,
+            Sink::Csv(w) => w.write(&as_text(batch)?)?,
+            Sink::Json(w) => w.write(&as_text(batch)?)?,
             Sink::Parquet(w) => w.as_mut().expect("open").write(batch)?,
         }
         Ok(())

@@ -191,8 +191,24 @@ pub(crate) fn init_client_logging() {
     let filter = EnvFilter::try_from_env("MINK_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
     let _ = tracing_subscriber::registry()
         .with(filter)
-        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(log_layer())
         .try_init();
+}
+
+/// Log lines on standard error, coloured only when it is a terminal (and `NO_COLOR` is unset):
+/// a log written to a file or a pipe carries no escape codes.
+fn log_layer<S>() -> tracing_subscriber::fmt::Layer<
+    S,
+    tracing_subscriber::fmt::format::DefaultFields,
+    tracing_subscriber::fmt::format::Format,
+    fn() -> std::io::Stderr,
+> {
+    use std::io::IsTerminal as _;
+    let colour = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr as fn() -> std::io::Stderr)
+        .with_ansi(colour)
 }
 
 /// Logs, traces and metrics for a node. `otlp` is an OTLP/gRPC endpoint (`http://host:4317`).
@@ -233,8 +249,9 @@ pub(crate) fn init_node(otlp: Option<&str>, node_id: u64) -> anyhow::Result<Tele
     let filter = EnvFilter::try_from_env("MINK_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| EnvFilter::new("info"));
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
-    let registry = tracing_subscriber::registry().with(filter).with(fmt);
+    let registry = tracing_subscriber::registry()
+        .with(filter)
+        .with(log_layer());
     match &tracer {
         Some(t) => {
             let layer = tracing_opentelemetry::layer().with_tracer(t.tracer("mink"));

@@ -2,10 +2,10 @@
 //! pyarrow.flight client, and a node killed with SIGKILL under a load of idempotent writers.
 #![allow(clippy::print_stderr, clippy::cast_possible_truncation)]
 
+mod common;
+
 use std::collections::{BTreeMap, HashSet};
-use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,111 +13,7 @@ use arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::Int64Type;
 use mink_client::{Client, ClientConfig, Scan};
 
-const MINK: &str = env!("CARGO_BIN_EXE_mink");
-
-/// A `mink dev` process.
-struct Dev {
-    child: Child,
-    flight: String,
-    metrics: String,
-}
-
-impl Dev {
-    fn start(data: &Path, listen: &str, extra: &[&str]) -> Dev {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(data.with_extension("log"))
-            .unwrap();
-        let mut child = Command::new(MINK)
-            .args(["dev", "--data-dir"])
-            .arg(data)
-            .args(["--listen", listen, "--metrics-listen", "127.0.0.1:0"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let (mut flight, mut metrics) = (None, None);
-        while flight.is_none() || metrics.is_none() {
-            let Some(Ok(line)) = lines.next() else {
-                panic!(
-                    "mink dev exited before serving; see {}",
-                    data.with_extension("log").display()
-                )
-            };
-            if let Some(a) = line.trim().strip_prefix("Flight:") {
-                flight = Some(a.trim().trim_start_matches("grpc://").to_string());
-            }
-            if let Some(a) = line.trim().strip_prefix("Metrics:") {
-                metrics = Some(a.trim().to_string());
-            }
-        }
-        // Keep draining stdout so the node never blocks on it.
-        std::thread::spawn(move || for _ in lines {});
-        Dev {
-            child,
-            flight: flight.unwrap(),
-            metrics: metrics.unwrap(),
-        }
-    }
-
-    /// Runs a client command against this node; returns stdout, panics with stderr on failure.
-    fn run(&self, args: &[&str], stdin: Option<&str>) -> String {
-        let out = self.try_run(args, stdin);
-        assert!(out.0, "mink {args:?} failed:\n{}", out.2);
-        out.1
-    }
-
-    fn try_run(&self, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
-        let mut child = Command::new(MINK)
-            .args(["--server", &self.flight])
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut input = child.stdin.take().unwrap();
-        if let Some(s) = stdin {
-            input.write_all(s.as_bytes()).unwrap();
-        }
-        drop(input);
-        let out = child.wait_with_output().unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    }
-
-    fn kill(mut self) {
-        self.child.kill().unwrap(); // SIGKILL
-        self.child.wait().unwrap();
-    }
-}
-
-impl Drop for Dev {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn http_get(url: &str) -> String {
-    let rest = url.trim_start_matches("http://");
-    let (host, path) = rest.split_once('/').unwrap();
-    let mut stream = std::net::TcpStream::connect(host).unwrap();
-    write!(
-        stream,
-        "GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut body = String::new();
-    std::io::Read::read_to_string(&mut stream, &mut body).unwrap();
-    body
-}
+use crate::common::{Dev, free_port, http_get, manifest_dir, python};
 
 #[test]
 fn dev_serves_admin_produce_scan_and_metrics() {
@@ -207,6 +103,10 @@ fn dev_serves_admin_produce_scan_and_metrics() {
     assert!(!ok && err.contains("mink dev"), "{err}");
     // Metrics: Flight calls, s3stream latency, the applied index.
     let metrics = http_get(&dev.metrics);
+    // Its log goes to a file here: plain text, no terminal colour codes.
+    let log = std::fs::read_to_string(dir.path().join("data.log")).unwrap();
+    assert!(log.contains("node started"), "{log}");
+    assert!(!log.contains('\x1b'), "colour codes in a log file:\n{log}");
     for name in [
         "mink_flight_requests_total",
         "s3stream_flush_commit_duration_seconds_bucket",
@@ -217,53 +117,32 @@ fn dev_serves_admin_produce_scan_and_metrics() {
     }
 }
 
-fn python() -> Option<PathBuf> {
-    let venv = std::env::var("MINK_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/mink/venv"));
-    let python = venv.join("bin/python");
-    let has_pyarrow = Command::new(&python)
-        .args(["-c", "import pyarrow.flight"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if has_pyarrow {
-        return Some(python);
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "CI=true but pyarrow is not installed in {} (scripts/test.sh installs it)",
-        venv.display()
-    );
-    eprintln!(
-        "skipping: no pyarrow in {} (run scripts/test.sh)",
-        venv.display()
-    );
-    None
-}
-
-#[test]
-fn pyarrow_flight_creates_writes_scans_tails_and_gets_precise_errors() {
+/// Runs `tests/<script>` with the test virtualenv's Python against a new `mink dev` node.
+fn run_pyarrow_script(script: &str) {
     let Some(python) = python() else { return };
     let dir = tempfile::tempdir().unwrap();
     let dev = Dev::start(&dir.path().join("data"), "127.0.0.1:0", &[]);
-    let script = manifest_dir().join("tests/pyarrow_flight.py");
     let out = Command::new(python)
-        .arg(script)
+        .arg(manifest_dir().join("tests").join(script))
         .arg(&dev.flight)
         .output()
         .unwrap();
     assert!(
         out.status.success(),
-        "pyarrow_flight.py failed:\n{}\n{}",
+        "{script} failed:\n{}\n{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
 }
 
-/// At run time: a shared target directory may hold a binary built from another checkout.
-fn manifest_dir() -> PathBuf {
-    std::env::var_os("CARGO_MANIFEST_DIR")
-        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
+#[test]
+fn pyarrow_flight_creates_writes_scans_tails_and_gets_precise_errors() {
+    run_pyarrow_script("pyarrow_flight.py");
+}
+
+#[test]
+fn pyarrow_reads_every_flight_info_endpoint_of_every_kind_of_table() {
+    run_pyarrow_script("pyarrow_endpoints.py");
 }
 
 #[test]
@@ -343,25 +222,7 @@ fn primary_key_tables_from_the_command_line() {
 
 #[test]
 fn pyarrow_primary_key_tables_upsert_delete_look_up_and_scan() {
-    let Some(python) = python() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let dev = Dev::start(&dir.path().join("data"), "127.0.0.1:0", &[]);
-    let out = Command::new(python)
-        .arg(manifest_dir().join("tests/pyarrow_pk.py"))
-        .arg(&dev.flight)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "pyarrow_pk.py failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn free_port() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().to_string()
+    run_pyarrow_script("pyarrow_pk.py");
 }
 
 /// Rows `first..first+n` of writer `w`: ids are unique across writers.
@@ -625,4 +486,260 @@ fn acknowledged_rows_survive_sigkill_exactly_once_in_order() {
         distinct, expected,
         "acknowledged rows missing, or unacknowledged rows stored"
     );
+}
+
+/// A node killed with SIGKILL and started again (default 30 s lease TTL) serves writes and
+/// lookups of its buckets within seconds: its new life takes its lease and buckets back at
+/// once instead of waiting for its previous life's lease to expire.
+#[test]
+fn a_restarted_node_serves_its_buckets_within_seconds_of_a_sigkill() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let listen = free_port();
+    let dev = Dev::start(&data, &listen, &[]);
+    dev.run(
+        &[
+            "table",
+            "create",
+            "app.events",
+            "-c",
+            "id Int64",
+            "-c",
+            "msg Utf8",
+            "--bucket-num",
+            "4",
+            "--bucket-key",
+            "id",
+        ],
+        None,
+    );
+    dev.run(
+        &[
+            "table",
+            "create",
+            "app.counts",
+            "-c",
+            "id Int64",
+            "-c",
+            "n Int64",
+            "--primary-key",
+            "id",
+            "--bucket-num",
+            "4",
+        ],
+        None,
+    );
+    let counts = |n: i64| {
+        RecordBatch::try_from_iter(vec![
+            (
+                "id",
+                Arc::new(Int64Array::from_iter_values(0..8)) as ArrayRef,
+            ),
+            ("n", Arc::new(Int64Array::from(vec![n; 8])) as ArrayRef),
+        ])
+        .unwrap()
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let config = ClientConfig {
+        retry_deadline: Duration::from_millis(500),
+        connect_timeout: Duration::from_millis(500),
+        ..Default::default()
+    };
+    runtime.block_on(async {
+        let client = Client::connect_with(&dev.flight, config.clone())
+            .await
+            .unwrap();
+        client
+            .writer("app", "events")
+            .write(&rows(0, 0, 8))
+            .await
+            .unwrap();
+        client
+            .writer("app", "counts")
+            .write(&counts(1))
+            .await
+            .unwrap();
+    });
+    dev.kill();
+
+    let started = std::time::Instant::now();
+    let dev = Dev::start(&data, &listen, &[]);
+    let serving = started.elapsed();
+    // Every bucket of both tables takes a write, and every key of the primary-key table reads
+    // back what was written before and after the kill.
+    let (all_served, found) = runtime.block_on(async {
+        let deadline = started + Duration::from_secs(25);
+        loop {
+            let attempt = async {
+                let client = Client::connect_with(&dev.flight, config.clone()).await?;
+                client
+                    .writer("app", "events")
+                    .write(&rows(0, 100, 8))
+                    .await?;
+                client.writer("app", "counts").write(&counts(2)).await?;
+                let keys = (0..8)
+                    .map(|id| serde_json::json!({ "id": id }).as_object().unwrap().clone())
+                    .collect();
+                client.lookup("app", "counts", keys, &[]).await
+            };
+            match attempt.await {
+                Ok(found) => break (started.elapsed(), found),
+                Err(e) => {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "the restarted node did not serve its buckets within 25 s: {e}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    });
+    let n = found.column(1).as_primitive::<Int64Type>();
+    assert_eq!(found.num_rows(), 8);
+    assert!(n.values().iter().all(|v| *v == 2), "{found:?}");
+    eprintln!(
+        "restart after SIGKILL (30 s lease TTL): serving after {serving:?}, writes to every \
+         bucket and lookups answered after {all_served:?}"
+    );
+    assert!(
+        all_served < Duration::from_secs(10),
+        "took {all_served:?}: a restarted node must not wait out its previous life's lease"
+    );
+}
+
+/// Flat columns of every kind the docs list (CSV holds these), zoned timestamps included.
+const FLAT_COLUMNS: &[&str] = &[
+    "i8 Int8",
+    "i16 Int16",
+    "i32 Int32",
+    "i64 Int64",
+    "u8 UInt8",
+    "u16 UInt16",
+    "u32 UInt32",
+    "u64 UInt64",
+    "f16 Float16",
+    "f32 Float32",
+    "f64 Float64",
+    "b Boolean",
+    "s Utf8",
+    "ls LargeUtf8",
+    "bin Binary",
+    "lbin LargeBinary",
+    "dec Decimal128(10, 2)",
+    "dec256 Decimal256(40, 5)",
+    "d32 Date32",
+    "d64 Date64",
+    "t32 Time32(ms)",
+    "t64 Time64(ns)",
+    "ts Timestamp(µs)",
+    "ts_utc Timestamp(ms, \"UTC\")",
+    "ts_berlin Timestamp(ns, \"Europe/Berlin\")",
+    "ts_offset Timestamp(s, \"+01:00\")",
+    "dur Duration(ms)",
+    "dict Dictionary(Int32, Utf8)",
+];
+
+/// A row of [`FLAT_COLUMNS`] as `scan --format json` writes it (and `produce` reads it).
+const FLAT_ROW: &str = r#"{"i8":-5,"i16":-300,"i32":70000,"i64":-9000000000,"u8":255,"u16":65535,"u32":4294967295,"u64":18446744073709551615,"f16":0.5,"f32":1.5,"f64":2.25,"b":true,"s":"héllo, \"world\"","ls":"large","bin":"00ff","lbin":"cafe","dec":12.34,"dec256":123456789012345678901234567890.12345,"d32":"2026-11-30","d64":"2026-11-30T00:00:00","t32":"12:34:56.789","t64":"12:34:56.123456789","ts":"2026-11-30T12:34:56.789012","ts_utc":"2026-11-30T12:34:56.789Z","ts_berlin":"2026-11-30T12:34:56.123456789+01:00","ts_offset":"2026-11-30T12:34:56+01:00","dur":1500,"dict":"red"}"#;
+
+const NESTED_COLUMNS: &[&str] = &[
+    "id Int64",
+    "l List(Int64)",
+    "ll LargeList(Utf8)",
+    "fsl FixedSizeList(2 x Int32)",
+    "st Struct(\"a\": Int32, \"b\": Utf8, \"at\": Timestamp(ms, \"UTC\"))",
+    "m Map(\"entries\": non-null Struct(\"keys\": non-null Utf8, \"values\": Int64), unsorted)",
+];
+
+const NESTED_ROW: &str = r#"{"id":1,"l":[1,null,3],"ll":["a","b"],"fsl":[1,2],"st":{"a":7,"b":"x","at":"2026-11-30T12:34:56.789Z"},"m":{"k1":1,"k2":null}}"#;
+
+/// Every Arrow type the docs list is written with `produce` and read back with `scan` in
+/// every output format; each file `scan` writes is produced back, and all copies read the same.
+#[test]
+fn every_arrow_type_round_trips_through_every_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let dev = Dev::start(&dir.path().join("data"), "127.0.0.1:0", &[]);
+    for (table, columns, row, csv) in [
+        ("types.flat", FLAT_COLUMNS, FLAT_ROW, true),
+        ("types.nested", NESTED_COLUMNS, NESTED_ROW, false),
+    ] {
+        let mut create = vec!["table", "create", table];
+        for c in columns {
+            create.extend(["-c", c]);
+        }
+        dev.run(&create, None);
+        // A full row and an all-null one.
+        let nulls = format!(
+            "{{{}}}",
+            columns
+                .iter()
+                .map(|c| format!("\"{}\":null", c.split(' ').next().unwrap()))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let rows = format!("{row}\n{nulls}\n");
+        let out = dev.run(&["produce", table], Some(&rows));
+        assert!(out.contains("wrote 2 rows"), "{out}");
+        let json = dev.run(&["scan", table, "-f", "json"], None);
+        assert_eq!(json, rows, "{table}: JSON lines out are JSON lines in");
+        let pretty = dev.run(&["scan", table], None);
+        for needle in ["2 rows", "2026-11-30T12:34:56"] {
+            assert!(
+                pretty.contains(needle),
+                "{table}: {needle} missing:\n{pretty}"
+            );
+        }
+        let mut files = vec![("json", dir.path().join(format!("{table}.json")))];
+        std::fs::write(&files[0].1, &json).unwrap();
+        let csv_out = dev.try_run(&["scan", table, "-f", "csv"], None);
+        if csv {
+            assert!(csv_out.0, "{}", csv_out.2);
+            let path = dir.path().join(format!("{table}.csv"));
+            std::fs::write(&path, &csv_out.1).unwrap();
+            files.push(("csv", path));
+        } else {
+            assert!(
+                !csv_out.0 && csv_out.2.contains("CSV holds flat columns only"),
+                "{csv_out:?}"
+            );
+        }
+        let parquet = dir.path().join(format!("{table}.parquet"));
+        dev.run(
+            &[
+                "scan",
+                table,
+                "-f",
+                "parquet",
+                "-o",
+                parquet.to_str().unwrap(),
+            ],
+            None,
+        );
+        files.push(("parquet", parquet));
+        for (format, path) in &files {
+            let out = dev.run(&["produce", table, path.to_str().unwrap()], None);
+            assert!(out.contains("wrote 2 rows"), "{table} from {format}: {out}");
+        }
+        let mut read: Vec<String> = dev
+            .run(&["scan", table, "-f", "json"], None)
+            .lines()
+            .map(str::to_string)
+            .collect();
+        read.sort();
+        let mut expected: Vec<String> =
+            std::iter::repeat_n([row.to_string(), nulls], files.len() + 1)
+                .flatten()
+                .collect();
+        expected.sort();
+        assert_eq!(read, expected, "{table}: a copy read back differently");
+        // Following the table prints zoned timestamps too.
+        let tail = dev.run(
+            &["tail", table, "--from-beginning", "--idle-timeout", "1s"],
+            None,
+        );
+        assert_eq!(tail.lines().count(), expected.len(), "{tail}");
+    }
 }
