@@ -394,20 +394,88 @@ pub(crate) async fn partition(client: &Client, c: PartitionCommand) -> anyhow::R
     Ok(())
 }
 
-pub(crate) async fn cluster(client: &Client) -> anyhow::Result<()> {
+#[derive(Subcommand, Debug)]
+pub(crate) enum ClusterCommand {
+    /// Nodes (heartbeats, buckets led, drained), the lease holder and its coordinator epoch
+    /// (the default).
+    Status,
+    /// Even out the buckets led per node (the coordinator moves them).
+    Rebalance {
+        /// Only print the moves it would make.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum NodeCommand {
+    /// Move every bucket off a node and give it no new ones (before taking it down).
+    Drain { node_id: u64 },
+    /// Let a drained node take buckets again (a rebalance gives it its share).
+    Undrain { node_id: u64 },
+}
+
+pub(crate) async fn cluster(client: &Client, c: Option<ClusterCommand>) -> anyhow::Result<()> {
+    match c.unwrap_or(ClusterCommand::Status) {
+        ClusterCommand::Status => cluster_status(client).await,
+        ClusterCommand::Rebalance { dry_run } => {
+            let moves = client.rebalance(dry_run).await?;
+            let verb = if dry_run { "would move" } else { "moved" };
+            say(&format!("{verb} {} buckets\n", moves.len()));
+            for m in moves {
+                say(&format!("  {m}\n"));
+            }
+            Ok(())
+        }
+    }
+}
+
+pub(crate) async fn node(client: &Client, c: NodeCommand) -> anyhow::Result<()> {
+    match c {
+        NodeCommand::Drain { node_id } => {
+            client.drain_node(node_id, false).await?;
+            say(&format!(
+                "node {node_id} is drained: the coordinator moves its buckets to the other nodes (watch with `mink cluster status`)\n"
+            ));
+        }
+        NodeCommand::Undrain { node_id } => {
+            client.drain_node(node_id, true).await?;
+            say(&format!(
+                "node {node_id} takes buckets again (`mink cluster rebalance` gives it its share)\n"
+            ));
+        }
+    }
+    Ok(())
+}
+
+async fn cluster_status(client: &Client) -> anyhow::Result<()> {
     let c = client.describe_cluster().await?;
+    let coordinator = match (c.coordinator_node_id, c.coordinator_epoch) {
+        (Some(n), Some(e)) => format!("node {n} (coordinator epoch {e})"),
+        (Some(n), None) => format!("node {n}"),
+        _ => "none".to_string(),
+    };
     say(&format!(
-        "answered by node {}; metadata applied up to index {}; coordinator: {}\n",
-        c.node_id,
-        c.applied_index,
-        c.coordinator_node_id
-            .map_or("none".to_string(), |n| format!("node {n}"))
+        "answered by node {}; metadata applied up to index {}; lease holder: {coordinator}\n",
+        c.node_id, c.applied_index,
     ));
-    for n in c.nodes {
+    for n in &c.nodes {
         let state = if n.live { "live" } else { "down" };
+        let heartbeat = n
+            .heartbeat_age_ms
+            .filter(|a| *a < 86_400_000)
+            .map(|a| format!(", heartbeat {:.1} s ago", a as f64 / 1000.0))
+            .unwrap_or_default();
+        let drained = if n.drained { ", drained" } else { "" };
         say(&format!(
-            "  node {} (epoch {}) at {}: {state}\n",
-            n.node_id, n.node_epoch, n.address
+            "  node {} (epoch {}) at {}: {state}{heartbeat}, leads {} buckets{drained}\n",
+            n.node_id, n.node_epoch, n.address, n.buckets
+        ));
+    }
+    if c.buckets_without_live_leader > 0 {
+        say(&format!(
+            "{} buckets have no live leader (failover pending, or a new table)\n",
+            c.buckets_without_live_leader
         ));
     }
     Ok(())

@@ -47,8 +47,12 @@ enum Command {
         #[command(flatten)]
         node: NodeArgs,
     },
-    /// Run a node of a cluster (Postgres metadata, S3 objects).
+    /// Run a node of a cluster (Postgres metadata, S3 objects); `mink node drain <id>` and
+    /// `undrain <id>` steer a running cluster.
+    #[command(args_conflicts_with_subcommands = true)]
     Node {
+        #[command(subcommand)]
+        action: Option<admin::NodeCommand>,
         /// A TOML file with node settings (keys are the flag names).
         #[arg(long, env = "MINK_CONFIG")]
         config: Option<PathBuf>,
@@ -64,8 +68,11 @@ enum Command {
     /// Create and drop partitions of a partitioned table.
     #[command(subcommand)]
     Partition(admin::PartitionCommand),
-    /// The cluster's nodes and metadata position.
-    Cluster,
+    /// The cluster: `status` (the default) and `rebalance [--dry-run]`.
+    Cluster {
+        #[command(subcommand)]
+        action: Option<admin::ClusterCommand>,
+    },
     /// Write rows from CSV, JSON lines or Parquet into a table.
     Produce(data::ProduceArgs),
     /// Read a table, a partition or a bucket.
@@ -109,13 +116,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let args = serve::load(node, config.as_deref())?;
             serve::run(serve::dev_defaults(args, &data_dir)?, true).await
         }
-        Command::Node { config, node } => {
-            serve::run(serve::load(node, config.as_deref())?, false).await
-        }
+        Command::Node {
+            action: Some(action),
+            ..
+        } => admin::node(&connect().await?, action).await,
+        Command::Node {
+            action: None,
+            config,
+            node,
+        } => serve::run(serve::load(node, config.as_deref())?, false).await,
         Command::Database(c) => admin::database(&connect().await?, c).await,
         Command::Table(c) => admin::table(&connect().await?, c).await,
         Command::Partition(c) => admin::partition(&connect().await?, c).await,
-        Command::Cluster => admin::cluster(&connect().await?).await,
+        Command::Cluster { action } => admin::cluster(&connect().await?, action).await,
         Command::Produce(a) => data::produce(&connect().await?, a).await,
         Command::Scan(a) => data::scan(&connect().await?, a).await,
         Command::Tail(a) => data::tail(&connect().await?, a).await,

@@ -94,6 +94,15 @@ fn dev_serves_admin_produce_scan_and_metrics() {
             .sum::<u64>(),
         8
     );
+    let status = dev.run(&["cluster", "status"], None);
+    assert!(
+        status.contains("lease holder: node 1 (coordinator epoch")
+            && status.contains(": live, heartbeat")
+            && status.contains("leads 2 buckets"),
+        "{status}"
+    );
+    let plan = dev.run(&["cluster", "rebalance", "--dry-run"], None);
+    assert_eq!(plan, "would move 0 buckets\n");
     // Errors say what is wrong and exit non-zero.
     let (ok, _, err) = dev.try_run(&["produce", "app.events"], Some("{\"msg\": \"no id\"}\n"));
     assert!(!ok && err.contains("not nullable"), "{err}");

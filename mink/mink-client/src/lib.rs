@@ -545,6 +545,23 @@ impl Client {
         self.action(action::DESCRIBE_CLUSTER, &json!({})).await
     }
 
+    /// Evens out the buckets per node (`dry_run`: only the moves it would make); returns the
+    /// moves, one line each.
+    pub async fn rebalance(&self, dry_run: bool) -> ClientResult<Vec<String>> {
+        let r: protocol::Rebalanced = self
+            .action(action::REBALANCE, &protocol::Rebalance { dry_run })
+            .await?;
+        Ok(r.moves)
+    }
+
+    /// Drains a node (its buckets move to the others) or, with `undo`, gives it buckets again.
+    pub async fn drain_node(&self, node_id: u64, undo: bool) -> ClientResult<()> {
+        let _: serde_json::Value = self
+            .action(action::DRAIN_NODE, &protocol::DrainNode { node_id, undo })
+            .await?;
+        Ok(())
+    }
+
     pub(crate) async fn allocate_writer(&self) -> ClientResult<protocol::Writer> {
         self.action(action::ALLOCATE_WRITER, &json!({})).await
     }

@@ -50,6 +50,10 @@ pub mod action {
     pub const ALLOCATE_WRITER: &str = "allocate_writer";
     /// `{}` → [`super::ClusterDescription`]
     pub const DESCRIBE_CLUSTER: &str = "describe_cluster";
+    /// [`super::Rebalance`] → [`super::Rebalanced`]
+    pub const REBALANCE: &str = "rebalance";
+    /// [`super::DrainNode`] → `{}`
+    pub const DRAIN_NODE: &str = "drain_node";
 
     /// Every action with a one-line description (`ListActions`).
     pub const ALL: &[(&str, &str)] = &[
@@ -79,7 +83,18 @@ pub mod action {
             "drop a partition: {database, table, partition, if_exists}",
         ),
         (ALLOCATE_WRITER, "allocate an idempotent writer id: {}"),
-        (DESCRIBE_CLUSTER, "the nodes and the metadata position: {}"),
+        (
+            DESCRIBE_CLUSTER,
+            "the nodes, their heartbeats and buckets, the coordinator: {}",
+        ),
+        (
+            REBALANCE,
+            "even out the buckets per node (dry_run: only show the moves): {dry_run}",
+        ),
+        (
+            DRAIN_NODE,
+            "move every bucket off a node and give it none (undo: give it buckets again): {node_id, undo}",
+        ),
     ];
 }
 
@@ -322,6 +337,15 @@ pub struct NodeDescription {
     pub address: String,
     /// Its heartbeat is younger than the lease TTL.
     pub live: bool,
+    /// Milliseconds since its last heartbeat (database clock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_age_ms: Option<i64>,
+    /// Buckets it leads.
+    #[serde(default)]
+    pub buckets: u64,
+    /// Drained: it gets no buckets, and its buckets move to the other nodes.
+    #[serde(default)]
+    pub drained: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -331,7 +355,36 @@ pub struct ClusterDescription {
     pub applied_index: u64,
     /// The node holding the coordinator lease, if known.
     pub coordinator_node_id: Option<u64>,
+    /// The coordinator epoch its commands carry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coordinator_epoch: Option<u64>,
     pub nodes: Vec<NodeDescription>,
+    /// Buckets whose leader is not live (failover pending) or that have none yet.
+    #[serde(default)]
+    pub buckets_without_live_leader: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rebalance {
+    /// Only plan: show the moves, make none.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rebalanced {
+    /// One line per bucket moved (or that would move).
+    pub moves: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DrainNode {
+    pub node_id: u64,
+    /// Give the node buckets again.
+    #[serde(default)]
+    pub undo: bool,
 }
 
 /// `DoPut` descriptor as a command (`FlightDescriptor::new_cmd`). A path descriptor

@@ -375,24 +375,40 @@ impl MinkFlight {
                 })
             }
             action::DESCRIBE_CLUSTER => {
-                let live = node.live_nodes().await.map_err(err)?;
-                let view = node.view();
+                let c = node.cluster_status().await.map_err(err)?;
                 protocol::to_json(&protocol::ClusterDescription {
-                    node_id: node.node_id(),
-                    applied_index: view.applied_index,
-                    coordinator_node_id: view.state.coordinator.as_ref().map(|c| c.node_id),
-                    nodes: view
-                        .state
+                    node_id: c.node_id,
+                    applied_index: c.applied_index,
+                    coordinator_node_id: c.coordinator.map(|(n, _)| n),
+                    coordinator_epoch: c.coordinator.map(|(_, e)| e),
+                    nodes: c
                         .nodes
-                        .values()
+                        .into_iter()
                         .map(|n| protocol::NodeDescription {
                             node_id: n.node_id,
                             node_epoch: n.node_epoch,
-                            address: n.address.clone(),
-                            live: live.contains(&n.node_id),
+                            address: n.address,
+                            live: n.live,
+                            heartbeat_age_ms: n.heartbeat_age_ms,
+                            buckets: n.buckets,
+                            drained: n.drained,
                         })
                         .collect(),
+                    buckets_without_live_leader: c.buckets_without_live_leader,
                 })
+            }
+            action::REBALANCE => {
+                let a: protocol::Rebalance =
+                    protocol::parse(action::REBALANCE, body).map_err(bad)?;
+                protocol::to_json(&protocol::Rebalanced {
+                    moves: node.rebalance(a.dry_run).await.map_err(err)?,
+                })
+            }
+            action::DRAIN_NODE => {
+                let a: protocol::DrainNode =
+                    protocol::parse(action::DRAIN_NODE, body).map_err(bad)?;
+                node.drain(a.node_id, !a.undo).await.map_err(err)?;
+                empty()
             }
             other => {
                 return Err(

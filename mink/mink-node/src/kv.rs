@@ -12,7 +12,7 @@ use mink_kv::merge::KvWrite;
 use mink_kv::{KvError, KvScan, KvTableDef, KvTablet, KvTabletConfig, SnapshotSource};
 use mink_log::options::TableOptions;
 use mink_log::routing::{buckets_of, partitions_of};
-use mink_metadata::{Command, CommitKvSnapshot, DropKvSnapshot, TableRecord};
+use mink_metadata::{Command, CommitKvSnapshot, TableRecord};
 use object_store::ObjectStoreExt as _;
 
 use crate::node::{PendingWrite, WriteTarget};
@@ -488,50 +488,6 @@ impl Node {
         }
         Ok(taken)
     }
-
-    /// Coordinator: forgets all but the newest `kv_snapshots_retained` snapshots of every
-    /// bucket and deletes their files. Returns how many were dropped.
-    pub async fn prune_kv_snapshots(&self) -> NodeResult<usize> {
-        let Some(epoch) = self.inner.sink.lease().borrow().coordinator_epoch() else {
-            return Ok(0);
-        };
-        let keep = self.inner.config.kv_snapshots_retained.max(1);
-        let view = self.view();
-        let mut by_bucket: BTreeMap<(u64, u64, u32), Vec<_>> = BTreeMap::new();
-        for s in view.state.kv_snapshots.values() {
-            by_bucket
-                .entry((s.table_id, s.partition_id, s.bucket))
-                .or_default()
-                .push(s.clone());
-        }
-        let mut dropped = 0;
-        for (_, mut snapshots) in by_bucket {
-            snapshots.sort_by_key(|s| std::cmp::Reverse(s.snapshot_id));
-            for s in snapshots.into_iter().skip(keep) {
-                let proposed = self
-                    .inner
-                    .sink
-                    .propose(Command::DropKvSnapshot(DropKvSnapshot {
-                        coordinator_epoch: epoch,
-                        table_id: s.table_id,
-                        partition_id: s.partition_id,
-                        bucket: s.bucket,
-                        snapshot_id: s.snapshot_id,
-                    }))
-                    .await?;
-                if proposed.result.is_ok() {
-                    dropped += 1;
-                    let _ = self
-                        .inner
-                        .streams
-                        .object_store()
-                        .delete(&object_store::path::Path::from(s.location.as_str()))
-                        .await;
-                }
-            }
-        }
-        Ok(dropped)
-    }
 }
 
 /// A write's rows as the leader takes them: the table's columns and `_row_kind`.
@@ -713,7 +669,7 @@ fn key_columns(
     ))
 }
 
-/// Takes KV snapshots every `kv_snapshot_interval`; as coordinator, prunes old ones.
+/// Takes KV snapshots every `kv_snapshot_interval` (the coordinator prunes old ones).
 pub(crate) async fn run_snapshots(node: Node) {
     let mut shutdown = node.inner.shutdown.subscribe();
     loop {
@@ -723,9 +679,6 @@ pub(crate) async fn run_snapshots(node: Node) {
         }
         if let Err(e) = node.snapshot_kv().await {
             tracing::warn!(error = %e, "KV snapshot round failed");
-        }
-        if let Err(e) = node.prune_kv_snapshots().await {
-            tracing::warn!(error = %e, "KV snapshot pruning failed");
         }
     }
 }

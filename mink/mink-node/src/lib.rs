@@ -8,6 +8,7 @@
 //! a bucket this node does not lead fail with [`NodeError::NotLeader`] naming the leader.
 
 mod catalog;
+mod cluster;
 mod kv;
 mod leadership;
 mod node;
@@ -18,6 +19,7 @@ pub use s3stream::{AppendAck, WriterBatchId};
 pub use catalog::{
     BucketInfo, MAX_PARTITIONS_PER_TABLE, PartitionInfo, TableChange, TableInfo, TableSpec,
 };
+pub use cluster::{ClusterStatus, NodeStatus};
 pub use kv::ROW_KIND;
 pub use node::{
     ALLOCATED_WRITER_EPOCH, BucketWrite, MAX_NEW_PARTITIONS_PER_WRITE, Node, NodeConfig,

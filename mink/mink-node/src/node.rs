@@ -28,7 +28,8 @@ pub struct NodeConfig {
     pub lease_ttl: Duration,
     pub engine: EngineConfig,
     pub compaction: CompactionConfig,
-    /// How often leadership is reconciled with the metadata view.
+    /// How often leadership is reconciled with the metadata view, and how often the
+    /// coordinator plans (on the lease holder).
     pub leadership_interval: Duration,
     /// How often leaders apply `table.log.ttl` to their buckets.
     pub retention_interval: Duration,
@@ -38,6 +39,20 @@ pub struct NodeConfig {
     pub kv_snapshot_interval: Duration,
     /// KV snapshots kept per bucket (the coordinator drops older ones).
     pub kv_snapshots_retained: usize,
+}
+
+impl NodeConfig {
+    /// The coordinator's settings, from the node's: it plans every `leadership_interval`,
+    /// fails over after holding the lease for half a TTL, cleans up objects at the compaction
+    /// interval.
+    pub fn coordinator(&self) -> mink_coordinator::CoordinatorConfig {
+        let mut c = mink_coordinator::CoordinatorConfig::for_lease_ttl(self.lease_ttl);
+        c.tick = self.leadership_interval;
+        c.cleanup_interval = self.compaction.interval;
+        c.compaction = self.compaction.clone();
+        c.planner.kv_snapshots_retained = self.kv_snapshots_retained;
+        c
+    }
 }
 
 impl NodeConfig {
@@ -243,7 +258,8 @@ impl std::fmt::Debug for Node {
 
 impl Node {
     /// Connects to the metadata database and the object store, registers this node at a new
-    /// node epoch, and starts leadership and compaction.
+    /// node epoch, and starts leadership, the coordinator (active while this node holds the
+    /// lease), retention, KV snapshots and compaction.
     pub async fn start(config: NodeConfig) -> NodeResult<Node> {
         let meta = mink_sql::connect(&config.metadata_url)
             .await
@@ -274,11 +290,17 @@ impl Node {
         let leadership = tokio::spawn(crate::leadership::run(node.clone()));
         let retention = tokio::spawn(crate::retention::run(node.clone()));
         let snapshots = tokio::spawn(crate::kv::run_snapshots(node.clone()));
-        node.inner
-            .tasks
-            .lock()
-            .expect("tasks lock")
-            .extend([leadership, retention, snapshots]);
+        let coordinator = mink_coordinator::spawn(
+            node.inner.sink.clone(),
+            node.inner.streams.clone(),
+            node.inner.config.coordinator(),
+        );
+        node.inner.tasks.lock().expect("tasks lock").extend([
+            leadership,
+            retention,
+            snapshots,
+            coordinator,
+        ]);
         tracing::info!(node_id = node.inner.config.node_id, "node started");
         Ok(node)
     }
@@ -808,6 +830,20 @@ impl Node {
                 return Ok(end);
             }
         }
+    }
+
+    /// Stops the node as a crash would (for tests of failover): the metadata sink stops at
+    /// once without releasing the lease or expiring the heartbeat, so other nodes see this one
+    /// die only when its heartbeat ages out; nothing in flight is acknowledged afterwards.
+    pub async fn abort(&self) {
+        self.inner.sink.abort();
+        self.inner.shutdown.send_replace(true);
+        let tasks = std::mem::take(&mut *self.inner.tasks.lock().expect("tasks lock"));
+        for task in tasks {
+            task.abort();
+            let _ = task.await;
+        }
+        self.inner.streams.shutdown().await;
     }
 
     /// Stops the node cleanly (releases the lease, expires the heartbeat).

@@ -1,4 +1,5 @@
 //! The node service over a real metadata log (SQLite) and object store (local filesystem).
+#![allow(clippy::print_stderr)]
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -647,8 +648,7 @@ async fn a_primary_key_table_is_rebuilt_from_its_snapshot_after_retention_and_a_
     add_visits(&node, 1).await;
     assert_eq!(node.snapshot_kv().await.unwrap(), 2);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while node.prune_kv_snapshots().await.unwrap() == 0 && node.view().state.kv_snapshots.len() > 2
-    {
+    while node.view().state.kv_snapshots.len() > 2 {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the coordinator did not prune"
@@ -922,4 +922,250 @@ async fn options_whose_feature_does_not_exist_are_refused() {
         .await;
     assert!(matches!(refused, Err(NodeError::Invalid(_))), "{refused:?}");
     node.shutdown().await;
+}
+
+/// Writes `batch` through `nodes[0]`, sending the rows of buckets led elsewhere to their
+/// leaders; panics if any bucket refuses.
+async fn write_at_leaders(nodes: &[&Node], table: &str, batch: &RecordBatch) {
+    for w in nodes[0]
+        .write("app", table, batch, &WriteTarget::default())
+        .await
+        .unwrap()
+    {
+        match (&w.result, &w.unsent) {
+            (Ok(_), _) => {}
+            (Err(NodeError::NotLeader { leader, .. }), Some(rows)) => {
+                let at = nodes.iter().find(|n| n.node_id() == *leader).unwrap();
+                let again = at
+                    .write("app", table, rows, &WriteTarget::default())
+                    .await
+                    .unwrap();
+                assert!(again.iter().all(|b| b.result.is_ok()), "{again:?}");
+            }
+            other => panic!("bucket {}: {other:?}", w.bucket),
+        }
+    }
+}
+
+/// `(user_id, visits)` of `ids` in the `visits` table, each asked of the node leading it.
+async fn lookup_at_leaders(nodes: &[&Node], ids: std::ops::Range<i64>) -> Vec<(i64, i64)> {
+    let mut found = Vec::new();
+    for id in ids {
+        let key = RecordBatch::try_from_iter(vec![(
+            "user_id",
+            Arc::new(Int64Array::from(vec![id])) as ArrayRef,
+        )])
+        .unwrap();
+        for n in nodes {
+            match n.lookup("app", "visits", &key).await {
+                Ok(b) => {
+                    let v = b.column(1).as_primitive::<Int64Type>();
+                    found.extend((0..b.num_rows()).map(|i| (id, v.value(i))));
+                    break;
+                }
+                Err(NodeError::NotLeader { .. }) => {}
+                Err(e) => panic!("lookup of {id}: {e}"),
+            }
+        }
+    }
+    found
+}
+
+/// Waits until every bucket of `tables` is led by one of `live` and writes to each succeed;
+/// returns how long that took.
+async fn until_served(live: &[&Node], tables: &[&str], limit: Duration) -> Duration {
+    let started = tokio::time::Instant::now();
+    let ids: Vec<u64> = live.iter().map(|n| n.node_id()).collect();
+    loop {
+        let led = tables.iter().all(|t| {
+            live[0]
+                .describe_table("app", t)
+                .unwrap()
+                .buckets
+                .iter()
+                .all(|b| ids.contains(&b.leader_node_id))
+        });
+        if led {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < limit,
+            "buckets still led by a dead node after {limit:?}: {:?}",
+            tables
+                .iter()
+                .map(|t| live[0].describe_table("app", t).unwrap().buckets)
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Three nodes; the buckets of one that dies (a crash: no lease release, no heartbeat
+/// expiry) move to the live ones within two lease TTLs, primary-key buckets with their
+/// state; then the lease holder dies and the last node takes the lease and every bucket.
+/// Everything acknowledged before reads back once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dead_nodes_buckets_fail_over_to_live_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let ttl = Duration::from_millis(1000);
+    let nodes = [
+        Node::start(config(dir.path(), 1)).await.unwrap(),
+        Node::start(config(dir.path(), 2)).await.unwrap(),
+        Node::start(config(dir.path(), 3)).await.unwrap(),
+    ];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while nodes[0].live_nodes().await.unwrap().len() < 3 {
+        assert!(tokio::time::Instant::now() < deadline, "three live nodes");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let all: Vec<&Node> = nodes.iter().collect();
+    nodes[0].create_database("app", false).await.unwrap();
+    nodes[0].create_table(spec("events", 6)).await.unwrap();
+    let mut pk = pk_spec("visits", &[]);
+    pk.options.insert("bucket.num".into(), "6".into());
+    nodes[0].create_table(pk).await.unwrap();
+    until_served(&all, &["events", "visits"], Duration::from_secs(10)).await;
+    write_at_leaders(&all, "events", &batch(0..60)).await;
+    let rows: Vec<(i64, i64)> = (0..30).map(|id| (id, id * 10)).collect();
+    write_at_leaders(&all, "visits", &visits(&rows)).await;
+
+    // Kill a node that is not the coordinator.
+    let holder = nodes[0].view().state.coordinator.clone().unwrap().node_id;
+    let victim = nodes.iter().position(|n| n.node_id() != holder).unwrap();
+    let led_by_victim = nodes[0]
+        .describe_table("app", "visits")
+        .unwrap()
+        .buckets
+        .iter()
+        .filter(|b| b.leader_node_id == nodes[victim].node_id())
+        .count();
+    assert!(led_by_victim > 0, "the victim leads primary-key buckets");
+    nodes[victim].abort().await;
+    let live: Vec<&Node> = nodes
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != victim)
+        .map(|(_, n)| n)
+        .collect();
+    let took = until_served(
+        &live,
+        &["events", "visits"],
+        2 * ttl + Duration::from_secs(1),
+    )
+    .await;
+    eprintln!(
+        "failover of node {} with a {ttl:?} lease TTL took {took:?}",
+        victim + 1
+    );
+    assert!(took <= 2 * ttl, "took {took:?}, more than two TTLs");
+    // The moved buckets serve reads and writes, the primary-key ones with their state.
+    write_at_leaders(&live, "events", &batch(60..90)).await;
+    // Read where every node's writes are applied.
+    let newest = live.iter().map(|n| n.view().applied_index).max().unwrap();
+    live[0]
+        .wait_applied(newest, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let all_ids: Vec<i64> = {
+        let mut ids = Vec::new();
+        for b in 0..6 {
+            ids.extend(read_bucket(live[0], "events", b).await);
+        }
+        ids.sort_unstable();
+        ids
+    };
+    assert_eq!(all_ids, (0..90).collect::<Vec<_>>(), "every row once");
+    assert_eq!(lookup_at_leaders(&live, 0..30).await, rows);
+    let holder_node = live.iter().find(|n| n.node_id() == holder).unwrap();
+
+    // Kill the coordinator too: the last node takes the lease and every bucket.
+    let last = live.iter().find(|n| n.node_id() != holder).unwrap();
+    holder_node.abort().await;
+    let took = until_served(&[last], &["events", "visits"], 4 * ttl).await;
+    eprintln!("failover of the lease holder took {took:?}");
+    assert_eq!(
+        last.view().state.coordinator.as_ref().map(|c| c.node_id),
+        Some(last.node_id())
+    );
+    assert_eq!(lookup_all(last, "visits", 0..30).await, rows);
+    last.shutdown().await;
+}
+
+/// Buckets follow the operator: a rebalance spreads the buckets of a table created on one
+/// node over a node that joined later; a drain moves them all off a node; the cluster status
+/// shows heartbeats, leaders and drains.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rebalance_and_drain_move_buckets_between_live_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Node::start(config(dir.path(), 1)).await.unwrap();
+    a.create_database("app", false).await.unwrap();
+    a.create_table(spec("events", 4)).await.unwrap();
+    until_served(&[&a], &["events"], Duration::from_secs(10)).await;
+    let b = Node::start(config(dir.path(), 2)).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while a.live_nodes().await.unwrap().len() < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "two live nodes");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let led = |n: &Node, id: u64| {
+        n.describe_table("app", "events")
+            .unwrap()
+            .buckets
+            .iter()
+            .filter(|b| b.leader_node_id == id)
+            .count()
+    };
+    assert_eq!((led(&a, 1), led(&a, 2)), (4, 0), "live leaders stay put");
+    let planned = b.rebalance(true).await.unwrap();
+    assert_eq!(planned.len(), 2, "{planned:?}");
+    assert!(
+        planned
+            .iter()
+            .all(|m| m.contains("on node 2 (Rebalance { from: 1 })"))
+    );
+    assert_eq!(led(&a, 2), 0, "a dry run moves nothing");
+    // The request goes from node 2 through the log to the coordinator (node 1).
+    let moved = b.rebalance(false).await.unwrap();
+    assert_eq!(moved, planned);
+    b.wait_applied(a.view().applied_index, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!((led(&b, 1), led(&b, 2)), (2, 2));
+    until_served(&[&a, &b], &["events"], Duration::from_secs(5)).await;
+    write_at_leaders(&[&a, &b], "events", &batch(0..40)).await;
+
+    b.drain(2, true).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while led(&a, 2) > 0 {
+        assert!(tokio::time::Instant::now() < deadline, "node 2 drained");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let status = a.cluster_status().await.unwrap();
+    let two = status.nodes.iter().find(|n| n.node_id == 2).unwrap();
+    assert!(two.live && two.drained && two.buckets == 0, "{status:?}");
+    assert_eq!(status.coordinator.map(|c| c.0), Some(1));
+    assert_eq!(status.buckets_without_live_leader, 0);
+    assert!(two.heartbeat_age_ms.is_some_and(|a| a < 1000), "{two:?}");
+    // Drained, it gets no new table's buckets either; undrained, a rebalance gives it some.
+    a.create_table(spec("more", 2)).await.unwrap();
+    until_served(&[&a], &["more"], Duration::from_secs(5)).await;
+    b.drain(2, false).await.unwrap();
+    assert!(!b.rebalance(false).await.unwrap().is_empty());
+    assert!(matches!(
+        a.drain(9, true).await,
+        Err(NodeError::NotFound(_))
+    ));
+    // Every row written before the moves reads back once.
+    let newest = a.view().applied_index.max(b.view().applied_index);
+    a.wait_applied(newest, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for bucket in 0..4 {
+        ids.extend(read_bucket(&a, "events", bucket).await);
+    }
+    ids.sort_unstable();
+    assert_eq!(ids, (0..40).collect::<Vec<_>>());
+    a.shutdown().await;
+    b.shutdown().await;
 }

@@ -902,6 +902,11 @@ impl Sink {
         Ok(nodes.into_iter().filter(|n| n.age_ms < ttl_ms).collect())
     }
 
+    /// Every node's heartbeat row, live or not.
+    pub async fn node_rows(&self) -> Result<Vec<crate::store::NodeRow>, SinkError> {
+        Ok(self.inner.shared.store.nodes().await?)
+    }
+
     /// This process's node identity.
     pub fn node(&self) -> NodeRef {
         self.inner.shared.node()

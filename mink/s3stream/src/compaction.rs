@@ -512,9 +512,7 @@ impl S3Stream {
 }
 
 impl S3Stream {
-    /// Runs compaction every `config.interval`: this node's own objects, and, while this node
-    /// holds the lease, cleanup and the objects of nodes whose heartbeat has expired. Stops
-    /// with the engine.
+    /// Compacts this node's own objects every `config.interval`. Stops with the engine.
     pub fn spawn_background(&self, config: CompactionConfig) {
         let engine = self.clone();
         let task = tokio::spawn(async move {
@@ -533,32 +531,11 @@ impl S3Stream {
     }
 
     async fn background_round(&self, config: &CompactionConfig) -> Result<(), StreamError> {
-        // Each step on its own: one that fails (an unreadable object, say) does not stop the
-        // others, and is tried again next round.
-        let sink = &self.engine.sink;
-        if let Err(e) = self.compact_once(sink.node().node_id, config).await {
-            tracing::warn!(error = %e, "compacting this node's objects failed");
-        }
-        let Some(epoch) = sink.lease().borrow().coordinator_epoch() else {
-            return Ok(());
-        };
-        if let Err(e) = self.cleanup_once(epoch, config).await {
-            tracing::warn!(error = %e, "object cleanup failed");
-        }
-        let live: BTreeSet<u64> = sink.live_nodes().await?.iter().map(|n| n.node_id).collect();
-        let view = sink.view();
-        let dead: BTreeSet<u64> = view
-            .state
-            .objects
-            .values()
-            .filter(|o| committed(o) && !live.contains(&o.node_id))
-            .map(|o| o.node_id)
-            .collect();
-        for node_id in dead {
-            if let Err(e) = self.compact_once(node_id, config).await {
-                tracing::warn!(error = %e, node_id, "compacting a dead node's objects failed");
-            }
-        }
-        Ok(())
+        // Only this node's own objects: the lease holder's duties (object cleanup, the objects
+        // of dead nodes) are the coordinator's (`mink-coordinator`), which calls
+        // `cleanup_once` and `compact_once` itself.
+        self.compact_once(self.engine.sink.node().node_id, config)
+            .await
+            .map(|_| ())
     }
 }

@@ -1,0 +1,336 @@
+//! The pure planner: what the coordinator should do, from what it sees. No I/O, no clock: the
+//! same observation always gives the same steps, in the same order, so golden cases pin it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use mink_metadata::{BucketKey, BucketRecord, Command, DropKvSnapshot, LeadBucket, State};
+
+/// Key prefix of the metadata KV entries marking drained nodes (`coordinator/drained/<id>`):
+/// a drained node is given no buckets, and `plan_drain` moves its buckets off it.
+pub const DRAINED_PREFIX: &str = "coordinator/drained/";
+
+/// The KV key marking `node_id` drained.
+pub fn drained_key(node_id: u64) -> String {
+    format!("{DRAINED_PREFIX}{node_id}")
+}
+
+/// What the coordinator sees at one moment.
+#[derive(Clone, Copy, Debug)]
+pub struct Observation<'a> {
+    pub state: &'a State,
+    /// Nodes whose heartbeat is younger than the lease TTL, with the node epoch it carries.
+    pub live: &'a BTreeMap<u64, u64>,
+    /// Whether a leader missing from `live` may be declared dead. False while the coordinator
+    /// is new: a holder that has just taken the lease gives the other nodes time to be seen
+    /// heartbeating before it moves their buckets (a whole cluster starting at once).
+    pub failover: bool,
+}
+
+/// How the planner behaves.
+#[derive(Clone, Debug)]
+pub struct PlannerConfig {
+    /// KV snapshots kept per bucket; older ones are dropped.
+    pub kv_snapshots_retained: usize,
+}
+
+impl Default for PlannerConfig {
+    fn default() -> Self {
+        PlannerConfig {
+            kv_snapshots_retained: 1,
+        }
+    }
+}
+
+/// Why a bucket gets a new leader.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Why {
+    /// It has none yet (a new table or partition).
+    Unassigned,
+    /// Its leader restarted (registered again at a new node epoch): the new life takes it back.
+    Restarted,
+    /// Its leader's heartbeat expired: the least loaded live node takes it.
+    Failover { from: u64 },
+    /// An operator asked to even out the buckets per node.
+    Rebalance { from: u64 },
+    /// Its leader is drained.
+    Drain { from: u64 },
+}
+
+/// One thing to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Make `node_id` the bucket's leader at the next leader epoch (`LeadBucket`); the new
+    /// leader opens the bucket's stream at that epoch, which fences the old one.
+    Lead {
+        bucket: BucketKey,
+        node_id: u64,
+        why: Why,
+    },
+    /// Forget a KV snapshot older than the ones kept (`DropKvSnapshot`); once that is
+    /// committed its file at `location` may be deleted.
+    DropKvSnapshot {
+        bucket: BucketKey,
+        snapshot_id: u64,
+        location: String,
+    },
+}
+
+impl Step {
+    /// The command carrying this step under `coordinator_epoch`.
+    pub fn command(&self, coordinator_epoch: u64) -> Command {
+        match self {
+            Step::Lead {
+                bucket: (table_id, partition_id, bucket),
+                node_id,
+                ..
+            } => Command::LeadBucket(LeadBucket {
+                coordinator_epoch,
+                table_id: *table_id,
+                partition_id: *partition_id,
+                bucket: *bucket,
+                leader_node_id: *node_id,
+            }),
+            Step::DropKvSnapshot {
+                bucket: (table_id, partition_id, bucket),
+                snapshot_id,
+                ..
+            } => Command::DropKvSnapshot(DropKvSnapshot {
+                coordinator_epoch,
+                table_id: *table_id,
+                partition_id: *partition_id,
+                bucket: *bucket,
+                snapshot_id: *snapshot_id,
+            }),
+        }
+    }
+}
+
+impl std::fmt::Display for Step {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Step::Lead {
+                bucket: (t, p, b),
+                node_id,
+                why,
+            } => write!(f, "lead bucket {t}/{p}/{b} on node {node_id} ({why:?})"),
+            Step::DropKvSnapshot {
+                bucket: (t, p, b),
+                snapshot_id,
+                location,
+            } => write!(
+                f,
+                "drop KV snapshot {snapshot_id} of bucket {t}/{p}/{b} ({location})"
+            ),
+        }
+    }
+}
+
+/// Nodes marked drained in the metadata.
+pub fn drained(state: &State) -> BTreeSet<u64> {
+    state
+        .kv
+        .range(DRAINED_PREFIX.to_string()..)
+        .take_while(|(k, _)| k.starts_with(DRAINED_PREFIX))
+        .filter_map(|(k, _)| k[DRAINED_PREFIX.len()..].parse().ok())
+        .collect()
+}
+
+/// Buckets led per node (leaders of any epoch).
+fn load(state: &State) -> BTreeMap<u64, usize> {
+    let mut load = BTreeMap::new();
+    for b in state.buckets.values() {
+        if b.leader_node_id != 0 {
+            *load.entry(b.leader_node_id).or_insert(0) += 1;
+        }
+    }
+    load
+}
+
+/// Live nodes that may take buckets (registered, not drained), with their load.
+fn candidates(obs: &Observation<'_>) -> BTreeMap<u64, usize> {
+    let drained = drained(obs.state);
+    let load = load(obs.state);
+    obs.live
+        .keys()
+        .filter(|&id| obs.state.nodes.contains_key(id) && !drained.contains(id))
+        .map(|id| (*id, load.get(id).copied().unwrap_or(0)))
+        .collect()
+}
+
+/// The least loaded candidate (the lowest id among equals), counted as taking one more.
+fn take_least_loaded(candidates: &mut BTreeMap<u64, usize>) -> Option<u64> {
+    let (&id, _) = candidates.iter().min_by_key(|(id, n)| (**n, **id))?;
+    *candidates.get_mut(&id).expect("present") += 1;
+    Some(id)
+}
+
+/// Whether the node leading `b` is alive in the life that leads it.
+fn leader_state(obs: &Observation<'_>, b: &BucketRecord) -> LeaderState {
+    if b.leader_node_id == 0 {
+        return LeaderState::None;
+    }
+    let registered = obs.state.nodes.get(&b.leader_node_id).map(|n| n.node_epoch);
+    match (obs.live.get(&b.leader_node_id), registered) {
+        // Registered again since it was given the bucket, and heartbeating in that new life.
+        (Some(&live_epoch), Some(epoch)) if epoch != b.leader_node_epoch && live_epoch == epoch => {
+            LeaderState::Restarted
+        }
+        (Some(_), _) => LeaderState::Live,
+        (None, _) => LeaderState::Dead,
+    }
+}
+
+enum LeaderState {
+    None,
+    Live,
+    Restarted,
+    Dead,
+}
+
+/// Every bucket's leadership: unassigned buckets to the least loaded live node, buckets of a
+/// restarted leader back to it, and (with `obs.failover`) buckets of a dead leader to the least
+/// loaded live nodes. Buckets led by a live node never move here (see [`plan_rebalance`]).
+pub fn plan_leadership(obs: &Observation<'_>) -> Vec<Step> {
+    let mut candidates = candidates(obs);
+    let mut steps = Vec::new();
+    for (key, b) in obs.state.buckets.iter() {
+        let why = match leader_state(obs, b) {
+            LeaderState::Live => continue,
+            LeaderState::Restarted => {
+                // Its new life takes it back, even when drained (a drain moves it next).
+                steps.push(Step::Lead {
+                    bucket: *key,
+                    node_id: b.leader_node_id,
+                    why: Why::Restarted,
+                });
+                continue;
+            }
+            LeaderState::None => Why::Unassigned,
+            LeaderState::Dead if obs.failover => Why::Failover {
+                from: b.leader_node_id,
+            },
+            LeaderState::Dead => continue,
+        };
+        if let Some(node_id) = take_least_loaded(&mut candidates) {
+            steps.push(Step::Lead {
+                bucket: *key,
+                node_id,
+                why,
+            });
+        }
+    }
+    steps
+}
+
+/// KV snapshots beyond the newest `kv_snapshots_retained` of each bucket.
+pub fn plan_kv_snapshot_pruning(state: &State, config: &PlannerConfig) -> Vec<Step> {
+    let keep = config.kv_snapshots_retained.max(1);
+    let mut by_bucket: BTreeMap<BucketKey, Vec<(u64, &str)>> = BTreeMap::new();
+    for ((t, p, b, id), s) in state.kv_snapshots.iter() {
+        by_bucket
+            .entry((*t, *p, *b))
+            .or_default()
+            .push((*id, s.location.as_str()));
+    }
+    let mut steps = Vec::new();
+    for (bucket, mut snapshots) in by_bucket {
+        snapshots.sort_by_key(|(id, _)| std::cmp::Reverse(*id));
+        for (snapshot_id, location) in snapshots.into_iter().skip(keep) {
+            steps.push(Step::DropKvSnapshot {
+                bucket,
+                snapshot_id,
+                location: location.to_string(),
+            });
+        }
+    }
+    steps
+}
+
+/// Leadership, then KV snapshot pruning: what the coordinator does on every tick.
+pub fn plan(obs: &Observation<'_>, config: &PlannerConfig) -> Vec<Step> {
+    let mut steps = plan_leadership(obs);
+    steps.extend(plan_kv_snapshot_pruning(obs.state, config));
+    steps
+}
+
+/// Moves of every bucket off drained live nodes, to the least loaded others: what the
+/// coordinator does on every tick while a node is drained.
+pub fn plan_drain(obs: &Observation<'_>) -> Vec<Step> {
+    moves(obs, false)
+}
+
+/// [`plan_drain`], then moves that even out the buckets led per live, undrained node (at most
+/// one apart afterwards): from the most loaded node to the least loaded, one bucket at a
+/// time, the highest bucket key of the most loaded first. Buckets whose leader is not live
+/// are left to failover. What `mink cluster rebalance` does.
+pub fn plan_rebalance(obs: &Observation<'_>) -> Vec<Step> {
+    moves(obs, true)
+}
+
+fn moves(obs: &Observation<'_>, even_out: bool) -> Vec<Step> {
+    let drained = drained(obs.state);
+    let mut candidates = candidates(obs);
+    if candidates.is_empty() {
+        return Vec::new();
+    }
+    // Buckets per live leader, in key order.
+    let mut owned: BTreeMap<u64, Vec<BucketKey>> = BTreeMap::new();
+    for (key, b) in obs.state.buckets.iter() {
+        if matches!(leader_state(obs, b), LeaderState::Live) {
+            owned.entry(b.leader_node_id).or_default().push(*key);
+        }
+    }
+    let mut steps = Vec::new();
+    for (node, keys) in owned.iter_mut().filter(|(n, _)| drained.contains(n)) {
+        for key in std::mem::take(keys) {
+            let Some(to) = take_least_loaded(&mut candidates) else {
+                break;
+            };
+            steps.push(Step::Lead {
+                bucket: key,
+                node_id: to,
+                why: Why::Drain { from: *node },
+            });
+        }
+    }
+    if !even_out {
+        return steps;
+    }
+    loop {
+        let (&most, &high) = candidates
+            .iter()
+            .max_by_key(|(id, n)| (**n, std::cmp::Reverse(**id)))
+            .expect("candidates");
+        let (&least, &low) = candidates
+            .iter()
+            .min_by_key(|(id, n)| (**n, **id))
+            .expect("candidates");
+        if high <= low + 1 {
+            break;
+        }
+        let Some(key) = owned.get_mut(&most).and_then(Vec::pop) else {
+            break;
+        };
+        *candidates.get_mut(&most).expect("present") -= 1;
+        *candidates.get_mut(&least).expect("present") += 1;
+        steps.push(Step::Lead {
+            bucket: key,
+            node_id: least,
+            why: Why::Rebalance { from: most },
+        });
+    }
+    steps
+}
+
+/// Nodes that hold committed objects but are not live: the coordinator compacts their
+/// objects, since nobody else will.
+pub fn dead_nodes_with_objects(state: &State, live: &BTreeMap<u64, u64>) -> BTreeSet<u64> {
+    state
+        .objects
+        .values()
+        .filter(|o| {
+            o.state() == mink_metadata::ObjectState::Committed && !live.contains_key(&o.node_id)
+        })
+        .map(|o| o.node_id)
+        .collect()
+}

@@ -1,0 +1,206 @@
+//! The loop that runs the planner on the lease holder and carries out its steps under the
+//! coordinator epoch.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use mink_metadata::{Command, PutKv};
+use mink_sql::Sink;
+use object_store::ObjectStoreExt as _;
+use s3stream::{CompactionConfig, S3Stream};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::planner::{self, Observation, PlannerConfig, Step};
+
+/// How the coordinator runs.
+#[derive(Clone, Debug)]
+pub struct CoordinatorConfig {
+    /// How often leadership and KV snapshot pruning are planned.
+    pub tick: Duration,
+    /// How long a new lease holder waits before it declares nodes dead: long enough for every
+    /// live node to have heartbeated (they do every lease TTL / 4).
+    pub failover_grace: Duration,
+    /// How often objects are cleaned up and dead nodes' objects compacted.
+    pub cleanup_interval: Duration,
+    pub planner: PlannerConfig,
+    pub compaction: CompactionConfig,
+}
+
+impl CoordinatorConfig {
+    /// Defaults for a lease TTL: failover after half a TTL of holding the lease.
+    pub fn for_lease_ttl(ttl: Duration) -> Self {
+        CoordinatorConfig {
+            tick: Duration::from_millis(200),
+            failover_grace: ttl / 2,
+            cleanup_interval: CompactionConfig::default().interval,
+            planner: PlannerConfig::default(),
+            compaction: CompactionConfig::default(),
+        }
+    }
+}
+
+/// KV key of an operator's rebalance request; its value is the request's token.
+pub const REBALANCE_REQUEST: &str = "coordinator/rebalance/request";
+/// KV key the coordinator answers a rebalance request in: `<token>\n` then one line per move.
+pub const REBALANCE_DONE: &str = "coordinator/rebalance/done";
+
+/// Starts the coordinator loop of a node: it idles until the node holds the lease, then
+/// plans and acts every tick until the lease is lost or the sink shuts down.
+pub fn spawn(sink: Sink, streams: S3Stream, config: CoordinatorConfig) -> JoinHandle<()> {
+    tokio::spawn(run(sink, streams, config))
+}
+
+async fn run(sink: Sink, streams: S3Stream, config: CoordinatorConfig) {
+    let mut lease = sink.lease();
+    loop {
+        let held = lease
+            .wait_for(|s| s.coordinator_epoch().is_some())
+            .await
+            .map(|s| s.coordinator_epoch());
+        let Ok(Some(epoch)) = held else { return };
+        tracing::info!(coordinator_epoch = epoch, "coordinating");
+        let mut coordinator = Coordinator {
+            sink: &sink,
+            streams: &streams,
+            config: &config,
+            epoch,
+            since: Instant::now(),
+            last_cleanup: Instant::now(),
+        };
+        loop {
+            tokio::select! {
+                _ = coordinator.tick() => {}
+                _ = lease.wait_for(|s| s.coordinator_epoch() != Some(epoch)) => break,
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(config.tick) => {}
+                changed = lease.wait_for(|s| s.coordinator_epoch() != Some(epoch)) => {
+                    if changed.is_err() { return; }
+                    break;
+                }
+            }
+        }
+        tracing::info!(coordinator_epoch = epoch, "no longer coordinating");
+    }
+}
+
+struct Coordinator<'a> {
+    sink: &'a Sink,
+    streams: &'a S3Stream,
+    config: &'a CoordinatorConfig,
+    epoch: u64,
+    /// When this node took the lease at `epoch`.
+    since: Instant,
+    last_cleanup: Instant,
+}
+
+impl Coordinator<'_> {
+    async fn tick(&mut self) {
+        let live = match self.sink.live_nodes().await {
+            Ok(nodes) => nodes
+                .into_iter()
+                .map(|n| (n.node_id, n.node_epoch))
+                .collect::<BTreeMap<_, _>>(),
+            Err(e) => {
+                tracing::warn!(error = %e, "coordinator: cannot read heartbeats");
+                return;
+            }
+        };
+        let view = self.sink.view();
+        let obs = Observation {
+            state: &view.state,
+            live: &live,
+            failover: self.since.elapsed() >= self.config.failover_grace,
+        };
+        let mut steps = planner::plan(&obs, &self.config.planner);
+        steps.extend(planner::plan_drain(&obs));
+        for step in &steps {
+            self.carry_out(step).await;
+        }
+        self.answer_rebalance(&live).await;
+        if self.last_cleanup.elapsed() >= self.config.cleanup_interval {
+            self.last_cleanup = Instant::now();
+            self.clean_up(&live).await;
+        }
+    }
+
+    /// Proposes a step; a step refused (the state moved on) is planned anew next tick.
+    async fn carry_out(&self, step: &Step) -> bool {
+        match self.sink.propose(step.command(self.epoch)).await {
+            Ok(p) if p.result.is_ok() => {
+                match step {
+                    Step::Lead { .. } => tracing::info!(%step, "coordinator"),
+                    Step::DropKvSnapshot { location, .. } => {
+                        tracing::debug!(%step, "coordinator");
+                        let path = object_store::path::Path::from(location.as_str());
+                        if let Err(e) = self.streams.object_store().delete(&path).await {
+                            tracing::warn!(error = %e, %location, "deleting a dropped KV snapshot");
+                        }
+                    }
+                }
+                true
+            }
+            Ok(p) => {
+                if let Err(r) = p.result {
+                    tracing::info!(%step, rejection = %r, "coordinator step refused");
+                }
+                false
+            }
+            Err(e) => {
+                tracing::warn!(%step, error = %e, "coordinator step failed");
+                false
+            }
+        }
+    }
+
+    /// Carries out a pending rebalance request and records what it moved.
+    async fn answer_rebalance(&self, live: &BTreeMap<u64, u64>) {
+        let view = self.sink.view();
+        let Some(request) = view.state.kv.get(REBALANCE_REQUEST) else {
+            return;
+        };
+        let token = String::from_utf8_lossy(&request.value).into_owned();
+        let answered = view
+            .state
+            .kv
+            .get(REBALANCE_DONE)
+            .is_some_and(|d| String::from_utf8_lossy(&d.value).lines().next() == Some(&token));
+        if answered {
+            return;
+        }
+        let obs = Observation {
+            state: &view.state,
+            live,
+            failover: false,
+        };
+        let mut report = format!("{token}\n");
+        for step in planner::plan_rebalance(&obs) {
+            if self.carry_out(&step).await {
+                report.push_str(&format!("{step}\n"));
+            }
+        }
+        let done = Command::PutKv(PutKv {
+            key: REBALANCE_DONE.to_string(),
+            value: report.into_bytes(),
+        });
+        if let Err(e) = self.sink.propose(done).await {
+            tracing::warn!(error = %e, "coordinator: recording a rebalance");
+        }
+    }
+
+    /// Object cleanup, and compaction of the objects of nodes that are not live (nobody else
+    /// compacts them).
+    async fn clean_up(&self, live: &BTreeMap<u64, u64>) {
+        let compaction = &self.config.compaction;
+        if let Err(e) = self.streams.cleanup_once(self.epoch, compaction).await {
+            tracing::warn!(error = %e, "object cleanup failed");
+        }
+        let view = self.sink.view();
+        for node_id in planner::dead_nodes_with_objects(&view.state, live) {
+            if let Err(e) = self.streams.compact_once(node_id, compaction).await {
+                tracing::warn!(error = %e, node_id, "compacting a dead node's objects failed");
+            }
+        }
+    }
+}

@@ -1,0 +1,359 @@
+//! Golden cases of the planner: each scenario is a cluster as the coordinator sees it (nodes,
+//! heartbeats, buckets and their leaders, KV snapshots) and the steps it plans; the whole
+//! transcript is compared with `tests/golden/<scenario>.txt`. The expectations that matter are
+//! also asserted in code, so a regenerated golden file cannot hide a broken rule. Every reason a
+//! bucket moves has a case.
+//!
+//! Regenerate after an intended change with `MINK_BLESS=1 cargo nextest run -p
+//! mink-coordinator` and review the diff.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use mink_coordinator::planner::{self, Observation, PlannerConfig, Step, Why};
+use mink_metadata::{BucketRecord, KvRecord, KvSnapshotRecord, NodeRecord, State};
+
+/// A cluster as the coordinator sees it.
+struct Cluster {
+    state: State,
+    live: BTreeMap<u64, u64>,
+}
+
+impl Cluster {
+    /// Nodes `1..=n`, registered at epoch 1 and heartbeating.
+    fn nodes(n: u64) -> Self {
+        let mut c = Cluster {
+            state: State::default(),
+            live: BTreeMap::new(),
+        };
+        for id in 1..=n {
+            c.register(id, 1);
+            c.live.insert(id, 1);
+        }
+        c
+    }
+
+    fn register(&mut self, id: u64, epoch: u64) {
+        self.state.nodes.insert(
+            id,
+            NodeRecord {
+                node_id: id,
+                node_epoch: epoch,
+                address: format!("10.0.0.{id}:7171"),
+                ..Default::default()
+            },
+        );
+    }
+
+    /// Buckets `0..count` of `table`, led by `leaders[b % len]` at node epoch 1 (0: none).
+    fn table(&mut self, table: u64, count: u32, leaders: &[u64]) {
+        for b in 0..count {
+            let leader = leaders[b as usize % leaders.len()];
+            self.state.buckets.insert(
+                (table, 0, b),
+                BucketRecord {
+                    table_id: table,
+                    partition_id: 0,
+                    bucket: b,
+                    stream_id: table * 100 + u64::from(b),
+                    leader_node_id: leader,
+                    leader_node_epoch: u64::from(leader != 0),
+                    leader_epoch: u64::from(leader != 0),
+                },
+            );
+        }
+    }
+
+    fn drain(&mut self, id: u64) {
+        let key = planner::drained_key(id);
+        self.state.kv.insert(
+            key.clone(),
+            KvRecord {
+                key,
+                value: Vec::new(),
+                ..Default::default()
+            },
+        );
+    }
+
+    fn snapshot(&mut self, bucket: (u64, u64, u32), id: u64) {
+        let (t, p, b) = bucket;
+        self.state.kv_snapshots.insert(
+            (t, p, b, id),
+            KvSnapshotRecord {
+                table_id: t,
+                partition_id: p,
+                bucket: b,
+                snapshot_id: id,
+                log_offset: id * 10,
+                location: format!("kv-snapshots/{t}/{p}/{b}/{id}"),
+                ..Default::default()
+            },
+        );
+    }
+
+    fn observe(&self, failover: bool) -> Observation<'_> {
+        Observation {
+            state: &self.state,
+            live: &self.live,
+            failover,
+        }
+    }
+
+    fn render(&self) -> String {
+        let mut out = String::new();
+        let drained = planner::drained(&self.state);
+        for n in self.state.nodes.values() {
+            let heartbeat = match self.live.get(&n.node_id) {
+                Some(e) => format!("heartbeating at epoch {e}"),
+                None => "heartbeat expired".to_string(),
+            };
+            let d = if drained.contains(&n.node_id) {
+                ", drained"
+            } else {
+                ""
+            };
+            let _ = writeln!(
+                out,
+                "node {} registered at epoch {}, {heartbeat}{d}",
+                n.node_id, n.node_epoch
+            );
+        }
+        for ((t, p, b), r) in self.state.buckets.iter() {
+            let _ = writeln!(
+                out,
+                "bucket {t}/{p}/{b}: leader node {} (epoch {}), leader epoch {}",
+                r.leader_node_id, r.leader_node_epoch, r.leader_epoch
+            );
+        }
+        for s in self.state.kv_snapshots.values() {
+            let _ = writeln!(
+                out,
+                "KV snapshot {} of bucket {}/{}/{}",
+                s.snapshot_id, s.table_id, s.partition_id, s.bucket
+            );
+        }
+        out
+    }
+}
+
+/// A scenario's transcript: what was seen and what each planner call planned.
+struct Transcript {
+    out: String,
+}
+
+impl Transcript {
+    fn new(cluster: &Cluster) -> Self {
+        Transcript {
+            out: format!("--- cluster ---\n{}", cluster.render()),
+        }
+    }
+
+    fn plan(&mut self, what: &str, steps: Vec<Step>) -> Vec<Step> {
+        let _ = writeln!(self.out, "--- {what} ---");
+        if steps.is_empty() {
+            let _ = writeln!(self.out, "(nothing)");
+        }
+        for s in &steps {
+            let _ = writeln!(self.out, "{s}");
+        }
+        steps
+    }
+
+    fn finish(self, name: &str) {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/golden")
+            .join(format!("{name}.txt"));
+        if std::env::var_os("MINK_BLESS").is_some() {
+            std::fs::write(&path, &self.out).unwrap();
+            return;
+        }
+        let want = std::fs::read_to_string(&path).unwrap_or_else(|_| {
+            panic!(
+                "{} is missing: run with MINK_BLESS=1 and review it",
+                path.display()
+            )
+        });
+        assert_eq!(
+            self.out,
+            want,
+            "{name}: the plan differs from {} (MINK_BLESS=1 to accept an intended change)",
+            path.display()
+        );
+    }
+}
+
+/// `(bucket, node, why)` of the leadership steps.
+fn leads(steps: &[Step]) -> Vec<((u64, u64, u32), u64, Why)> {
+    steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Lead {
+                bucket,
+                node_id,
+                why,
+            } => Some((*bucket, *node_id, *why)),
+            Step::DropKvSnapshot { .. } => None,
+        })
+        .collect()
+}
+
+fn config() -> PlannerConfig {
+    PlannerConfig {
+        kv_snapshots_retained: 1,
+    }
+}
+
+#[test]
+fn new_buckets_go_to_the_least_loaded_live_nodes() {
+    let mut c = Cluster::nodes(3);
+    c.table(1, 2, &[1]); // node 1 already leads two buckets
+    c.table(2, 5, &[0]);
+    c.live.remove(&3); // node 3 is down: it gets nothing
+    let mut t = Transcript::new(&c);
+    let steps = t.plan("plan", planner::plan(&c.observe(true), &config()));
+    let got = leads(&steps);
+    assert_eq!(got.len(), 5);
+    assert!(got.iter().all(|(_, _, why)| *why == Why::Unassigned));
+    let on = |n| got.iter().filter(|(_, node, _)| *node == n).count();
+    // Node 2 catches up with node 1 first, then they alternate.
+    assert_eq!((on(1), on(2), on(3)), (2, 3, 0));
+    t.finish("new_buckets");
+}
+
+#[test]
+fn a_restarted_node_takes_its_buckets_back() {
+    let mut c = Cluster::nodes(2);
+    c.table(1, 4, &[1, 2]);
+    // Node 2 restarted: registered again at epoch 2 and heartbeats in that life.
+    c.register(2, 2);
+    c.live.insert(2, 2);
+    let mut t = Transcript::new(&c);
+    let steps = t.plan("plan", planner::plan(&c.observe(true), &config()));
+    assert_eq!(
+        leads(&steps),
+        vec![
+            ((1, 0, 1), 2, Why::Restarted),
+            ((1, 0, 3), 2, Why::Restarted)
+        ]
+    );
+    // Registered again but not heartbeating in the new life yet: wait for it.
+    c.live.insert(2, 1);
+    let steps = t.plan(
+        "plan before the new life heartbeats",
+        planner::plan(&c.observe(true), &config()),
+    );
+    assert!(steps.is_empty(), "{steps:?}");
+    t.finish("restarted_node");
+}
+
+#[test]
+fn a_dead_nodes_buckets_fail_over_to_the_least_loaded_live_nodes() {
+    let mut c = Cluster::nodes(3);
+    c.table(1, 6, &[1, 2, 3]);
+    c.table(2, 2, &[1]);
+    c.live.remove(&3);
+    let mut t = Transcript::new(&c);
+    // A coordinator that has just taken the lease does not declare anyone dead yet.
+    let early = t.plan(
+        "plan during the failover grace",
+        planner::plan(&c.observe(false), &config()),
+    );
+    assert!(early.is_empty(), "{early:?}");
+    let steps = t.plan("plan", planner::plan(&c.observe(true), &config()));
+    // Node 1 leads 4, node 2 leads 2: both of node 3's buckets go to node 2.
+    assert_eq!(
+        leads(&steps),
+        vec![
+            ((1, 0, 2), 2, Why::Failover { from: 3 }),
+            ((1, 0, 5), 2, Why::Failover { from: 3 })
+        ]
+    );
+    // With every node down, nothing can move.
+    c.live.clear();
+    let none = t.plan(
+        "plan with no live node",
+        planner::plan(&c.observe(true), &config()),
+    );
+    assert!(none.is_empty());
+    t.finish("failover");
+}
+
+#[test]
+fn drained_nodes_lose_their_buckets_and_get_no_new_ones() {
+    let mut c = Cluster::nodes(3);
+    c.table(1, 6, &[1, 2, 3]);
+    c.table(2, 2, &[0]);
+    c.drain(3);
+    let mut t = Transcript::new(&c);
+    let steps = t.plan("plan", planner::plan(&c.observe(true), &config()));
+    let new = leads(&steps);
+    assert!(
+        new.iter()
+            .all(|(_, n, why)| *n != 3 && *why == Why::Unassigned)
+    );
+    let steps = t.plan("drain", planner::plan_drain(&c.observe(true)));
+    let moved = leads(&steps);
+    assert_eq!(moved.len(), 2);
+    assert!(
+        moved
+            .iter()
+            .all(|(_, n, why)| *n != 3 && *why == Why::Drain { from: 3 })
+    );
+    t.finish("drain");
+}
+
+#[test]
+fn a_rebalance_evens_out_the_buckets_per_node() {
+    let mut c = Cluster::nodes(3);
+    c.table(1, 8, &[1, 1, 1, 2]);
+    // Node 3 joined after the table was created: it leads nothing.
+    let mut t = Transcript::new(&c);
+    let nothing = t.plan("plan", planner::plan(&c.observe(true), &config()));
+    assert!(nothing.is_empty(), "live leaders never move on their own");
+    let steps = t.plan("rebalance", planner::plan_rebalance(&c.observe(true)));
+    let mut load: BTreeMap<u64, i64> = BTreeMap::from([(1, 6), (2, 2), (3, 0)]);
+    for (_, to, why) in leads(&steps) {
+        let Why::Rebalance { from } = why else {
+            panic!("{why:?}")
+        };
+        *load.get_mut(&from).unwrap() -= 1;
+        *load.get_mut(&to).unwrap() += 1;
+    }
+    let (min, max) = (*load.values().min().unwrap(), *load.values().max().unwrap());
+    assert!(max - min <= 1, "{load:?}");
+    assert_eq!(steps.len(), 3, "as few moves as evening out needs");
+    t.finish("rebalance");
+}
+
+#[test]
+fn old_kv_snapshots_are_dropped() {
+    let mut c = Cluster::nodes(1);
+    c.table(1, 2, &[1]);
+    for id in 1..=3 {
+        c.snapshot((1, 0, 0), id);
+    }
+    c.snapshot((1, 0, 1), 7);
+    let mut t = Transcript::new(&c);
+    let steps = t.plan("plan", planner::plan(&c.observe(true), &config()));
+    let dropped: Vec<u64> = steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::DropKvSnapshot { snapshot_id, .. } => Some(*snapshot_id),
+            Step::Lead { .. } => None,
+        })
+        .collect();
+    assert_eq!(dropped, vec![2, 1], "all but the newest of each bucket");
+    let two = t.plan(
+        "plan keeping two",
+        planner::plan(
+            &c.observe(true),
+            &PlannerConfig {
+                kv_snapshots_retained: 2,
+            },
+        ),
+    );
+    assert_eq!(two.len(), 1);
+    t.finish("kv_snapshots");
+}

@@ -1,0 +1,181 @@
+//! The cluster as an operator sees and steers it: status, rebalance, drain. The decisions are
+//! the coordinator's (`mink-coordinator`, on the lease holder); a request reaches it through
+//! the metadata log, so any node takes it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use mink_coordinator::planner::{self, Observation};
+use mink_coordinator::{REBALANCE_DONE, REBALANCE_REQUEST};
+use mink_metadata::{Command, DeleteKv, PutKv};
+
+use crate::{Node, NodeError, NodeResult};
+
+/// One node as the cluster sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeStatus {
+    pub node_id: u64,
+    pub node_epoch: u64,
+    pub address: String,
+    /// Its heartbeat is younger than the lease TTL.
+    pub live: bool,
+    /// Milliseconds since its last heartbeat (database clock), if it has one.
+    pub heartbeat_age_ms: Option<i64>,
+    /// Buckets it leads.
+    pub buckets: u64,
+    /// Given no buckets; the coordinator moves its buckets off it.
+    pub drained: bool,
+}
+
+/// The cluster as one node sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterStatus {
+    /// The node that answered.
+    pub node_id: u64,
+    pub applied_index: u64,
+    /// The lease holder and its coordinator epoch.
+    pub coordinator: Option<(u64, u64)>,
+    pub nodes: Vec<NodeStatus>,
+    /// Buckets whose leader is not live (failover pending) or that have none yet.
+    pub buckets_without_live_leader: u64,
+}
+
+/// How long a rebalance request waits for the coordinator's answer.
+const REBALANCE_WAIT: Duration = Duration::from_secs(30);
+
+impl Node {
+    pub async fn cluster_status(&self) -> NodeResult<ClusterStatus> {
+        let rows = self.inner.sink.live_nodes().await?;
+        let ages: BTreeMap<u64, i64> = self
+            .inner
+            .sink
+            .node_rows()
+            .await?
+            .into_iter()
+            .map(|n| (n.node_id, n.age_ms))
+            .collect();
+        let live: BTreeMap<u64, u64> = rows.iter().map(|n| (n.node_id, n.node_epoch)).collect();
+        let view = self.view();
+        let drained = planner::drained(&view.state);
+        let mut led: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut orphaned = 0;
+        for b in view.state.buckets.values() {
+            *led.entry(b.leader_node_id).or_default() += 1;
+            if !live.contains_key(&b.leader_node_id) {
+                orphaned += 1;
+            }
+        }
+        Ok(ClusterStatus {
+            node_id: self.node_id(),
+            applied_index: view.applied_index,
+            coordinator: view
+                .state
+                .coordinator
+                .as_ref()
+                .map(|c| (c.node_id, c.epoch)),
+            nodes: view
+                .state
+                .nodes
+                .values()
+                .map(|n| NodeStatus {
+                    node_id: n.node_id,
+                    node_epoch: n.node_epoch,
+                    address: n.address.clone(),
+                    live: live.contains_key(&n.node_id),
+                    heartbeat_age_ms: ages.get(&n.node_id).copied(),
+                    buckets: led.get(&n.node_id).copied().unwrap_or(0),
+                    drained: drained.contains(&n.node_id),
+                })
+                .collect(),
+            buckets_without_live_leader: orphaned,
+        })
+    }
+
+    /// The moves a rebalance makes (`dry_run`: planned from this node's view, nothing moves),
+    /// as one line each. Otherwise the request goes through the metadata log to the
+    /// coordinator, which carries it out; the answer is what it moved.
+    pub async fn rebalance(&self, dry_run: bool) -> NodeResult<Vec<String>> {
+        if dry_run {
+            let live: BTreeMap<u64, u64> = self
+                .inner
+                .sink
+                .live_nodes()
+                .await?
+                .into_iter()
+                .map(|n| (n.node_id, n.node_epoch))
+                .collect();
+            let view = self.view();
+            let obs = Observation {
+                state: &view.state,
+                live: &live,
+                failover: false,
+            };
+            return Ok(planner::plan_rebalance(&obs)
+                .iter()
+                .map(ToString::to_string)
+                .collect());
+        }
+        // A token no earlier request used: this node's identity and applied index.
+        let me = self.inner.sink.node();
+        let token = format!(
+            "{}/{}/{}",
+            me.node_id,
+            me.node_epoch,
+            self.view().applied_index
+        );
+        self.propose_kv(Command::PutKv(PutKv {
+            key: REBALANCE_REQUEST.to_string(),
+            value: token.clone().into_bytes(),
+        }))
+        .await?;
+        let deadline = tokio::time::Instant::now() + REBALANCE_WAIT;
+        loop {
+            let view = self.view();
+            if let Some(done) = view.state.kv.get(REBALANCE_DONE) {
+                let text = String::from_utf8_lossy(&done.value).into_owned();
+                let mut lines = text.lines();
+                if lines.next() == Some(token.as_str()) {
+                    return Ok(lines.map(str::to_string).collect());
+                }
+            }
+            let waited = tokio::time::timeout_at(
+                deadline,
+                self.inner.sink.wait_applied(view.applied_index + 1),
+            )
+            .await;
+            if waited.is_err() {
+                return Err(NodeError::Unavailable(
+                    "the coordinator has not answered the rebalance request yet (is a node holding the lease?); it stays pending".into(),
+                ));
+            }
+        }
+    }
+
+    /// Marks a node drained (the coordinator moves its buckets to the others and gives it no
+    /// new ones), or no longer drained.
+    pub async fn drain(&self, node_id: u64, drained: bool) -> NodeResult<()> {
+        if !self.view().state.nodes.contains_key(&node_id) {
+            return Err(NodeError::NotFound(format!(
+                "node {node_id} is not registered"
+            )));
+        }
+        let key = planner::drained_key(node_id);
+        let command = if drained {
+            Command::PutKv(PutKv {
+                key,
+                value: Vec::new(),
+            })
+        } else {
+            Command::DeleteKv(DeleteKv { key })
+        };
+        self.propose_kv(command).await
+    }
+
+    async fn propose_kv(&self, command: Command) -> NodeResult<()> {
+        let proposed = self.inner.sink.propose(command).await?;
+        proposed
+            .result
+            .map(|_| ())
+            .map_err(|r| NodeError::Failed(r.to_string()))
+    }
+}
