@@ -323,8 +323,18 @@ impl Client {
         let code = header(protocol::ERROR_CODE_HEADER).and_then(|c| ErrorCode::parse(&c));
         let code = match (code, status.code()) {
             (Some(c), _) => c,
-            // Not from Mink's service: the connection or the transport failed.
-            (None, tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::Unknown) => {
+            // Not from Mink's service (it names every error it sends): the connection or the
+            // transport failed, for example a stream reset by a node shutting down ("h2
+            // protocol error", INTERNAL). The outcome is unknown; retrying is safe for an
+            // idempotent writer.
+            (
+                None,
+                tonic::Code::Unavailable
+                | tonic::Code::Cancelled
+                | tonic::Code::Unknown
+                | tonic::Code::Internal
+                | tonic::Code::Aborted,
+            ) => {
                 return ClientError::Transport {
                     address: address.to_string(),
                     message: status.message().to_string(),

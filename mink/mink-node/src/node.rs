@@ -405,15 +405,32 @@ impl Node {
         let deadline = tokio::time::Instant::now() + LEADER_WAIT;
         loop {
             let led = self.inner.led.read().expect("led lock").get(&key).cloned();
-            if let Some(led) = led {
-                return Ok(LogTablet::new(
-                    self.inner.streams.clone(),
-                    led.stream_id,
-                    schema,
-                    options.compression,
-                ));
-            }
             let view = self.view();
+            if let Some(led) = led {
+                // Still the leader at that epoch in the newest view: a bucket moved away a
+                // moment ago is redirected now rather than fenced at its next commit.
+                let me = self.inner.sink.node();
+                let current = view.state.buckets.get(&key).is_some_and(|b| {
+                    b.leader_node_id == me.node_id
+                        && b.leader_node_epoch == me.node_epoch
+                        && b.leader_epoch == led.leader_epoch
+                });
+                if current {
+                    return Ok(LogTablet::new(
+                        self.inner.streams.clone(),
+                        led.stream_id,
+                        schema,
+                        options.compression,
+                    ));
+                }
+                let mut led_now = self.inner.led.write().expect("led lock");
+                if led_now
+                    .get(&key)
+                    .is_some_and(|l| l.leader_epoch == led.leader_epoch)
+                {
+                    led_now.remove(&key);
+                }
+            }
             let record = view.state.buckets.get(&key).ok_or_else(|| {
                 NodeError::NotFound(format!(
                     "bucket {bucket} of {}.{} does not exist",
