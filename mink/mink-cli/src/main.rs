@@ -56,6 +56,9 @@ enum Command {
         /// A TOML file with node settings (keys are the flag names).
         #[arg(long, env = "MINK_CONFIG")]
         config: Option<PathBuf>,
+        /// Check the settings (flags, variables, file) and print them; start nothing.
+        #[arg(long)]
+        check_config: bool,
         #[command(flatten)]
         node: NodeArgs,
     },
@@ -123,6 +126,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Node {
             action: None,
             config,
+            check_config: true,
+            node,
+        } => serve::check_config(&serve::load(node, config.as_deref())?),
+        Command::Node {
+            action: None,
+            config,
+            check_config: false,
             node,
         } => serve::run(serve::load(node, config.as_deref())?, false).await,
         Command::Database(c) => admin::database(&connect().await?, c).await,

@@ -121,19 +121,91 @@ fn path_url(p: &Path) -> String {
     format!("file://{}", p.display())
 }
 
-/// Runs a node until SIGINT/SIGTERM. `banner` prints the endpoints once serving.
-pub(crate) async fn run(args: NodeArgs, banner: bool) -> anyhow::Result<()> {
+/// What a node needs to start, checked.
+struct Checked {
+    node_id: u64,
+    metadata: String,
+    objects: String,
+    listen: String,
+}
+
+/// Checks a node's settings without connecting to anything: required values, the metadata
+/// URL's kind, the object store URL (its client is built, not used), addresses and numbers.
+fn check(args: &NodeArgs) -> anyhow::Result<Checked> {
     let node_id = args
         .node_id
         .context("--node-id (MINK_NODE_ID) is required: a unique, stable number per node")?;
+    if node_id == 0 {
+        bail!("--node-id must be at least 1");
+    }
     let metadata = args
         .metadata
         .clone()
         .context("--metadata (MINK_METADATA) is required: postgres://... or sqlite://<path>")?;
+    if !["postgres://", "postgresql://", "sqlite:"]
+        .iter()
+        .any(|p| metadata.starts_with(p))
+    {
+        bail!("--metadata {metadata:?}: expected postgres://user@host/db or sqlite://<path>");
+    }
     let objects = args.object_store.clone().context(
         "--object-store (MINK_OBJECT_STORE) is required: s3://bucket/prefix?endpoint=... or a path",
     )?;
+    if objects.starts_with("s3://") || objects.starts_with("memory:") {
+        s3stream::store::open(&objects).with_context(|| format!("--object-store {objects:?}"))?;
+    }
     let listen = args.listen.clone().unwrap_or_else(|| "0.0.0.0:7171".into());
+    let address = |flag: &str, a: &str| -> anyhow::Result<std::net::SocketAddr> {
+        a.parse()
+            .with_context(|| format!("{flag} {a:?}: expected host:port with an IP address"))
+    };
+    let bound = address("--listen", &listen)?;
+    if bound.ip().is_unspecified() && args.advertised_address.is_none() {
+        bail!(
+            "listening on {bound}: give --advertised-address (MINK_ADVERTISED_ADDRESS), the address clients reach this node at"
+        );
+    }
+    if let Some(m) = args
+        .metrics_listen
+        .as_deref()
+        .filter(|m| *m != "none" && !m.is_empty())
+    {
+        address("--metrics-listen", m)?;
+    }
+    if args.lease_ttl_ms.is_some_and(|t| t < 100) {
+        bail!("--lease-ttl-ms must be at least 100");
+    }
+    Ok(Checked {
+        node_id,
+        metadata,
+        objects,
+        listen,
+    })
+}
+
+/// `mink node --check-config`: the settings as the node would take them, or what is wrong.
+pub(crate) fn check_config(args: &NodeArgs) -> anyhow::Result<()> {
+    let c = check(args)?;
+    crate::say(&format!(
+        "the configuration of node {} is valid\n  metadata: {}\n  objects:  {}\n  listen:   {}\n  advertised: {}\n",
+        c.node_id,
+        c.metadata,
+        c.objects,
+        c.listen,
+        args.advertised_address.as_deref().unwrap_or(&c.listen)
+    ));
+    Ok(())
+}
+
+/// Runs a node until SIGINT/SIGTERM, printing its endpoints once serving (`dev`: and how to
+/// start using it).
+pub(crate) async fn run(args: NodeArgs, dev: bool) -> anyhow::Result<()> {
+    let Checked {
+        node_id,
+        metadata,
+        objects,
+        listen,
+    } = check(&args)?;
     let telemetry = telemetry::init_node(args.otlp_endpoint.as_deref(), node_id)?;
 
     let listener = tokio::net::TcpListener::bind(&listen)
@@ -144,15 +216,10 @@ pub(crate) async fn run(args: NodeArgs, banner: bool) -> anyhow::Result<()> {
             )
         })?;
     let bound = listener.local_addr()?;
-    let advertised = match &args.advertised_address {
-        Some(a) => a.clone(),
-        None if bound.ip().is_unspecified() => {
-            bail!(
-                "listening on {bound}: give --advertised-address (MINK_ADVERTISED_ADDRESS), the address clients reach this node at"
-            )
-        }
-        None => bound.to_string(),
-    };
+    let advertised = args
+        .advertised_address
+        .clone()
+        .unwrap_or_else(|| bound.to_string());
     let mut config = NodeConfig::new(node_id, &metadata, &objects);
     config.advertised_address = advertised.clone();
     if let Some(ms) = args.flush_delay_ms {
@@ -193,16 +260,16 @@ pub(crate) async fn run(args: NodeArgs, banner: bool) -> anyhow::Result<()> {
     if let Some(m) = args.max_message_bytes {
         server.max_message_bytes = m;
     }
-    if banner {
-        let mut out = format!(
-            "mink node {node_id} is serving\n  Flight:   grpc://{advertised}\n  Metadata: {metadata}\n  Objects:  {objects}\n"
-        );
-        if let Some(m) = metrics_address {
-            out.push_str(&format!("  Metrics:  http://{m}/metrics\n"));
-        }
-        out.push_str("Stop it with Ctrl-C. Try: mink table create app.events --column 'id Int64 not null' --column 'msg Utf8'\n");
-        crate::say(&out);
+    let mut out = format!(
+        "mink node {node_id} is serving\n  Flight:   grpc://{advertised}\n  Metadata: {metadata}\n  Objects:  {objects}\n"
+    );
+    if let Some(m) = metrics_address {
+        out.push_str(&format!("  Metrics:  http://{m}/metrics\n"));
     }
+    if dev {
+        out.push_str("Stop it with Ctrl-C. Try: mink table create app.events --column 'id Int64 not null' --column 'msg Utf8'\n");
+    }
+    crate::say(&out);
     tracing::info!(%advertised, node_id, "serving Arrow Flight");
     let shutdown = async {
         let mut term =

@@ -9,11 +9,11 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch, StringArray};
+use arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch};
 use arrow::datatypes::Int64Type;
 use mink_client::{Client, ClientConfig, Scan};
 
-use crate::common::{Dev, free_port, http_get, manifest_dir, python};
+use crate::common::{Dev, free_port, http_get, manifest_dir, python, rows, spawn_load};
 
 #[test]
 fn dev_serves_admin_produce_scan_and_metrics() {
@@ -232,64 +232,6 @@ fn primary_key_tables_from_the_command_line() {
 #[test]
 fn pyarrow_primary_key_tables_upsert_delete_look_up_and_scan() {
     run_pyarrow_script("pyarrow_pk.py");
-}
-
-/// Rows `first..first+n` of writer `w`: ids are unique across writers.
-fn rows(w: i64, first: i64, n: i64) -> RecordBatch {
-    let ids: Vec<i64> = (first..first + n).map(|i| w * 1_000_000 + i).collect();
-    RecordBatch::try_from_iter(vec![
-        ("id", Arc::new(Int64Array::from(ids)) as ArrayRef),
-        (
-            "msg",
-            Arc::new(StringArray::from(vec!["m"; n as usize])) as ArrayRef,
-        ),
-    ])
-    .unwrap()
-}
-
-/// `writers` idempotent writers of `app.<table>` at `address`, each writing the batches
-/// `batch(writer, n)` for n in `0..batches` (20 ms apart, retrying for up to a minute) and
-/// calling `acked` with each batch once it is acknowledged.
-fn spawn_load(
-    runtime: &tokio::runtime::Runtime,
-    address: &str,
-    table: &'static str,
-    writers: i64,
-    batches: i64,
-    batch: fn(i64, i64) -> RecordBatch,
-    acked: impl Fn(&RecordBatch) + Send + Sync + 'static,
-) -> tokio::task::JoinHandle<()> {
-    let address = address.to_string();
-    let acked = Arc::new(acked);
-    runtime.spawn(async move {
-        let config = ClientConfig {
-            retry_deadline: Duration::from_secs(60),
-            connect_timeout: Duration::from_secs(1),
-            ..Default::default()
-        };
-        let client = Client::connect_with(&address, config).await.unwrap();
-        let tasks: Vec<_> = (0..writers)
-            .map(|w| {
-                let client = client.clone();
-                let acked = Arc::clone(&acked);
-                tokio::spawn(async move {
-                    let mut writer = client.writer("app", table);
-                    for b in 0..batches {
-                        let rows = batch(w, b);
-                        writer
-                            .write(&rows)
-                            .await
-                            .unwrap_or_else(|e| panic!("writer {w} batch {b}: {e}"));
-                        acked(&rows);
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                })
-            })
-            .collect();
-        for t in tasks {
-            t.await.unwrap();
-        }
-    })
 }
 
 /// Every batch adds 1 to ten keys of its writer in an aggregation table: after a SIGKILL in

@@ -1,10 +1,20 @@
 //! What the `mink` binary's test files share: a `mink dev` process, the test virtualenv's
 //! Python, free ports.
-#![allow(dead_code, unreachable_pub, clippy::print_stderr)]
+#![allow(
+    dead_code,
+    unreachable_pub,
+    clippy::print_stderr,
+    clippy::cast_possible_truncation
+)]
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+use mink_client::{Client, ClientConfig};
 
 pub const MINK: &str = env!("CARGO_BIN_EXE_mink");
 
@@ -145,4 +155,228 @@ pub fn manifest_dir() -> PathBuf {
 pub fn free_port() -> String {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().to_string()
+}
+
+/// Rows `first..first+n` of writer `w`: ids are unique across writers.
+pub fn rows(w: i64, first: i64, n: i64) -> RecordBatch {
+    let ids: Vec<i64> = (first..first + n).map(|i| w * 1_000_000 + i).collect();
+    RecordBatch::try_from_iter(vec![
+        ("id", Arc::new(Int64Array::from(ids)) as ArrayRef),
+        (
+            "msg",
+            Arc::new(StringArray::from(vec!["m"; n as usize])) as ArrayRef,
+        ),
+    ])
+    .unwrap()
+}
+
+/// `writers` idempotent writers of `app.<table>` at `address`, each writing the batches
+/// `batch(writer, n)` for n in `0..batches` (20 ms apart, retrying for up to a minute) and
+/// calling `acked` with each batch once it is acknowledged.
+pub fn spawn_load(
+    runtime: &tokio::runtime::Runtime,
+    address: &str,
+    table: &'static str,
+    writers: i64,
+    batches: i64,
+    batch: fn(i64, i64) -> RecordBatch,
+    acked: impl Fn(&RecordBatch) + Send + Sync + 'static,
+) -> tokio::task::JoinHandle<()> {
+    let address = address.to_string();
+    let acked = Arc::new(acked);
+    runtime.spawn(async move {
+        let config = ClientConfig {
+            retry_deadline: Duration::from_secs(60),
+            connect_timeout: Duration::from_secs(1),
+            ..Default::default()
+        };
+        let client = Client::connect_with(&address, config).await.unwrap();
+        let tasks: Vec<_> = (0..writers)
+            .map(|w| {
+                let client = client.clone();
+                let acked = Arc::clone(&acked);
+                tokio::spawn(async move {
+                    let mut writer = client.writer("app", table);
+                    for b in 0..batches {
+                        let rows = batch(w, b);
+                        writer
+                            .write(&rows)
+                            .await
+                            .unwrap_or_else(|e| panic!("writer {w} batch {b}: {e}"));
+                        acked(&rows);
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+    })
+}
+
+/// A cluster started by `deploy/local-cluster` (its own throwaway PostgreSQL; objects on the
+/// test S3 server when there is one): the node processes can be signalled and restarted.
+pub struct LocalCluster {
+    child: Child,
+    pub dir: tempfile::TempDir,
+    /// Node id to (pid, Flight address).
+    pub nodes: std::collections::BTreeMap<u64, (u32, String)>,
+    restarted: Vec<Child>,
+}
+
+fn postgres_installed() -> bool {
+    Command::new("bash")
+        .args([
+            "-c",
+            "command -v initdb || ls /usr/lib/postgresql/*/bin/initdb /usr/local/pgsql/bin/initdb",
+        ])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+impl LocalCluster {
+    /// `nodes` nodes with `extra` arguments of `deploy/local-cluster`; `None` (a skip) when
+    /// PostgreSQL is not installed outside CI.
+    pub fn start(nodes: u64, extra: &[&str]) -> Option<LocalCluster> {
+        let ci = std::env::var("CI").as_deref() == Ok("true");
+        if !postgres_installed() {
+            assert!(!ci, "CI=true but the PostgreSQL server is not installed");
+            eprintln!("skipping: no PostgreSQL server to run a cluster on");
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut args: Vec<String> = vec![
+            "--nodes".into(),
+            nodes.to_string(),
+            "--dir".into(),
+            dir.path().display().to_string(),
+        ];
+        match std::env::var("MINK_TEST_S3_ENDPOINT") {
+            Ok(endpoint) if !endpoint.is_empty() => {
+                let bucket = std::env::var("MINK_TEST_S3_BUCKET").unwrap();
+                let unique = format!(
+                    "{}-{}",
+                    std::process::id(),
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap()
+                        .as_nanos()
+                );
+                args.push("--object-store".into());
+                args.push(format!(
+                    "s3://{bucket}/cluster-{unique}?endpoint={endpoint}&allow_http=true\
+                     &region=us-east-1&access_key_id=test&secret_access_key=test"
+                ));
+            }
+            _ => assert!(!ci, "CI=true but MINK_TEST_S3_ENDPOINT is not set"),
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let script = manifest_dir().join("../../deploy/local-cluster");
+        let mut child = Command::new(&script)
+            .args(&args)
+            .env("MINK_BIN", MINK)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut found = std::collections::BTreeMap::new();
+        loop {
+            let Some(Ok(line)) = lines.next() else {
+                panic!(
+                    "deploy/local-cluster exited before it was ready; logs in {}",
+                    dir.path().display()
+                )
+            };
+            // node 1: grpc://127.0.0.1:39293 (pid 5187, log /tmp/lc/node-1.log)
+            if let Some(rest) = line.strip_prefix("node ") {
+                let (id, rest) = rest.split_once(": grpc://").unwrap();
+                let (address, rest) = rest.split_once(" (pid ").unwrap();
+                let pid = rest.split(',').next().unwrap();
+                found.insert(
+                    id.parse().unwrap(),
+                    (pid.parse().unwrap(), address.to_string()),
+                );
+            }
+            if line.starts_with("ready:") {
+                break;
+            }
+        }
+        std::thread::spawn(move || for _ in lines {});
+        Some(LocalCluster {
+            child,
+            dir,
+            nodes: found,
+            restarted: Vec::new(),
+        })
+    }
+
+    pub fn address(&self, id: u64) -> String {
+        self.nodes[&id].1.clone()
+    }
+
+    /// Sends `signal` (`KILL`, `STOP`, `CONT`, `TERM`) to node `id`'s process.
+    pub fn signal(&self, id: u64, signal: &str) {
+        let status = Command::new("kill")
+            .args(["-s", signal, &self.nodes[&id].0.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -s {signal} node {id}");
+    }
+
+    /// Starts node `id` again with its settings (`deploy/local-cluster node`), once serving.
+    pub fn restart(&mut self, id: u64) {
+        let script = manifest_dir().join("../../deploy/local-cluster");
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(self.dir.path().join(format!("node-{id}.log")))
+            .unwrap();
+        let mut child = Command::new(&script)
+            .args(["node", &id.to_string(), "--dir"])
+            .arg(self.dir.path())
+            .env("MINK_BIN", MINK)
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        loop {
+            let Some(Ok(line)) = lines.next() else {
+                panic!(
+                    "node {id} did not start again; see its log in {}",
+                    self.dir.path().display()
+                )
+            };
+            if line.trim().starts_with("Flight:") {
+                break;
+            }
+        }
+        std::thread::spawn(move || for _ in lines {});
+        self.nodes.get_mut(&id).unwrap().0 = child.id();
+        self.restarted.push(child);
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        // A stopped process takes no TERM until it runs again.
+        for (pid, _) in self.nodes.values() {
+            let _ = Command::new("kill")
+                .args(["-s", "CONT", &pid.to_string()])
+                .status();
+        }
+        for c in &mut self.restarted {
+            let _ = Command::new("kill")
+                .args(["-s", "TERM", &c.id().to_string()])
+                .status();
+            let _ = c.wait();
+        }
+        // The script stops its nodes and its PostgreSQL on TERM.
+        let _ = Command::new("kill")
+            .args(["-s", "TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
 }

@@ -1,0 +1,594 @@
+//! Clusters of real `mink node` processes on loopback (started by `deploy/local-cluster`, one
+//! PostgreSQL, objects on the test S3 server), under load from the Rust client and pyarrow,
+//! while nodes are killed, paused and restarted. Short lease TTLs keep them quick.
+#![allow(clippy::print_stderr, clippy::cast_possible_truncation)]
+
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch};
+use arrow::datatypes::Int64Type;
+use mink_client::{Client, Scan};
+
+use crate::common::{LocalCluster, MINK, manifest_dir, python, rows, spawn_load};
+
+const TTL_MS: u64 = 2000;
+
+/// Runs `mink --server <address> <args>`; panics with its stderr on failure.
+fn mink(address: &str, args: &[&str]) -> String {
+    let out = Command::new(MINK)
+        .args(["--server", address])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "mink {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn create_tables(address: &str) {
+    mink(
+        address,
+        &[
+            "table",
+            "create",
+            "app.events",
+            "-c",
+            "id Int64 not null",
+            "-c",
+            "msg Utf8",
+            "--bucket-num",
+            "6",
+            "--bucket-key",
+            "id",
+        ],
+    );
+    mink(
+        address,
+        &[
+            "table",
+            "create",
+            "app.counts",
+            "-c",
+            "id Int64",
+            "-c",
+            "n Int64",
+            "--primary-key",
+            "id",
+            "--bucket-num",
+            "6",
+            "-o",
+            "table.merge-engine=aggregation",
+            "-o",
+            "fields.n.agg=sum",
+        ],
+    );
+    mink(
+        address,
+        &[
+            "table",
+            "create",
+            "app.plain",
+            "-c",
+            "id Int64 not null",
+            "-c",
+            "msg Utf8",
+            "--bucket-num",
+            "6",
+        ],
+    );
+}
+
+/// Ten keys of writer `w`, each counted once per batch.
+fn counts(w: i64, _batch: i64) -> RecordBatch {
+    RecordBatch::try_from_iter(vec![
+        (
+            "id",
+            Arc::new(Int64Array::from_iter_values(w * 10..w * 10 + 10)) as ArrayRef,
+        ),
+        ("n", Arc::new(Int64Array::from(vec![1; 10])) as ArrayRef),
+    ])
+    .unwrap()
+}
+
+/// Idempotent Rust writers on `events` and `counts`, and a plain pyarrow writer on `plain`,
+/// all through `entry`.
+struct Load {
+    events: tokio::task::JoinHandle<()>,
+    counts: tokio::task::JoinHandle<()>,
+    acked_events: Arc<Mutex<Vec<i64>>>,
+    acked_counts: Arc<std::sync::atomic::AtomicI64>,
+    pyarrow: Option<(std::process::Child, std::path::PathBuf)>,
+    batches: i64,
+}
+
+const WRITERS: i64 = 3;
+const ROWS: i64 = 10;
+
+impl Load {
+    /// `batches` batches per writer, 20 ms apart.
+    fn start(
+        runtime: &tokio::runtime::Runtime,
+        entry: &str,
+        dir: &std::path::Path,
+        batches: i64,
+    ) -> Load {
+        let acked_events: Arc<Mutex<Vec<i64>>> = Arc::default();
+        let events = {
+            let acked = Arc::clone(&acked_events);
+            spawn_load(
+                runtime,
+                entry,
+                "events",
+                WRITERS,
+                batches,
+                |w, b| rows(w, b * ROWS, ROWS),
+                move |batch| {
+                    acked
+                        .lock()
+                        .unwrap()
+                        .extend(batch.column(0).as_primitive::<Int64Type>().values());
+                },
+            )
+        };
+        let acked_counts = Arc::new(std::sync::atomic::AtomicI64::new(0));
+        let counts = {
+            let acked = Arc::clone(&acked_counts);
+            spawn_load(
+                runtime,
+                entry,
+                "counts",
+                WRITERS,
+                batches,
+                counts,
+                move |_| {
+                    acked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                },
+            )
+        };
+        let pyarrow = python().map(|python| {
+            let out = dir.join("pyarrow-load.json");
+            let child = Command::new(python)
+                .arg(manifest_dir().join("tests/pyarrow_load.py"))
+                .args([entry, "app", "plain", "1000000", &batches.to_string()])
+                .arg(&out)
+                .spawn()
+                .unwrap();
+            (child, out)
+        });
+        Load {
+            events,
+            counts,
+            acked_events,
+            acked_counts,
+            pyarrow,
+            batches,
+        }
+    }
+
+    fn acked(&self) -> usize {
+        self.acked_events.lock().unwrap().len()
+    }
+
+    /// Waits for every writer to finish, then checks that what was acknowledged is stored
+    /// exactly once (and, for plain writes with an error, at most once), through `reader`.
+    fn finish_and_check(mut self, runtime: &tokio::runtime::Runtime, reader: &str) {
+        runtime.block_on(async {
+            self.events.await.unwrap();
+            self.counts.await.unwrap();
+        });
+        let client = runtime.block_on(Client::connect(reader)).unwrap();
+        // Log table: every acknowledged row once, nothing else, offsets without gaps.
+        let stored = runtime
+            .block_on(client.scan_all(&Scan::table("app", "events")))
+            .unwrap();
+        let mut seen = Vec::new();
+        let mut next: BTreeMap<u32, u64> = BTreeMap::new();
+        for r in &stored {
+            let expected = next.entry(r.bucket).or_insert(r.offset);
+            assert_eq!(r.offset, *expected, "a gap in bucket {}", r.bucket);
+            *expected += r.batch.num_rows() as u64;
+            seen.extend(r.batch.column(0).as_primitive::<Int64Type>().values());
+        }
+        let distinct: HashSet<i64> = seen.iter().copied().collect();
+        assert_eq!(distinct.len(), seen.len(), "a row was stored twice");
+        let acked: HashSet<i64> = self.acked_events.lock().unwrap().iter().copied().collect();
+        let batches = self.batches;
+        assert_eq!(
+            acked.len() as i64,
+            WRITERS * batches * ROWS,
+            "every batch acknowledged"
+        );
+        assert_eq!(
+            distinct, acked,
+            "acknowledged rows missing, or others stored"
+        );
+        // Primary-key aggregation: every acknowledged batch counted exactly once.
+        assert_eq!(
+            self.acked_counts.load(std::sync::atomic::Ordering::Relaxed),
+            WRITERS * batches
+        );
+        let keys = (0..WRITERS * 10)
+            .map(|id| serde_json::json!({ "id": id }).as_object().unwrap().clone())
+            .collect();
+        let found = runtime
+            .block_on(client.lookup("app", "counts", keys, &[]))
+            .unwrap();
+        assert_eq!(found.num_rows() as i64, WRITERS * 10);
+        for n in found.column(1).as_primitive::<Int64Type>().values() {
+            assert_eq!(*n, batches, "a key counted {n} times for {batches} batches");
+        }
+        // Plain pyarrow writes: acknowledged ones once; ones that failed at most once.
+        if let Some((mut child, out)) = self.pyarrow.take() {
+            assert!(child.wait().unwrap().success(), "pyarrow_load.py failed");
+            let result: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(out).unwrap()).unwrap();
+            let ids = |k: &str| -> HashSet<i64> {
+                result[k]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_i64().unwrap())
+                    .collect()
+            };
+            let (acked, unknown) = (ids("acked"), ids("unknown"));
+            let stored = runtime
+                .block_on(client.scan_all(&Scan::table("app", "plain")))
+                .unwrap();
+            let mut plain = Vec::new();
+            for r in &stored {
+                plain.extend(r.batch.column(0).as_primitive::<Int64Type>().values());
+            }
+            let distinct: HashSet<i64> = plain.iter().copied().collect();
+            assert_eq!(distinct.len(), plain.len(), "a plain row was stored twice");
+            assert!(
+                acked.is_subset(&distinct),
+                "acknowledged plain rows missing"
+            );
+            assert!(
+                distinct.is_subset(&acked.union(&unknown).copied().collect()),
+                "plain rows stored that were never written"
+            );
+            eprintln!(
+                "pyarrow through forwarding: {} rows acknowledged, {} with an error ({} of those stored)",
+                acked.len(),
+                unknown.len(),
+                distinct.intersection(&unknown).count()
+            );
+        }
+    }
+}
+
+/// How long until `victim` is seen down and every bucket has a live leader again, asking
+/// `entry`.
+fn until_failed_over(runtime: &tokio::runtime::Runtime, entry: &str, victim: u64) -> Duration {
+    let started = Instant::now();
+    let client = runtime.block_on(Client::connect(entry)).unwrap();
+    loop {
+        let c = runtime.block_on(client.describe_cluster()).unwrap();
+        let down = c.nodes.iter().any(|n| n.node_id == victim && !n.live);
+        if down && c.buckets_without_live_leader == 0 {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < Duration::from_millis(4 * TTL_MS),
+            "node {victim}'s buckets did not move within 4 TTLs: {c:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Three nodes under idempotent write load (Rust client) and plain writes (pyarrow, through
+/// forwarding); one node is killed with SIGKILL: its buckets are served again within two
+/// TTLs, and every acknowledged row is readable once. Then the lease holder is killed too:
+/// the last node takes the lease and every bucket.
+#[test]
+fn a_cluster_keeps_every_acknowledged_row_when_nodes_are_killed() {
+    let ttl = TTL_MS.to_string();
+    let Some(cluster) = LocalCluster::start(3, &["--lease-ttl-ms", &ttl, "--flush-delay-ms", "10"])
+    else {
+        return;
+    };
+    // Clients talk to a node that is not the lease holder; the first victim is the third.
+    let holder = lease_holder(&cluster.address(1));
+    let entry_id = [1, 2, 3].into_iter().find(|n| *n != holder).unwrap();
+    let victim = [1, 2, 3]
+        .into_iter()
+        .find(|n| *n != holder && *n != entry_id)
+        .unwrap();
+    let entry = cluster.address(entry_id);
+    create_tables(&entry);
+    let runtime = runtime();
+    let load = Load::start(&runtime, &entry, cluster.dir.path(), 150);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while load.acked() < (WRITERS * ROWS * 20) as usize {
+        assert!(Instant::now() < deadline, "the load never got going");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    cluster.signal(victim, "KILL");
+    let took = until_failed_over(&runtime, &entry, victim);
+    eprintln!(
+        "SIGKILL of node {victim}: its buckets were served again after {took:?} ({:.2} lease TTLs)",
+        took.as_secs_f64() * 1000.0 / TTL_MS as f64
+    );
+    assert!(
+        took <= Duration::from_millis(2 * TTL_MS),
+        "took {took:?}: more than two lease TTLs"
+    );
+    load.finish_and_check(&runtime, &entry);
+
+    // The lease holder goes too: the entry node takes the lease and every bucket.
+    cluster.signal(holder, "KILL");
+    let took = until_failed_over(&runtime, &entry, holder);
+    eprintln!("SIGKILL of the lease holder (node {holder}): buckets served again after {took:?}");
+    assert_eq!(lease_holder(&entry), entry_id);
+    let client = runtime.block_on(Client::connect(&entry)).unwrap();
+    let mut writer = client.writer("app", "events");
+    runtime
+        .block_on(writer.write(&rows(9, 0, 50)))
+        .expect("the last node takes writes for every bucket");
+}
+
+/// The node holding the lease, as `address` sees it (waiting for one).
+fn lease_holder(address: &str) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let status = mink(address, &["cluster", "status"]);
+        if let Some(id) = status
+            .split("lease holder: node ")
+            .nth(1)
+            .and_then(|s| s.split(' ').next())
+            .and_then(|s| s.parse().ok())
+        {
+            return id;
+        }
+        assert!(Instant::now() < deadline, "no lease holder: {status}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A write sent to a paused node, answered after it wakes up: `python -c` with pyarrow, a
+/// DoPut naming `bucket` (never forwarded). Prints the PutResult JSON or `error: ...`.
+const PAUSED_WRITE: &str = r#"
+import json, sys
+import pyarrow as pa, pyarrow.flight as flight
+address, bucket, ids = sys.argv[1], int(sys.argv[2]), [int(i) for i in sys.argv[3].split(",")]
+schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("msg", pa.string())])
+descriptor = flight.FlightDescriptor.for_command(json.dumps(
+    {"database": "app", "table": "events", "bucket": bucket}).encode())
+client = flight.connect(f"grpc://{address}")
+try:
+    writer, reader = client.do_put(descriptor, schema)
+    writer.write_batch(pa.record_batch([pa.array(ids, pa.int64()), pa.array(["late"] * len(ids))], schema=schema))
+    print(reader.read().to_pybytes().decode())
+    writer.done_writing()
+    writer.close()
+except flight.FlightError as e:
+    print(f"error: {e}")
+"#;
+
+/// A node paused (SIGSTOP) past the lease TTL loses its buckets; a write it received while
+/// paused and handles after SIGCONT is refused, and nothing of it ever becomes visible.
+#[test]
+fn a_paused_node_makes_nothing_visible_after_its_buckets_moved() {
+    let Some(python) = python() else { return };
+    let ttl = TTL_MS.to_string();
+    let Some(cluster) = LocalCluster::start(3, &["--lease-ttl-ms", &ttl, "--flush-delay-ms", "10"])
+    else {
+        return;
+    };
+    let holder = lease_holder(&cluster.address(1));
+    let entry_id = [1, 2, 3].into_iter().find(|n| *n != holder).unwrap();
+    let paused = [1, 2, 3]
+        .into_iter()
+        .find(|n| *n != holder && *n != entry_id)
+        .unwrap();
+    let entry = cluster.address(entry_id);
+    create_tables(&entry);
+    let runtime = runtime();
+    let client = runtime.block_on(Client::connect(&entry)).unwrap();
+    let d = runtime
+        .block_on(client.describe_table("app", "events"))
+        .unwrap();
+    let bucket = d
+        .buckets
+        .iter()
+        .find(|b| b.leader_node_id == paused)
+        .expect("the paused node leads a bucket")
+        .bucket;
+    // Ids of that bucket, written late.
+    let ids: Vec<i64> = (5_000_000..5_100_000)
+        .filter(|i| {
+            let one = RecordBatch::try_from_iter(vec![(
+                "id",
+                Arc::new(Int64Array::from(vec![*i])) as ArrayRef,
+            )])
+            .unwrap();
+            mink_log::routing::buckets_of(&one, &[0], 6).unwrap()[0] == bucket
+        })
+        .take(5)
+        .collect();
+    runtime
+        .block_on(client.writer("app", "events").write(&rows(1, 0, 30)))
+        .unwrap();
+
+    cluster.signal(paused, "STOP");
+    until_failed_over(&runtime, &entry, paused);
+    let late = Command::new(&python)
+        .args([
+            "-c",
+            PAUSED_WRITE,
+            &cluster.address(paused),
+            &bucket.to_string(),
+        ])
+        .arg(
+            ids.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+        )
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Let the request reach the paused process's socket, then wake it.
+    std::thread::sleep(Duration::from_millis(300));
+    cluster.signal(paused, "CONT");
+    let out = late.wait_with_output().unwrap();
+    let answer = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !answer.starts_with("error:") {
+        let ack: serde_json::Value = serde_json::from_str(answer.trim()).unwrap();
+        let b = &ack["buckets"][0];
+        assert!(
+            b["error"].is_object() && b["base_offset"].is_null(),
+            "the paused node acknowledged a write after its bucket moved: {answer}"
+        );
+    }
+    eprintln!("the late write was answered: {}", answer.trim());
+    // Nothing of it is visible, on any node, now or after the woken node settles.
+    let client = runtime.block_on(Client::connect(&entry)).unwrap();
+    runtime
+        .block_on(client.writer("app", "events").write(&rows(2, 0, 30)))
+        .unwrap();
+    // The woken node catches up with the log (a new client asks for no index): poll it
+    // until it shows every acknowledged row, checking each read.
+    for address in [entry, cluster.address(paused)] {
+        let c = runtime.block_on(Client::connect(&address)).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let stored = runtime
+                .block_on(c.scan_all(&Scan::table("app", "events")))
+                .unwrap();
+            let mut seen: Vec<i64> = Vec::new();
+            for r in &stored {
+                seen.extend(r.batch.column(0).as_primitive::<Int64Type>().values());
+            }
+            assert!(
+                !seen.iter().any(|i| ids.contains(i)),
+                "a row the paused node took after the move is visible through {address}"
+            );
+            assert!(seen.len() <= 60, "a row stored twice, through {address}");
+            if seen.len() == 60 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{address} shows {} of the 60 acknowledged rows",
+                seen.len()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// Four nodes, the fourth drained while the tables are created; under load through the
+/// fourth: a rolling restart of the other three (SIGTERM, start again, one after another),
+/// then the fourth takes buckets again and a rebalance moves some onto it. No acknowledged
+/// row is lost or stored twice.
+#[test]
+fn a_rolling_restart_and_a_rebalance_under_load_lose_nothing() {
+    let ttl = TTL_MS.to_string();
+    let Some(mut cluster) =
+        LocalCluster::start(4, &["--lease-ttl-ms", &ttl, "--flush-delay-ms", "10"])
+    else {
+        return;
+    };
+    let entry = cluster.address(4);
+    lease_holder(&entry);
+    mink(&entry, &["node", "drain", "4"]);
+    create_tables(&entry);
+    let led_by = |n: u64| -> usize {
+        let status = mink(&entry, &["cluster", "status"]);
+        status
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("node {n} ")))
+            .and_then(|l| l.split("leads ").nth(1))
+            .and_then(|s| s.split(' ').next())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0)
+    };
+    assert_eq!(led_by(4), 0, "a drained node gets no buckets");
+    let runtime = runtime();
+    let load = Load::start(&runtime, &entry, cluster.dir.path(), 200);
+    for n in 1..=3 {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while load.acked() < (WRITERS * ROWS * 20 * n) as usize {
+            assert!(
+                Instant::now() < deadline,
+                "the load stalled before node {n}'s restart"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        cluster.signal(n as u64, "TERM");
+        let took = until_failed_over(&runtime, &entry, n as u64);
+        cluster.restart(n as u64);
+        eprintln!("node {n} stopped and started again; its buckets moved in {took:?}");
+    }
+    mink(&entry, &["node", "undrain", "4"]);
+    let moved = mink(&entry, &["cluster", "rebalance"]);
+    assert!(moved.starts_with("moved "), "{moved}");
+    assert!(led_by(4) > 0, "the rebalance gave node 4 buckets: {moved}");
+    eprintln!(
+        "rebalance under load: {}",
+        moved.lines().next().unwrap_or_default()
+    );
+    load.finish_and_check(&runtime, &entry);
+}
+
+/// The metadata database goes down for longer than the lease TTL under load: reads keep being
+/// served, writes wait and resume once it is back, and every acknowledged row is stored once.
+#[test]
+fn a_metadata_database_outage_under_load_loses_nothing() {
+    let ttl = TTL_MS.to_string();
+    let Some(cluster) = LocalCluster::start(3, &["--lease-ttl-ms", &ttl, "--flush-delay-ms", "10"])
+    else {
+        return;
+    };
+    let entry = cluster.address(1);
+    lease_holder(&entry);
+    create_tables(&entry);
+    let runtime = runtime();
+    let reader = runtime.block_on(Client::connect(&entry)).unwrap();
+    let load = Load::start(&runtime, &entry, cluster.dir.path(), 200);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while load.acked() < (WRITERS * ROWS * 20) as usize {
+        assert!(Instant::now() < deadline, "the load never got going");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let down_for = (3 * TTL_MS / 2000).max(1).to_string();
+    let outage = Command::new(manifest_dir().join("../../deploy/local-cluster"))
+        .args(["postgres-restart", "--down-for", &down_for, "--dir"])
+        .arg(cluster.dir.path())
+        .spawn()
+        .unwrap();
+    // Reads are served from the nodes' views throughout the outage.
+    let started = Instant::now();
+    let mut reads = 0;
+    while started.elapsed() < Duration::from_secs(2) {
+        let rows: usize = runtime
+            .block_on(reader.scan_all(&Scan::table("app", "events")))
+            .expect("a read during the metadata outage")
+            .iter()
+            .map(|r| r.batch.num_rows())
+            .sum();
+        assert!(rows > 0);
+        reads += 1;
+    }
+    let outage = outage.wait_with_output().unwrap();
+    assert!(outage.status.success(), "postgres-restart failed");
+    eprintln!("{reads} reads served while PostgreSQL was down for {down_for} s");
+    load.finish_and_check(&runtime, &entry);
+}

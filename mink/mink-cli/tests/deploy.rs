@@ -1,0 +1,115 @@
+//! Every deployment file under `deploy/` (Dockerfile, compose, Kubernetes, systemd) starts a
+//! node with settings `mink node --check-config` accepts: the node command lines and
+//! environments are taken from the files (`tests/deploy_configs.py`) and checked with the
+//! binary under test, so a renamed flag or variable cannot leave them behind.
+#![allow(clippy::print_stderr)]
+
+mod common;
+
+use std::process::Command;
+
+use crate::common::{MINK, manifest_dir, python};
+
+#[test]
+fn every_deploy_file_passes_check_config() {
+    let Some(python) = python() else { return };
+    let root = manifest_dir().join("../..").canonicalize().unwrap();
+    let out = Command::new(&python)
+        .arg(manifest_dir().join("tests/deploy_configs.py"))
+        .arg(&root)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "deploy_configs.py failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let nodes: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let sources: Vec<&str> = nodes
+        .iter()
+        .map(|n| n["source"].as_str().unwrap())
+        .collect();
+    for file in [
+        "Dockerfile",
+        "compose.yaml",
+        "kubernetes/mink.yaml",
+        "systemd/mink.service",
+    ] {
+        assert!(
+            sources
+                .iter()
+                .any(|s| s.starts_with(&format!("deploy/{file}"))),
+            "no node found in deploy/{file}: {sources:?}"
+        );
+    }
+    // A `mink` on PATH for the files' own shell commands: the binary under test, checking.
+    let bin = tempfile::tempdir().unwrap();
+    let wrapper = bin.path().join("mink");
+    std::fs::write(
+        &wrapper,
+        format!("#!/bin/sh\nexec '{MINK}' \"$@\" --check-config\n"),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    for node in &nodes {
+        let source = node["source"].as_str().unwrap();
+        let mut command = match node["shell"].as_str() {
+            Some(shell) => {
+                let mut c = Command::new("sh");
+                c.args(["-c", shell]);
+                c
+            }
+            None => {
+                let mut c = Command::new(MINK);
+                for a in node["argv"].as_array().unwrap() {
+                    c.arg(a.as_str().unwrap());
+                }
+                c.arg("--check-config");
+                c
+            }
+        };
+        command
+            .env_clear()
+            .env(
+                "PATH",
+                format!(
+                    "{}:{}",
+                    bin.path().display(),
+                    std::env::var("PATH").unwrap_or_default()
+                ),
+            )
+            .current_dir(&root);
+        for (k, v) in node["env"].as_object().unwrap() {
+            command.env(k, v.as_str().unwrap());
+        }
+        let out = command.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let want = format!(
+            "the configuration of node {} is valid",
+            node["node_id"].as_u64().unwrap()
+        );
+        assert!(
+            out.status.success() && stdout.contains(&want),
+            "{source}: `mink node --check-config` refused its settings:\n{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!("{source}: {}", stdout.lines().next().unwrap_or_default());
+    }
+    // A node whose settings are wrong is refused with what to fix, before it starts.
+    let bad = Command::new(MINK)
+        .args(["node", "--check-config", "--node-id", "1"])
+        .env_clear()
+        .env("MINK_METADATA", "mysql://db/mink")
+        .env("MINK_OBJECT_STORE", "/tmp/x")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        !bad.status.success() && stderr.contains("expected postgres://"),
+        "{stderr}"
+    );
+}
