@@ -406,15 +406,35 @@ async fn a_retried_batch_of_an_idempotent_writer_is_stored_once() {
         .await
         .unwrap();
         let e = refused[0].buckets[0].error.as_ref().unwrap();
-        assert_eq!(e.code, ErrorCode::Invalid, "{e:?}");
+        assert_eq!(e.code, ErrorCode::OutOfOrderSequence, "{e:?}");
         assert!(e.message.contains(expected), "{e:?}");
+        let next = expected.trim_start_matches("expected ").parse().unwrap();
+        assert_eq!(e.expected_sequence, Some(next), "{e:?}");
     }
     // Writer ids and epochs come from allocate_writer only: nobody can fence a writer by
     // sending its id at a higher epoch, nor make one up.
-    for (id, epoch, needle) in [
-        (writer.writer_id, 1, "has epoch 0, not 1"),
-        (writer.writer_id + 1_000, 0, "never allocated"),
-        (0, 0, "never allocated"),
+    for (id, epoch, needle, grpc, code_name) in [
+        (
+            writer.writer_id,
+            1,
+            "is at epoch 0, not 1",
+            tonic::Code::FailedPrecondition,
+            "WRITER_FENCED",
+        ),
+        (
+            writer.writer_id + 1_000,
+            0,
+            "never allocated",
+            tonic::Code::InvalidArgument,
+            "UNKNOWN_WRITER",
+        ),
+        (
+            0,
+            0,
+            "never allocated",
+            tonic::Code::InvalidArgument,
+            "UNKNOWN_WRITER",
+        ),
     ] {
         let e = raw_put(
             &server.address,
@@ -424,11 +444,7 @@ async fn a_retried_batch_of_an_idempotent_writer_is_stored_once() {
         )
         .await
         .unwrap_err();
-        assert_eq!(
-            code(&e),
-            (tonic::Code::InvalidArgument, "INVALID".into()),
-            "{e}"
-        );
+        assert_eq!(code(&e), (grpc, code_name.into()), "{e}");
         assert!(e.message().contains(needle), "{e}");
     }
     // The writer was not harmed: its next batch is taken.
@@ -677,6 +693,30 @@ async fn bad_input_gets_a_precise_status_and_the_node_keeps_serving() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::NotFound, "{e}");
+    // An offset past what the bucket holds names the valid range.
+    let e = flight
+        .do_get(Ticket::new(
+            r#"{"database":"app","table":"events","bucket":0,"offset":1000}"#,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        code(&e),
+        (tonic::Code::OutOfRange, "OFFSET_OUT_OF_RANGE".into()),
+        "{e}"
+    );
+    let header = |name: &str| {
+        e.metadata()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    assert_eq!(
+        header(protocol::START_OFFSET_HEADER).as_deref(),
+        Some("0"),
+        "{e:?}"
+    );
+    assert!(header(protocol::END_OFFSET_HEADER).is_some(), "{e:?}");
     let e = flight
         .do_action(Action::new("format_disk", "{}"))
         .await

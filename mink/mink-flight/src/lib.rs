@@ -1,8 +1,9 @@
 //! Mink's Arrow Flight frontend.
 //!
 //! - [`protocol`]: the JSON contract of descriptors, tickets, actions and `app_metadata`,
-//!   shared with clients (always built); [`keyed`]: routing lookups by key.
-//! - `server` (feature `server`): [`MinkFlight`], the `FlightService` on a node.
+//!   shared with clients (always built); [`keyed`]: lookup keys as JSON and as Arrow.
+//! - `service` (feature `server`): [`MinkFlight`], the `FlightService` on a node: an adapter
+//!   over the node service.
 //!
 //! Any Flight client speaks it: `DoPut` a table (path descriptor `[database, table]`),
 //! `DoGet` a JSON ticket, `DoAction` for admin. See `docs/flight.md`.
@@ -14,14 +15,12 @@ pub const STREAM_WINDOW: u32 = 8 << 20;
 pub const CONNECTION_WINDOW: u32 = 32 << 20;
 
 pub mod encode;
-#[cfg(feature = "server")]
-mod forward;
 pub mod keyed;
 #[cfg(feature = "server")]
 mod metrics;
 pub mod protocol;
 #[cfg(feature = "server")]
-mod server;
+mod service;
 
 #[cfg(feature = "server")]
-pub use server::{MinkFlight, ServerConfig, serve};
+pub use service::{MinkFlight, ServerConfig, serve};

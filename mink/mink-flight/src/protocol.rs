@@ -18,6 +18,15 @@ pub const MIN_APPLIED_INDEX_HEADER: &str = "mink-min-applied-index";
 pub const LEADER_NODE_HEADER: &str = "mink-leader-node";
 /// On a `NOT_LEADER` error: the Flight address of the leader (`host:port`).
 pub const LEADER_ADDRESS_HEADER: &str = "mink-leader-address";
+/// On a `NOT_LEADER` error: the bucket's leader epoch.
+pub const LEADER_EPOCH_HEADER: &str = "mink-leader-epoch";
+/// On an `OFFSET_OUT_OF_RANGE` error: the bucket's first offset and its high watermark.
+pub const START_OFFSET_HEADER: &str = "mink-start-offset";
+pub const END_OFFSET_HEADER: &str = "mink-end-offset";
+/// On an `OUT_OF_ORDER_SEQUENCE` error: the sequence the bucket takes next from the writer.
+pub const EXPECTED_SEQUENCE_HEADER: &str = "mink-expected-sequence";
+/// On a `WRITER_FENCED` error: the writer's current epoch.
+pub const WRITER_EPOCH_HEADER: &str = "mink-writer-epoch";
 /// On every error: the error's [`ErrorCode`] (`NOT_FOUND`, `NOT_LEADER`, ...).
 pub const ERROR_CODE_HEADER: &str = "mink-error-code";
 /// Set by a node forwarding a read to a bucket's leader: the leader answers from what it
@@ -108,6 +117,15 @@ pub enum ErrorCode {
     Invalid,
     /// The bucket is led by another node (named in the error): send it there.
     NotLeader,
+    /// An offset outside what the bucket holds (the valid range is in the error).
+    OffsetOutOfRange,
+    /// An idempotent writer's batch out of sequence in its bucket (the expected sequence is
+    /// in the error).
+    OutOfOrderSequence,
+    /// An idempotent writer at an epoch other than its current one.
+    WriterFenced,
+    /// An idempotent writer id that was never allocated.
+    UnknownWriter,
     /// A message over the node's size limit: send smaller batches.
     TooLarge,
     /// Retry shortly.
@@ -123,6 +141,10 @@ impl ErrorCode {
             ErrorCode::AlreadyExists => "ALREADY_EXISTS",
             ErrorCode::Invalid => "INVALID",
             ErrorCode::NotLeader => "NOT_LEADER",
+            ErrorCode::OffsetOutOfRange => "OFFSET_OUT_OF_RANGE",
+            ErrorCode::OutOfOrderSequence => "OUT_OF_ORDER_SEQUENCE",
+            ErrorCode::WriterFenced => "WRITER_FENCED",
+            ErrorCode::UnknownWriter => "UNKNOWN_WRITER",
             ErrorCode::TooLarge => "TOO_LARGE",
             ErrorCode::Unavailable => "UNAVAILABLE",
             ErrorCode::Failed => "FAILED",
@@ -135,6 +157,10 @@ impl ErrorCode {
             "ALREADY_EXISTS" => ErrorCode::AlreadyExists,
             "INVALID" => ErrorCode::Invalid,
             "NOT_LEADER" => ErrorCode::NotLeader,
+            "OFFSET_OUT_OF_RANGE" => ErrorCode::OffsetOutOfRange,
+            "OUT_OF_ORDER_SEQUENCE" => ErrorCode::OutOfOrderSequence,
+            "WRITER_FENCED" => ErrorCode::WriterFenced,
+            "UNKNOWN_WRITER" => ErrorCode::UnknownWriter,
             "TOO_LARGE" => ErrorCode::TooLarge,
             "UNAVAILABLE" => ErrorCode::Unavailable,
             "FAILED" => ErrorCode::Failed,
@@ -157,6 +183,36 @@ pub struct ErrorBody {
     pub leader_node_id: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub leader_address: Option<String>,
+    /// `NOT_LEADER`: the bucket's leader epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader_epoch: Option<u64>,
+    /// `OFFSET_OUT_OF_RANGE`: the offsets the bucket holds, `[start_offset, end_offset)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_offset: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_offset: Option<u64>,
+    /// `OUT_OF_ORDER_SEQUENCE`: the sequence the bucket takes next from the writer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_sequence: Option<u64>,
+    /// `WRITER_FENCED`: the writer's current epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writer_epoch: Option<u64>,
+}
+
+impl ErrorBody {
+    pub fn new(code: ErrorCode, message: String) -> Self {
+        ErrorBody {
+            code,
+            message,
+            leader_node_id: None,
+            leader_address: None,
+            leader_epoch: None,
+            start_offset: None,
+            end_offset: None,
+            expected_sequence: None,
+            writer_epoch: None,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

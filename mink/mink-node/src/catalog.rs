@@ -226,7 +226,10 @@ impl Node {
             .state
             .table_by_name(database, table)
             .cloned()
-            .ok_or_else(|| NodeError::NotFound(format!("table {database}.{table} does not exist")))
+            .ok_or_else(|| NodeError::TableNotFound {
+                database: database.to_string(),
+                table: table.to_string(),
+            })
     }
 
     /// The table's schema at its current version, decoded once per version (every write
@@ -583,9 +586,10 @@ impl Node {
         match proposed.result {
             Ok(Outcome::Done(_)) => Ok(()),
             Ok(Outcome::Redundant(_)) if if_exists => Ok(()),
-            Ok(Outcome::Redundant(_)) => Err(NodeError::NotFound(format!(
-                "table {database}.{table} does not exist"
-            ))),
+            Ok(Outcome::Redundant(_)) => Err(NodeError::TableNotFound {
+                database: database.to_string(),
+                table: table.to_string(),
+            }),
             Err(r) => Err(rejected(&r)),
         }
     }

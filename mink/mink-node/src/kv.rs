@@ -16,7 +16,7 @@ use mink_metadata::{Command, CommitKvSnapshot, TableRecord};
 use object_store::ObjectStoreExt as _;
 
 use crate::node::{PendingWrite, WriteTarget};
-use crate::{Node, NodeError, NodeResult};
+use crate::{BucketRef, Node, NodeError, NodeResult};
 
 /// The column that marks a row of a primary-key write as an upsert or a delete.
 pub const ROW_KIND: &str = "_row_kind";
@@ -353,16 +353,10 @@ impl Node {
     }
 
     /// A scan of one bucket's current rows, consistent at one offset (on its leader).
-    pub async fn kv_scan(
-        &self,
-        database: &str,
-        table: &str,
-        partition: Option<&str>,
-        bucket: u32,
-    ) -> NodeResult<KvScan> {
-        let record = self.table_record(database, table)?;
-        let b = self.bucket_record(&self.view(), &record, partition, bucket)?;
-        let tablet = self.kv_tablet(&record, b.partition_id, bucket).await?;
+    pub async fn kv_scan(&self, b: &BucketRef) -> NodeResult<KvScan> {
+        let record = self.table_record(&b.database, &b.table)?;
+        let r = self.bucket_record(&self.view(), &record, b.partition.as_deref(), b.bucket)?;
+        let tablet = self.kv_tablet(&record, r.partition_id, b.bucket).await?;
         Ok(tablet.snapshot()?)
     }
 
@@ -370,25 +364,16 @@ impl Node {
     /// (`_change_type`, `_log_offset`, `_commit_timestamp`, then the table's columns; `columns`
     /// picks among them). Any node can serve it. A batch may hold no rows (a writer's marker)
     /// while spanning offsets: continue from its `end_offset`.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn read_changelog(
+    pub(crate) async fn read_changelog(
         &self,
-        database: &str,
-        table: &str,
-        partition: Option<&str>,
-        bucket: u32,
+        b: &BucketRef,
         offset: u64,
         max_bytes: usize,
         columns: &[String],
     ) -> NodeResult<Vec<mink_log::ReadBatch>> {
-        let record = self.table_record(database, table)?;
+        let record = self.table_record(&b.database, &b.table)?;
         let def = self.kv_definition(&record)?;
-        let log = self.bucket_log(
-            &record,
-            partition,
-            bucket,
-            changelog::storage_schema(&def.schema),
-        )?;
+        let log = self.bucket_log(b, changelog::storage_schema(&def.schema))?;
         let view = changelog::view_schema(&def.schema);
         let mut out = Vec::new();
         for read in log.read(offset, max_bytes, &[]).await? {
@@ -629,8 +614,9 @@ fn widen(
     Ok((RecordBatch::try_new(Arc::new(relaxed), columns)?, targets))
 }
 
-/// The columns `wanted` (table indices) of `keys`, by name and cast to the table's types.
-fn key_columns(
+/// The columns `wanted` (table indices) of `keys`, by name and cast to the table's types, and
+/// their names.
+pub(crate) fn key_columns(
     def: &KvTableDef,
     keys: &RecordBatch,
     wanted: &[usize],

@@ -13,7 +13,7 @@ use s3stream::{AppendAck, CompactionConfig, EngineConfig, S3Stream, WriterBatchI
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::{NodeError, NodeResult};
+use crate::{BucketRef, NodeError, NodeResult};
 
 /// How a node runs.
 #[derive(Clone, Debug)]
@@ -120,7 +120,22 @@ pub(crate) type Submitted<S> = (
 
 /// A submitted write (see [`Node::submit_write`]): resolves to its per-bucket results.
 #[must_use = "a write is only known durable once this resolves"]
-pub struct PendingWrite(futures::future::BoxFuture<'static, Vec<BucketWrite>>);
+pub struct PendingWrite {
+    results: futures::future::BoxFuture<'static, Vec<BucketWrite>>,
+    /// Parts refused with `NotLeader` whose rows a session forwards to their leaders.
+    pub(crate) forwards: Vec<Forward>,
+}
+
+/// A part of a routed write for a bucket another node leads: the rows that leader takes.
+#[derive(Clone, Debug)]
+pub(crate) struct Forward {
+    /// Its place among the write's results.
+    pub(crate) position: usize,
+    pub(crate) partition: Option<String>,
+    pub(crate) bucket: u32,
+    pub(crate) address: String,
+    pub(crate) rows: RecordBatch,
+}
 
 impl std::fmt::Debug for PendingWrite {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -129,10 +144,6 @@ impl std::fmt::Debug for PendingWrite {
 }
 
 impl PendingWrite {
-    pub(crate) fn new(results: impl Future<Output = Vec<BucketWrite>> + Send + 'static) -> Self {
-        PendingWrite(Box::pin(results))
-    }
-
     /// The per-bucket results of submitted parts `(partition, partition_id, bucket, rows,
     /// submitted, unsent)`: each submitted part's acknowledgement by `ack`.
     pub(crate) fn of<S, F>(
@@ -143,30 +154,78 @@ impl PendingWrite {
         S: Send + 'static,
         F: Future<Output = NodeResult<AppendAck>> + Send + 'static,
     {
-        let ack = Arc::new(ack);
-        PendingWrite::new(futures::future::join_all(parts.into_iter().map(
-            move |(partition, partition_id, bucket, rows, submitted, unsent)| {
-                let ack = Arc::clone(&ack);
-                async move {
-                    let result = match submitted {
-                        Ok(s) => ack(s).await,
-                        Err(e) => Err(e),
-                    };
-                    BucketWrite {
-                        partition,
-                        partition_id,
-                        bucket,
-                        rows,
-                        result,
-                        unsent,
+        let forwards = parts
+            .iter()
+            .enumerate()
+            .filter_map(|(position, (partition, _, bucket, _, submitted, unsent))| {
+                match (submitted, unsent) {
+                    (Err(NodeError::NotLeader { address, .. }), Some(rows))
+                        if !address.is_empty() =>
+                    {
+                        Some(Forward {
+                            position,
+                            partition: partition.clone(),
+                            bucket: *bucket,
+                            address: address.clone(),
+                            rows: rows.clone(),
+                        })
                     }
+                    _ => None,
                 }
-            },
-        )))
+            })
+            .collect();
+        let ack = Arc::new(ack);
+        PendingWrite {
+            results: Box::pin(futures::future::join_all(parts.into_iter().map(
+                move |(partition, partition_id, bucket, rows, submitted, unsent)| {
+                    let ack = Arc::clone(&ack);
+                    async move {
+                        let result = match submitted {
+                            Ok(s) => ack(s).await,
+                            Err(e) => Err(e),
+                        };
+                        BucketWrite {
+                            partition,
+                            partition_id,
+                            bucket,
+                            rows,
+                            result,
+                            unsent,
+                        }
+                    }
+                },
+            ))),
+            forwards,
+        }
     }
 
     pub(crate) fn ready(results: Vec<BucketWrite>) -> Self {
-        PendingWrite(Box::pin(std::future::ready(results)))
+        PendingWrite {
+            results: Box::pin(std::future::ready(results)),
+            forwards: Vec::new(),
+        }
+    }
+
+    /// This write with some of its results replaced once `replace` resolves: `(position,
+    /// result)` pairs.
+    pub(crate) fn with_replaced(
+        self,
+        replace: impl Future<Output = Vec<(usize, NodeResult<AppendAck>)>> + Send + 'static,
+    ) -> Self {
+        let results = self.results;
+        PendingWrite {
+            results: Box::pin(async move {
+                let (mut results, replaced) = futures::join!(results, replace);
+                for (position, result) in replaced {
+                    if let Some(w) = results.get_mut(position) {
+                        w.result = result;
+                        w.unsent = None;
+                    }
+                }
+                results
+            }),
+            forwards: Vec::new(),
+        }
     }
 }
 
@@ -177,7 +236,7 @@ impl Future for PendingWrite {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
-        self.0.as_mut().poll(cx)
+        self.results.as_mut().poll(cx)
     }
 }
 
@@ -233,6 +292,8 @@ pub(crate) struct Inner {
             ),
         >,
     >,
+    /// How this node reaches other nodes (set by the frontend that owns the wire).
+    pub(crate) forwarder: RwLock<Option<Arc<dyn crate::Forwarder>>>,
     /// Serialises KV tablet opens (each replays its changelog).
     pub(crate) kv_opening: tokio::sync::Mutex<()>,
     pub(crate) round_robin: AtomicU64,
@@ -280,6 +341,7 @@ impl Node {
                 led: RwLock::new(HashMap::new()),
                 kv: RwLock::new(HashMap::new()),
                 described: RwLock::new(HashMap::new()),
+                forwarder: RwLock::new(None),
                 kv_opening: tokio::sync::Mutex::new(()),
                 round_robin: AtomicU64::new(0),
                 opening: tokio::sync::Mutex::new(()),
@@ -375,16 +437,16 @@ impl Node {
     async fn check_writer(&self, w: &WriterBatchId) -> NodeResult<()> {
         let allocated = |v: &View| (1..v.state.counters.next_producer_id).contains(&w.writer_id);
         if !allocated(&self.view()) && !allocated(&self.inner.sink.catch_up().await?) {
-            return Err(NodeError::Invalid(format!(
-                "writer {} was never allocated: take a writer id from allocate_writer",
-                w.writer_id
-            )));
+            return Err(NodeError::UnknownWriter {
+                writer_id: w.writer_id,
+            });
         }
         if w.writer_epoch != ALLOCATED_WRITER_EPOCH {
-            return Err(NodeError::Invalid(format!(
-                "writer {} has epoch {ALLOCATED_WRITER_EPOCH}, not {}: epochs come from allocate_writer (a new writer id starts over)",
-                w.writer_id, w.writer_epoch
-            )));
+            return Err(NodeError::WriterFenced {
+                writer_id: w.writer_id,
+                epoch: w.writer_epoch,
+                current: ALLOCATED_WRITER_EPOCH,
+            });
         }
         Ok(())
     }
@@ -472,15 +534,19 @@ impl Node {
                 .map(|n| n.address.clone())
                 .unwrap_or_default();
             return Err(NodeError::NotLeader {
-                table: format!("{}.{}", table.database, table.name),
-                partition: view
-                    .state
-                    .partitions
-                    .get(&(table.table_id, partition_id))
-                    .map(|p| p.name.clone()),
-                bucket,
+                bucket: BucketRef {
+                    database: table.database.clone(),
+                    table: table.name.clone(),
+                    partition: view
+                        .state
+                        .partitions
+                        .get(&(table.table_id, partition_id))
+                        .map(|p| p.name.clone()),
+                    bucket,
+                },
                 leader: record.leader_node_id,
                 address,
+                leader_epoch: record.leader_epoch,
             });
         }
     }
@@ -557,7 +623,7 @@ impl Node {
         let schema = self.table_schema(&record)?;
         let batch = mink_log::codec::check_batch(&schema, batch)?;
         if batch.num_rows() == 0 {
-            return Ok(PendingWrite(Box::pin(std::future::ready(Vec::new()))));
+            return Ok(PendingWrite::ready(Vec::new()));
         }
         let parts = self.route(&record, &schema, batch, target).await?;
         let routed = target.is_routed();
@@ -697,156 +763,6 @@ impl Node {
             }
         }
         Ok(parts)
-    }
-
-    /// A bucket of a table by partition name (`None` for an unpartitioned table).
-    pub(crate) fn bucket_record(
-        &self,
-        view: &View,
-        record: &TableRecord,
-        partition: Option<&str>,
-        bucket: u32,
-    ) -> NodeResult<BucketRecord> {
-        let name = format!("{}.{}", record.database, record.name);
-        let partition_id = match (partition, record.is_partitioned()) {
-            (None, false) => 0,
-            (Some(p), true) => *view
-                .state
-                .partition_names
-                .get(&(record.table_id, p.to_string()))
-                .ok_or_else(|| {
-                    NodeError::NotFound(format!("partition {p:?} of {name} does not exist"))
-                })?,
-            (None, true) => {
-                return Err(NodeError::Invalid(format!(
-                    "{name} is partitioned: name the partition to read"
-                )));
-            }
-            (Some(p), false) => {
-                return Err(NodeError::Invalid(format!(
-                    "{name} is not partitioned, yet the request names partition {p:?}"
-                )));
-            }
-        };
-        view.state
-            .buckets
-            .get(&(record.table_id, partition_id, bucket))
-            .cloned()
-            .ok_or_else(|| {
-                NodeError::NotFound(format!(
-                    "bucket {bucket} of {name} does not exist (it has {} buckets)",
-                    record.bucket_count
-                ))
-            })
-    }
-
-    /// Reads a bucket from `offset` (any node can read; no leadership needed).
-    #[allow(clippy::too_many_arguments)]
-    pub async fn read(
-        &self,
-        database: &str,
-        table: &str,
-        partition: Option<&str>,
-        bucket: u32,
-        offset: u64,
-        max_bytes: usize,
-        columns: &[String],
-    ) -> NodeResult<Vec<mink_log::ReadBatch>> {
-        let record = self.table_record(database, table)?;
-        if record.is_primary_key_table() {
-            return self
-                .read_changelog(
-                    database, table, partition, bucket, offset, max_bytes, columns,
-                )
-                .await;
-        }
-        let tablet = self.bucket_log(&record, partition, bucket, self.table_schema(&record)?)?;
-        Ok(tablet.read(offset, max_bytes, columns).await?)
-    }
-
-    /// A reader of a bucket's stream whose batches have `schema` (any node can read).
-    pub(crate) fn bucket_log(
-        &self,
-        record: &TableRecord,
-        partition: Option<&str>,
-        bucket: u32,
-        schema: arrow::datatypes::SchemaRef,
-    ) -> NodeResult<LogTablet> {
-        let b = self.bucket_record(&self.view(), record, partition, bucket)?;
-        let options = TableOptions::parse(&record.options)?;
-        Ok(LogTablet::new(
-            self.inner.streams.clone(),
-            b.stream_id,
-            schema,
-            options.compression,
-        ))
-    }
-
-    /// A log table's bucket from `offset` as stored (undecoded), with the tablet that decodes
-    /// it: for readers that can send stored batches as they are.
-    pub async fn read_stored(
-        &self,
-        database: &str,
-        table: &str,
-        partition: Option<&str>,
-        bucket: u32,
-        offset: u64,
-        max_bytes: usize,
-    ) -> NodeResult<(LogTablet, Vec<mink_log::StoredBatch>)> {
-        let record = self.table_record(database, table)?;
-        if record.is_primary_key_table() {
-            return Err(NodeError::Invalid(format!(
-                "{database}.{table} stores a changelog, not rows: read it decoded"
-            )));
-        }
-        let tablet = self.bucket_log(&record, partition, bucket, self.table_schema(&record)?)?;
-        let stored = tablet.read_stored(offset, max_bytes).await?;
-        Ok((tablet, stored))
-    }
-
-    /// The start and the committed end (high watermark) of a bucket.
-    pub fn bucket_offsets(
-        &self,
-        database: &str,
-        table: &str,
-        partition: Option<&str>,
-        bucket: u32,
-    ) -> NodeResult<(u64, u64)> {
-        let record = self.table_record(database, table)?;
-        let view = self.view();
-        let b = self.bucket_record(&view, &record, partition, bucket)?;
-        let s =
-            view.state.streams.get(&b.stream_id).ok_or_else(|| {
-                NodeError::NotFound(format!("the stream of bucket {bucket} is gone"))
-            })?;
-        Ok((s.start_offset, s.end_offset))
-    }
-
-    /// Waits (at most `limit`) until a bucket's committed end passes `offset`: tailing.
-    /// Returns the committed end.
-    pub async fn wait_for_data(
-        &self,
-        database: &str,
-        table: &str,
-        partition: Option<&str>,
-        bucket: u32,
-        offset: u64,
-        limit: Duration,
-    ) -> NodeResult<u64> {
-        let deadline = tokio::time::Instant::now() + limit;
-        loop {
-            let applied = self.view().applied_index;
-            let (_, end) = self.bucket_offsets(database, table, partition, bucket)?;
-            if end > offset {
-                return Ok(end);
-            }
-            if tokio::time::timeout_at(deadline, self.inner.sink.wait_applied(applied + 1))
-                .await
-                .is_err()
-            {
-                return Ok(end);
-            }
-        }
     }
 
     /// Stops the node as a crash would (for tests of failover): the metadata sink stops at

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Int64Type, Schema};
-use mink_node::{Node, NodeConfig, NodeError, TableChange, TableSpec, WriteTarget};
+use mink_node::{BucketRef, Node, NodeConfig, NodeError, TableChange, TableSpec, WriteTarget};
 
 fn config(dir: &std::path::Path, node_id: u64) -> NodeConfig {
     let mut c = NodeConfig::new(
@@ -99,10 +99,17 @@ async fn a_node_creates_writes_and_reads_a_log_table() {
     all.sort_unstable();
     assert_eq!(all, (0..100).collect::<Vec<_>>());
     // Projection and offsets.
-    let (start, end) = node.bucket_offsets("app", "events", None, 0).unwrap();
+    let (start, end) = node
+        .bucket_offsets(&BucketRef::new("app", "events", None, 0))
+        .unwrap();
     assert_eq!(start, 0);
     let read = node
-        .read("app", "events", None, 0, 0, 1 << 20, &["event".into()])
+        .read_bucket(
+            &BucketRef::new("app", "events", None, 0),
+            0,
+            1 << 20,
+            &["event".into()],
+        )
         .await
         .unwrap();
     assert_eq!(read[0].batch.num_columns(), 1);
@@ -124,7 +131,7 @@ async fn a_node_creates_writes_and_reads_a_log_table() {
     assert!(matches!(
         node.write("app", "nope", &batch(0..1), &WriteTarget::default())
             .await,
-        Err(NodeError::NotFound(_))
+        Err(NodeError::TableNotFound { .. })
     ));
     assert!(matches!(
         node.write(
@@ -140,7 +147,9 @@ async fn a_node_creates_writes_and_reads_a_log_table() {
         Err(NodeError::Invalid(_))
     ));
     assert_eq!(
-        node.bucket_offsets("app", "events", None, 0).unwrap().1,
+        node.bucket_offsets(&BucketRef::new("app", "events", None, 0))
+            .unwrap()
+            .1,
         end
     );
     let mut bad_options = spec("bad", 1);
@@ -156,7 +165,7 @@ async fn a_node_creates_writes_and_reads_a_log_table() {
     node.drop_table("app", "events", false).await.unwrap();
     assert!(matches!(
         node.describe_table("app", "events"),
-        Err(NodeError::NotFound(_))
+        Err(NodeError::TableNotFound { .. })
     ));
     node.shutdown().await;
 }
@@ -325,7 +334,12 @@ async fn partitioned_tables_create_partitions_on_write_and_read_per_partition() 
     let mut d1 = Vec::new();
     for b in 0..2 {
         for r in node
-            .read("app", "daily", Some("d1"), b, 0, 1 << 20, &[])
+            .read_bucket(
+                &BucketRef::new("app", "daily", Some("d1"), b),
+                0,
+                1 << 20,
+                &[],
+            )
             .await
             .unwrap()
         {
@@ -343,12 +357,18 @@ async fn partitioned_tables_create_partitions_on_write_and_read_per_partition() 
     assert_eq!(d1, [1, 3]);
     // Precise errors: no partition named, unknown partition, rows of another partition.
     assert!(matches!(
-        node.read("app", "daily", None, 0, 0, 1 << 20, &[]).await,
+        node.read_bucket(&BucketRef::new("app", "daily", None, 0), 0, 1 << 20, &[])
+            .await,
         Err(NodeError::Invalid(_))
     ));
     assert!(matches!(
-        node.read("app", "daily", Some("d9"), 0, 0, 1 << 20, &[])
-            .await,
+        node.read_bucket(
+            &BucketRef::new("app", "daily", Some("d9"), 0),
+            0,
+            1 << 20,
+            &[]
+        )
+        .await,
         Err(NodeError::NotFound(_))
     ));
     let target = WriteTarget {
@@ -379,8 +399,13 @@ async fn partitioned_tables_create_partitions_on_write_and_read_per_partition() 
         .await
         .unwrap();
     assert!(matches!(
-        node.read("app", "daily", Some("d1"), 0, 0, 1 << 20, &[])
-            .await,
+        node.read_bucket(
+            &BucketRef::new("app", "daily", Some("d1"), 0),
+            0,
+            1 << 20,
+            &[]
+        )
+        .await,
         Err(NodeError::NotFound(_))
     ));
     let names: Vec<String> = node
@@ -435,7 +460,7 @@ async fn altering_a_table_grows_its_schema_and_old_rows_read_with_nulls() {
         .unwrap();
     assert!(w[0].result.is_ok(), "{w:?}");
     let read = node
-        .read("app", "events", None, 0, 0, 1 << 20, &[])
+        .read_bucket(&BucketRef::new("app", "events", None, 0), 0, 1 << 20, &[])
         .await
         .unwrap();
     let scores: Vec<Option<f64>> = read
@@ -489,16 +514,23 @@ async fn retention_trims_data_older_than_the_table_ttl() {
     node.write("app", "short", &batch(0..5), &WriteTarget::default())
         .await
         .unwrap();
-    let (_, end) = node.bucket_offsets("app", "short", None, 0).unwrap();
+    let (_, end) = node
+        .bucket_offsets(&BucketRef::new("app", "short", None, 0))
+        .unwrap();
     assert_eq!(end, 5);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while node.bucket_offsets("app", "short", None, 0).unwrap().0 < 5 {
+    while node
+        .bucket_offsets(&BucketRef::new("app", "short", None, 0))
+        .unwrap()
+        .0
+        < 5
+    {
         assert!(tokio::time::Instant::now() < deadline, "never trimmed");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // Reads below the start are refused precisely; new rows are kept.
     assert!(
-        node.read("app", "short", None, 0, 0, 1 << 20, &[])
+        node.read_bucket(&BucketRef::new("app", "short", None, 0), 0, 1 << 20, &[])
             .await
             .is_err()
     );
@@ -512,7 +544,12 @@ async fn retention_trims_data_older_than_the_table_ttl() {
 async fn read_bucket_from(node: &Node, table: &str, bucket: u32, offset: u64) -> Vec<i64> {
     let mut ids = Vec::new();
     for b in node
-        .read("app", table, None, bucket, offset, 1 << 20, &[])
+        .read_bucket(
+            &BucketRef::new("app", table, None, bucket),
+            offset,
+            1 << 20,
+            &[],
+        )
         .await
         .unwrap()
     {
@@ -620,7 +657,11 @@ async fn a_primary_key_table_is_rebuilt_from_its_snapshot_after_retention_and_a_
     tokio::time::sleep(Duration::from_millis(200)).await;
     let starts = |node: &Node| {
         (0..2)
-            .map(|b| node.bucket_offsets("app", "visits", None, b).unwrap().0)
+            .map(|b| {
+                node.bucket_offsets(&BucketRef::new("app", "visits", None, b))
+                    .unwrap()
+                    .0
+            })
             .collect::<Vec<_>>()
     };
     assert_eq!(starts(&node), [0, 0]);

@@ -1,0 +1,212 @@
+//! `DoPut`: batches submitted to the node in order (pipelined), answered once durable, in
+//! order; rows for buckets led elsewhere are forwarded by the node's write session.
+
+use arrow::array::RecordBatch;
+use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
+use arrow_flight::error::FlightError;
+use arrow_flight::{FlightData, PutResult};
+use bytes::Bytes;
+use futures::StreamExt as _;
+use futures::stream::FuturesOrdered;
+use mink_node::{WriteSession, WriteTarget};
+use tokio::sync::mpsc;
+use tonic::Status;
+
+use super::{MinkFlight, error_body};
+use crate::protocol::{self, ErrorCode};
+
+impl MinkFlight {
+    /// Runs one `DoPut` stream: submits batches in order (pipelined up to the configured
+    /// depth) and answers each once durable, in order.
+    pub(super) async fn put(
+        self,
+        descriptor: protocol::WriteDescriptor,
+        mut input: FlightDataDecoder,
+        tx: mpsc::Sender<Result<PutResult, Status>>,
+    ) -> tonic::Code {
+        let writer = descriptor.writer_id;
+        let writer_epoch = descriptor.writer_epoch.unwrap_or(0);
+        let session = self.node.write_session();
+        let mut in_flight = FuturesOrdered::new();
+        let mut next = 0u64;
+        let mut failure: Option<Status> = None;
+        let mut input_done = false;
+        loop {
+            let can_read = !input_done
+                && failure.is_none()
+                && in_flight.len() < self.config.put_pipeline_depth;
+            if !can_read && in_flight.is_empty() {
+                break;
+            }
+            tokio::select! {
+                biased;
+                Some((index, writes, arrived)) = in_flight.next(), if !in_flight.is_empty() => {
+                    // Answered in order. Rows of a routed write whose bucket another node leads
+                    // were forwarded by the session, in this stream's order per leader.
+                    let (writes, arrived): (Vec<mink_node::BucketWrite>, std::time::Instant) =
+                        (writes, arrived);
+                    let buckets = writes.iter().map(bucket_result).collect();
+                    crate::metrics::metrics().ack.record(arrived.elapsed().as_secs_f64(), &[]);
+                    let ack = PutResult {
+                        app_metadata: protocol::to_json(&protocol::PutAck { batch: index, buckets }),
+                    };
+                    if tx.send(Ok(ack)).await.is_err() {
+                        return tonic::Code::Cancelled;
+                    }
+                }
+                item = input.next(), if can_read => {
+                    let decoded = match item {
+                        None => { input_done = true; continue; }
+                        Some(Err(e)) => {
+                            failure = Some(self.input_error(next, &e));
+                            continue;
+                        }
+                        Some(Ok(d)) => d,
+                    };
+                    let app_metadata = decoded.app_metadata();
+                    let batch = match decoded.payload {
+                        DecodedPayload::RecordBatch(b) => b,
+                        DecodedPayload::Schema(_) | DecodedPayload::None => continue,
+                    };
+                    let index = next;
+                    next += 1;
+                    let arrived = std::time::Instant::now();
+                    match self.submit(&session, &descriptor, writer, writer_epoch, &batch, &app_metadata).await {
+                        Ok(pending) => in_flight.push_back(async move {
+                            (index, pending.await, arrived)
+                        }),
+                        Err(status) => {
+                            failure = Some(Status::with_metadata(
+                                status.code(),
+                                format!("batch {index}: {}", status.message()),
+                                status.metadata().clone(),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        match failure {
+            Some(status) => fail(&tx, status).await,
+            None => tonic::Code::Ok,
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn submit(
+        &self,
+        session: &WriteSession,
+        d: &protocol::WriteDescriptor,
+        writer: Option<u64>,
+        writer_epoch: u64,
+        batch: &RecordBatch,
+        app_metadata: &Bytes,
+    ) -> Result<mink_node::PendingWrite, Status> {
+        let meta: protocol::BatchMetadata = if app_metadata.is_empty() {
+            protocol::BatchMetadata::default()
+        } else {
+            protocol::parse("batch app_metadata", app_metadata).map_err(|e| self.invalid(e.0))?
+        };
+        let bucket = meta.bucket.or(d.bucket);
+        let writer = match (writer, meta.sequence) {
+            (Some(id), Some(seq)) => Some(s3stream_writer(id, writer_epoch, seq)),
+            (Some(_), None) => {
+                return Err(
+                    self.invalid("an idempotent writer's batch needs its sequence in app_metadata")
+                );
+            }
+            (None, Some(_)) => {
+                return Err(self.invalid("a batch sequence needs a writer_id in the descriptor"));
+            }
+            (None, None) => None,
+        };
+        let target = WriteTarget {
+            partition: meta.partition.or_else(|| d.partition.clone()),
+            bucket,
+            writer,
+            columns: d.columns.clone(),
+        };
+        let pending = session
+            .submit(&d.database, &d.table, batch, &target)
+            .await
+            .map_err(|e| self.error(e))?;
+        crate::metrics::metrics().rows.add(
+            batch.num_rows() as u64,
+            &[opentelemetry::KeyValue::new("direction", "in")],
+        );
+        Ok(pending)
+    }
+}
+
+/// Counts the bytes and rows of encoded messages going out.
+pub(crate) fn count_out(data: &[FlightData], rows: usize) {
+    let bytes = data
+        .iter()
+        .map(|d| d.data_header.len() + d.data_body.len())
+        .sum();
+    crate::metrics::transferred("out", bytes, rows);
+}
+
+/// Ends a stream with an error; its code for the metrics.
+pub(crate) async fn fail<T>(tx: &mpsc::Sender<Result<T, Status>>, status: Status) -> tonic::Code {
+    let code = status.code();
+    let _ = tx.send(Err(status)).await;
+    code
+}
+
+fn s3stream_writer(writer_id: u64, writer_epoch: u64, sequence: u64) -> mink_node::WriterBatchId {
+    mink_node::WriterBatchId {
+        writer_id,
+        writer_epoch,
+        first_sequence: sequence,
+        last_sequence: sequence,
+    }
+}
+
+pub(crate) fn bucket_result(w: &mink_node::BucketWrite) -> protocol::BucketResult {
+    let (base, end, duplicate, error) = match &w.result {
+        Ok(ack) => (
+            Some(ack.base_offset),
+            Some(ack.end_offset),
+            ack.duplicate,
+            None,
+        ),
+        Err(e) => (None, None, false, Some(error_body(e))),
+    };
+    protocol::BucketResult {
+        partition: w.partition.clone(),
+        bucket: w.bucket,
+        rows: w.rows as u64,
+        base_offset: base,
+        end_offset: end,
+        duplicate,
+        error,
+    }
+}
+
+impl MinkFlight {
+    /// The status ending a `DoPut` whose input failed at batch `index`: a message over the
+    /// size limit is `RESOURCE_EXHAUSTED` (`TOO_LARGE`), anything else malformed is
+    /// `INVALID_ARGUMENT`.
+    fn input_error(&self, index: u64, e: &FlightError) -> Status {
+        match e {
+            // tonic's decoder refuses an oversized message before it is read.
+            FlightError::Tonic(s)
+                if s.code() == tonic::Code::OutOfRange
+                    && s.message().contains("message length too large") =>
+            {
+                self.status(
+                    ErrorCode::TooLarge,
+                    format!(
+                        "batch {index}: the message is over this node's limit of {} bytes \
+                         (--max-message-bytes); send smaller batches ({})",
+                        self.config.max_message_bytes,
+                        s.message()
+                    ),
+                )
+            }
+            FlightError::Tonic(s) => self.invalid(format!("batch {index}: {}", s.message())),
+            other => self.invalid(format!("batch {index}: {other}")),
+        }
+    }
+}

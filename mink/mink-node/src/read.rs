@@ -1,0 +1,656 @@
+//! Reads, as every frontend asks for them: a plan per bucket (`plan_read`), then the batches
+//! of the plan as a stream (`read_stream`) — log and changelog reads from any node, with
+//! offsets, limits and tails; snapshot scans of primary-key buckets at their leaders
+//! (forwarded there when needed). A Kafka fetch or a DataFusion scan calls the same functions
+//! as a Flight `DoGet`; `read_bucket` and `wait_for_data` are the single steps.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use bytes::Bytes;
+use futures::StreamExt as _;
+use futures::stream::BoxStream;
+use mink_kv::changelog;
+use mink_log::LogTablet;
+use mink_log::options::TableOptions;
+use mink_metadata::{BucketRecord, TableRecord, View};
+
+use crate::{BucketRef, Node, NodeError, NodeResult};
+
+/// Where a bucket read starts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReadStart {
+    /// The bucket's first readable offset.
+    #[default]
+    Earliest,
+    Offset(u64),
+    /// The high watermark: only rows written from now on.
+    Latest,
+}
+
+/// Where a bucket read stops.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReadStop {
+    /// The high watermark when the read was planned.
+    #[default]
+    HighWatermark,
+    /// Before this offset (or the high watermark, if lower).
+    Before(u64),
+    /// Never: rows are sent as they are written; `idle` ends the read after that long
+    /// without rows.
+    Tail { idle: Option<Duration> },
+}
+
+/// A read of a table, one partition, or one bucket.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReadRequest {
+    pub database: String,
+    pub table: String,
+    pub partition: Option<String>,
+    /// One bucket; `start` and `stop` other than the defaults need it.
+    pub bucket: Option<u32>,
+    pub start: ReadStart,
+    pub stop: ReadStop,
+    /// Columns to return, in this order (all when empty).
+    pub columns: Vec<String>,
+    /// Stop after about this many rows (whole batches).
+    pub max_rows: Option<u64>,
+    /// Primary-key tables: the changelog (`_change_type`, `_log_offset`, `_commit_timestamp`,
+    /// then the columns) instead of the current rows.
+    pub changelog: bool,
+}
+
+/// What a plan reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadKind {
+    /// A log table's rows.
+    Log,
+    /// A primary-key table's changelog.
+    Changelog,
+    /// A primary-key table's current rows, per bucket at one offset, at the bucket's leader.
+    Snapshot,
+}
+
+/// One bucket of a plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BucketRead {
+    pub bucket: BucketRef,
+    /// First offset (log and changelog reads).
+    pub from: u64,
+    /// Exclusive; `None` while tailing (and for snapshots).
+    pub to: Option<u64>,
+    /// The bucket's leader, for snapshots of buckets led elsewhere.
+    pub(crate) leader: Option<String>,
+}
+
+/// A read resolved against one metadata view: what to read, per bucket.
+#[derive(Clone, Debug)]
+pub struct ReadPlan {
+    pub kind: ReadKind,
+    /// The schema of every batch the read returns (projected).
+    pub schema: SchemaRef,
+    pub buckets: Vec<BucketRead>,
+    pub(crate) columns: Vec<String>,
+    pub(crate) max_rows: Option<u64>,
+    pub(crate) idle: Option<Duration>,
+    /// The table's schema (log batches are read and evolved to it).
+    pub(crate) table_schema: SchemaRef,
+}
+
+/// How a read is carried out.
+#[derive(Clone, Debug)]
+pub struct ReadOptions {
+    /// Stored bytes fetched per read step.
+    pub step_bytes: usize,
+    /// Send stored batches of a log table as they are stored (their Arrow IPC record batch
+    /// message, compressed as stored) when a whole batch is read unprojected under the
+    /// current schema: no decode, no encode. Others are decoded.
+    pub stored: bool,
+    /// Never forward (a request that was itself forwarded): serve from what this node leads.
+    pub local_only: bool,
+}
+
+impl Default for ReadOptions {
+    fn default() -> Self {
+        ReadOptions {
+            step_bytes: 4 << 20,
+            stored: false,
+            local_only: false,
+        }
+    }
+}
+
+/// One batch of a read.
+#[derive(Clone, Debug)]
+pub struct ReadItem {
+    pub bucket: BucketRef,
+    /// Offset of the batch's first row (for a snapshot: the offset it is consistent at).
+    pub offset: u64,
+    pub data: ReadData,
+}
+
+#[derive(Clone, Debug)]
+pub enum ReadData {
+    Rows(RecordBatch),
+    /// A stored batch as it is stored: the flatbuffer of its Arrow IPC record batch message
+    /// and its body. Its schema message is [`ReadPlan::stored_schema_header`].
+    Stored {
+        header: Bytes,
+        body: Bytes,
+        rows: u64,
+    },
+}
+
+impl ReadData {
+    pub fn rows(&self) -> u64 {
+        match self {
+            ReadData::Rows(b) => b.num_rows() as u64,
+            ReadData::Stored { rows, .. } => *rows,
+        }
+    }
+}
+
+impl ReadPlan {
+    /// The Arrow IPC schema message stored batches passed through as [`ReadData::Stored`]
+    /// carry: the message a reader must have seen before them.
+    pub fn stored_schema_header(&self) -> Bytes {
+        mink_log::codec::schema_header(&self.schema)
+    }
+}
+
+/// `schema` narrowed to `columns`, in their order.
+pub(crate) fn project_schema(
+    schema: &SchemaRef,
+    columns: &[String],
+    table: &str,
+) -> NodeResult<SchemaRef> {
+    if columns.is_empty() {
+        return Ok(Arc::clone(schema));
+    }
+    let indices = columns
+        .iter()
+        .map(|c| {
+            schema
+                .index_of(c)
+                .map_err(|_| NodeError::Invalid(format!("no column {c:?} in {table}")))
+        })
+        .collect::<NodeResult<Vec<_>>>()?;
+    Ok(Arc::new(
+        schema
+            .project(&indices)
+            .map_err(|e| NodeError::Invalid(e.to_string()))?,
+    ))
+}
+
+impl Node {
+    /// A bucket's record by its name in `view`.
+    pub(crate) fn bucket_record(
+        &self,
+        view: &View,
+        record: &TableRecord,
+        partition: Option<&str>,
+        bucket: u32,
+    ) -> NodeResult<BucketRecord> {
+        let name = format!("{}.{}", record.database, record.name);
+        let partition_id = match (partition, record.is_partitioned()) {
+            (None, false) => 0,
+            (Some(p), true) => *view
+                .state
+                .partition_names
+                .get(&(record.table_id, p.to_string()))
+                .ok_or_else(|| {
+                    NodeError::NotFound(format!("partition {p:?} of {name} does not exist"))
+                })?,
+            (None, true) => {
+                return Err(NodeError::Invalid(format!(
+                    "{name} is partitioned: name the partition to read"
+                )));
+            }
+            (Some(p), false) => {
+                return Err(NodeError::Invalid(format!(
+                    "{name} is not partitioned, yet the request names partition {p:?}"
+                )));
+            }
+        };
+        view.state
+            .buckets
+            .get(&(record.table_id, partition_id, bucket))
+            .cloned()
+            .ok_or_else(|| {
+                NodeError::NotFound(format!(
+                    "bucket {bucket} of {name} does not exist (it has {} buckets)",
+                    record.bucket_count
+                ))
+            })
+    }
+
+    /// Plans a read against the current view: which buckets, from which offset to which.
+    /// Every error (unknown table, partition, bucket or column, an offset retention removed)
+    /// comes here, before anything is read.
+    pub fn plan_read(&self, r: &ReadRequest) -> NodeResult<ReadPlan> {
+        let view = self.view();
+        let record = self.table_record(&r.database, &r.table)?;
+        let (table_schema, _) = self.described(&record)?;
+        let name = format!("{}.{}", r.database, r.table);
+        let primary = record.is_primary_key_table();
+        if !primary && r.changelog {
+            return Err(NodeError::Invalid(format!(
+                "{name} is a log table: changelog reads primary-key tables"
+            )));
+        }
+        let kind = match (primary, r.changelog) {
+            (false, _) => ReadKind::Log,
+            (true, true) => ReadKind::Changelog,
+            (true, false) => ReadKind::Snapshot,
+        };
+        let positioned = r.start != ReadStart::Earliest || r.stop != ReadStop::HighWatermark;
+        if kind == ReadKind::Snapshot && positioned {
+            return Err(NodeError::Invalid(
+                "offset, latest, end_offset and tail read the changelog of a primary-key table: set changelog: true".into(),
+            ));
+        }
+        if r.bucket.is_none() && positioned {
+            return Err(NodeError::Invalid(
+                "offset, end_offset, latest and tail apply to one bucket: name it".into(),
+            ));
+        }
+        if let Some(p) = &r.partition
+            && !view
+                .state
+                .partition_names
+                .contains_key(&(record.table_id, p.clone()))
+        {
+            return Err(NodeError::NotFound(format!(
+                "partition {p:?} of {name} does not exist"
+            )));
+        }
+        let full = if kind == ReadKind::Changelog {
+            changelog::view_schema(&table_schema)
+        } else {
+            Arc::clone(&table_schema)
+        };
+        let schema = project_schema(&full, &r.columns, &name)?;
+        let partition_name = |partition_id: u64| {
+            view.state
+                .partitions
+                .get(&(record.table_id, partition_id))
+                .map(|p| p.name.clone())
+        };
+        let me = self.node_id();
+        let stream_bounds = |b: &BucketRecord| {
+            view.state
+                .streams
+                .get(&b.stream_id)
+                .map_or((0, 0), |s| (s.start_offset, s.end_offset))
+        };
+        let leader_of = |b: &BucketRecord| {
+            (b.leader_node_id != 0 && b.leader_node_id != me)
+                .then(|| view.state.nodes.get(&b.leader_node_id))
+                .flatten()
+                .map(|n| n.address.clone())
+                .filter(|a| !a.is_empty())
+        };
+        let mut buckets = Vec::new();
+        if let Some(bucket) = r.bucket {
+            let b = self.bucket_record(&view, &record, r.partition.as_deref(), bucket)?;
+            let (start, end) = stream_bounds(&b);
+            let from = match r.start {
+                ReadStart::Earliest => start,
+                ReadStart::Offset(o) => o,
+                ReadStart::Latest => end,
+            };
+            if from < start || (kind != ReadKind::Snapshot && from > end) {
+                return Err(NodeError::OffsetOutOfRange {
+                    offset: from,
+                    start,
+                    end,
+                });
+            }
+            let to = match r.stop {
+                ReadStop::HighWatermark => Some(end),
+                ReadStop::Before(e) => Some(e.min(end)),
+                ReadStop::Tail { .. } => None,
+            };
+            buckets.push(BucketRead {
+                bucket: BucketRef {
+                    database: r.database.clone(),
+                    table: r.table.clone(),
+                    partition: partition_name(b.partition_id),
+                    bucket,
+                },
+                from,
+                to,
+                leader: leader_of(&b),
+            });
+        } else {
+            let partition_id = r.partition.as_ref().and_then(|p| {
+                view.state
+                    .partition_names
+                    .get(&(record.table_id, p.clone()))
+            });
+            for b in view
+                .state
+                .buckets
+                .range((record.table_id, 0, 0)..=(record.table_id, u64::MAX, u32::MAX))
+                .map(|(_, b)| b)
+                .filter(|b| partition_id.is_none_or(|p| *p == b.partition_id))
+            {
+                let (start, end) = stream_bounds(b);
+                buckets.push(BucketRead {
+                    bucket: BucketRef {
+                        database: r.database.clone(),
+                        table: r.table.clone(),
+                        partition: partition_name(b.partition_id),
+                        bucket: b.bucket,
+                    },
+                    from: start,
+                    to: Some(end),
+                    leader: leader_of(b),
+                });
+            }
+        }
+        let idle = match r.stop {
+            ReadStop::Tail { idle } => idle,
+            _ => None,
+        };
+        Ok(ReadPlan {
+            kind,
+            schema,
+            buckets,
+            columns: r.columns.clone(),
+            max_rows: r.max_rows,
+            idle,
+            table_schema,
+        })
+    }
+
+    /// The batches of a plan, bucket after bucket, in offset order. A snapshot of a bucket led
+    /// elsewhere is read at its leader (unless `options.local_only`). The stream ends after
+    /// `max_rows`, at the planned ends, or (tailing) when idle or dropped.
+    pub fn read_stream(
+        &self,
+        plan: ReadPlan,
+        options: ReadOptions,
+    ) -> BoxStream<'static, NodeResult<ReadItem>> {
+        let node = self.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        tokio::spawn(async move {
+            let result = match plan.kind {
+                ReadKind::Snapshot => node.send_snapshots(&plan, &options, &tx).await,
+                ReadKind::Log | ReadKind::Changelog => node.send_log(&plan, &options, &tx).await,
+            };
+            if let Err(e) = result {
+                let _ = tx.send(Err(e)).await;
+            }
+        });
+        tokio_stream::wrappers::ReceiverStream::new(rx).boxed()
+    }
+
+    /// Log or changelog batches of every bucket of the plan into `tx`; `Ok` when done or
+    /// when the reader went away.
+    async fn send_log(
+        &self,
+        plan: &ReadPlan,
+        options: &ReadOptions,
+        tx: &tokio::sync::mpsc::Sender<NodeResult<ReadItem>>,
+    ) -> NodeResult<()> {
+        let stored_header =
+            (options.stored && plan.kind == ReadKind::Log && plan.columns.is_empty())
+                .then(|| plan.stored_schema_header());
+        let mut rows_sent = 0u64;
+        let full = |rows: u64| plan.max_rows.is_some_and(|m| rows >= m);
+        for b in &plan.buckets {
+            let mut offset = b.from;
+            let mut idle_since = tokio::time::Instant::now();
+            loop {
+                if b.to.is_some_and(|to| offset >= to) || full(rows_sent) {
+                    break;
+                }
+                let (items, next) = self
+                    .read_step(plan, b, offset, options.step_bytes, stored_header.as_ref())
+                    .await?;
+                if next == offset {
+                    if b.to.is_some() {
+                        break;
+                    }
+                    // Tailing: wait for rows, a second at a time so a gone reader is noticed.
+                    if plan.idle.is_some_and(|i| idle_since.elapsed() >= i) || tx.is_closed() {
+                        break;
+                    }
+                    let step = plan.idle.map_or(Duration::from_secs(1), |i| {
+                        i.saturating_sub(idle_since.elapsed())
+                            .min(Duration::from_secs(1))
+                    });
+                    self.wait_for_data(&b.bucket, offset, step).await?;
+                    continue;
+                }
+                idle_since = tokio::time::Instant::now();
+                offset = next;
+                for item in items {
+                    rows_sent += item.data.rows();
+                    if tx.send(Ok(item)).await.is_err() {
+                        return Ok(());
+                    }
+                    if full(rows_sent) {
+                        break;
+                    }
+                }
+            }
+            if full(rows_sent) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// One read step of a bucket from `offset`: its batches with rows (as stored when they
+    /// can go as they are; rows past the plan's end cut), and the offset after the step.
+    async fn read_step(
+        &self,
+        plan: &ReadPlan,
+        b: &BucketRead,
+        offset: u64,
+        step_bytes: usize,
+        stored_header: Option<&Bytes>,
+    ) -> NodeResult<(Vec<ReadItem>, u64)> {
+        let mut items = Vec::new();
+        let mut next = offset;
+        // Decoded rows `[base, end)`, cut at the plan's end; a batch may hold no rows (a
+        // writer's marker in a changelog) while spanning offsets.
+        let rows = |r: mink_log::ReadBatch, items: &mut Vec<ReadItem>, next: &mut u64| {
+            let (batch, after) = cut(r.batch, r.base_offset, r.end_offset, b.to);
+            *next = after;
+            if batch.num_rows() > 0 {
+                items.push(ReadItem {
+                    bucket: b.bucket.clone(),
+                    offset: r.base_offset,
+                    data: ReadData::Rows(batch),
+                });
+            }
+        };
+        if plan.kind == ReadKind::Changelog {
+            for r in self
+                .read_changelog(&b.bucket, offset, step_bytes, &plan.columns)
+                .await?
+            {
+                rows(r, &mut items, &mut next);
+            }
+            return Ok((items, next));
+        }
+        let tablet = self.bucket_log(&b.bucket, Arc::clone(&plan.table_schema))?;
+        for s in tablet.read_stored(offset, step_bytes).await? {
+            let whole = s.base_offset >= offset && b.to.is_none_or(|to| s.end_offset <= to);
+            let wire = stored_header.filter(|_| whole).and_then(|h| {
+                mink_log::codec::wire_batch(&s.payload)
+                    .filter(|w| mink_log::codec::same_schema_header(&w.schema_header, h))
+            });
+            if let Some(w) = wire {
+                next = s.end_offset;
+                items.push(ReadItem {
+                    bucket: b.bucket.clone(),
+                    offset: s.base_offset,
+                    data: ReadData::Stored {
+                        header: w.header,
+                        body: w.body,
+                        rows: s.end_offset - s.base_offset,
+                    },
+                });
+            } else if let Some(r) = tablet.decode_stored(&s, offset, &plan.columns)? {
+                rows(r, &mut items, &mut next);
+            } else {
+                next = next.max(s.end_offset);
+            }
+        }
+        Ok((items, next))
+    }
+
+    /// Snapshots of the plan's buckets into `tx`: each bucket's current rows at one offset, at
+    /// its leader.
+    async fn send_snapshots(
+        &self,
+        plan: &ReadPlan,
+        options: &ReadOptions,
+        tx: &tokio::sync::mpsc::Sender<NodeResult<ReadItem>>,
+    ) -> NodeResult<()> {
+        let mut rows_sent = 0u64;
+        for b in &plan.buckets {
+            if plan.max_rows.is_some_and(|m| rows_sent >= m) {
+                return Ok(());
+            }
+            let left = plan.max_rows.map(|m| m - rows_sent);
+            if let (Some(leader), false) = (&b.leader, options.local_only) {
+                let forwarder = self.forwarder()?;
+                let mut batches = forwarder
+                    .snapshot(
+                        leader,
+                        &b.bucket,
+                        &plan.columns,
+                        left,
+                        self.view().applied_index,
+                    )
+                    .await?;
+                while let Some(batch) = batches.next().await {
+                    let (batch, offset) = batch?;
+                    rows_sent += batch.num_rows() as u64;
+                    let item = ReadItem {
+                        bucket: b.bucket.clone(),
+                        offset,
+                        data: ReadData::Rows(batch),
+                    };
+                    if tx.send(Ok(item)).await.is_err() {
+                        return Ok(());
+                    }
+                }
+                continue;
+            }
+            let mut scan = self.kv_scan(&b.bucket).await?;
+            loop {
+                if plan.max_rows.is_some_and(|m| rows_sent >= m) {
+                    return Ok(());
+                }
+                let Some(batch) = scan.next_batch(SNAPSHOT_PAGE_ROWS)? else {
+                    break;
+                };
+                let batch = mink_log::codec::project(&batch, &plan.columns)?;
+                rows_sent += batch.num_rows() as u64;
+                let item = ReadItem {
+                    bucket: b.bucket.clone(),
+                    offset: scan.offset(),
+                    data: ReadData::Rows(batch),
+                };
+                if tx.send(Ok(item)).await.is_err() {
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A reader of a bucket's stream whose batches have `schema` (any node can read).
+    pub(crate) fn bucket_log(&self, b: &BucketRef, schema: SchemaRef) -> NodeResult<LogTablet> {
+        let record = self.table_record(&b.database, &b.table)?;
+        let r = self.bucket_record(&self.view(), &record, b.partition.as_deref(), b.bucket)?;
+        let options = TableOptions::parse(&record.options)?;
+        Ok(LogTablet::new(
+            self.inner.streams.clone(),
+            r.stream_id,
+            schema,
+            options.compression,
+        ))
+    }
+
+    /// One read step of a bucket from `offset`, at most about `max_bytes` of stored batches,
+    /// decoded (a log table's rows, or a primary-key table's changelog view): what a Kafka
+    /// fetch needs. Any node can read; nothing above the high watermark is returned.
+    pub async fn read_bucket(
+        &self,
+        b: &BucketRef,
+        offset: u64,
+        max_bytes: usize,
+        columns: &[String],
+    ) -> NodeResult<Vec<mink_log::ReadBatch>> {
+        let record = self.table_record(&b.database, &b.table)?;
+        if record.is_primary_key_table() {
+            return self.read_changelog(b, offset, max_bytes, columns).await;
+        }
+        let tablet = self.bucket_log(b, self.table_schema(&record)?)?;
+        Ok(tablet.read(offset, max_bytes, columns).await?)
+    }
+
+    /// The start and the committed end (high watermark) of a bucket.
+    pub fn bucket_offsets(&self, b: &BucketRef) -> NodeResult<(u64, u64)> {
+        let record = self.table_record(&b.database, &b.table)?;
+        let view = self.view();
+        let r = self.bucket_record(&view, &record, b.partition.as_deref(), b.bucket)?;
+        let s = view
+            .state
+            .streams
+            .get(&r.stream_id)
+            .ok_or_else(|| NodeError::NotFound(format!("the stream of {b} is gone")))?;
+        Ok((s.start_offset, s.end_offset))
+    }
+
+    /// Waits (at most `limit`) until a bucket's committed end passes `offset`: tailing, a
+    /// long-polling fetch. Returns the committed end.
+    pub async fn wait_for_data(
+        &self,
+        b: &BucketRef,
+        offset: u64,
+        limit: Duration,
+    ) -> NodeResult<u64> {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let applied = self.view().applied_index;
+            let (_, end) = self.bucket_offsets(b)?;
+            if end > offset {
+                return Ok(end);
+            }
+            if tokio::time::timeout_at(deadline, self.inner.sink.wait_applied(applied + 1))
+                .await
+                .is_err()
+            {
+                return Ok(end);
+            }
+        }
+    }
+}
+
+/// A decoded batch `[base, end)` cut before `to`: the rows kept and the offset after them.
+fn cut(batch: RecordBatch, base: u64, end: u64, to: Option<u64>) -> (RecordBatch, u64) {
+    match to {
+        Some(to) if to < end => {
+            let keep = usize::try_from(to.saturating_sub(base)).unwrap_or(usize::MAX);
+            if keep < batch.num_rows() {
+                (batch.slice(0, keep), base + keep as u64)
+            } else {
+                (batch, end)
+            }
+        }
+        _ => (batch, end),
+    }
+}
+
+/// Rows per batch of a snapshot scan.
+const SNAPSHOT_PAGE_ROWS: usize = 8192;
