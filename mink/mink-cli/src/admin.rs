@@ -467,8 +467,14 @@ async fn cluster_status(client: &Client) -> anyhow::Result<()> {
             .map(|a| format!(", heartbeat {:.1} s ago", a as f64 / 1000.0))
             .unwrap_or_default();
         let drained = if n.drained { ", drained" } else { "" };
+        let listeners: String = n
+            .listeners
+            .iter()
+            .filter(|(k, _)| k.as_str() != "flight")
+            .map(|(k, v)| format!(", {k} at {v}"))
+            .collect();
         say(&format!(
-            "  node {} (epoch {}) at {}: {state}{heartbeat}, leads {} buckets{drained}\n",
+            "  node {} (epoch {}) at {}: {state}{heartbeat}, leads {} buckets{drained}{listeners}\n",
             n.node_id, n.node_epoch, n.address, n.buckets
         ));
     }

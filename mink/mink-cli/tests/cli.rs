@@ -303,7 +303,6 @@ fn acknowledged_upserts_survive_sigkill_and_count_exactly_once() {
     }
     let before = acked.load(std::sync::atomic::Ordering::Relaxed);
     dev.kill();
-    std::thread::sleep(Duration::from_millis(500));
     let dev = Dev::start(&data, &listen, &fast);
     runtime.block_on(load).unwrap();
     assert!(
@@ -391,7 +390,6 @@ fn acknowledged_rows_survive_sigkill_exactly_once_in_order() {
     }
     let before = acked.lock().unwrap().len();
     dev.kill();
-    std::thread::sleep(Duration::from_millis(500));
     let dev = Dev::start(&data, &listen, &fast);
     runtime.block_on(load).unwrap();
     let acked = acked.lock().unwrap().clone();

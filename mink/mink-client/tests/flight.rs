@@ -473,7 +473,7 @@ async fn writes_follow_redirects_and_reads_see_them_on_any_node() {
     let client = Client::connect(&a.address).await.unwrap();
     client.create_database("app", false).await.unwrap();
     // Both nodes live before the table exists, so buckets spread.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    until_live(&client, 2).await;
     events_table(&client, 4).await;
     let d = loop {
         let d = client.describe_table("app", "events").await.unwrap();
@@ -571,6 +571,22 @@ async fn plain(address: &str) -> FlightServiceClient<tonic::transport::Channel> 
         .await
         .unwrap();
     FlightServiceClient::new(channel)
+}
+
+/// Waits until `client`'s node sees `n` live nodes (so a new table's buckets spread).
+async fn until_live(client: &Client, n: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let c = client.describe_cluster().await.unwrap();
+        if c.nodes.iter().filter(|x| x.live).count() >= n {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{n} live nodes: {c:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 fn code(e: &tonic::Status) -> (tonic::Code, String) {
@@ -991,7 +1007,7 @@ async fn lookups_go_to_each_buckets_leader_across_nodes() {
     let b = Server::start(dir.path(), 2).await;
     let client = Client::connect(&a.address).await.unwrap();
     client.create_database("app", false).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    until_live(&client, 2).await;
     pk_table(&client, "kv", 4).await;
     let d = loop {
         let d = client.describe_table("app", "kv").await.unwrap();

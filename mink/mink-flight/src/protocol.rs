@@ -402,6 +402,9 @@ pub struct NodeDescription {
     /// Drained: it gets no buckets, and its buckets move to the other nodes.
     #[serde(default)]
     pub drained: bool,
+    /// Its listeners' addresses by protocol (`flight`, ...).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub listeners: BTreeMap<String, String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -77,6 +77,8 @@ pub struct KvTabletConfig {
     /// The metadata sequence auto-increment values come from (one per table; default: one
     /// per stream).
     pub auto_increment_sequence: String,
+    /// Stamps the changelog (`_commit_timestamp`).
+    pub clock: Arc<dyn mink_metadata::Clock>,
 }
 
 impl Default for KvTabletConfig {
@@ -86,6 +88,7 @@ impl Default for KvTabletConfig {
             sync_interval: Duration::from_secs(1),
             identity: String::new(),
             auto_increment_sequence: String::new(),
+            clock: mink_metadata::system_clock(),
         }
     }
 }
@@ -109,6 +112,7 @@ struct Inner {
     /// Guards the auto-increment values at hand.
     write: tokio::sync::Mutex<AutoIds>,
     auto_increment_sequence: String,
+    clock: Arc<dyn mink_metadata::Clock>,
     overlay: Mutex<Overlay>,
     applier: mpsc::UnboundedSender<InFlight>,
     /// The stream's epoch when the tablet opened: it writes only while that holds.
@@ -223,6 +227,7 @@ impl KvTablet {
             streams,
             stream_id,
             write: tokio::sync::Mutex::new(AutoIds::default()),
+            clock: Arc::clone(&config.clock),
             auto_increment_sequence: if config.auto_increment_sequence.is_empty() {
                 format!("auto-increment/stream-{stream_id}")
             } else {
@@ -296,7 +301,7 @@ impl KvTablet {
             &mut |keys| self.current(keys),
             &mut auto_ids,
         )?;
-        let commit_ms = now_ms();
+        let commit_ms = i64::try_from(inner.clock.now_ms()).unwrap_or(i64::MAX);
         let stored = match merge::changelog_batch(&inner.log.schema, &merged, commit_ms)? {
             Some(batch) => Some(batch),
             // An idempotent writer's batch is recorded even when it changes nothing, so its
@@ -768,8 +773,4 @@ fn marker_row(def: &KvTableDef, batch: &RecordBatch) -> KvResult<Vec<ArrayRef>> 
             Ok(arrow::compute::cast(&zero, f.data_type())?)
         })
         .collect()
-}
-
-fn now_ms() -> i64 {
-    i64::try_from(mink_sql::wall_clock_ms()).unwrap_or(i64::MAX)
 }

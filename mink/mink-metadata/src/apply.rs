@@ -412,6 +412,15 @@ impl State {
         }
         if let Some(node) = self.nodes.get(&c.node_id) {
             if c.node_epoch == node.node_epoch && c.incarnation == node.incarnation {
+                // The same process again: from version 3 it may (re)state its listeners, as a
+                // node registered before the cluster reached 3 does once it has.
+                if self.metadata_version >= 3 && node.listeners != c.listeners {
+                    let mut node = node.clone();
+                    node.listeners = c.listeners.clone();
+                    let epoch = node.node_epoch;
+                    self.nodes.insert(c.node_id, node);
+                    return done(Reply::Epoch(epoch));
+                }
                 return redundant(Reply::Epoch(node.node_epoch));
             }
             if c.node_epoch <= node.node_epoch {
@@ -434,6 +443,12 @@ impl State {
                 address: c.address.clone(),
                 supported_metadata_version: c.supported_metadata_version,
                 registered_at_ms: at_ms,
+                // A rule of version 3: nodes of an older cluster must build the same state.
+                listeners: if self.metadata_version >= 3 {
+                    c.listeners.clone()
+                } else {
+                    BTreeMap::new()
+                },
             },
         );
         done(Reply::Epoch(c.node_epoch))

@@ -226,6 +226,10 @@ pub struct RegisterNode {
     /// Highest `metadata_version` this node's binary supports.
     #[prost(uint32, tag = "5")]
     pub supported_metadata_version: u32,
+    /// Where clients reach each of this node's listeners, by protocol (`flight`, `kafka`,
+    /// `flight-sql`). Recorded from metadata_version 3; an older cluster ignores it.
+    #[prost(btree_map = "string, string", tag = "6")]
+    pub listeners: BTreeMap<String, String>,
 }
 
 /// Allocates `count` new stream ids (unbound to any table). Reply: [`Reply::Range`](crate::Reply).

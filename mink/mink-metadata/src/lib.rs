@@ -15,6 +15,7 @@
 //! - encoding is versioned: a leading format byte, then protobuf whose tags are never reused.
 
 mod apply;
+mod clock;
 mod codec;
 mod command;
 mod outcome;
@@ -25,6 +26,7 @@ pub use apply::{
     ApplyContext, Fatal, MAX_BUCKETS, MAX_NAME_LEN, MAX_PREPARE, MAX_PRODUCER_IDS, RowOutcome,
     WRITER_BATCHES,
 };
+pub use clock::{Clock, ManualClock, SystemClock, system_clock};
 pub use codec::{
     DecodeError, FORMAT_VERSION, Row, RowToken, decode_row, decode_snapshot, encode_row,
     encode_snapshot, encoded_command_len,
@@ -38,8 +40,9 @@ pub use state::{BucketKey, State, View};
 /// the coordinator raises the version once every live node supports the next one.
 ///
 /// History: 1 — the base command set; 2 — producer offsets (`RegisterProducerOffsets`,
-/// `DeleteProducerOffsets`, `ExpireProducerOffsets`).
-pub const METADATA_VERSION: u32 = 2;
+/// `DeleteProducerOffsets`, `ExpireProducerOffsets`); 3 — `RegisterNode` records an address
+/// per listener (`listeners`).
+pub const METADATA_VERSION: u32 = 3;
 
 /// Fluss's option that turns lake tiering on for a table; it sets a retention floor.
 pub const OPTION_DATALAKE_ENABLED: &str = "table.datalake.enabled";

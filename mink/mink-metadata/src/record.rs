@@ -21,6 +21,9 @@ pub struct NodeRecord {
     pub supported_metadata_version: u32,
     #[prost(uint64, tag = "6")]
     pub registered_at_ms: u64,
+    /// Listener addresses by protocol (from metadata_version 3).
+    #[prost(btree_map = "string, string", tag = "7")]
+    pub listeners: BTreeMap<String, String>,
 }
 
 /// The last row a node process had applied, with its results, so that a resend of that row

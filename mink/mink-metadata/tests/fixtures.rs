@@ -71,6 +71,8 @@ fn commands_1() -> Vec<Command> {
             incarnation: 3,
             address: "node-1:9123".into(),
             supported_metadata_version: 4,
+            // Version 3's field: not in the version 1 fixture (see commands_3).
+            listeners: BTreeMap::new(),
         }),
         Command::CreateStreams(CreateStreams { count: 5 }),
         Command::OpenStream(OpenStream {
@@ -421,8 +423,9 @@ fn scenario_1() -> Driver {
             Err(e) => panic!("{name}: {e}"),
         }
     };
-    ok(&mut d, N1, register(N1));
-    ok(&mut d, n2, register(n2));
+    // Frozen: the binaries of version 2 registered; their listeners were not recorded.
+    ok(&mut d, N1, register_supporting(N1, 2));
+    ok(&mut d, n2, register_supporting(n2, 2));
     ok(&mut d, N1, coordinator(N1, 1));
     ok(
         &mut d,
@@ -577,6 +580,70 @@ fn snapshots_written_by_metadata_version_1_still_decode() {
     let (index, decoded) = decode_snapshot(&stored, METADATA_VERSION).unwrap();
     assert_eq!(index, d.index);
     assert_eq!(&decoded, s, "the stored snapshot decodes to another state");
+    assert_eq!(stored, fresh, "the state encodes differently than it did");
+}
+
+/// What metadata_version 3 added: `RegisterNode.listeners` (and `NodeRecord.listeners`).
+fn commands_3() -> Vec<Command> {
+    vec![Command::RegisterNode(RegisterNode {
+        node_id: 301,
+        node_epoch: 302,
+        incarnation: 303,
+        address: "node-301:7171".into(),
+        supported_metadata_version: 3,
+        listeners: map(&[
+            ("flight", "node-301:7171"),
+            ("kafka", "node-301:9092"),
+            ("flight-sql", "node-301:50051"),
+        ]),
+    })]
+}
+
+#[test]
+fn rows_written_by_metadata_version_3_still_decode() {
+    let expected: Vec<Row> = commands_3()
+        .into_iter()
+        .map(|command| Row {
+            token: RowToken {
+                node_id: 304,
+                node_epoch: 305,
+                incarnation: 306,
+                sequence: 307,
+            },
+            proposed_at_ms: 308,
+            commands: vec![command],
+        })
+        .collect();
+    let fresh: Vec<Vec<u8>> = expected.iter().map(encode_row).collect();
+    let stored = unframe(&read_or_bless("rows-3.bin", &frame(&fresh)));
+    assert_eq!(stored.len(), expected.len());
+    for ((bytes, row), now) in stored.iter().zip(&expected).zip(&fresh) {
+        assert_eq!(&decode_row(bytes, METADATA_VERSION).unwrap(), row);
+        assert_eq!(bytes, now);
+    }
+}
+
+#[test]
+fn snapshots_written_by_metadata_version_3_still_decode() {
+    let mut d = Driver::default();
+    d.one(register_supporting(N1, 3)).unwrap();
+    d.one(coordinator(N1, 1)).unwrap();
+    for version in [2, 3] {
+        d.one(Command::UpgradeMetadataVersion(UpgradeMetadataVersion {
+            coordinator_epoch: 1,
+            version,
+        }))
+        .unwrap();
+    }
+    for c in commands_3() {
+        d.one(c).unwrap();
+    }
+    assert_eq!(d.state.nodes[&301].listeners.len(), 3);
+    let fresh = encode_snapshot(d.index, &d.state);
+    let stored = read_or_bless("snapshot-3.bin", &fresh);
+    let (index, decoded) = decode_snapshot(&stored, METADATA_VERSION).unwrap();
+    assert_eq!(index, d.index);
+    assert_eq!(decoded, d.state);
     assert_eq!(stored, fresh, "the state encodes differently than it did");
 }
 

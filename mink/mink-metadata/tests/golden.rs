@@ -1108,11 +1108,43 @@ fn metadata_version_gate_and_fatal_rows() {
         incarnation: 1,
         address: String::new(),
         supported_metadata_version: 1,
+        listeners: BTreeMap::from([("kafka".to_string(), "10.0.0.5:9092".to_string())]),
     };
     let e = driver.one(Command::RegisterNode(old.clone())).unwrap_err();
     assert_eq!(e.kind(), RejectionKind::NotEnabled);
     old.supported_metadata_version = 2;
-    assert!(driver.one(Command::RegisterNode(old)).is_ok());
+    assert!(driver.one(Command::RegisterNode(old.clone())).is_ok());
+    // Listener addresses are a rule of version 3: before it, every node (old binaries
+    // included) builds the same state without them.
+    assert!(driver.state.nodes[&5].listeners.is_empty());
+    driver
+        .one(Command::UpgradeMetadataVersion(UpgradeMetadataVersion {
+            coordinator_epoch: 1,
+            version: 3,
+        }))
+        .unwrap();
+    old.node_epoch = 2;
+    old.supported_metadata_version = 3;
+    driver.one(Command::RegisterNode(old.clone())).unwrap();
+    assert_eq!(
+        driver.state.nodes[&5]
+            .listeners
+            .get("kafka")
+            .map(String::as_str),
+        Some("10.0.0.5:9092")
+    );
+    // The same process may restate them (a node registered before the upgrade does).
+    old.listeners
+        .insert("flight".to_string(), "10.0.0.5:7171".to_string());
+    let restated = driver.one(Command::RegisterNode(old.clone())).unwrap();
+    assert!(!restated.is_redundant(), "{restated:?}");
+    assert_eq!(driver.state.nodes[&5].listeners.len(), 2);
+    assert!(
+        driver
+            .one(Command::RegisterNode(old))
+            .unwrap()
+            .is_redundant()
+    );
 }
 
 #[test]

@@ -25,6 +25,8 @@ pub struct NodeStatus {
     pub buckets: u64,
     /// Given no buckets; the coordinator moves its buckets off it.
     pub drained: bool,
+    /// Its listeners' addresses by protocol (once the cluster is at metadata_version 3).
+    pub listeners: BTreeMap<String, String>,
 }
 
 /// The cluster as one node sees it.
@@ -85,6 +87,7 @@ impl Node {
                     heartbeat_age_ms: ages.get(&n.node_id).copied(),
                     buckets: led.get(&n.node_id).copied().unwrap_or(0),
                     drained: drained.contains(&n.node_id),
+                    listeners: n.listeners.clone(),
                 })
                 .collect(),
             buckets_without_live_leader: orphaned,

@@ -123,6 +123,7 @@ impl Node {
                     self.inner.config.metadata_url, record.table_id, record.created_at_ms
                 ),
                 auto_increment_sequence: format!("auto-increment/table-{}", record.table_id),
+                clock: Arc::clone(&self.inner.config.clock),
                 ..KvTabletConfig::default()
             },
             snapshot.as_ref(),

@@ -21,6 +21,9 @@ pub struct NodeConfig {
     pub node_id: u64,
     /// Where clients reach this node (its Flight address), as registered in the metadata.
     pub advertised_address: String,
+    /// Where clients reach each of its listeners, by protocol (`flight` defaults to the
+    /// advertised address); registered from metadata_version 3.
+    pub listeners: std::collections::BTreeMap<String, String>,
     /// `sqlite://...`, `sqlite::memory:` or `postgres://...`.
     pub metadata_url: String,
     /// `file:///...`, a path, `s3://...` or `memory://`.
@@ -39,6 +42,9 @@ pub struct NodeConfig {
     pub kv_snapshot_interval: Duration,
     /// KV snapshots kept per bucket (the coordinator drops older ones).
     pub kv_snapshots_retained: usize,
+    /// Wall-clock time for everything this node stamps or compares (rows of the metadata log,
+    /// prepared objects, retention, the changelog).
+    pub clock: Arc<dyn mink_metadata::Clock>,
 }
 
 impl NodeConfig {
@@ -60,6 +66,7 @@ impl NodeConfig {
         NodeConfig {
             node_id,
             advertised_address: String::new(),
+            listeners: std::collections::BTreeMap::new(),
             metadata_url: metadata_url.to_string(),
             object_store_url: object_store_url.to_string(),
             lease_ttl: Duration::from_secs(30),
@@ -70,6 +77,7 @@ impl NodeConfig {
             kv_dir: default_kv_dir(node_id, metadata_url),
             kv_snapshot_interval: Duration::from_secs(600),
             kv_snapshots_retained: 1,
+            clock: mink_metadata::system_clock(),
         }
     }
 }
@@ -329,9 +337,17 @@ impl Node {
             .map_err(|e| NodeError::Invalid(e.to_string()))?;
         let mut sink_config = SinkConfig::new(config.node_id);
         sink_config.address = config.advertised_address.clone();
+        sink_config.listeners = config.listeners.clone();
+        sink_config
+            .listeners
+            .entry("flight".to_string())
+            .or_insert_with(|| config.advertised_address.clone());
         sink_config.lease_ttl = config.lease_ttl;
+        sink_config.clock = Arc::clone(&config.clock);
         let sink = Sink::start(meta, sink_config).await?;
-        let streams = S3Stream::start(sink.clone(), store, config.engine.clone());
+        let mut engine = config.engine.clone();
+        engine.clock = Arc::clone(&config.clock);
+        let streams = S3Stream::start(sink.clone(), store, engine);
         streams.spawn_background(config.compaction.clone());
         let node = Node {
             inner: Arc::new(Inner {

@@ -20,7 +20,7 @@ pub(crate) async fn run(node: Node) {
             _ = tokio::time::sleep(node.inner.config.retention_interval) => {}
             _ = shutdown.changed() => return,
         }
-        let now_ms = mink_sql::wall_clock_ms();
+        let now_ms = node.inner.config.clock.now_ms();
         let led: Vec<_> = node
             .inner
             .led

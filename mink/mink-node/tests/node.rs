@@ -177,7 +177,11 @@ async fn buckets_spread_over_nodes_and_writes_are_told_where_to_go() {
     let b = Node::start(config(dir.path(), 2)).await.unwrap();
     a.create_database("app", false).await.unwrap();
     // Both nodes are live before the table exists, so the coordinator spreads its buckets.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while a.live_nodes().await.unwrap().len() < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "two live nodes");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     a.create_table(spec("spread", 4)).await.unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let info = loop {
@@ -506,10 +510,13 @@ async fn retention_trims_data_older_than_the_table_ttl() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = config(dir.path(), 1);
     c.retention_interval = Duration::from_millis(50);
+    // Time moves when the test says: an hour passes in no time, and nothing early.
+    let clock = mink_metadata::ManualClock::new(1_800_000_000_000);
+    c.clock = clock.clone();
     let node = Node::start(c).await.unwrap();
     node.create_database("app", false).await.unwrap();
     let mut s = spec("short", 1);
-    s.options.insert("table.log.ttl".into(), "300ms".into());
+    s.options.insert("table.log.ttl".into(), "1h".into());
     node.create_table(s).await.unwrap();
     node.write("app", "short", &batch(0..5), &WriteTarget::default())
         .await
@@ -518,6 +525,7 @@ async fn retention_trims_data_older_than_the_table_ttl() {
         .bucket_offsets(&BucketRef::new("app", "short", None, 0))
         .unwrap();
     assert_eq!(end, 5);
+    clock.advance(Duration::from_secs(3600 + 60));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while node
         .bucket_offsets(&BucketRef::new("app", "short", None, 0))
@@ -1184,6 +1192,24 @@ async fn rebalance_and_drain_move_buckets_between_live_nodes() {
     let status = a.cluster_status().await.unwrap();
     let two = status.nodes.iter().find(|n| n.node_id == 2).unwrap();
     assert!(two.live && two.drained && two.buckets == 0, "{status:?}");
+    // Registered before the cluster reached metadata_version 3, the nodes state their
+    // listeners once it has.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = a.cluster_status().await.unwrap();
+        if s.nodes
+            .iter()
+            .all(|n| n.listeners.get("flight") == Some(&format!("127.0.0.1:{}", 7000 + n.node_id)))
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "listeners never recorded (metadata_version {}): {s:?}",
+            a.view().state.metadata_version
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(status.coordinator.map(|c| c.0), Some(1));
     assert_eq!(status.buckets_without_live_leader, 0);
     assert!(two.heartbeat_age_ms.is_some_and(|a| a < 1000), "{two:?}");

@@ -5,8 +5,12 @@ use std::time::Duration;
 pub struct SinkConfig {
     /// This node's id (positive, unique in the cluster).
     pub node_id: u64,
-    /// Where peers and clients reach this node; recorded by `RegisterNode`.
+    /// Where peers and clients reach this node (its Flight listener); recorded by
+    /// `RegisterNode`.
     pub address: String,
+    /// Where clients reach each listener, by protocol (`flight`, `kafka`, `flight-sql`);
+    /// recorded by `RegisterNode` once the cluster is at metadata_version 3.
+    pub listeners: std::collections::BTreeMap<String, String>,
     /// Highest `metadata_version` this node accepts. Defaults to what the binary supports;
     /// lowering it makes the node behave as an older binary would.
     pub supported_metadata_version: u32,
@@ -30,6 +34,8 @@ pub struct SinkConfig {
     pub max_backoff: Duration,
     /// Capacity of the proposal queue; proposers wait when it is full.
     pub queue_capacity: usize,
+    /// Stamps rows (`proposed_at_ms`, the time apply rules see).
+    pub clock: std::sync::Arc<dyn mink_metadata::Clock>,
 }
 
 impl SinkConfig {
@@ -37,6 +43,7 @@ impl SinkConfig {
         SinkConfig {
             node_id,
             address: String::new(),
+            listeners: std::collections::BTreeMap::new(),
             supported_metadata_version: mink_metadata::METADATA_VERSION,
             max_commands_per_row: 256,
             max_row_bytes: 4 << 20,
@@ -48,6 +55,7 @@ impl SinkConfig {
             lease_enabled: true,
             max_backoff: Duration::from_secs(1),
             queue_capacity: 16_384,
+            clock: mink_metadata::system_clock(),
         }
     }
 

@@ -109,6 +109,31 @@ impl Membership {
         }
     }
 
+    /// A node registered while the cluster was below metadata_version 3 states its listener
+    /// addresses once the cluster has reached it (the same registration, now recorded).
+    async fn restate_listeners(&self, limit: Duration) {
+        let view = self.shared.view();
+        let node = self.shared.node();
+        let listeners = &self.shared.config.listeners;
+        let recorded = view.state.nodes.get(&node.node_id);
+        if view.state.metadata_version < 3
+            || recorded.is_none_or(|n| n.node_epoch != node.node_epoch || &n.listeners == listeners)
+        {
+            return;
+        }
+        let register = Command::RegisterNode(RegisterNode {
+            node_id: node.node_id,
+            node_epoch: node.node_epoch,
+            incarnation: self.shared.incarnation,
+            address: self.shared.config.address.clone(),
+            supported_metadata_version: self.shared.config.supported_metadata_version,
+            listeners: listeners.clone(),
+        });
+        if let Ok(Err(e)) = timeout(limit, propose(&self.queue, &self.shared, register)).await {
+            tracing::warn!(node_id = node.node_id, error = %e, "stating listeners failed");
+        }
+    }
+
     async fn renew(&mut self, limit: Duration) {
         let node = self.shared.node();
         let sent = Instant::now();
@@ -187,6 +212,7 @@ impl Membership {
             return;
         }
         let shared = Arc::clone(&self.shared);
+        self.restate_listeners(interval).await;
         let heartbeat = Self::heartbeat(&shared, interval);
         if shared.config.lease_enabled {
             tokio::join!(heartbeat, self.renew(interval));

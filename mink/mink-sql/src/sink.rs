@@ -10,7 +10,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use mink_metadata::*;
@@ -176,15 +176,6 @@ impl Backoff {
     pub(crate) fn reset(&mut self) {
         self.next = Duration::from_millis(5);
     }
-}
-
-/// This process's wall clock, in ms since the Unix epoch: what rows are stamped with, and what
-/// the stream engine and nodes compare the times in cluster state against.
-pub fn wall_clock_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
 }
 
 // ============================================================================ tailer
@@ -546,7 +537,7 @@ impl Appender {
             sequence: self.sequence,
         };
         let count = commands.len();
-        self.last_ms = self.last_ms.max(wall_clock_ms());
+        self.last_ms = self.last_ms.max(shared.config.clock.now_ms());
         let bytes = encode_row(&Row {
             token,
             proposed_at_ms: self.last_ms,
@@ -1059,6 +1050,7 @@ async fn register(
             incarnation: shared.incarnation,
             address: shared.config.address.clone(),
             supported_metadata_version: supported,
+            listeners: shared.config.listeners.clone(),
         });
         let resolution = appender.commit(vec![register]).await?;
         match resolution.results.into_iter().next() {

@@ -27,7 +27,7 @@ use mink_metadata::{
 use object_store::ObjectStoreExt as _;
 use object_store::path::Path;
 
-use crate::engine::{S3Stream, StreamError, object_id_of, object_path, wall_clock_ms};
+use crate::engine::{S3Stream, StreamError, object_id_of, object_path};
 use crate::format::{ObjectBuilder, RecordBatch, decode_object};
 
 /// Compaction and cleanup settings.
@@ -429,7 +429,7 @@ impl S3Stream {
     ) -> Result<CleanupReport, StreamError> {
         let sink = &self.engine.sink;
         let mut report = CleanupReport::default();
-        let now = wall_clock_ms();
+        let now = self.engine.config.clock.now_ms();
         let proposed = sink
             .propose(Command::ExpirePreparedObjects(ExpirePreparedObjects {
                 coordinator_epoch,

@@ -60,6 +60,8 @@ pub struct EngineConfig {
     pub max_backoff: Duration,
     /// Start a second PUT of the same bytes if the first has not answered after this long.
     pub hedge_after: Option<Duration>,
+    /// Times prepared ids expire at, and cleanup compares against.
+    pub clock: Arc<dyn mink_metadata::Clock>,
 }
 
 impl Default for EngineConfig {
@@ -78,6 +80,7 @@ impl Default for EngineConfig {
             index_cache_bytes: 16 << 20,
             max_backoff: Duration::from_secs(2),
             hedge_after: None,
+            clock: mink_metadata::system_clock(),
         }
     }
 }
@@ -269,8 +272,6 @@ fn add(counter: &AtomicU64, n: u64) {
 pub(crate) fn count_read(engine: &Engine) {
     add(&engine.stats.object_reads, 1);
 }
-
-pub(crate) use mink_sql::wall_clock_ms;
 
 /// The path of an object id. Fixed-width hex keeps listings in id order.
 pub fn object_path(prefix: &str, object_id: u64) -> Path {
@@ -1095,7 +1096,7 @@ impl Engine {
         let ttl_ms = u64::try_from(self.config.prepare_ttl.as_millis()).unwrap_or(u64::MAX);
         let margin = ttl_ms / 4;
         loop {
-            let now = wall_clock_ms();
+            let now = self.config.clock.now_ms();
             // An id too close to its expiry is let lapse unused.
             while let Some((id, expires)) = ids.pop_front() {
                 if expires > now + margin {

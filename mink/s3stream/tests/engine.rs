@@ -799,10 +799,11 @@ async fn a_crash_between_put_and_commit_loses_nothing_acknowledged(world: World)
         Arc::clone(&world.store),
         Arc::clone(&puts),
     ));
-    // Short enough to expire within the test, long enough that the first append's prepared
-    // ids still serve the second on a loaded machine (ids go unused in their last quarter).
+    // Prepared ids expire when the test moves the clock, not while a loaded machine is slow.
+    let clock = mink_metadata::ManualClock::new(1_800_000_000_000);
     let short = EngineConfig {
-        prepare_ttl: Duration::from_millis(1500),
+        prepare_ttl: Duration::from_millis(300),
+        clock: clock.clone(),
         ..config()
     };
     let node = world
@@ -853,7 +854,7 @@ async fn a_crash_between_put_and_commit_loses_nothing_acknowledged(world: World)
     // The object PUT by the dead process is prepared, never committed: it expires, and the
     // cleanup deletes it.
     let epoch = coordinator_epoch(&restarted).await;
-    tokio::time::sleep(Duration::from_millis(1600)).await;
+    clock.advance(Duration::from_secs(1));
     let report = restarted.cleanup_once(epoch, &compaction()).await.unwrap();
     assert!(report.expired > 0 && report.deleted > 0, "{report:?}");
     let (_, _, listed) = objects(&restarted, &world).await;

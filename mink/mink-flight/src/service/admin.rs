@@ -145,6 +145,7 @@ impl MinkFlight {
                             heartbeat_age_ms: n.heartbeat_age_ms,
                             buckets: n.buckets,
                             drained: n.drained,
+                            listeners: n.listeners,
                         })
                         .collect(),
                     buckets_without_live_leader: c.buckets_without_live_leader,

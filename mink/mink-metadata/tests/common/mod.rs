@@ -75,12 +75,22 @@ impl Driver {
 }
 
 pub fn register(node: NodeRef) -> Command {
+    register_supporting(node, METADATA_VERSION)
+}
+
+/// A registration by a binary that supports metadata_version `supported` (frozen fixtures
+/// name theirs; they must not move with this binary's).
+pub fn register_supporting(node: NodeRef, supported: u32) -> Command {
     Command::RegisterNode(RegisterNode {
         node_id: node.node_id,
         node_epoch: node.node_epoch,
         incarnation: node.node_id * 1000 + node.node_epoch,
         address: format!("10.0.0.{}:9123", node.node_id),
-        supported_metadata_version: METADATA_VERSION,
+        supported_metadata_version: supported,
+        listeners: BTreeMap::from([(
+            "flight".to_string(),
+            format!("10.0.0.{}:9123", node.node_id),
+        )]),
     })
 }
 

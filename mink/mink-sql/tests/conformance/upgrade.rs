@@ -75,9 +75,9 @@ async fn an_old_binary_is_never_fed_a_newer_command(db: TestDb) {
     // The old node leaves (a rolling upgrade takes it down); the version rises.
     old.shutdown().await;
     eventually(
-        "metadata_version rises to 2",
+        "metadata_version rises to the new binary's",
         Duration::from_secs(5),
-        || new.view().state.metadata_version == 2,
+        || new.view().state.metadata_version == METADATA_VERSION,
     )
     .await;
     let (index, _) = ok(&new, producer_offsets()).await;
