@@ -547,10 +547,15 @@ async fn writes_follow_redirects_and_reads_see_them_on_any_node() {
         (e.code, e.leader_address.as_deref()),
         (ErrorCode::NotLeader, Some(b.address.as_str()))
     );
-    // The client routes and follows; a reader on the other node sees every row.
+    // The client routes and follows; a reader on the other node sees every row (once that
+    // node has applied what the writer saw: a new client carries no read-your-writes index).
     client
         .writer("app", "events")
         .write(&batch(100..200))
+        .await
+        .unwrap();
+    b.node
+        .wait_applied(client.applied_index(), Duration::from_secs(5))
         .await
         .unwrap();
     let reader = Client::connect(&b.address).await.unwrap();
