@@ -5,7 +5,11 @@
 //!
 //! - DoPut: `streams` concurrent streams send pre-encoded batches (routed by a bucket key over
 //!   `buckets` buckets) as fast as acknowledgements allow; the node acknowledges each batch once
-//!   durable, the echo server as soon as it arrives.
+//!   durable, the echo server as soon as it arrives. Beside them, the **engine** baseline: the
+//!   same rows appended straight to the node's stream engine as the bytes the node stores for
+//!   them (each batch split by bucket and encoded with the table's compression once, up
+//!   front), with as many appends in flight as the DoPut streams allow, on the same node: what
+//!   DoPut would reach if receiving, checking, routing and encoding cost nothing.
 //! - DoGet: the table written above, read as one whole-table stream and as one stream per
 //!   bucket; the echo server streams the same number of the same batches.
 
@@ -59,6 +63,57 @@ struct Point {
     echo_rows_per_s: f64,
     echo_mb_per_s: f64,
     ratio_to_echo: f64,
+    /// DoPut: rows/s of the same rows appended straight to the stream engine.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    engine_rows_per_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ratio_to_engine: Option<f64>,
+}
+
+/// The engine baseline: `streams` tasks, each appending `parts` (one stored payload per bucket,
+/// with its row count) of one batch after another to `stream_ids`, `depth` batches in flight
+/// per task, for `seconds`. Returns (rows appended, elapsed).
+async fn engine_load(
+    engine: &s3stream::S3Stream,
+    stream_ids: &[u64],
+    parts: &[(u32, bytes::Bytes)],
+    streams: usize,
+    depth: usize,
+    seconds: f64,
+) -> anyhow::Result<(u64, Duration)> {
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let started = Instant::now();
+    let rows_per_batch: u64 = parts.iter().map(|(n, _)| u64::from(*n)).sum();
+    let mut tasks = Vec::new();
+    for _ in 0..streams {
+        let engine = engine.clone();
+        let ids = stream_ids.to_vec();
+        let parts = parts.to_vec();
+        tasks.push(tokio::spawn(async move {
+            let mut in_flight = futures::stream::FuturesOrdered::new();
+            let mut batches = 0u64;
+            while Instant::now() < deadline || !in_flight.is_empty() {
+                if Instant::now() < deadline && in_flight.len() < depth {
+                    let mut appends = Vec::with_capacity(parts.len());
+                    for ((rows, payload), id) in parts.iter().zip(&ids) {
+                        appends.push(engine.submit(*id, *rows, payload.clone(), None).await?);
+                    }
+                    in_flight.push_back(futures::future::try_join_all(appends));
+                    continue;
+                }
+                if let Some(done) = in_flight.next().await {
+                    done?;
+                    batches += 1;
+                }
+            }
+            Ok::<u64, anyhow::Error>(batches)
+        }));
+    }
+    let mut batches = 0;
+    for t in tasks {
+        batches += t.await??;
+    }
+    Ok((batches * rows_per_batch, started.elapsed()))
 }
 
 type FlightStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -198,50 +253,51 @@ async fn client(address: &str) -> anyhow::Result<FlightServiceClient<Channel>> {
         .max_encoding_message_size(256 << 20))
 }
 
-/// `streams` concurrent DoPut streams for `seconds`: (rows acknowledged, IPC bytes acknowledged,
-/// elapsed).
+/// `streams` concurrent DoPut streams for `seconds`, each sending the `batches` (message, rows)
+/// in turn after `schema`: (rows acknowledged, IPC bytes acknowledged, elapsed).
 async fn put_load(
     address: &str,
-    messages: &(FlightData, FlightData),
-    rows_per_batch: usize,
+    schema: &FlightData,
+    batches: &[(FlightData, u64)],
     streams: usize,
     seconds: f64,
 ) -> anyhow::Result<(u64, u64, Duration)> {
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     let started = Instant::now();
-    let batch_bytes = (messages.1.data_header.len() + messages.1.data_body.len()) as u64;
     let mut tasks = Vec::new();
     for _ in 0..streams {
         let mut flight = client(address).await?;
-        let (schema, data) = messages.clone();
+        let schema = schema.clone();
+        let batches = Arc::new(batches.to_vec());
         tasks.push(tokio::spawn(async move {
             // Send until the deadline; gRPC flow control and the server's pipeline bound what
             // is in flight.
+            let sent = Arc::clone(&batches);
             let input = futures::stream::once(futures::future::ready(schema)).chain(
-                futures::stream::unfold((), move |()| {
-                    let data = data.clone();
-                    async move { (Instant::now() < deadline).then_some((data, ())) }
+                futures::stream::unfold(0usize, move |i| {
+                    let data = sent[i % sent.len()].0.clone();
+                    async move { (Instant::now() < deadline).then_some((data, i + 1)) }
                 }),
             );
             let mut acks = flight.do_put(input).await?.into_inner();
-            let mut n = 0u64;
+            let (mut rows, mut bytes, mut i) = (0u64, 0u64, 0usize);
             while let Some(ack) = acks.message().await? {
                 let _ = ack;
-                n += 1;
+                let (data, n) = &batches[i % batches.len()];
+                rows += n;
+                bytes += (data.data_header.len() + data.data_body.len()) as u64;
+                i += 1;
             }
-            Ok::<u64, anyhow::Error>(n)
+            Ok::<(u64, u64), anyhow::Error>((rows, bytes))
         }));
     }
-    let mut batches = 0;
+    let (mut rows, mut bytes) = (0, 0);
     for t in tasks {
-        batches += t.await??;
+        let (r, b) = t.await??;
+        rows += r;
+        bytes += b;
     }
-    let elapsed = started.elapsed();
-    Ok((
-        batches * rows_per_batch as u64,
-        batches * batch_bytes,
-        elapsed,
-    ))
+    Ok((rows, bytes, started.elapsed()))
 }
 
 /// Reads `tickets` concurrently: (rows, IPC bytes, elapsed).
@@ -347,28 +403,83 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     })
     .await?;
 
+    // The engine baseline's streams and payloads: the benchmark batch split as the node
+    // routes it, each part encoded as the log tablet stores it.
+    let engine = node.streams().clone();
+    let parts: Vec<(u32, bytes::Bytes)> =
+        mink_log::routing::split_by_bucket(&sample, &[0], args.buckets)?
+            .into_iter()
+            .map(|(_, part)| {
+                let compression = if args.compression.eq_ignore_ascii_case("none") {
+                    mink_log::codec::Compression::None
+                } else {
+                    mink_log::codec::Compression::Zstd
+                };
+                Ok((
+                    u32::try_from(part.num_rows())?,
+                    mink_log::codec::encode_batch(&part, compression)?,
+                ))
+            })
+            .collect::<anyhow::Result<_>>()?;
+    let first = engine.create_streams(u32::try_from(parts.len())?).await?;
+    let baseline_ids: Vec<u64> = (first..first + parts.len() as u64).collect();
+    for id in &baseline_ids {
+        engine.open(*id, 1).await?;
+    }
+    let depth = mink_flight::ServerConfig::default().put_pipeline_depth;
+    let whole = vec![(messages.1.clone(), args.rows_per_batch as u64)];
+    // What mink-client sends for the same rows: one message per bucket, compressed as stored.
+    let routed = {
+        let zstd = !args.compression.eq_ignore_ascii_case("none");
+        let mut encoder = if zstd {
+            BatchEncoder::zstd()
+        } else {
+            BatchEncoder::new()
+        };
+        let schema = encoder.schema(
+            &sample.schema(),
+            Some(FlightDescriptor::new_path(vec![
+                "bench".into(),
+                "events".into(),
+            ])),
+        );
+        let mut parts = Vec::new();
+        for (bucket, part) in mink_log::routing::split_by_bucket(&sample, &[0], args.buckets)? {
+            let meta = serde_json::to_vec(&serde_json::json!({ "bucket": bucket }))?;
+            let mut m = encoder.batch(&part, meta.into())?;
+            anyhow::ensure!(m.len() == 1, "no dictionaries in the benchmark batch");
+            parts.push((m.remove(0), part.num_rows() as u64));
+        }
+        (schema, parts)
+    };
+
     let mut points = Vec::new();
     let mb = |bytes: u64, d: Duration| bytes as f64 / 1e6 / d.as_secs_f64();
     let per_s = |n: u64, d: Duration| n as f64 / d.as_secs_f64();
     for &streams in &args.streams {
         // Warm both up, then measure, echo first.
-        put_load(&echo_address, &messages, args.rows_per_batch, streams, 0.5).await?;
-        let (er, eb, ed) = put_load(
-            &echo_address,
-            &messages,
-            args.rows_per_batch,
+        put_load(&echo_address, &messages.0, &whole, streams, 0.5).await?;
+        let (er, eb, ed) =
+            put_load(&echo_address, &messages.0, &whole, streams, args.seconds).await?;
+        let (mr, mbytes, md) =
+            put_load(&mink_address, &messages.0, &whole, streams, args.seconds).await?;
+        // The rows routed and compressed by the client (as mink-client sends them): each
+        // bucket's part in the table's compression, naming its bucket.
+        let (cr, cbytes, cd) =
+            put_load(&mink_address, &routed.0, &routed.1, streams, args.seconds).await?;
+        let (engine_rows, engine_d) =
+            engine_load(&engine, &baseline_ids, &parts, streams, depth, args.seconds).await?;
+        points.push(Point {
+            call: "DoPut (client-routed)",
             streams,
-            args.seconds,
-        )
-        .await?;
-        let (mr, mbytes, md) = put_load(
-            &mink_address,
-            &messages,
-            args.rows_per_batch,
-            streams,
-            args.seconds,
-        )
-        .await?;
+            mink_rows_per_s: per_s(cr, cd),
+            mink_mb_per_s: mb(cbytes, cd),
+            echo_rows_per_s: per_s(er, ed),
+            echo_mb_per_s: mb(eb, ed),
+            ratio_to_echo: per_s(cr, cd) / per_s(er, ed),
+            engine_rows_per_s: Some(per_s(engine_rows, engine_d)),
+            ratio_to_engine: Some(per_s(cr, cd) / per_s(engine_rows, engine_d)),
+        });
         points.push(Point {
             call: "DoPut",
             streams,
@@ -377,6 +488,8 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
             echo_rows_per_s: per_s(er, ed),
             echo_mb_per_s: mb(eb, ed),
             ratio_to_echo: mb(mbytes, md) / mb(eb, ed),
+            engine_rows_per_s: Some(per_s(engine_rows, engine_d)),
+            ratio_to_engine: Some(per_s(mr, md) / per_s(engine_rows, engine_d)),
         });
     }
 
@@ -423,6 +536,8 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
             // Rows: a node may send stored batches compressed, the echo sends them plain.
             ratio_to_echo: (total_rows as f64 / md.as_secs_f64())
                 / (ebytes as f64 * rows_per_byte / ed.as_secs_f64()),
+            engine_rows_per_s: None,
+            ratio_to_engine: None,
         });
     }
     node.shutdown().await;
@@ -451,19 +566,31 @@ fn print(
         compression
     );
     println!(
-        "{:<6} {:>7} {:>14} {:>10} {:>14} {:>10} {:>8}",
-        "call", "streams", "mink rows/s", "mink MB/s", "echo rows/s", "echo MB/s", "ratio"
+        "{:<22} {:>7} {:>14} {:>10} {:>14} {:>10} {:>8} {:>14} {:>8}",
+        "call",
+        "streams",
+        "mink rows/s",
+        "mink MB/s",
+        "echo rows/s",
+        "echo MB/s",
+        "/echo",
+        "engine rows/s",
+        "/engine"
     );
     for p in points {
         println!(
-            "{:<6} {:>7} {:>14.0} {:>10.1} {:>14.0} {:>10.1} {:>8.2}",
+            "{:<22} {:>7} {:>14.0} {:>10.1} {:>14.0} {:>10.1} {:>8.2} {:>14} {:>8}",
             p.call,
             p.streams,
             p.mink_rows_per_s,
             p.mink_mb_per_s,
             p.echo_rows_per_s,
             p.echo_mb_per_s,
-            p.ratio_to_echo
+            p.ratio_to_echo,
+            p.engine_rows_per_s
+                .map_or_else(|| "-".to_string(), |r| format!("{r:.0}")),
+            p.ratio_to_engine
+                .map_or_else(|| "-".to_string(), |r| format!("{r:.2}")),
         );
     }
     Ok(())

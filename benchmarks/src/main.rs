@@ -1,6 +1,7 @@
 //! `mink-bench`: Mink's benchmarks. Each suite prints its figures beside the limit or baseline
 //! it is judged against, measured in the same run, as a table and (with `--json`) as JSON.
 
+mod cluster;
 mod flight;
 mod kv;
 mod metadata;
@@ -28,6 +29,8 @@ enum Suite {
     Flight(flight::Args),
     /// Primary-key tables: upserts and lookups through a KV tablet against redb itself.
     Kv(kv::Args),
+    /// The cluster: failover time as a ratio of the lease TTL; node start as metadata grows.
+    Cluster(cluster::Args),
 }
 
 #[tokio::main]
@@ -37,5 +40,6 @@ async fn main() -> anyhow::Result<()> {
         Suite::S3stream(args) => s3stream::run(args).await,
         Suite::Flight(args) => flight::run(args).await,
         Suite::Kv(args) => kv::run(args).await,
+        Suite::Cluster(args) => cluster::run(args).await,
     }
 }

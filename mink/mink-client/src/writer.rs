@@ -34,6 +34,9 @@ struct Layout {
     /// A primary-key table: batches may hold some of the columns (a partial update) and a
     /// `_row_kind` column; keys are found by name.
     primary_key: bool,
+    /// A log table stored with ZSTD: batches are sent compressed, so the leader stores
+    /// them as they arrive instead of compressing them itself.
+    zstd: bool,
     leaders: HashMap<BucketKey, String>,
 }
 
@@ -58,6 +61,10 @@ impl Layout {
                 .map(index)
                 .collect::<ClientResult<_>>()?,
             primary_key: !d.primary_key.is_empty(),
+            zstd: d.primary_key.is_empty()
+                && d.options
+                    .get("table.log.arrow.compression.type")
+                    .is_none_or(|c| c.eq_ignore_ascii_case("zstd")),
             schema,
             leaders: HashMap::new(),
         };
@@ -325,7 +332,11 @@ impl TableWriter {
             writer_epoch: self.writer.map(|w| w.writer_epoch),
             ..Default::default()
         };
-        let mut encoder = BatchEncoder::new();
+        let mut encoder = if layout.zstd {
+            BatchEncoder::zstd()
+        } else {
+            BatchEncoder::new()
+        };
         // The batch's own schema: a primary-key write may hold some columns and `_row_kind`.
         let schema = parts
             .first()

@@ -42,6 +42,18 @@ impl BatchEncoder {
         }
     }
 
+    /// An encoder whose batches' buffers are compressed with ZSTD (what a log table with the
+    /// default compression stores, so its leader stores them as they arrive).
+    pub fn zstd() -> Self {
+        let mut encoder = Self::new();
+        if let Ok(options) =
+            IpcWriteOptions::default().try_with_compression(Some(arrow::ipc::CompressionType::ZSTD))
+        {
+            encoder.options = options;
+        }
+        encoder
+    }
+
     /// The stream's first message, with the descriptor a `DoPut` needs. It assigns the
     /// dictionary ids the batches' dictionary messages then refer to.
     pub fn schema(&mut self, schema: &Schema, descriptor: Option<FlightDescriptor>) -> FlightData {

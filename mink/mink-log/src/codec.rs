@@ -177,6 +177,84 @@ pub fn encode_batch(batch: &RecordBatch, compression: Compression) -> LogResult<
     Ok(Bytes::from(out))
 }
 
+/// One record batch as its Arrow IPC messages, as a frontend received it: the stream's schema
+/// message and the batch message (flatbuffers, with or without padding) and its body. A log
+/// tablet can store it as received ([`stored_as_received`]) instead of encoding it again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IpcBatch {
+    pub schema_header: Bytes,
+    pub header: Bytes,
+    pub body: Bytes,
+}
+
+/// The stored form of `ipc` (an IPC stream: its schema, its batch, the end marker), when it is
+/// exactly what [`encode_batch`] would store for it under `schema` and `compression`: its
+/// schema message is the table's current one, it holds one batch with no dictionaries, and
+/// its buffers are compressed as the table's are. `None` otherwise (encode it instead).
+/// The caller has checked the decoded batch (framing, types, nulls).
+pub fn stored_as_received(
+    ipc: &IpcBatch,
+    schema: &Schema,
+    compression: Compression,
+) -> Option<Bytes> {
+    // A dictionary batch travels in messages of its own: never stored from one message.
+    if schema
+        .fields()
+        .iter()
+        .any(|f| has_dictionary(f.data_type()))
+    {
+        return None;
+    }
+    let current = schema_header(schema);
+    let trimmed = |b: &[u8]| -> usize { b.iter().rposition(|x| *x != 0).map_or(0, |i| i + 1) };
+    if ipc.schema_header[..trimmed(&ipc.schema_header)] != current[..trimmed(&current)] {
+        return None;
+    }
+    let message = arrow::ipc::root_as_message(&ipc.header).ok()?;
+    let batch = message.header_as_record_batch()?;
+    let codec = batch.compression().map(|c| c.codec());
+    let matches = match compression {
+        Compression::None => codec.is_none(),
+        Compression::Zstd => codec == Some(CompressionType::ZSTD),
+    };
+    if !matches || usize::try_from(message.bodyLength()).ok()? != ipc.body.len() {
+        return None;
+    }
+    let mut out =
+        Vec::with_capacity(ipc.schema_header.len() + ipc.header.len() + ipc.body.len() + 32);
+    for (header, body) in [
+        (&ipc.schema_header[..], &b""[..]),
+        (&ipc.header[..], &ipc.body[..]),
+    ] {
+        // As arrow's stream writer frames it: prefix and metadata padded to 64 bytes.
+        let padded = (8 + header.len()).div_ceil(64) * 64 - 8;
+        out.extend_from_slice(&[0xff; 4]);
+        out.extend_from_slice(&i32::try_from(padded).ok()?.to_le_bytes());
+        out.extend_from_slice(header);
+        out.resize(out.len() + padded - header.len(), 0);
+        out.extend_from_slice(body);
+    }
+    out.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0]);
+    Some(Bytes::from(out))
+}
+
+fn has_dictionary(t: &arrow::datatypes::DataType) -> bool {
+    use arrow::datatypes::DataType as D;
+    match t {
+        D::Dictionary(..) => true,
+        D::List(f)
+        | D::LargeList(f)
+        | D::FixedSizeList(f, _)
+        | D::ListView(f)
+        | D::LargeListView(f)
+        | D::Map(f, _) => has_dictionary(f.data_type()),
+        D::Struct(fields) => fields.iter().any(|f| has_dictionary(f.data_type())),
+        D::Union(fields, _) => fields.iter().any(|(_, f)| has_dictionary(f.data_type())),
+        D::RunEndEncoded(_, v) => has_dictionary(v.data_type()),
+        _ => false,
+    }
+}
+
 /// A stored batch's messages as they go on the wire, sliced from the stored bytes (no copy).
 #[derive(Clone, Debug)]
 pub struct WireBatch {

@@ -54,33 +54,53 @@ pub fn murmur3_32(data: &[u8], seed: u32) -> u32 {
     h
 }
 
-/// Appends the encoding of `array[row]` to `out`.
+/// Appends one row's value of a column to a key's bytes (see the module docs for the encoding).
+type Encoder<'a> = Box<dyn Fn(usize, &mut Vec<u8>) + 'a>;
+
+/// The encoder of a column's values, its type resolved once (not per row).
 // Value lengths are encoded as u32 by definition (see the module docs).
 #[allow(clippy::cast_possible_truncation)]
-fn encode_value(array: &ArrayRef, row: usize, out: &mut Vec<u8>) -> LogResult<()> {
-    if array.is_null(row) {
-        out.push(0);
-        return Ok(());
-    }
-    out.push(1);
-    macro_rules! signed {
-        ($t:ty) => {
-            out.extend_from_slice(&i64::from(array.as_primitive::<$t>().value(row)).to_le_bytes())
-        };
-    }
-    macro_rules! unsigned {
-        ($t:ty) => {
-            out.extend_from_slice(&u64::from(array.as_primitive::<$t>().value(row)).to_le_bytes())
-        };
-    }
-    macro_rules! bytes {
-        ($v:expr) => {{
-            let v: &[u8] = $v;
-            out.extend_from_slice(&(v.len() as u32).to_le_bytes());
-            out.extend_from_slice(v);
+fn encoder(array: &ArrayRef) -> LogResult<Encoder<'_>> {
+    macro_rules! nullable {
+        ($value:expr) => {{
+            let value = $value;
+            Box::new(move |row: usize, out: &mut Vec<u8>| {
+                if array.is_null(row) {
+                    out.push(0);
+                } else {
+                    out.push(1);
+                    value(row, out);
+                }
+            })
         }};
     }
-    match array.data_type() {
+    macro_rules! signed {
+        ($t:ty) => {{
+            let a = array.as_primitive::<$t>();
+            nullable!(move |row: usize, out: &mut Vec<u8>| {
+                out.extend_from_slice(&i64::from(a.value(row)).to_le_bytes())
+            })
+        }};
+    }
+    macro_rules! unsigned {
+        ($t:ty) => {{
+            let a = array.as_primitive::<$t>();
+            nullable!(move |row: usize, out: &mut Vec<u8>| {
+                out.extend_from_slice(&u64::from(a.value(row)).to_le_bytes())
+            })
+        }};
+    }
+    macro_rules! bytes {
+        ($a:expr) => {{
+            let a = $a;
+            nullable!(move |row: usize, out: &mut Vec<u8>| {
+                let v: &[u8] = a.value(row).as_ref();
+                out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+                out.extend_from_slice(v);
+            })
+        }};
+    }
+    Ok(match array.data_type() {
         DataType::Int8 => signed!(Int8Type),
         DataType::Int16 => signed!(Int16Type),
         DataType::Int32 => signed!(Int32Type),
@@ -99,38 +119,40 @@ fn encode_value(array: &ArrayRef, row: usize, out: &mut Vec<u8>) -> LogResult<()
         DataType::Timestamp(TimeUnit::Millisecond, _) => signed!(TimestampMillisecondType),
         DataType::Timestamp(TimeUnit::Microsecond, _) => signed!(TimestampMicrosecondType),
         DataType::Timestamp(TimeUnit::Nanosecond, _) => signed!(TimestampNanosecondType),
-        DataType::Float32 => out.extend_from_slice(
-            &f64::from(array.as_primitive::<Float32Type>().value(row))
-                .to_bits()
-                .to_le_bytes(),
-        ),
-        DataType::Float64 => out.extend_from_slice(
-            &array
-                .as_primitive::<Float64Type>()
-                .value(row)
-                .to_bits()
-                .to_le_bytes(),
-        ),
-        DataType::Boolean => out.push(u8::from(array.as_boolean().value(row))),
-        DataType::Decimal128(_, _) => out.extend_from_slice(
-            &array
-                .as_primitive::<Decimal128Type>()
-                .value(row)
-                .to_le_bytes(),
-        ),
-        DataType::Utf8 => bytes!(array.as_string::<i32>().value(row).as_bytes()),
-        DataType::LargeUtf8 => bytes!(array.as_string::<i64>().value(row).as_bytes()),
-        DataType::Utf8View => bytes!(array.as_string_view().value(row).as_bytes()),
-        DataType::Binary => bytes!(array.as_binary::<i32>().value(row)),
-        DataType::LargeBinary => bytes!(array.as_binary::<i64>().value(row)),
-        DataType::BinaryView => bytes!(array.as_binary_view().value(row)),
+        DataType::Float32 => {
+            let a = array.as_primitive::<Float32Type>();
+            nullable!(move |row: usize, out: &mut Vec<u8>| {
+                out.extend_from_slice(&f64::from(a.value(row)).to_bits().to_le_bytes())
+            })
+        }
+        DataType::Float64 => {
+            let a = array.as_primitive::<Float64Type>();
+            nullable!(move |row: usize, out: &mut Vec<u8>| {
+                out.extend_from_slice(&a.value(row).to_bits().to_le_bytes())
+            })
+        }
+        DataType::Boolean => {
+            let a = array.as_boolean();
+            nullable!(move |row: usize, out: &mut Vec<u8>| out.push(u8::from(a.value(row))))
+        }
+        DataType::Decimal128(_, _) => {
+            let a = array.as_primitive::<Decimal128Type>();
+            nullable!(move |row: usize, out: &mut Vec<u8>| {
+                out.extend_from_slice(&a.value(row).to_le_bytes())
+            })
+        }
+        DataType::Utf8 => bytes!(array.as_string::<i32>()),
+        DataType::LargeUtf8 => bytes!(array.as_string::<i64>()),
+        DataType::Utf8View => bytes!(array.as_string_view()),
+        DataType::Binary => bytes!(array.as_binary::<i32>()),
+        DataType::LargeBinary => bytes!(array.as_binary::<i64>()),
+        DataType::BinaryView => bytes!(array.as_binary_view()),
         other => {
             return Err(LogError::Invalid(format!(
                 "a bucket key column cannot be of type {other}"
             )));
         }
-    }
-    Ok(())
+    })
 }
 
 /// Whether a column of this type can be a bucket (or partition) key.
@@ -172,17 +194,20 @@ pub fn check_key_type(data_type: &DataType) -> LogResult<()> {
 
 /// The bucket of each row, given the indices of the bucket-key columns.
 pub fn buckets_of(batch: &RecordBatch, key: &[usize], bucket_count: u32) -> LogResult<Vec<u32>> {
-    let columns: Vec<&ArrayRef> = key.iter().map(|&i| batch.column(i)).collect();
+    let encoders = key
+        .iter()
+        .map(|&i| encoder(batch.column(i)))
+        .collect::<LogResult<Vec<_>>>()?;
     let mut buf = Vec::with_capacity(64);
-    (0..batch.num_rows())
+    Ok((0..batch.num_rows())
         .map(|row| {
             buf.clear();
-            for c in &columns {
-                encode_value(c, row, &mut buf)?;
+            for e in &encoders {
+                e(row, &mut buf);
             }
-            Ok(murmur3_32(&buf, 0) % bucket_count.max(1))
+            murmur3_32(&buf, 0) % bucket_count.max(1)
         })
-        .collect()
+        .collect())
 }
 
 /// Splits a batch into one batch per bucket (rows keep their relative order).

@@ -83,6 +83,29 @@ impl LogTablet {
             .await?)
     }
 
+    /// [`LogTablet::submit`] of a batch already checked against the table's schema, stored as
+    /// received when `ipc` allows it (see [`codec::stored_as_received`]): no encoding.
+    pub async fn submit_received(
+        &self,
+        batch: &RecordBatch,
+        ipc: Option<&codec::IpcBatch>,
+        writer: Option<WriterBatchId>,
+    ) -> LogResult<Appending> {
+        let Some(bytes) =
+            ipc.and_then(|ipc| codec::stored_as_received(ipc, &self.schema, self.compression))
+        else {
+            return self.submit(batch, writer).await;
+        };
+        let rows = u32::try_from(batch.num_rows())
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| LogError::Invalid(format!("a batch of {} rows", batch.num_rows())))?;
+        Ok(self
+            .streams
+            .submit_at(self.stream_id, self.epoch, rows, bytes, writer)
+            .await?)
+    }
+
     /// Reads rows from `offset` (the first batch starts exactly there), about `max_bytes` of
     /// stored data, keeping `columns` (all when empty).
     pub async fn read(

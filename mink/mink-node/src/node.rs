@@ -6,7 +6,7 @@ use std::time::Duration;
 use arrow::array::RecordBatch;
 use mink_log::LogTablet;
 use mink_log::options::TableOptions;
-use mink_log::routing::{split_by_bucket, split_by_partition};
+use mink_log::routing::{buckets_of, split_by_bucket, split_by_partition};
 use mink_metadata::{BucketKey, BucketRecord, TableRecord, View};
 use mink_sql::{Sink, SinkConfig};
 use s3stream::{AppendAck, CompactionConfig, EngineConfig, S3Stream, WriterBatchId};
@@ -257,6 +257,10 @@ pub struct WriteTarget {
     /// Primary-key tables: a partial update setting only these columns (see
     /// [`Node::submit_kv_write`]).
     pub columns: Option<Vec<String>>,
+    /// The batch as the frontend received it (its Arrow IPC messages): a log table stores it
+    /// as received, without encoding it again, when it goes whole to one bucket under the
+    /// table's schema and compression (a client that routes and compresses its rows itself).
+    pub ipc: Option<mink_log::codec::IpcBatch>,
 }
 
 impl WriteTarget {
@@ -641,15 +645,18 @@ impl Node {
         if batch.num_rows() == 0 {
             return Ok(PendingWrite::ready(Vec::new()));
         }
+        let whole_rows = batch.num_rows();
         let parts = self.route(&record, &schema, batch, target).await?;
         let routed = target.is_routed();
         let mut submitted = Vec::with_capacity(parts.len());
         for (partition, partition_id, b, part) in parts {
             let rows = part.num_rows();
+            // The batch as received, when it all goes to this bucket.
+            let ipc = target.ipc.as_ref().filter(|_| rows == whole_rows);
             let (appending, unsent) = match self.tablet(&record, partition_id, b).await {
                 Ok(tablet) => (
                     tablet
-                        .submit(&part, target.writer)
+                        .submit_received(&part, ipc, target.writer)
                         .await
                         .map_err(NodeError::from),
                     None,
@@ -753,8 +760,8 @@ impl Node {
             match (target.bucket, key.is_empty()) {
                 (Some(b), true) => parts.push((partition, partition_id, b, batch)),
                 (Some(b), false) => {
-                    let split = split_by_bucket(&batch, &key, record.bucket_count)?;
-                    if split.iter().any(|(p, _)| *p != b) {
+                    let buckets = buckets_of(&batch, &key, record.bucket_count)?;
+                    if buckets.iter().any(|p| *p != b) {
                         return Err(NodeError::Invalid(format!(
                             "the batch for bucket {b} holds rows of other buckets (see the routing function)"
                         )));

@@ -27,6 +27,8 @@ impl MinkFlight {
         let writer = descriptor.writer_id;
         let writer_epoch = descriptor.writer_epoch.unwrap_or(0);
         let session = self.node.write_session();
+        // The stream's schema message, while its batches come one message each.
+        let mut schema_header: Option<Bytes> = None;
         let mut in_flight = FuturesOrdered::new();
         let mut next = 0u64;
         let mut failure: Option<Status> = None;
@@ -66,12 +68,25 @@ impl MinkFlight {
                     let app_metadata = decoded.app_metadata();
                     let batch = match decoded.payload {
                         DecodedPayload::RecordBatch(b) => b,
-                        DecodedPayload::Schema(_) | DecodedPayload::None => continue,
+                        DecodedPayload::Schema(_) => {
+                            schema_header = Some(decoded.inner.data_header.clone());
+                            continue;
+                        }
+                        DecodedPayload::None => {
+                            // A dictionary: the batches after it are not one message each.
+                            schema_header = None;
+                            continue;
+                        }
                     };
+                    let ipc = schema_header.as_ref().map(|s| mink_log::codec::IpcBatch {
+                        schema_header: s.clone(),
+                        header: decoded.inner.data_header.clone(),
+                        body: decoded.inner.data_body.clone(),
+                    });
                     let index = next;
                     next += 1;
                     let arrived = std::time::Instant::now();
-                    match self.submit(&session, &descriptor, writer, writer_epoch, &batch, &app_metadata).await {
+                    match self.submit(&session, &descriptor, writer, writer_epoch, &batch, &app_metadata, ipc).await {
                         Ok(pending) => in_flight.push_back(async move {
                             (index, pending.await, arrived)
                         }),
@@ -101,6 +116,7 @@ impl MinkFlight {
         writer_epoch: u64,
         batch: &RecordBatch,
         app_metadata: &Bytes,
+        ipc: Option<mink_log::codec::IpcBatch>,
     ) -> Result<mink_node::PendingWrite, Status> {
         let meta: protocol::BatchMetadata = if app_metadata.is_empty() {
             protocol::BatchMetadata::default()
@@ -125,6 +141,7 @@ impl MinkFlight {
             bucket,
             writer,
             columns: d.columns.clone(),
+            ipc,
         };
         let pending = session
             .submit(&d.database, &d.table, batch, &target)
