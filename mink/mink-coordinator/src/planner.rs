@@ -3,7 +3,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use mink_metadata::{BucketKey, BucketRecord, Command, DropKvSnapshot, LeadBucket, State};
+use mink_metadata::{
+    BucketKey, BucketRecord, Command, DropKvSnapshot, LeadBucket, PlaceStream, State, StreamRecord,
+    StreamState, TransferStream,
+};
 
 /// Key prefix of the metadata KV entries marking drained nodes (`coordinator/drained/<id>`):
 /// a drained node is given no buckets, and `plan_drain` moves its buckets off it.
@@ -24,6 +27,10 @@ pub struct Observation<'a> {
     /// is new: a holder that has just taken the lease gives the other nodes time to be seen
     /// heartbeating before it moves their buckets (a whole cluster starting at once).
     pub failover: bool,
+    /// Streams whose transfer has been pending longer than the coordinator waits for a
+    /// leader to hand a bucket over: their target leads them anyway (which fences the old
+    /// leader, as a failover does).
+    pub overdue: &'a BTreeSet<u64>,
 }
 
 /// How the planner behaves.
@@ -54,6 +61,10 @@ pub enum Why {
     Rebalance { from: u64 },
     /// Its leader is drained.
     Drain { from: u64 },
+    /// Its leader handed it over (closed its stream) in a move to this node.
+    HandedOver { from: u64 },
+    /// A move to this node waited too long for its leader to hand it over.
+    HandoverOverdue { from: u64 },
 }
 
 /// One thing to do.
@@ -66,6 +77,26 @@ pub enum Step {
         node_id: u64,
         why: Why,
     },
+    /// Move a bucket gracefully (`TransferStream`, after `PlaceStream` on `from` when the
+    /// stream is not placed there yet): its leader stops taking writes (redirecting them to
+    /// `to`), waits for the appends in flight and closes the stream; once the stream is closed
+    /// the planner leads the bucket on `to` ([`Why::HandedOver`]), which completes the
+    /// transfer (`CompleteTransfer`).
+    Transfer {
+        bucket: BucketKey,
+        stream_id: u64,
+        from: u64,
+        to: u64,
+        place_first: bool,
+        why: Why,
+    },
+    /// Forget a transfer that can no longer happen (its target is gone, or the bucket moved
+    /// otherwise): `PlaceStream` on the bucket's leader.
+    CancelTransfer {
+        bucket: BucketKey,
+        stream_id: u64,
+        leader: u64,
+    },
     /// Forget a KV snapshot older than the ones kept (`DropKvSnapshot`); once that is
     /// committed its file at `location` may be deleted.
     DropKvSnapshot {
@@ -76,31 +107,62 @@ pub enum Step {
 }
 
 impl Step {
-    /// The command carrying this step under `coordinator_epoch`.
-    pub fn command(&self, coordinator_epoch: u64) -> Command {
+    /// The commands carrying this step under `coordinator_epoch`, to propose in order.
+    pub fn commands(&self, coordinator_epoch: u64) -> Vec<Command> {
         match self {
             Step::Lead {
                 bucket: (table_id, partition_id, bucket),
                 node_id,
                 ..
-            } => Command::LeadBucket(LeadBucket {
+            } => vec![Command::LeadBucket(LeadBucket {
                 coordinator_epoch,
                 table_id: *table_id,
                 partition_id: *partition_id,
                 bucket: *bucket,
                 leader_node_id: *node_id,
-            }),
+            })],
+            Step::Transfer {
+                stream_id,
+                from,
+                to,
+                place_first,
+                ..
+            } => {
+                let place = Command::PlaceStream(PlaceStream {
+                    coordinator_epoch,
+                    stream_id: *stream_id,
+                    node_id: *from,
+                });
+                let transfer = Command::TransferStream(TransferStream {
+                    coordinator_epoch,
+                    stream_id: *stream_id,
+                    from_node_id: *from,
+                    to_node_id: *to,
+                });
+                if *place_first {
+                    vec![place, transfer]
+                } else {
+                    vec![transfer]
+                }
+            }
+            Step::CancelTransfer {
+                stream_id, leader, ..
+            } => vec![Command::PlaceStream(PlaceStream {
+                coordinator_epoch,
+                stream_id: *stream_id,
+                node_id: *leader,
+            })],
             Step::DropKvSnapshot {
                 bucket: (table_id, partition_id, bucket),
                 snapshot_id,
                 ..
-            } => Command::DropKvSnapshot(DropKvSnapshot {
+            } => vec![Command::DropKvSnapshot(DropKvSnapshot {
                 coordinator_epoch,
                 table_id: *table_id,
                 partition_id: *partition_id,
                 bucket: *bucket,
                 snapshot_id: *snapshot_id,
-            }),
+            })],
         }
     }
 }
@@ -113,6 +175,24 @@ impl std::fmt::Display for Step {
                 node_id,
                 why,
             } => write!(f, "lead bucket {t}/{p}/{b} on node {node_id} ({why:?})"),
+            Step::Transfer {
+                bucket: (t, p, b),
+                from,
+                to,
+                why,
+                ..
+            } => write!(
+                f,
+                "move bucket {t}/{p}/{b} from node {from} to node {to} ({why:?})"
+            ),
+            Step::CancelTransfer {
+                bucket: (t, p, b),
+                leader,
+                ..
+            } => write!(
+                f,
+                "cancel the move of bucket {t}/{p}/{b} (it stays on node {leader})"
+            ),
             Step::DropKvSnapshot {
                 bucket: (t, p, b),
                 snapshot_id,
@@ -135,12 +215,28 @@ pub fn drained(state: &State) -> BTreeSet<u64> {
         .collect()
 }
 
-/// Buckets led per node (leaders of any epoch).
+/// The node a bucket's pending move goes to: its stream is being transferred away from the
+/// node it is placed on, which still leads it.
+pub fn moving_to(state: &State, b: &BucketRecord) -> Option<u64> {
+    let s = state.streams.get(&b.stream_id)?;
+    (s.transfer_to_node_id != 0
+        && s.placement_node_id == b.leader_node_id
+        && s.transfer_to_node_id != b.leader_node_id)
+        .then_some(s.transfer_to_node_id)
+}
+
+/// Whether the leader has handed the bucket over: its stream is closed at the leader epoch.
+fn handed_over(stream: &StreamRecord, b: &BucketRecord) -> bool {
+    stream.state == StreamState::Closed as i32 && stream.epoch == b.leader_epoch
+}
+
+/// Buckets led per node (leaders of any epoch), a bucket being moved counted on its target.
 fn load(state: &State) -> BTreeMap<u64, usize> {
     let mut load = BTreeMap::new();
     for b in state.buckets.values() {
-        if b.leader_node_id != 0 {
-            *load.entry(b.leader_node_id).or_insert(0) += 1;
+        let node = moving_to(state, b).unwrap_or(b.leader_node_id);
+        if node != 0 {
+            *load.entry(node).or_insert(0) += 1;
         }
     }
     load
@@ -195,7 +291,10 @@ pub fn plan_leadership(obs: &Observation<'_>) -> Vec<Step> {
     let mut steps = Vec::new();
     for (key, b) in obs.state.buckets.iter() {
         let why = match leader_state(obs, b) {
-            LeaderState::Live => continue,
+            LeaderState::Live => {
+                steps.extend(plan_transfer(obs, &candidates, *key, b));
+                continue;
+            }
             LeaderState::Restarted => {
                 // Its new life takes it back, even when drained (a drain moves it next).
                 steps.push(Step::Lead {
@@ -220,6 +319,43 @@ pub fn plan_leadership(obs: &Observation<'_>) -> Vec<Step> {
         }
     }
     steps
+}
+
+/// The next step of a pending transfer of a bucket whose leader is live, if any: lead it on
+/// the target once the leader has handed it over (or the handover is overdue); forget the
+/// transfer when its target may no longer take buckets or the bucket is led elsewhere.
+fn plan_transfer(
+    obs: &Observation<'_>,
+    candidates: &BTreeMap<u64, usize>,
+    key: BucketKey,
+    b: &BucketRecord,
+) -> Option<Step> {
+    let stream = obs.state.streams.get(&b.stream_id)?;
+    let to = stream.transfer_to_node_id;
+    if to == 0 || to == b.leader_node_id {
+        // None pending, or the target leads it already (and completes the transfer).
+        return None;
+    }
+    let from = stream.placement_node_id;
+    if from != b.leader_node_id || !candidates.contains_key(&to) {
+        return Some(Step::CancelTransfer {
+            bucket: key,
+            stream_id: b.stream_id,
+            leader: b.leader_node_id,
+        });
+    }
+    let why = if handed_over(stream, b) {
+        Why::HandedOver { from }
+    } else if obs.overdue.contains(&b.stream_id) {
+        Why::HandoverOverdue { from }
+    } else {
+        return None;
+    };
+    Some(Step::Lead {
+        bucket: key,
+        node_id: to,
+        why,
+    })
 }
 
 /// KV snapshots beyond the newest `kv_snapshots_retained` of each bucket.
@@ -276,21 +412,38 @@ fn moves(obs: &Observation<'_>, even_out: bool) -> Vec<Step> {
     // Buckets per live leader, in key order.
     let mut owned: BTreeMap<u64, Vec<BucketKey>> = BTreeMap::new();
     for (key, b) in obs.state.buckets.iter() {
-        if matches!(leader_state(obs, b), LeaderState::Live) {
+        let moving = obs
+            .state
+            .streams
+            .get(&b.stream_id)
+            .is_some_and(|s| s.transfer_to_node_id != 0);
+        if matches!(leader_state(obs, b), LeaderState::Live) && !moving {
             owned.entry(b.leader_node_id).or_default().push(*key);
         }
     }
+    let transfer = |key: BucketKey, from: u64, to: u64, why: Why| {
+        let stream_id = obs.state.buckets[&key].stream_id;
+        let place_first = obs
+            .state
+            .streams
+            .get(&stream_id)
+            .is_none_or(|s| s.placement_node_id != from);
+        Step::Transfer {
+            bucket: key,
+            stream_id,
+            from,
+            to,
+            place_first,
+            why,
+        }
+    };
     let mut steps = Vec::new();
     for (node, keys) in owned.iter_mut().filter(|(n, _)| drained.contains(n)) {
         for key in std::mem::take(keys) {
             let Some(to) = take_least_loaded(&mut candidates) else {
                 break;
             };
-            steps.push(Step::Lead {
-                bucket: key,
-                node_id: to,
-                why: Why::Drain { from: *node },
-            });
+            steps.push(transfer(key, *node, to, Why::Drain { from: *node }));
         }
     }
     if !even_out {
@@ -313,11 +466,7 @@ fn moves(obs: &Observation<'_>, even_out: bool) -> Vec<Step> {
         };
         *candidates.get_mut(&most).expect("present") -= 1;
         *candidates.get_mut(&least).expect("present") += 1;
-        steps.push(Step::Lead {
-            bucket: key,
-            node_id: least,
-            why: Why::Rebalance { from: most },
-        });
+        steps.push(transfer(key, most, least, Why::Rebalance { from: most }));
     }
     steps
 }

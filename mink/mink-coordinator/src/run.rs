@@ -1,7 +1,7 @@
 //! The loop that runs the planner on the lease holder and carries out its steps under the
 //! coordinator epoch.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use mink_metadata::{Command, PutKv};
@@ -21,6 +21,9 @@ pub struct CoordinatorConfig {
     /// How long a new lease holder waits before it declares nodes dead: long enough for every
     /// live node to have heartbeated (they do every lease TTL / 4).
     pub failover_grace: Duration,
+    /// How long a move waits for the bucket's leader to hand it over before the target leads
+    /// it anyway (fencing the old leader, as a failover does).
+    pub handover_timeout: Duration,
     /// How often objects are cleaned up and dead nodes' objects compacted.
     pub cleanup_interval: Duration,
     pub planner: PlannerConfig,
@@ -33,6 +36,7 @@ impl CoordinatorConfig {
         CoordinatorConfig {
             tick: Duration::from_millis(200),
             failover_grace: ttl / 2,
+            handover_timeout: ttl,
             cleanup_interval: CompactionConfig::default().interval,
             planner: PlannerConfig::default(),
             compaction: CompactionConfig::default(),
@@ -67,6 +71,7 @@ async fn run(sink: Sink, streams: S3Stream, config: CoordinatorConfig) {
             epoch,
             since: Instant::now(),
             last_cleanup: Instant::now(),
+            transfers: HashMap::new(),
         };
         loop {
             tokio::select! {
@@ -93,6 +98,8 @@ struct Coordinator<'a> {
     /// When this node took the lease at `epoch`.
     since: Instant,
     last_cleanup: Instant,
+    /// Pending transfers (by stream) and when this coordinator first saw each.
+    transfers: HashMap<u64, Instant>,
 }
 
 impl Coordinator<'_> {
@@ -108,10 +115,12 @@ impl Coordinator<'_> {
             }
         };
         let view = self.sink.view();
+        let overdue = self.overdue(&view.state);
         let obs = Observation {
             state: &view.state,
             live: &live,
             failover: self.since.elapsed() >= self.config.failover_grace,
+            overdue: &overdue,
         };
         let mut steps = planner::plan(&obs, &self.config.planner);
         steps.extend(planner::plan_drain(&obs));
@@ -125,22 +134,50 @@ impl Coordinator<'_> {
         }
     }
 
-    /// Proposes a step; a step refused (the state moved on) is planned anew next tick.
+    /// Streams whose transfer has been pending longer than the handover timeout (counted from
+    /// when this coordinator first saw it).
+    fn overdue(&mut self, state: &mink_metadata::State) -> BTreeSet<u64> {
+        let now = Instant::now();
+        let pending: BTreeSet<u64> = state
+            .buckets
+            .values()
+            .filter(|b| planner::moving_to(state, b).is_some())
+            .map(|b| b.stream_id)
+            .collect();
+        self.transfers.retain(|id, _| pending.contains(id));
+        pending
+            .into_iter()
+            .filter(|id| {
+                now.duration_since(*self.transfers.entry(*id).or_insert(now))
+                    >= self.config.handover_timeout
+            })
+            .collect()
+    }
+
+    /// Proposes a step's commands in order; a step refused (the state moved on) is planned
+    /// anew next tick.
     async fn carry_out(&self, step: &Step) -> bool {
-        match self.sink.propose(step.command(self.epoch)).await {
-            Ok(p) if p.result.is_ok() => {
-                match step {
-                    Step::Lead { .. } => tracing::info!(%step, "coordinator"),
-                    Step::DropKvSnapshot { location, .. } => {
-                        tracing::debug!(%step, "coordinator");
-                        let path = object_store::path::Path::from(location.as_str());
-                        if let Err(e) = self.streams.object_store().delete(&path).await {
-                            tracing::warn!(error = %e, %location, "deleting a dropped KV snapshot");
-                        }
-                    }
-                }
-                true
+        for command in step.commands(self.epoch) {
+            if !self.propose(step, command).await {
+                return false;
             }
+        }
+        if !matches!(step, Step::DropKvSnapshot { .. }) {
+            tracing::info!(%step, "coordinator");
+        }
+        if let Step::DropKvSnapshot { location, .. } = step {
+            tracing::debug!(%step, "coordinator");
+            let path = object_store::path::Path::from(location.as_str());
+            if let Err(e) = self.streams.object_store().delete(&path).await {
+                tracing::warn!(error = %e, %location, "deleting a dropped KV snapshot");
+            }
+        }
+        true
+    }
+
+    async fn propose(&self, step: &Step, command: Command) -> bool {
+        match self.sink.propose(command).await {
+            Ok(p) if p.result.is_ok() => true,
             Ok(p) => {
                 if let Err(r) = p.result {
                     tracing::info!(%step, rejection = %r, "coordinator step refused");
@@ -169,10 +206,12 @@ impl Coordinator<'_> {
         if answered {
             return;
         }
+        let overdue = BTreeSet::new();
         let obs = Observation {
             state: &view.state,
             live,
             failover: false,
+            overdue: &overdue,
         };
         let mut report = format!("{token}\n");
         for step in planner::plan_rebalance(&obs) {

@@ -7,17 +7,20 @@
 //! Regenerate after an intended change with `MINK_BLESS=1 cargo nextest run -p
 //! mink-coordinator` and review the diff.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use mink_coordinator::planner::{self, Observation, PlannerConfig, Step, Why};
-use mink_metadata::{BucketRecord, KvRecord, KvSnapshotRecord, NodeRecord, State};
+use mink_metadata::{
+    BucketRecord, KvRecord, KvSnapshotRecord, NodeRecord, State, StreamRecord, StreamState,
+};
 
 /// A cluster as the coordinator sees it.
 struct Cluster {
     state: State,
     live: BTreeMap<u64, u64>,
+    overdue: BTreeSet<u64>,
 }
 
 impl Cluster {
@@ -26,6 +29,7 @@ impl Cluster {
         let mut c = Cluster {
             state: State::default(),
             live: BTreeMap::new(),
+            overdue: BTreeSet::new(),
         };
         for id in 1..=n {
             c.register(id, 1);
@@ -65,6 +69,67 @@ impl Cluster {
         }
     }
 
+    /// Applies a planned step's effect on the state the way the metadata log would (enough
+    /// for the next plan): transfers mark the stream, leads move the bucket.
+    fn apply(&mut self, steps: &[Step]) {
+        for step in steps {
+            match step {
+                Step::Transfer {
+                    stream_id,
+                    from,
+                    to,
+                    ..
+                } => {
+                    let s = self.stream(*stream_id);
+                    s.placement_node_id = *from;
+                    s.transfer_to_node_id = *to;
+                }
+                Step::CancelTransfer {
+                    stream_id, leader, ..
+                } => {
+                    let s = self.stream(*stream_id);
+                    s.placement_node_id = *leader;
+                    s.transfer_to_node_id = 0;
+                }
+                Step::Lead {
+                    bucket, node_id, ..
+                } => {
+                    let epoch = self.state.nodes[node_id].node_epoch;
+                    let b = self.state.buckets.get_mut(bucket).unwrap();
+                    b.leader_node_id = *node_id;
+                    b.leader_node_epoch = epoch;
+                    b.leader_epoch += 1;
+                }
+                Step::DropKvSnapshot { .. } => {}
+            }
+        }
+    }
+
+    /// The stream record of a bucket's stream (created open at the bucket's leader epoch).
+    fn stream(&mut self, stream_id: u64) -> &mut StreamRecord {
+        let b = self
+            .state
+            .buckets
+            .values()
+            .find(|b| b.stream_id == stream_id)
+            .cloned()
+            .unwrap();
+        self.state
+            .streams
+            .entry(stream_id)
+            .or_insert_with(|| StreamRecord {
+                stream_id,
+                epoch: b.leader_epoch,
+                state: StreamState::Open as i32,
+                owner_node_id: b.leader_node_id,
+                owner_node_epoch: b.leader_node_epoch,
+                table_id: b.table_id,
+                partition_id: b.partition_id,
+                bucket: b.bucket,
+                ..Default::default()
+            })
+    }
+
     fn drain(&mut self, id: u64) {
         let key = planner::drained_key(id);
         self.state.kv.insert(
@@ -98,6 +163,7 @@ impl Cluster {
             state: &self.state,
             live: &self.live,
             failover,
+            overdue: &self.overdue,
         }
     }
 
@@ -121,9 +187,22 @@ impl Cluster {
             );
         }
         for ((t, p, b), r) in self.state.buckets.iter() {
+            let moving = match self.state.streams.get(&r.stream_id) {
+                Some(s) if s.transfer_to_node_id != 0 => format!(
+                    ", moving from node {} to node {}{}",
+                    s.placement_node_id,
+                    s.transfer_to_node_id,
+                    if s.state == StreamState::Closed as i32 {
+                        " (stream closed)"
+                    } else {
+                        ""
+                    }
+                ),
+                _ => String::new(),
+            };
             let _ = writeln!(
                 out,
-                "bucket {t}/{p}/{b}: leader node {} (epoch {}), leader epoch {}",
+                "bucket {t}/{p}/{b}: leader node {} (epoch {}), leader epoch {}{moving}",
                 r.leader_node_id, r.leader_node_epoch, r.leader_epoch
             );
         }
@@ -194,7 +273,20 @@ fn leads(steps: &[Step]) -> Vec<((u64, u64, u32), u64, Why)> {
                 node_id,
                 why,
             } => Some((*bucket, *node_id, *why)),
-            Step::DropKvSnapshot { .. } => None,
+            _ => None,
+        })
+        .collect()
+}
+
+/// `(bucket, to, why)` of the moves.
+fn transfers(steps: &[Step]) -> Vec<((u64, u64, u32), u64, Why)> {
+    steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Transfer {
+                bucket, to, why, ..
+            } => Some((*bucket, *to, *why)),
+            _ => None,
         })
         .collect()
 }
@@ -294,7 +386,7 @@ fn drained_nodes_lose_their_buckets_and_get_no_new_ones() {
             .all(|(_, n, why)| *n != 3 && *why == Why::Unassigned)
     );
     let steps = t.plan("drain", planner::plan_drain(&c.observe(true)));
-    let moved = leads(&steps);
+    let moved = transfers(&steps);
     assert_eq!(moved.len(), 2);
     assert!(
         moved
@@ -314,7 +406,7 @@ fn a_rebalance_evens_out_the_buckets_per_node() {
     assert!(nothing.is_empty(), "live leaders never move on their own");
     let steps = t.plan("rebalance", planner::plan_rebalance(&c.observe(true)));
     let mut load: BTreeMap<u64, i64> = BTreeMap::from([(1, 6), (2, 2), (3, 0)]);
-    for (_, to, why) in leads(&steps) {
+    for (_, to, why) in transfers(&steps) {
         let Why::Rebalance { from } = why else {
             panic!("{why:?}")
         };
@@ -341,7 +433,7 @@ fn old_kv_snapshots_are_dropped() {
         .iter()
         .filter_map(|s| match s {
             Step::DropKvSnapshot { snapshot_id, .. } => Some(*snapshot_id),
-            Step::Lead { .. } => None,
+            _ => None,
         })
         .collect();
     assert_eq!(dropped, vec![2, 1], "all but the newest of each bucket");
@@ -356,4 +448,87 @@ fn old_kv_snapshots_are_dropped() {
     );
     assert_eq!(two.len(), 1);
     t.finish("kv_snapshots");
+}
+
+#[test]
+fn a_move_waits_for_the_leader_to_hand_the_bucket_over() {
+    let mut c = Cluster::nodes(3);
+    c.table(1, 3, &[1, 2, 3]);
+    c.drain(3);
+    let mut t = Transcript::new(&c);
+    let steps = t.plan("drain", planner::plan_drain(&c.observe(true)));
+    assert_eq!(
+        transfers(&steps),
+        vec![((1, 0, 2), 1, Why::Drain { from: 3 })]
+    );
+    c.apply(&steps);
+    // Pending: the target is not given the bucket, nor is it moved again.
+    let t2 = Transcript::new(&c);
+    t.out.push_str(&t2.out);
+    let waiting = t.plan(
+        "plan while node 3 hands over",
+        planner::plan(&c.observe(true), &config()),
+    );
+    assert!(waiting.is_empty(), "{waiting:?}");
+    let again = t.plan(
+        "drain while node 3 hands over",
+        planner::plan_drain(&c.observe(true)),
+    );
+    assert!(again.is_empty(), "{again:?}");
+    // Node 3 closed the stream at its leader epoch: node 1 leads it.
+    c.stream(102).state = StreamState::Closed as i32;
+    let steps = t.plan(
+        "plan once handed over",
+        planner::plan(&c.observe(true), &config()),
+    );
+    assert_eq!(
+        leads(&steps),
+        vec![((1, 0, 2), 1, Why::HandedOver { from: 3 })]
+    );
+    t.finish("handover");
+}
+
+#[test]
+fn a_move_that_cannot_finish_is_forced_or_cancelled() {
+    let mut c = Cluster::nodes(3);
+    c.table(1, 4, &[1, 1, 1, 2]);
+    let mut t = Transcript::new(&c);
+    let steps = t.plan("rebalance", planner::plan_rebalance(&c.observe(true)));
+    assert_eq!(transfers(&steps).len(), 1);
+    c.apply(&steps);
+    let (bucket, to, _) = transfers(&steps)[0];
+    let stream_id = c.state.buckets[&bucket].stream_id;
+    // The leader does not hand over in time: the target leads it anyway (fencing it).
+    c.overdue.insert(stream_id);
+    let steps = t.plan(
+        "plan with the handover overdue",
+        planner::plan(&c.observe(true), &config()),
+    );
+    assert_eq!(
+        leads(&steps),
+        vec![(bucket, to, Why::HandoverOverdue { from: 1 })]
+    );
+    c.overdue.clear();
+    // The target died before the handover: the move is forgotten, the bucket stays.
+    c.live.remove(&to);
+    let steps = t.plan(
+        "plan with the target dead",
+        planner::plan(&c.observe(true), &config()),
+    );
+    assert!(
+        matches!(steps.as_slice(), [Step::CancelTransfer { leader: 1, .. }]),
+        "{steps:?}"
+    );
+    c.live.insert(to, 1);
+    // The leader died mid-move and the bucket failed over elsewhere: the move is forgotten.
+    c.state.buckets.get_mut(&bucket).unwrap().leader_node_id = 2;
+    let steps = t.plan(
+        "plan after a failover elsewhere",
+        planner::plan(&c.observe(true), &config()),
+    );
+    assert!(
+        matches!(steps.as_slice(), [Step::CancelTransfer { leader: 2, .. }]),
+        "{steps:?}"
+    );
+    t.finish("handover_forced_or_cancelled");
 }

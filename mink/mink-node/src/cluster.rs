@@ -96,7 +96,8 @@ impl Node {
 
     /// The moves a rebalance makes (`dry_run`: planned from this node's view, nothing moves),
     /// as one line each. Otherwise the request goes through the metadata log to the
-    /// coordinator, which carries it out; the answer is what it moved.
+    /// coordinator, which carries it out; the answer is what it moved, once the buckets are handed
+    /// over (or after 30 s).
     pub async fn rebalance(&self, dry_run: bool) -> NodeResult<Vec<String>> {
         if dry_run {
             let live: BTreeMap<u64, u64> = self
@@ -108,10 +109,12 @@ impl Node {
                 .map(|n| (n.node_id, n.node_epoch))
                 .collect();
             let view = self.view();
+            let overdue = std::collections::BTreeSet::new();
             let obs = Observation {
                 state: &view.state,
                 live: &live,
                 failover: false,
+                overdue: &overdue,
             };
             return Ok(planner::plan_rebalance(&obs)
                 .iter()
@@ -138,7 +141,9 @@ impl Node {
                 let text = String::from_utf8_lossy(&done.value).into_owned();
                 let mut lines = text.lines();
                 if lines.next() == Some(token.as_str()) {
-                    return Ok(lines.map(str::to_string).collect());
+                    let moves = lines.map(str::to_string).collect();
+                    self.wait_for_moves(deadline).await;
+                    return Ok(moves);
                 }
             }
             let waited = tokio::time::timeout_at(
@@ -150,6 +155,26 @@ impl Node {
                 return Err(NodeError::Unavailable(
                     "the coordinator has not answered the rebalance request yet (is a node holding the lease?); it stays pending".into(),
                 ));
+            }
+        }
+    }
+
+    /// Waits (until `deadline` at most) for the moves in progress to finish: each bucket
+    /// handed over and led by its target. Moves still running afterwards finish on their own.
+    async fn wait_for_moves(&self, deadline: tokio::time::Instant) {
+        loop {
+            let view = self.view();
+            let moving = view
+                .state
+                .buckets
+                .values()
+                .any(|b| planner::moving_to(&view.state, b).is_some());
+            if !moving {
+                return;
+            }
+            let next = self.inner.sink.wait_applied(view.applied_index + 1);
+            if tokio::time::timeout_at(deadline, next).await.is_err() {
+                return;
             }
         }
     }

@@ -400,79 +400,88 @@ impl Node {
             .iter()
             .map(|(k, o)| (*k, o.clone()))
             .collect();
-        let me = self.inner.sink.node();
         let mut taken = 0;
-        for ((table_id, partition_id, bucket), open) in open {
-            let view = self.view();
-            let latest = view
-                .state
-                .kv_snapshots
-                .values()
-                .filter(|s| {
-                    (s.table_id, s.partition_id, s.bucket) == (table_id, partition_id, bucket)
-                })
-                .max_by_key(|s| s.snapshot_id)
-                .cloned();
-            let applied = open.tablet.applied_offset()?;
-            if open.tablet.is_failed()
-                || latest.as_ref().is_some_and(|s| s.log_offset >= applied)
-                || applied == 0
-            {
-                continue;
-            }
-            let snapshot_id = latest.map_or(1, |s| s.snapshot_id + 1);
-            let location = format!(
-                "kv-snapshots/{table_id}/{partition_id}/{bucket}/{snapshot_id:020}-{}.arrows",
-                open.leader_epoch
-            );
-            let info = open
-                .tablet
-                .write_snapshot(
-                    self.inner.streams.object_store(),
-                    &object_store::path::Path::from(location.as_str()),
-                )
-                .await?;
-            let proposed = self
-                .inner
-                .sink
-                .propose(Command::CommitKvSnapshot(CommitKvSnapshot {
-                    node_id: me.node_id,
-                    node_epoch: me.node_epoch,
+        for (key, open) in open {
+            taken += usize::from(self.snapshot_kv_bucket(key, &open).await?);
+        }
+        Ok(taken)
+    }
+
+    /// Snapshots one open KV tablet if its working copy moved since the bucket's latest
+    /// snapshot. Returns whether a snapshot was recorded.
+    pub(crate) async fn snapshot_kv_bucket(
+        &self,
+        (table_id, partition_id, bucket): mink_metadata::BucketKey,
+        open: &OpenKv,
+    ) -> NodeResult<bool> {
+        let me = self.inner.sink.node();
+        let view = self.view();
+        let latest = view
+            .state
+            .kv_snapshots
+            .values()
+            .filter(|s| (s.table_id, s.partition_id, s.bucket) == (table_id, partition_id, bucket))
+            .max_by_key(|s| s.snapshot_id)
+            .cloned();
+        let applied = open.tablet.applied_offset()?;
+        if open.tablet.is_failed()
+            || latest.as_ref().is_some_and(|s| s.log_offset >= applied)
+            || applied == 0
+        {
+            return Ok(false);
+        }
+        let snapshot_id = latest.map_or(1, |s| s.snapshot_id + 1);
+        let location = format!(
+            "kv-snapshots/{table_id}/{partition_id}/{bucket}/{snapshot_id:020}-{}.arrows",
+            open.leader_epoch
+        );
+        let info = open
+            .tablet
+            .write_snapshot(
+                self.inner.streams.object_store(),
+                &object_store::path::Path::from(location.as_str()),
+            )
+            .await?;
+        let proposed = self
+            .inner
+            .sink
+            .propose(Command::CommitKvSnapshot(CommitKvSnapshot {
+                node_id: me.node_id,
+                node_epoch: me.node_epoch,
+                table_id,
+                partition_id,
+                bucket,
+                leader_epoch: open.leader_epoch,
+                snapshot_id,
+                log_offset: info.log_offset,
+                location: location.clone(),
+                size_bytes: info.size_bytes,
+            }))
+            .await?;
+        match proposed.result {
+            Ok(_) => {
+                tracing::info!(
                     table_id,
                     partition_id,
                     bucket,
-                    leader_epoch: open.leader_epoch,
                     snapshot_id,
-                    log_offset: info.log_offset,
-                    location: location.clone(),
-                    size_bytes: info.size_bytes,
-                }))
-                .await?;
-            match proposed.result {
-                Ok(_) => {
-                    taken += 1;
-                    tracing::info!(
-                        table_id,
-                        partition_id,
-                        bucket,
-                        snapshot_id,
-                        rows = info.rows,
-                        offset = info.log_offset,
-                        "KV snapshot"
-                    );
-                }
-                Err(r) => {
-                    tracing::info!(%r, table_id, bucket, "KV snapshot refused");
-                    let _ = self
-                        .inner
-                        .streams
-                        .object_store()
-                        .delete(&object_store::path::Path::from(location.as_str()))
-                        .await;
-                }
+                    rows = info.rows,
+                    offset = info.log_offset,
+                    "KV snapshot"
+                );
+                Ok(true)
+            }
+            Err(r) => {
+                tracing::info!(%r, table_id, bucket, "KV snapshot refused");
+                let _ = self
+                    .inner
+                    .streams
+                    .object_store()
+                    .delete(&object_store::path::Path::from(location.as_str()))
+                    .await;
+                Ok(false)
             }
         }
-        Ok(taken)
     }
 }
 

@@ -488,31 +488,6 @@ impl Node {
         loop {
             let led = self.inner.led.read().expect("led lock").get(&key).cloned();
             let view = self.view();
-            if let Some(led) = led {
-                // Still the leader at that epoch in the newest view: a bucket moved away a
-                // moment ago is redirected now rather than fenced at its next commit.
-                let me = self.inner.sink.node();
-                let current = view.state.buckets.get(&key).is_some_and(|b| {
-                    b.leader_node_id == me.node_id
-                        && b.leader_node_epoch == me.node_epoch
-                        && b.leader_epoch == led.leader_epoch
-                });
-                if current {
-                    return Ok(LogTablet::new(
-                        self.inner.streams.clone(),
-                        led.stream_id,
-                        schema,
-                        options.compression,
-                    ));
-                }
-                let mut led_now = self.inner.led.write().expect("led lock");
-                if led_now
-                    .get(&key)
-                    .is_some_and(|l| l.leader_epoch == led.leader_epoch)
-                {
-                    led_now.remove(&key);
-                }
-            }
             let record = view.state.buckets.get(&key).ok_or_else(|| {
                 NodeError::NotFound(format!(
                     "bucket {bucket} of {}.{} does not exist",
@@ -520,11 +495,41 @@ impl Node {
                 ))
             })?;
             let me = self.inner.sink.node();
+            let mine =
+                record.leader_node_id == me.node_id && record.leader_node_epoch == me.node_epoch;
+            // A move in progress: its leader hands the bucket over to `moving`.
+            let moving = mink_coordinator::planner::moving_to(&view.state, record);
+            if let Some(led) = led {
+                // Still the leader at that epoch in the newest view: a bucket moved away a
+                // moment ago is redirected now rather than fenced at its next commit.
+                if mine && record.leader_epoch == led.leader_epoch && moving.is_none() {
+                    return Ok(LogTablet::new(
+                        self.inner.streams.clone(),
+                        led.stream_id,
+                        schema,
+                        options.compression,
+                    ));
+                }
+                if !mine || record.leader_epoch != led.leader_epoch {
+                    let mut led_now = self.inner.led.write().expect("led lock");
+                    if led_now
+                        .get(&key)
+                        .is_some_and(|l| l.leader_epoch == led.leader_epoch)
+                    {
+                        led_now.remove(&key);
+                    }
+                }
+            }
+            if let Some(to) = moving.filter(|_| mine) {
+                // Being handed over: writes go to the node that leads it next.
+                return Err(self.not_leader(table, &view, record, to, record.leader_epoch + 1));
+            }
             if record.leader_node_id == 0
                 || (record.leader_node_id == me.node_id
                     && record.leader_node_epoch != me.node_epoch)
+                || moving == Some(me.node_id)
             {
-                // The coordinator has not (re)assigned it yet.
+                // The coordinator has not (re)assigned it yet, or is moving it here.
                 let waited = tokio::time::timeout_at(
                     deadline,
                     self.inner.sink.wait_applied(view.applied_index + 1),
@@ -547,27 +552,45 @@ impl Node {
                     options.compression,
                 ));
             }
-            let address = view
-                .state
-                .nodes
-                .get(&record.leader_node_id)
-                .map(|n| n.address.clone())
-                .unwrap_or_default();
-            return Err(NodeError::NotLeader {
-                bucket: BucketRef {
-                    database: table.database.clone(),
-                    table: table.name.clone(),
-                    partition: view
-                        .state
-                        .partitions
-                        .get(&(table.table_id, partition_id))
-                        .map(|p| p.name.clone()),
-                    bucket,
-                },
-                leader: record.leader_node_id,
-                address,
-                leader_epoch: record.leader_epoch,
-            });
+            return Err(self.not_leader(
+                table,
+                &view,
+                record,
+                record.leader_node_id,
+                record.leader_epoch,
+            ));
+        }
+    }
+
+    /// `NotLeader` for a bucket of `table`, naming `leader` and where to reach it.
+    fn not_leader(
+        &self,
+        table: &TableRecord,
+        view: &View,
+        record: &BucketRecord,
+        leader: u64,
+        leader_epoch: u64,
+    ) -> NodeError {
+        let address = view
+            .state
+            .nodes
+            .get(&leader)
+            .map(|n| n.address.clone())
+            .unwrap_or_default();
+        NodeError::NotLeader {
+            bucket: BucketRef {
+                database: table.database.clone(),
+                table: table.name.clone(),
+                partition: view
+                    .state
+                    .partitions
+                    .get(&(table.table_id, record.partition_id))
+                    .map(|p| p.name.clone()),
+                bucket: record.bucket,
+            },
+            leader,
+            address,
+            leader_epoch,
         }
     }
 

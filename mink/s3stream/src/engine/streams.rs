@@ -239,11 +239,20 @@ impl S3Stream {
         Ok(owned)
     }
 
+    /// Refuses new appends to `stream_id` (`NotOpen`) and waits until every append accepted
+    /// so far has been answered: the first half of [`S3Stream::close`], for a caller that
+    /// has something to do between the last append and the close (a handover). Returns the
+    /// epoch the stream is open at.
+    pub async fn stop_appends(&self, stream_id: u64) -> Result<u64, StreamError> {
+        let epoch = self.start_closing(stream_id)?;
+        self.drain(stream_id).await;
+        Ok(epoch)
+    }
+
     /// Waits until every append accepted for `stream_id` so far has been answered, then
     /// closes the stream. Its committed data stays readable.
     pub async fn close(&self, stream_id: u64) -> Result<(), StreamError> {
-        let epoch = self.start_closing(stream_id)?;
-        self.drain(stream_id).await;
+        let epoch = self.stop_appends(stream_id).await?;
         let node = self.engine.sink.node();
         self.let_go(
             stream_id,
