@@ -111,7 +111,7 @@ async fn until_live(node: &Node, n: usize) -> anyhow::Result<()> {
 
 async fn failover(ttl: Duration) -> anyhow::Result<Failover> {
     let dir = tempfile::tempdir()?;
-    let url = metadata_url(dir.path(), "failover").await?;
+    let url = metadata_url(dir.path(), &format!("failover{}", ttl.as_millis())).await?;
     let mut nodes = Vec::new();
     for id in 1..=3 {
         nodes.push(Node::start(config(&url, dir.path(), id, ttl)).await?);
