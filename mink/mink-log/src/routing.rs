@@ -192,8 +192,51 @@ pub fn check_key_type(data_type: &DataType) -> LogResult<()> {
     }
 }
 
+/// The bucket of each row of a single integer key column, or `None` for another key: the
+/// same hash as the general path (a valid byte, then the value as 8 bytes little-endian),
+/// without a closure call and a buffer per row.
+fn integer_buckets(column: &ArrayRef, bucket_count: u32) -> Option<Vec<u32>> {
+    fn hash<T: ArrowPrimitiveType>(
+        column: &ArrayRef,
+        bucket_count: u32,
+        widen: impl Fn(T::Native) -> [u8; 8],
+    ) -> Vec<u32> {
+        let a = column.as_primitive::<T>();
+        let null = murmur3_32(&[0], 0) % bucket_count;
+        let mut key = [1u8; 9];
+        (0..a.len())
+            .map(|row| {
+                if a.is_null(row) {
+                    return null;
+                }
+                key[1..].copy_from_slice(&widen(a.value(row)));
+                murmur3_32(&key, 0) % bucket_count
+            })
+            .collect()
+    }
+    let n = bucket_count.max(1);
+    let signed = |v: i64| v.to_le_bytes();
+    Some(match column.data_type() {
+        DataType::Int8 => hash::<Int8Type>(column, n, |v| signed(v.into())),
+        DataType::Int16 => hash::<Int16Type>(column, n, |v| signed(v.into())),
+        DataType::Int32 => hash::<Int32Type>(column, n, |v| signed(v.into())),
+        DataType::Date32 => hash::<Date32Type>(column, n, |v| signed(v.into())),
+        DataType::Int64 => hash::<Int64Type>(column, n, signed),
+        DataType::UInt8 => hash::<UInt8Type>(column, n, |v| u64::from(v).to_le_bytes()),
+        DataType::UInt16 => hash::<UInt16Type>(column, n, |v| u64::from(v).to_le_bytes()),
+        DataType::UInt32 => hash::<UInt32Type>(column, n, |v| u64::from(v).to_le_bytes()),
+        DataType::UInt64 => hash::<UInt64Type>(column, n, u64::to_le_bytes),
+        _ => return None,
+    })
+}
+
 /// The bucket of each row, given the indices of the bucket-key columns.
 pub fn buckets_of(batch: &RecordBatch, key: &[usize], bucket_count: u32) -> LogResult<Vec<u32>> {
+    if let [single] = key
+        && let Some(buckets) = integer_buckets(batch.column(*single), bucket_count)
+    {
+        return Ok(buckets);
+    }
     let encoders = key
         .iter()
         .map(|&i| encoder(batch.column(i)))

@@ -167,6 +167,54 @@ fn murmur3_matches_the_reference_vectors() {
     );
 }
 
+/// The bucket of an integer key is the hash of its encoding (a valid byte, the value as 8
+/// bytes little-endian; a null is one 0 byte), whatever the integer type.
+#[test]
+fn integer_keys_hash_their_documented_encoding() {
+    let values = [
+        Some(0i64),
+        Some(-1),
+        Some(7),
+        None,
+        Some(i64::from(i32::MAX)),
+        Some(42),
+    ];
+    let want: Vec<u32> = values
+        .iter()
+        .map(|v| match v {
+            Some(v) => {
+                let mut key = vec![1u8];
+                key.extend_from_slice(&v.to_le_bytes());
+                murmur3_32(&key, 0) % 5
+            }
+            None => murmur3_32(&[0], 0) % 5,
+        })
+        .collect();
+    let narrow: Vec<Option<i32>> = values.iter().map(|v| v.map(|v| v as i32)).collect();
+    for column in [
+        Arc::new(Int64Array::from(values.to_vec())) as ArrayRef,
+        Arc::new(Int32Array::from(narrow.clone())) as ArrayRef,
+        Arc::new(Date32Array::from(narrow)) as ArrayRef,
+    ] {
+        let batch = RecordBatch::try_from_iter(vec![("k", column)]).unwrap();
+        assert_eq!(buckets_of(&batch, &[0], 5).unwrap(), want);
+    }
+    let unsigned = RecordBatch::try_from_iter(vec![(
+        "k",
+        Arc::new(UInt64Array::from(vec![u64::MAX, 3])) as ArrayRef,
+    )])
+    .unwrap();
+    let expect = |v: u64| {
+        let mut key = vec![1u8];
+        key.extend_from_slice(&v.to_le_bytes());
+        murmur3_32(&key, 0) % 5
+    };
+    assert_eq!(
+        buckets_of(&unsigned, &[0], 5).unwrap(),
+        vec![expect(u64::MAX), expect(3)]
+    );
+}
+
 #[test]
 fn routing_is_independent_of_integer_width_and_keeps_rows() {
     let narrow = RecordBatch::try_from_iter(vec![(

@@ -131,8 +131,14 @@ impl ObjectBuilder {
     /// Blocks are closed once they reach `block_target` bytes (a batch is never split), so a
     /// reader of a few offsets fetches about that much.
     pub fn new(block_target: usize) -> Self {
+        Self::with_capacity(block_target, 0)
+    }
+
+    /// [`ObjectBuilder::new`] with room for `capacity` bytes up front: an object built from
+    /// batches whose sizes are known grows without copying itself.
+    pub fn with_capacity(block_target: usize, capacity: usize) -> Self {
         ObjectBuilder {
-            buf: BytesMut::new(),
+            buf: BytesMut::with_capacity(capacity),
             index: Vec::new(),
             open: None,
             block_target: block_target.max(1),

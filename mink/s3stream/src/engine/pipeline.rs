@@ -109,20 +109,26 @@ impl Engine {
     }
 
     pub(super) fn take_flush(&self, inflight: OwnedSemaphorePermit) -> Option<Flush> {
-        let (seq, pending) = {
+        let (seq, pending, pending_bytes) = {
             let mut state = self.state.lock().expect("wal lock");
             if state.pending.is_empty() {
                 state.first_pending = None;
                 return None;
             }
             let pending = std::mem::take(&mut state.pending);
-            state.pending_bytes = 0;
+            let bytes = std::mem::take(&mut state.pending_bytes);
             state.first_pending = None;
             let seq = state.next_seq;
             state.next_seq += 1;
-            (seq, pending)
+            (seq, pending, bytes)
         };
-        let mut builder = ObjectBuilder::new(self.config.block_bytes);
+        // The payloads, a 16-byte header per batch, and a little for block checksums and
+        // the index: built without reallocating (and copying) a growing buffer.
+        let batches: usize = pending.values().map(Vec::len).sum();
+        let mut builder = ObjectBuilder::with_capacity(
+            self.config.block_bytes,
+            pending_bytes + batches * 24 + 4096,
+        );
         let mut streams = BTreeMap::new();
         let mut broken = None;
         for (stream_id, batches) in pending {
