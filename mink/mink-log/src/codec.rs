@@ -220,14 +220,17 @@ pub fn stored_as_received(
     if !matches || usize::try_from(message.bodyLength()).ok()? != ipc.body.len() {
         return None;
     }
-    let mut out =
-        Vec::with_capacity(ipc.schema_header.len() + ipc.header.len() + ipc.body.len() + 32);
+    // As arrow's stream writer frames it: prefix and metadata padded to 64 bytes.
+    let padded = |header: &[u8]| (8 + header.len()).div_ceil(64) * 64 - 8;
+    // Sized exactly: growing a buffer of a whole batch would copy it again.
+    let mut out = Vec::with_capacity(
+        8 + padded(&ipc.schema_header) + 8 + padded(&ipc.header) + ipc.body.len() + 8,
+    );
     for (header, body) in [
         (&ipc.schema_header[..], &b""[..]),
         (&ipc.header[..], &ipc.body[..]),
     ] {
-        // As arrow's stream writer frames it: prefix and metadata padded to 64 bytes.
-        let padded = (8 + header.len()).div_ceil(64) * 64 - 8;
+        let padded = padded(header);
         out.extend_from_slice(&[0xff; 4]);
         out.extend_from_slice(&i32::try_from(padded).ok()?.to_le_bytes());
         out.extend_from_slice(header);
@@ -235,6 +238,7 @@ pub fn stored_as_received(
         out.extend_from_slice(body);
     }
     out.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0]);
+    debug_assert_eq!(out.len(), out.capacity());
     Some(Bytes::from(out))
 }
 
