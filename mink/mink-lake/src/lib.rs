@@ -1,0 +1,161 @@
+//! Mink's lakehouse half: the Apache Iceberg tables that hold a Mink table's history.
+//!
+//! - [`storage`]: Iceberg's file I/O over the node's object store.
+//! - [`table`]: a Mink table's lake schema and partitioning, and the check an existing Iceberg
+//!   table passes to be attached.
+//! - [`Lake`]: the catalog (iceberg-rust's SQL catalog on the metadata database, the one
+//!   pyiceberg reads too) and the warehouse (`<object store>/lake`).
+
+pub mod storage;
+pub mod table;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow::datatypes::Schema as ArrowSchema;
+use iceberg::table::Table;
+use iceberg::{Catalog, CatalogBuilder as _, NamespaceIdent, TableCreation, TableIdent};
+use iceberg_catalog_sql::{SqlBindStyle, SqlCatalog, SqlCatalogBuilder};
+use object_store::ObjectStore;
+
+use crate::storage::{ObjectStoreStorage, ObjectStoreStorageFactory};
+
+/// The catalog name Mink's lake tables are registered under (`catalog_name` in the SQL
+/// catalog's tables; pyiceberg's `SqlCatalog("mink", ...)` finds them).
+pub const CATALOG_NAME: &str = "mink";
+
+#[derive(Debug, thiserror::Error)]
+pub enum LakeError {
+    /// A Mink table and an Iceberg table (or Iceberg itself) disagree about a column.
+    #[error("column {column:?}: {reason}")]
+    Incompatible { column: String, reason: String },
+    #[error("Iceberg table {0} does not exist")]
+    NotFound(String),
+    #[error("Iceberg table {0} already exists (attach it instead)")]
+    AlreadyExists(String),
+    #[error("Iceberg: {0}")]
+    Iceberg(String),
+}
+
+impl From<iceberg::Error> for LakeError {
+    fn from(e: iceberg::Error) -> Self {
+        LakeError::Iceberg(e.to_string())
+    }
+}
+
+pub type LakeResult<T> = Result<T, LakeError>;
+
+/// The lake of a cluster: its Iceberg catalog and warehouse.
+#[derive(Debug, Clone)]
+pub struct Lake {
+    catalog: Arc<SqlCatalog>,
+    warehouse: String,
+}
+
+/// The SQL catalog's URL for a metadata URL (`sqlite://...` or `postgres://...`): SQLite files
+/// are created if missing, as the metadata sink does.
+fn catalog_uri(metadata_url: &str) -> String {
+    if metadata_url.starts_with("sqlite:") && !metadata_url.contains("mode=") {
+        let sep = if metadata_url.contains('?') { '&' } else { '?' };
+        format!("{metadata_url}{sep}mode=rwc")
+    } else {
+        metadata_url.to_string()
+    }
+}
+
+impl Lake {
+    /// Opens the lake of the cluster whose metadata is at `metadata_url` and whose objects are
+    /// in `store` (opened from `store_url`). Creates the catalog's tables if missing.
+    pub async fn open(
+        metadata_url: &str,
+        store_url: &str,
+        store: Arc<dyn ObjectStore>,
+    ) -> LakeResult<Lake> {
+        let storage = ObjectStoreStorage::new(store_url, store)?;
+        let warehouse = format!("{}/lake", storage.root());
+        let bind = if metadata_url.starts_with("postgres") {
+            SqlBindStyle::DollarNumeric
+        } else {
+            SqlBindStyle::QMark
+        };
+        let catalog = SqlCatalogBuilder::default()
+            .uri(catalog_uri(metadata_url))
+            .warehouse_location(&warehouse)
+            .sql_bind_style(bind)
+            .with_storage_factory(Arc::new(ObjectStoreStorageFactory::new(storage)))
+            .load(CATALOG_NAME, HashMap::new())
+            .await?;
+        Ok(Lake {
+            catalog: Arc::new(catalog),
+            warehouse,
+        })
+    }
+
+    /// The warehouse location: lake tables live below it (`<warehouse>/<database>/<table>`).
+    pub fn warehouse(&self) -> &str {
+        &self.warehouse
+    }
+
+    fn ident(database: &str, table: &str) -> LakeResult<TableIdent> {
+        Ok(TableIdent::new(
+            NamespaceIdent::new(database.to_string()),
+            table.to_string(),
+        ))
+    }
+
+    /// Creates the lake table of Mink table `database.table` with `columns`, partitioned by
+    /// `partition_keys` (identity). Fails if an Iceberg table of that name exists.
+    pub async fn create_table(
+        &self,
+        database: &str,
+        table: &str,
+        columns: &ArrowSchema,
+        partition_keys: &[String],
+    ) -> LakeResult<Table> {
+        let ident = Self::ident(database, table)?;
+        if self.catalog.table_exists(&ident).await? {
+            return Err(LakeError::AlreadyExists(format!("{database}.{table}")));
+        }
+        let schema = table::lake_schema(columns)?;
+        let spec = table::lake_partition_spec(&schema, partition_keys)?;
+        let namespace = ident.namespace().clone();
+        if !self.catalog.namespace_exists(&namespace).await? {
+            self.catalog
+                .create_namespace(&namespace, HashMap::new())
+                .await?;
+        }
+        let creation = TableCreation::builder()
+            .name(table.to_string())
+            .location(format!("{}/{database}/{table}", self.warehouse))
+            .schema(schema)
+            .partition_spec(spec)
+            .properties([(
+                "write.parquet.compression-codec".to_string(),
+                "zstd".to_string(),
+            )])
+            .build();
+        Ok(self.catalog.create_table(&namespace, creation).await?)
+    }
+
+    /// The Iceberg table `database.table` as Mink table `database.table`'s lake, after checking
+    /// it can hold the table's `columns` ([`table::check_compatible`]).
+    pub async fn attach_table(
+        &self,
+        database: &str,
+        table: &str,
+        columns: &ArrowSchema,
+    ) -> LakeResult<Table> {
+        let loaded = self.load_table(database, table).await?;
+        table::check_compatible(loaded.metadata().current_schema(), columns)?;
+        Ok(loaded)
+    }
+
+    /// The lake table of `database.table`.
+    pub async fn load_table(&self, database: &str, table: &str) -> LakeResult<Table> {
+        let ident = Self::ident(database, table)?;
+        if !self.catalog.table_exists(&ident).await? {
+            return Err(LakeError::NotFound(format!("{database}.{table}")));
+        }
+        Ok(self.catalog.load_table(&ident).await?)
+    }
+}

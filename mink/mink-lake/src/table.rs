@@ -1,0 +1,168 @@
+//! A Mink table's Iceberg table: its schema (the table's columns, then `__bucket`,
+//! `__offset`, `__timestamp`), its partitioning (identity on the Mink table's partition
+//! keys), and the check an existing Iceberg table passes before it is attached instead.
+
+use std::sync::Arc;
+
+use arrow::datatypes::{Field, Schema as ArrowSchema};
+use iceberg::arrow::arrow_schema_to_schema_auto_assign_ids;
+use iceberg::spec::{
+    NestedField, NestedFieldRef, PrimitiveType, Schema, Transform, Type, UnboundPartitionSpec,
+};
+
+use crate::{LakeError, LakeResult};
+
+/// The bucket a lake row came from (Iceberg `int`).
+pub const BUCKET_COLUMN: &str = "__bucket";
+/// The row's offset in its bucket's log (Iceberg `long`).
+pub const OFFSET_COLUMN: &str = "__offset";
+/// When the row was appended to the log (Iceberg `timestamptz`, microseconds).
+pub const TIMESTAMP_COLUMN: &str = "__timestamp";
+
+/// The system columns, in the order they follow the table's columns.
+pub fn system_columns() -> [(&'static str, PrimitiveType); 3] {
+    [
+        (BUCKET_COLUMN, PrimitiveType::Int),
+        (OFFSET_COLUMN, PrimitiveType::Long),
+        (TIMESTAMP_COLUMN, PrimitiveType::Timestamptz),
+    ]
+}
+
+/// The Iceberg type of one Mink column (field ids inside nested types are placeholders).
+fn column_type(field: &Field) -> LakeResult<NestedFieldRef> {
+    let one = ArrowSchema::new(vec![field.clone()]);
+    let converted =
+        arrow_schema_to_schema_auto_assign_ids(&one).map_err(|e| LakeError::Incompatible {
+            column: field.name().clone(),
+            reason: format!("{} has no Iceberg type ({e})", field.data_type()),
+        })?;
+    Ok(Arc::clone(&converted.as_struct().fields()[0]))
+}
+
+/// The Iceberg schema of a Mink table's lake: `columns` (with the Iceberg types of their Arrow
+/// types), then the system columns, all required but the nullable columns.
+pub fn lake_schema(columns: &ArrowSchema) -> LakeResult<Schema> {
+    for field in columns.fields() {
+        if system_columns().iter().any(|(n, _)| n == field.name()) {
+            return Err(LakeError::Incompatible {
+                column: field.name().clone(),
+                reason: "the name is reserved for the lake's system columns".into(),
+            });
+        }
+        column_type(field)?;
+    }
+    let user = arrow_schema_to_schema_auto_assign_ids(columns)
+        .map_err(|e| LakeError::Iceberg(e.to_string()))?;
+    let mut fields: Vec<NestedFieldRef> = user.as_struct().fields().to_vec();
+    for (id, (name, t)) in (user.highest_field_id() + 1..).zip(system_columns()) {
+        fields.push(Arc::new(NestedField::required(
+            id,
+            name,
+            Type::Primitive(t),
+        )));
+    }
+    Schema::builder()
+        .with_fields(fields)
+        .build()
+        .map_err(|e| LakeError::Iceberg(e.to_string()))
+}
+
+/// Identity partitioning on `partition_keys` (columns of `schema`), as the Mink table's.
+pub fn lake_partition_spec(
+    schema: &Schema,
+    partition_keys: &[String],
+) -> LakeResult<UnboundPartitionSpec> {
+    let mut spec = UnboundPartitionSpec::builder();
+    for key in partition_keys {
+        let field = schema
+            .field_by_name(key)
+            .ok_or_else(|| LakeError::Incompatible {
+                column: key.clone(),
+                reason: "the partition key is not a column of the lake table".into(),
+            })?;
+        spec = spec
+            .add_partition_field(field.id, key, Transform::Identity)
+            .map_err(|e| LakeError::Iceberg(e.to_string()))?;
+    }
+    Ok(spec.build())
+}
+
+/// Whether two Iceberg types are the same, field ids aside.
+fn same_type(a: &Type, b: &Type) -> bool {
+    let same_field = |x: &NestedFieldRef, y: &NestedFieldRef| {
+        x.name == y.name && x.required == y.required && same_type(&x.field_type, &y.field_type)
+    };
+    match (a, b) {
+        (Type::Primitive(x), Type::Primitive(y)) => x == y,
+        (Type::Struct(x), Type::Struct(y)) => {
+            x.fields().len() == y.fields().len()
+                && x.fields()
+                    .iter()
+                    .zip(y.fields())
+                    .all(|(x, y)| same_field(x, y))
+        }
+        (Type::List(x), Type::List(y)) => same_field(&x.element_field, &y.element_field),
+        (Type::Map(x), Type::Map(y)) => {
+            same_field(&x.key_field, &y.key_field) && same_field(&x.value_field, &y.value_field)
+        }
+        _ => false,
+    }
+}
+
+/// Whether an existing Iceberg table can be a Mink table's lake: every Mink column is there
+/// with the same Iceberg type (and optional if the Mink column is nullable), and so are the
+/// system columns. Columns only the Iceberg table has are allowed if optional (tiering leaves
+/// them null). The error names the first column that does not fit.
+pub fn check_compatible(existing: &Schema, columns: &ArrowSchema) -> LakeResult<()> {
+    let incompatible = |column: &str, reason: String| LakeError::Incompatible {
+        column: column.to_string(),
+        reason,
+    };
+    for field in columns.fields() {
+        let want = column_type(field)?;
+        let Some(have) = existing.field_by_name(field.name()) else {
+            return Err(incompatible(
+                field.name(),
+                "missing from the Iceberg table".into(),
+            ));
+        };
+        if !same_type(&want.field_type, &have.field_type) {
+            return Err(incompatible(
+                field.name(),
+                format!(
+                    "the Iceberg table has {}, the Mink table needs {}",
+                    have.field_type, want.field_type
+                ),
+            ));
+        }
+        if have.required && field.is_nullable() {
+            return Err(incompatible(
+                field.name(),
+                "required in the Iceberg table, nullable in the Mink table".into(),
+            ));
+        }
+    }
+    for (name, t) in system_columns() {
+        match existing.field_by_name(name) {
+            Some(f) if *f.field_type == Type::Primitive(t.clone()) => {}
+            Some(f) => {
+                return Err(incompatible(
+                    name,
+                    format!("the Iceberg table has {}, the lake needs {t}", f.field_type),
+                ));
+            }
+            None => return Err(incompatible(name, "missing from the Iceberg table".into())),
+        }
+    }
+    for f in existing.as_struct().fields() {
+        let known = columns.field_with_name(&f.name).is_ok()
+            || system_columns().iter().any(|(n, _)| *n == f.name);
+        if !known && f.required {
+            return Err(incompatible(
+                &f.name,
+                "required in the Iceberg table but not a column of the Mink table".into(),
+            ));
+        }
+    }
+    Ok(())
+}
