@@ -3,11 +3,13 @@
 //! - [`storage`]: Iceberg's file I/O over the node's object store.
 //! - [`table`]: a Mink table's lake schema and partitioning, and the check an existing Iceberg
 //!   table passes to be attached.
+//! - [`tier`]: a round of log rows committed to the lake exactly once.
 //! - [`Lake`]: the catalog (iceberg-rust's SQL catalog on the metadata database, the one
 //!   pyiceberg reads too) and the warehouse (`<object store>/lake`).
 
 pub mod storage;
 pub mod table;
+pub mod tier;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -33,6 +35,17 @@ pub enum LakeError {
     NotFound(String),
     #[error("Iceberg table {0} already exists (attach it instead)")]
     AlreadyExists(String),
+    /// The rows of a bucket would leave a hole in the lake: it is tiered to `tiered` and the
+    /// round's rows continue only at `start` (a round starting past the tiered offset, or
+    /// batches with a gap between them).
+    #[error(
+        "bucket {bucket}: the lake is tiered to offset {tiered}, the round's rows continue at {start}"
+    )]
+    Gap {
+        bucket: u32,
+        tiered: u64,
+        start: u64,
+    },
     #[error("Iceberg: {0}")]
     Iceberg(String),
 }

@@ -267,7 +267,7 @@ fn python() -> Option<std::path::PathBuf> {
 /// with their types, its partitioning, its location, and (empty) data.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pyiceberg_reads_a_lake_table_mink_created() {
-    let Some(python) = python() else { return };
+    let Some(interpreter) = python() else { return };
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("metadata.db");
     let l = lake(&format!("sqlite://{}", db.display()), dir.path()).await;
@@ -275,7 +275,7 @@ async fn pyiceberg_reads_a_lake_table_mink_created() {
         .await
         .unwrap();
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pyiceberg_read.py");
-    let out = std::process::Command::new(python)
+    let out = std::process::Command::new(&interpreter)
         .arg(script)
         .arg(format!("sqlite:///{}", db.display()))
         .arg(l.warehouse())
@@ -305,4 +305,57 @@ async fn pyiceberg_reads_a_lake_table_mink_created() {
     assert_eq!(seen["partition"], serde_json::json!([["day", "identity"]]));
     assert_eq!(seen["location"], format!("{}/app/events", l.warehouse()));
     assert_eq!(seen["rows"], 0);
+
+    // An unpartitioned table with a tiered round: pyiceberg reads its rows and the summary.
+    let clicks = ArrowSchema::new(columns().fields()[..2].to_vec());
+    l.create_table("app", "clicks", &clicks, &[]).await.unwrap();
+    let rows = arrow::array::RecordBatch::try_new(
+        Arc::new(clicks),
+        vec![
+            Arc::new(arrow::array::Int64Array::from_iter_values(0..25)),
+            Arc::new(arrow::array::StringArray::from_iter_values(
+                (0..25).map(|i| format!("e{i}")),
+            )),
+        ],
+    )
+    .unwrap();
+    l.tier(
+        "app",
+        "clicks",
+        vec![mink_lake::tier::BucketRound {
+            partition_id: 0,
+            bucket: 3,
+            start_offset: 100,
+            end_offset: 125,
+            batches: vec![mink_lake::tier::LogRows {
+                base_offset: 100,
+                timestamp_us: 1_700_000_000_000_000,
+                rows,
+            }],
+        }],
+    )
+    .await
+    .unwrap();
+    let out = std::process::Command::new(&interpreter)
+        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pyiceberg_read.py"))
+        .arg(format!("sqlite:///{}", db.display()))
+        .arg(l.warehouse())
+        .args(["app", "clicks"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "pyiceberg failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(seen["rows"], 25, "{seen}");
+    assert_eq!(
+        seen["offsets"],
+        serde_json::json!((100..125).collect::<Vec<_>>())
+    );
+    assert_eq!(
+        seen["summary"],
+        serde_json::json!({"mink.tiered-offset.0.3": "125"})
+    );
 }

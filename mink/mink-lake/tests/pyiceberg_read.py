@@ -1,5 +1,6 @@
 """Loads a Mink lake table with pyiceberg through the SQL catalog Mink writes, and prints what
-it sees as JSON: the columns (name, type, required), the partition fields, the location.
+it sees as JSON: the columns (name, type, required), the partition fields, the location, the
+rows (their count and offsets) and Mink's tiered offsets in the snapshot summary.
 
     python pyiceberg_read.py <catalog uri> <warehouse> <database> <table>
 """
@@ -23,6 +24,15 @@ print(
             ],
             "location": t.location(),
             "rows": t.scan().to_arrow().num_rows,
+            "offsets": sorted(
+                t.scan(selected_fields=("__offset",)).to_arrow().column("__offset").to_pylist()
+            ),
+            "summary": {
+                k: v
+                for k, v in (t.current_snapshot().summary.additional_properties.items()
+                             if t.current_snapshot() else [])
+                if k.startswith("mink.")
+            },
         }
     )
 )
