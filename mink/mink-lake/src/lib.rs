@@ -84,6 +84,11 @@ impl Lake {
         store_url: &str,
         store: Arc<dyn ObjectStore>,
     ) -> LakeResult<Lake> {
+        if metadata_url.contains(":memory:") {
+            return Err(LakeError::Iceberg(
+                "the lake's catalog lives in the metadata database: an in-memory SQLite database is not shared between connections; use a file or PostgreSQL".into(),
+            ));
+        }
         let storage = ObjectStoreStorage::new(store_url, store)?;
         let warehouse = format!("{}/lake", storage.root());
         let bind = if metadata_url.starts_with("postgres") {
@@ -148,6 +153,24 @@ impl Lake {
             )])
             .build();
         Ok(self.catalog.create_table(&namespace, creation).await?)
+    }
+
+    /// The lake table of Mink table `database.table`: the Iceberg table of that name if there
+    /// is one and it fits ([`Lake::attach_table`]), else a new one ([`Lake::create_table`]).
+    pub async fn ensure_table(
+        &self,
+        database: &str,
+        table: &str,
+        columns: &ArrowSchema,
+        partition_keys: &[String],
+    ) -> LakeResult<Table> {
+        match self.attach_table(database, table, columns).await {
+            Err(LakeError::NotFound(_)) => {
+                self.create_table(database, table, columns, partition_keys)
+                    .await
+            }
+            other => other,
+        }
     }
 
     /// The Iceberg table `database.table` as Mink table `database.table`'s lake, after checking

@@ -206,3 +206,44 @@ async fn racing_rounds_commit_the_rows_once() {
         }
     }
 }
+
+/// The same on S3 (moto from `scripts/test.sh`): Iceberg metadata and Parquet files go through
+/// the node's object_store client, and the table is read back through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiering_works_on_s3() {
+    let (endpoint, bucket) = match (
+        std::env::var("MINK_TEST_S3_ENDPOINT"),
+        std::env::var("MINK_TEST_S3_BUCKET"),
+    ) {
+        (Ok(e), Ok(b)) if !e.is_empty() => (e, b),
+        _ if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("CI=true but MINK_TEST_S3_ENDPOINT is not set: run scripts/test.sh")
+        }
+        _ => return,
+    };
+    let url = format!(
+        "s3://{bucket}/lake-{:016x}?endpoint={endpoint}&allow_http=true&region=us-east-1\
+         &access_key_id=test&secret_access_key=test&virtual_hosted_style_request=false",
+        rand::random::<u64>()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let l = Lake::open(
+        &format!("sqlite://{}", dir.path().join("metadata.db").display()),
+        &url,
+        s3stream::store::open(&url).unwrap(),
+    )
+    .await
+    .unwrap();
+    assert!(
+        l.warehouse().starts_with(&format!("s3://{bucket}/lake-")),
+        "{}",
+        l.warehouse()
+    );
+    l.create_table("app", "events", &columns(), &[])
+        .await
+        .unwrap();
+    l.tier("app", "events", vec![round(0, 0, 25), round(1, 0, 12)])
+        .await
+        .unwrap();
+    assert_eq!(lake_rows(&l).await, expected(&[(0, 0, 25), (1, 0, 12)]));
+}

@@ -19,6 +19,12 @@ pub const BUCKET_KEY: &str = "bucket.key";
 pub const LOG_TTL: &str = "table.log.ttl";
 pub const LOG_FORMAT: &str = "table.log.format";
 pub const LOG_COMPRESSION: &str = "table.log.arrow.compression.type";
+/// Whether the table is tiered into the lake (`true`/`false`, as in Apache Fluss).
+pub const DATALAKE_ENABLED: &str = mink_metadata::OPTION_DATALAKE_ENABLED;
+/// The lake format: `iceberg`, the only one.
+pub const DATALAKE_FORMAT: &str = "table.datalake.format";
+/// How old the lake may get: a round is tiered once the last is this old (default `3min`).
+pub const DATALAKE_FRESHNESS: &str = "table.datalake.freshness";
 
 /// The options of a log table, parsed and checked.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -28,6 +34,8 @@ pub struct TableOptions {
     /// `None`: kept forever (`table.log.ttl` = `-1` or `inf`).
     pub log_ttl: Option<Duration>,
     pub compression: Compression,
+    /// `Some(freshness)` when the table is tiered into the lake.
+    pub lake_freshness: Option<Duration>,
 }
 
 impl TableOptions {
@@ -81,11 +89,35 @@ impl TableOptions {
             Some(v) if v == "NONE" => Compression::None,
             Some(v) => return Err(invalid(LOG_COMPRESSION, &v, "ZSTD or NONE")),
         };
+        let enabled = match options
+            .get(DATALAKE_ENABLED)
+            .map(|v| v.trim().to_ascii_lowercase())
+        {
+            None => false,
+            Some(v) if v == "true" => true,
+            Some(v) if v == "false" => false,
+            Some(v) => return Err(invalid(DATALAKE_ENABLED, &v, "true or false")),
+        };
+        if let Some(v) = options.get(DATALAKE_FORMAT)
+            && !v.trim().eq_ignore_ascii_case("iceberg")
+        {
+            return Err(invalid(DATALAKE_FORMAT, v, "iceberg"));
+        }
+        let freshness = match options.get(DATALAKE_FRESHNESS) {
+            None => Duration::from_secs(180),
+            Some(v) => parse_ttl(v)
+                .flatten()
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| {
+                    invalid(DATALAKE_FRESHNESS, v, "a duration such as 3min, 30s or 1h")
+                })?,
+        };
         Ok(TableOptions {
             bucket_count,
             bucket_key,
             log_ttl,
             compression,
+            lake_freshness: enabled.then_some(freshness),
         })
     }
 }

@@ -92,12 +92,15 @@ pub const MAX_PARTITIONS_PER_TABLE: usize = 1024;
 
 /// Options that only mean something for primary-key tables.
 /// Table options Mink acts on under the prefixes Apache Fluss reserves (`table.`, `bucket.`).
-const KNOWN_OPTIONS: [&str; 10] = [
+const KNOWN_OPTIONS: [&str; 13] = [
     mink_log::options::BUCKET_NUM,
     mink_log::options::BUCKET_KEY,
     mink_log::options::LOG_TTL,
     mink_log::options::LOG_FORMAT,
     mink_log::options::LOG_COMPRESSION,
+    mink_log::options::DATALAKE_ENABLED,
+    mink_log::options::DATALAKE_FORMAT,
+    mink_log::options::DATALAKE_FRESHNESS,
     mink_kv::definition::MERGE_ENGINE,
     mink_kv::definition::VERSION_COLUMN,
     mink_kv::definition::DELETE_BEHAVIOR,
@@ -110,19 +113,13 @@ const KNOWN_OPTIONS: [&str; 10] = [
 /// another system). Options outside those prefixes are the user's own properties, kept as
 /// given; `fields.<column>.*` and `auto-increment.fields` are checked by the key definition.
 fn check_options(options: &BTreeMap<String, String>) -> NodeResult<()> {
-    for (key, value) in options {
+    for key in options.keys() {
         let not_built = |feature: &str| {
             Err(NodeError::Invalid(format!(
                 "option {key}: {feature} is not built yet (README.md, \"Planned\"), so Mink refuses the option rather than ignore it"
             )))
         };
-        if key == mink_metadata::OPTION_DATALAKE_ENABLED {
-            if !value.trim().eq_ignore_ascii_case("false") {
-                return not_built("tiering into Apache Iceberg");
-            }
-        } else if key.starts_with("table.datalake.") {
-            return not_built("tiering into Apache Iceberg");
-        } else if key.starts_with("table.auto-partition.") {
+        if key.starts_with("table.auto-partition.") {
             return not_built("automatic partition creation and expiry");
         } else if (key.starts_with("table.") || key.starts_with("bucket."))
             && !KNOWN_OPTIONS.contains(&key.as_str())
@@ -347,6 +344,25 @@ impl Node {
             })?;
             mink_log::routing::check_key_type(field.data_type())?;
         }
+        if options.lake_freshness.is_some() {
+            // Before the table: a retry finds the Iceberg table and attaches it.
+            if !spec.primary_key.is_empty() {
+                return Err(NodeError::Invalid(format!(
+                    "option {}: primary-key tables in the lake are not built yet (README.md, \"Planned\")",
+                    mink_log::options::DATALAKE_ENABLED
+                )));
+            }
+            if !spec.partition_keys.is_empty() {
+                return Err(NodeError::Invalid(format!(
+                    "option {}: tiering partitioned tables is not built yet (README.md, \"Planned\")",
+                    mink_log::options::DATALAKE_ENABLED
+                )));
+            }
+            self.lake()
+                .await?
+                .ensure_table(&spec.database, &spec.name, schema, &spec.partition_keys)
+                .await?;
+        }
         let proposed = self
             .inner
             .sink
@@ -410,6 +426,21 @@ impl Node {
             options.remove(k);
         }
         TableOptions::parse(&options)?;
+        let lake = |o: &BTreeMap<String, String>| {
+            o.get(mink_log::options::DATALAKE_ENABLED)
+                .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+        };
+        if lake(&options) != lake(&record.options) {
+            return Err(NodeError::Invalid(format!(
+                "option {}: a table is tiered into the lake from its creation; enabling or disabling it later is not built yet",
+                mink_log::options::DATALAKE_ENABLED
+            )));
+        }
+        if lake(&options) && change.schema.is_some() {
+            return Err(NodeError::Invalid(format!(
+                "{database}.{table} is tiered into the lake: evolving the Iceberg schema with it is not built yet"
+            )));
+        }
         if record.is_primary_key_table() {
             // The working copies and the changelog are encoded by the schema and keys.
             if change.schema.is_some() {

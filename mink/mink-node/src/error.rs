@@ -113,6 +113,17 @@ impl From<s3stream::StreamError> for NodeError {
     }
 }
 
+impl From<mink_lake::LakeError> for NodeError {
+    fn from(e: mink_lake::LakeError) -> Self {
+        use mink_lake::LakeError as L;
+        match e {
+            L::Incompatible { .. } | L::AlreadyExists(_) => NodeError::Invalid(e.to_string()),
+            L::NotFound(_) => NodeError::NotFound(e.to_string()),
+            L::Gap { .. } | L::Iceberg(_) => NodeError::Failed(e.to_string()),
+        }
+    }
+}
+
 impl From<mink_sql::SinkError> for NodeError {
     fn from(e: mink_sql::SinkError) -> Self {
         match e {

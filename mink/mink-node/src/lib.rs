@@ -18,6 +18,7 @@ mod node;
 mod read;
 mod retention;
 mod session;
+mod tiering;
 
 pub use s3stream::{AppendAck, WriterBatchId};
 

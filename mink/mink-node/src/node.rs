@@ -293,6 +293,8 @@ pub(crate) struct Inner {
     pub(crate) streams: S3Stream,
     pub(crate) led: RwLock<HashMap<BucketKey, Led>>,
     pub(crate) kv: RwLock<HashMap<BucketKey, crate::kv::OpenKv>>,
+    /// The lake (Iceberg catalog and warehouse), opened on first use.
+    pub(crate) lake: tokio::sync::OnceCell<mink_lake::Lake>,
     /// Decoded schemas (and primary-key definitions) by table and schema version.
     #[allow(clippy::type_complexity)]
     pub(crate) described: RwLock<
@@ -359,6 +361,7 @@ impl Node {
                 sink,
                 streams,
                 led: RwLock::new(HashMap::new()),
+                lake: tokio::sync::OnceCell::new(),
                 kv: RwLock::new(HashMap::new()),
                 described: RwLock::new(HashMap::new()),
                 forwarder: RwLock::new(None),
@@ -372,6 +375,7 @@ impl Node {
         let leadership = tokio::spawn(crate::leadership::run(node.clone()));
         let retention = tokio::spawn(crate::retention::run(node.clone()));
         let snapshots = tokio::spawn(crate::kv::run_snapshots(node.clone()));
+        let tiering = tokio::spawn(crate::tiering::run(node.clone()));
         let coordinator = mink_coordinator::spawn(
             node.inner.sink.clone(),
             node.inner.streams.clone(),
@@ -381,6 +385,7 @@ impl Node {
             leadership,
             retention,
             snapshots,
+            tiering,
             coordinator,
         ]);
         tracing::info!(node_id = node.inner.config.node_id, "node started");
@@ -398,6 +403,24 @@ impl Node {
     /// The current metadata view (never blocks).
     pub fn view(&self) -> View {
         self.inner.sink.view()
+    }
+
+    /// The cluster's lake: iceberg-rust's SQL catalog on the metadata database, the warehouse
+    /// under the object store (opened on first use).
+    pub async fn lake(&self) -> NodeResult<&mink_lake::Lake> {
+        self.inner
+            .lake
+            .get_or_try_init(|| async {
+                let config = &self.inner.config;
+                mink_lake::Lake::open(
+                    &config.metadata_url,
+                    &config.object_store_url,
+                    self.inner.streams.object_store(),
+                )
+                .await
+                .map_err(NodeError::from)
+            })
+            .await
     }
 
     pub fn streams(&self) -> &S3Stream {

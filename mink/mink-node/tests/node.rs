@@ -913,7 +913,8 @@ async fn a_partitioned_primary_key_table_keys_rows_per_partition() {
 }
 
 /// An option is acted on or refused, never accepted and ignored: Fluss options whose feature
-/// is not built (tiering, automatic partitions) and unknown `table.`/`bucket.` options are
+/// is not built (automatic partitions, the lake for primary-key or partitioned tables,
+/// enabling the lake later), values out of range and unknown `table.`/`bucket.` options are
 /// refused, naming the option; the user's own properties are kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn options_whose_feature_does_not_exist_are_refused() {
@@ -921,16 +922,9 @@ async fn options_whose_feature_does_not_exist_are_refused() {
     let node = Node::start(config(dir.path(), 1)).await.unwrap();
     node.create_database("app", false).await.unwrap();
     for (key, value, needle) in [
-        (
-            "table.datalake.enabled",
-            "true",
-            "tiering into Apache Iceberg is not built yet",
-        ),
-        (
-            "table.datalake.freshness",
-            "3min",
-            "tiering into Apache Iceberg is not built yet",
-        ),
+        ("table.datalake.enabled", "yes", "expected true or false"),
+        ("table.datalake.format", "paimon", "expected iceberg"),
+        ("table.datalake.freshness", "-1", "a duration such as 3min"),
         (
             "table.auto-partition.enabled",
             "true",
@@ -977,6 +971,14 @@ async fn options_whose_feature_does_not_exist_are_refused() {
         )
         .await;
     assert!(matches!(refused, Err(NodeError::Invalid(_))), "{refused:?}");
+    // The lake of a primary-key or a partitioned table is not built: refused at creation.
+    let mut pk = pk_spec("pk_lake", &[("table.datalake.enabled", "true")]);
+    pk.database = "app".into();
+    let refused = node.create_table(pk).await;
+    assert!(
+        matches!(&refused, Err(NodeError::Invalid(m)) if m.contains("primary-key tables in the lake")),
+        "{refused:?}"
+    );
     node.shutdown().await;
 }
 

@@ -1,0 +1,159 @@
+//! Tiering into the lake, run by the lease holder: every table with `table.datalake.enabled`
+//! gets a round once its lake is half its `table.datalake.freshness` old (so the lake stays
+//! fresher than that while a round takes less than the other half). A round reads each
+//! bucket's log from its tiered offset to the committed end (a bounded amount per round),
+//! commits it to the Iceberg table exactly once ([`mink_lake::Lake::tier`]), then records the
+//! snapshot and the offsets in the metadata log (`CommitLakeSnapshot`).
+//!
+//! Recovery needs nothing special: the Iceberg snapshot summary is the record of what is
+//! tiered. After a crash between the Iceberg commit and `CommitLakeSnapshot`, the next round
+//! starts from the older offsets in the metadata, the lake drops the rows it already holds,
+//! and the summary's offsets are recorded.
+//!
+//! `__timestamp` is the time the round read the rows: the log keeps no per-batch append time
+//! yet, so it is at most a freshness later than the append.
+
+use std::time::Duration;
+
+use mink_lake::tier::{BucketRound, LogRows, Tiered, tiered_offsets};
+use mink_log::options::TableOptions;
+use mink_metadata::{BucketOffset, Command, CommitLakeSnapshot, LakeSnapshotRecord, TableRecord};
+
+use crate::{BucketRef, Node, NodeError, NodeResult};
+
+/// How often the lease holder looks for tables due a round.
+const TIERING_TICK: Duration = Duration::from_millis(500);
+/// Log bytes read per bucket and round at most (the rest waits for the next round).
+const ROUND_BYTES_PER_BUCKET: usize = 64 << 20;
+
+pub(crate) async fn run(node: Node) {
+    let mut shutdown = node.inner.shutdown.subscribe();
+    let lease = node.inner.sink.lease();
+    loop {
+        let epoch = lease.borrow().coordinator_epoch();
+        if let Some(epoch) = epoch {
+            let view = node.view();
+            let now_ms = node.inner.config.clock.now_ms();
+            for table in view.state.tables.values() {
+                let Ok(TableOptions {
+                    lake_freshness: Some(freshness),
+                    ..
+                }) = TableOptions::parse(&table.options)
+                else {
+                    continue;
+                };
+                let record = view.state.lake_snapshots.get(&table.table_id);
+                let last_ms = record.map_or(table.created_at_ms, |r| r.committed_at_ms);
+                let due_ms = u64::try_from((freshness / 2).as_millis()).unwrap_or(u64::MAX);
+                if now_ms.saturating_sub(last_ms) < due_ms && record.is_some() {
+                    continue;
+                }
+                if let Err(e) = tier_table(&node, epoch, table, record).await {
+                    tracing::warn!(error = %e, table = %table.name, "tiering round failed");
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(TIERING_TICK) => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+/// One round of `table`: returns whether a snapshot was recorded.
+pub(crate) async fn tier_table(
+    node: &Node,
+    coordinator_epoch: u64,
+    table: &TableRecord,
+    record: Option<&LakeSnapshotRecord>,
+) -> NodeResult<bool> {
+    let view = node.view();
+    let now_us = i64::try_from(node.inner.config.clock.now_ms())
+        .unwrap_or(i64::MAX)
+        .saturating_mul(1000);
+    let mut rounds = Vec::new();
+    let buckets = view
+        .state
+        .buckets
+        .range((table.table_id, 0, 0)..=(table.table_id, u64::MAX, u32::MAX));
+    for (&(_, partition_id, bucket), b) in buckets {
+        let Some(stream) = view.state.streams.get(&b.stream_id) else {
+            continue;
+        };
+        let tiered = record
+            .and_then(|r| r.tiered_offset(partition_id, bucket))
+            .unwrap_or(stream.start_offset);
+        if stream.end_offset <= tiered {
+            continue;
+        }
+        let at = BucketRef::new(&table.database, &table.name, None, bucket);
+        let (mut offset, mut bytes, mut batches) = (tiered, 0usize, Vec::new());
+        while offset < stream.end_offset && bytes < ROUND_BYTES_PER_BUCKET {
+            let step = node.read_bucket(&at, offset, 8 << 20, &[]).await?;
+            let Some(last) = step.last() else { break };
+            offset = last.end_offset;
+            for rb in step {
+                bytes += rb.batch.get_array_memory_size();
+                batches.push(LogRows {
+                    base_offset: rb.base_offset,
+                    timestamp_us: now_us,
+                    rows: rb.batch,
+                });
+            }
+        }
+        if offset > tiered {
+            rounds.push(BucketRound {
+                partition_id,
+                bucket,
+                start_offset: tiered,
+                end_offset: offset,
+                batches,
+            });
+        }
+    }
+    if rounds.is_empty() {
+        // Nothing past the recorded offsets, so nothing past the lake's either.
+        return Ok(false);
+    }
+    let lake = node.lake().await?;
+    match lake.tier(&table.database, &table.name, rounds).await? {
+        Tiered::Committed { snapshot_id, .. } => {
+            tracing::debug!(table = %table.name, snapshot_id, "tiered a round");
+        }
+        Tiered::AlreadyTiered { .. } => {}
+    }
+    // Record the lake's current snapshot (this round's, or one a crashed round left behind).
+    let lake_table = lake.load_table(&table.database, &table.name).await?;
+    let Some(snapshot_id) = lake_table.metadata().current_snapshot_id() else {
+        return Ok(false);
+    };
+    if record.is_some_and(|r| r.snapshot_id == snapshot_id) {
+        return Ok(false);
+    }
+    let bucket_offsets = tiered_offsets(&lake_table)
+        .into_iter()
+        .map(|((partition_id, bucket), offset)| BucketOffset {
+            partition_id,
+            bucket,
+            offset,
+        })
+        .collect();
+    let proposed = node
+        .inner
+        .sink
+        .propose(Command::CommitLakeSnapshot(CommitLakeSnapshot {
+            coordinator_epoch,
+            table_id: table.table_id,
+            snapshot_id,
+            metadata_location: lake_table
+                .metadata_location()
+                .unwrap_or_default()
+                .to_string(),
+            bucket_offsets,
+        }))
+        .await?;
+    proposed
+        .result
+        .map(|_| true)
+        .map_err(|r| NodeError::Failed(format!("recording lake snapshot {snapshot_id}: {r}")))
+}

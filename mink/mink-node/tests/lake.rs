@@ -1,0 +1,187 @@
+//! Tiering through a node: a table created with `table.datalake.enabled` gets its Iceberg
+//! table at once; the lease holder tiers its log rows round after round within the table's
+//! freshness, records each snapshot with `CommitLakeSnapshot`, and carries on after a restart.
+//! Every row is in the lake once, with the bucket and offset it has in the log.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field, Int32Type, Int64Type, Schema};
+use futures::TryStreamExt as _;
+use mink_node::{Node, NodeConfig, TableSpec, WriteTarget};
+
+fn config(dir: &std::path::Path) -> NodeConfig {
+    let mut c = NodeConfig::new(
+        1,
+        &format!("sqlite://{}", dir.join("meta.db").display()),
+        dir.join("objects").to_str().unwrap(),
+    );
+    c.advertised_address = "127.0.0.1:7001".into();
+    c.lease_ttl = Duration::from_millis(1000);
+    c.engine.flush_delay = Duration::from_millis(5);
+    c.leadership_interval = Duration::from_millis(20);
+    c
+}
+
+fn batch(ids: std::ops::Range<i64>) -> RecordBatch {
+    RecordBatch::try_from_iter(vec![
+        (
+            "user_id",
+            Arc::new(Int64Array::from_iter_values(ids.clone())) as ArrayRef,
+        ),
+        (
+            "event",
+            Arc::new(StringArray::from_iter_values(ids.map(|i| format!("e{i}")))) as ArrayRef,
+        ),
+    ])
+    .unwrap()
+}
+
+async fn write(node: &Node, ids: std::ops::Range<i64>) {
+    let writes = node
+        .write("app", "clicks", &batch(ids), &WriteTarget::default())
+        .await
+        .unwrap();
+    assert!(writes.iter().all(|w| w.result.is_ok()), "{writes:?}");
+}
+
+/// Waits until the metadata records `rows` tiered rows of the table (sum of the tiered
+/// offsets; the buckets start at 0).
+async fn until_tiered(node: &Node, rows: u64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let view = node.view();
+        let table = view
+            .state
+            .tables
+            .values()
+            .find(|t| t.name == "clicks")
+            .unwrap();
+        let tiered: u64 = view
+            .state
+            .lake_snapshots
+            .get(&table.table_id)
+            .map_or(0, |r| r.bucket_offsets.iter().map(|b| b.offset).sum());
+        if tiered == rows {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the lake never reached {rows} rows (at {tiered})"
+        );
+        let _ = tokio::time::timeout(
+            Duration::from_millis(200),
+            node.wait_applied(view.applied_index + 1, Duration::from_secs(1)),
+        )
+        .await;
+    }
+}
+
+/// `(user_id, bucket, offset)` of every lake row, sorted by user id.
+async fn lake_rows(node: &Node) -> Vec<(i64, i32, i64)> {
+    let table = node
+        .lake()
+        .await
+        .unwrap()
+        .load_table("app", "clicks")
+        .await
+        .unwrap();
+    let batches: Vec<RecordBatch> = table
+        .scan()
+        .build()
+        .unwrap()
+        .to_arrow()
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    let mut rows = Vec::new();
+    for b in batches {
+        let id = b
+            .column_by_name("user_id")
+            .unwrap()
+            .as_primitive::<Int64Type>();
+        let bucket = b
+            .column_by_name("__bucket")
+            .unwrap()
+            .as_primitive::<Int32Type>();
+        let offset = b
+            .column_by_name("__offset")
+            .unwrap()
+            .as_primitive::<Int64Type>();
+        for i in 0..b.num_rows() {
+            rows.push((id.value(i), bucket.value(i), offset.value(i)));
+        }
+    }
+    rows.sort_unstable();
+    rows
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lease_holder_tiers_a_lake_table_round_after_round() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(config(dir.path())).await.unwrap();
+    node.create_database("app", false).await.unwrap();
+    node.create_table(TableSpec {
+        primary_key: vec![],
+        database: "app".into(),
+        name: "clicks".into(),
+        schema: Schema::new(vec![
+            Field::new("user_id", DataType::Int64, false),
+            Field::new("event", DataType::Utf8, true),
+        ]),
+        options: BTreeMap::from([
+            ("bucket.num".into(), "2".into()),
+            ("bucket.key".into(), "user_id".into()),
+            ("table.datalake.enabled".into(), "true".into()),
+            ("table.datalake.freshness".into(), "1s".into()),
+        ]),
+        partition_keys: vec![],
+        comment: String::new(),
+        if_not_exists: false,
+    })
+    .await
+    .unwrap();
+    // The Iceberg table exists before any row.
+    assert!(lake_rows(&node).await.is_empty());
+
+    write(&node, 0..100).await;
+    until_tiered(&node, 100).await;
+    let rows = lake_rows(&node).await;
+    assert_eq!(
+        rows.iter().map(|r| r.0).collect::<Vec<_>>(),
+        (0..100).collect::<Vec<_>>(),
+        "every row once"
+    );
+    // Each row at its log position: per bucket, offsets 0.. without a gap.
+    let mut per_bucket: BTreeMap<i32, Vec<i64>> = BTreeMap::new();
+    for (_, b, o) in &rows {
+        per_bucket.entry(*b).or_default().push(*o);
+    }
+    for offsets in per_bucket.values_mut() {
+        offsets.sort_unstable();
+        assert_eq!(*offsets, (0..offsets.len() as i64).collect::<Vec<_>>());
+    }
+
+    write(&node, 100..150).await;
+    until_tiered(&node, 150).await;
+    assert_eq!(lake_rows(&node).await.len(), 150);
+
+    // After a restart the new lease holder carries on from the recorded offsets.
+    node.shutdown().await;
+    let node = Node::start(config(dir.path())).await.unwrap();
+    write(&node, 150..160).await;
+    until_tiered(&node, 160).await;
+    assert_eq!(
+        lake_rows(&node)
+            .await
+            .iter()
+            .map(|r| r.0)
+            .collect::<Vec<_>>(),
+        (0..160).collect::<Vec<_>>()
+    );
+    node.shutdown().await;
+}
