@@ -60,6 +60,32 @@ pub(crate) async fn run(node: Node) {
     }
 }
 
+impl Node {
+    /// Tiers a round of `database.table` now rather than when its freshness says, on the node
+    /// holding the lease (elsewhere: `Unavailable`). Returns whether a new lake snapshot was
+    /// recorded.
+    pub async fn tier_now(&self, database: &str, table: &str) -> NodeResult<bool> {
+        let record = self.table_record(database, table)?;
+        if TableOptions::parse(&record.options)?
+            .lake_freshness
+            .is_none()
+        {
+            return Err(NodeError::Invalid(format!(
+                "{database}.{table} is not tiered into the lake (table.datalake.enabled)"
+            )));
+        }
+        let epoch = self.inner.sink.lease().borrow().coordinator_epoch();
+        let Some(epoch) = epoch else {
+            return Err(NodeError::Unavailable(
+                "tiering runs on the node holding the lease; this one does not".into(),
+            ));
+        };
+        let view = self.view();
+        let snapshot = view.state.lake_snapshots.get(&record.table_id);
+        tier_table(self, epoch, &record, snapshot).await
+    }
+}
+
 /// One round of `table`: returns whether a snapshot was recorded.
 pub(crate) async fn tier_table(
     node: &Node,

@@ -185,3 +185,86 @@ async fn the_lease_holder_tiers_a_lake_table_round_after_round() {
     );
     node.shutdown().await;
 }
+
+/// A round that committed to Iceberg but crashed before `CommitLakeSnapshot`: the next round
+/// reads the lake's summary, stores none of those rows again, and records the offsets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_lost_before_the_metadata_record_rolls_forward() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(config(dir.path())).await.unwrap();
+    node.create_database("app", false).await.unwrap();
+    node.create_table(TableSpec {
+        primary_key: vec![],
+        database: "app".into(),
+        name: "clicks".into(),
+        schema: Schema::new(vec![
+            Field::new("user_id", DataType::Int64, false),
+            Field::new("event", DataType::Utf8, true),
+        ]),
+        options: BTreeMap::from([
+            ("table.datalake.enabled".into(), "true".into()),
+            // No round of its own during the test after the first.
+            ("table.datalake.freshness".into(), "1h".into()),
+        ]),
+        partition_keys: vec![],
+        comment: String::new(),
+        if_not_exists: false,
+    })
+    .await
+    .unwrap();
+    write(&node, 0..40).await;
+    until_tiered(&node, 40).await;
+    write(&node, 40..70).await;
+    // The crashed round: rows 40..70 committed to Iceberg by a worker that died before it
+    // recorded them in the metadata log.
+    let mut batches = Vec::new();
+    let mut offset = 40;
+    while offset < 70 {
+        let step = node
+            .read_bucket(
+                &mink_node::BucketRef::new("app", "clicks", None, 0),
+                offset,
+                1 << 20,
+                &[],
+            )
+            .await
+            .unwrap();
+        offset = step.last().unwrap().end_offset;
+        batches.extend(step.into_iter().map(|rb| mink_lake::tier::LogRows {
+            base_offset: rb.base_offset,
+            timestamp_us: 0,
+            rows: rb.batch,
+        }));
+    }
+    let lake = node.lake().await.unwrap();
+    lake.tier(
+        "app",
+        "clicks",
+        vec![mink_lake::tier::BucketRound {
+            partition_id: 0,
+            bucket: 0,
+            start_offset: 40,
+            end_offset: 70,
+            batches,
+        }],
+    )
+    .await
+    .unwrap();
+    // The metadata still says 40; a round plans from there and stores nothing twice.
+    write(&node, 70..75).await;
+    assert!(node.tier_now("app", "clicks").await.unwrap());
+    until_tiered(&node, 75).await;
+    assert_eq!(
+        lake_rows(&node)
+            .await
+            .iter()
+            .map(|r| r.0)
+            .collect::<Vec<_>>(),
+        (0..75).collect::<Vec<_>>()
+    );
+    assert!(matches!(
+        node.tier_now("app", "nope").await,
+        Err(mink_node::NodeError::TableNotFound { .. })
+    ));
+    node.shutdown().await;
+}
