@@ -186,6 +186,18 @@ impl Lake {
         Ok(loaded)
     }
 
+    /// Every row of the lake table's current snapshot (deletes applied), as Arrow batches with
+    /// the lake's schema. For checks and small tables: it reads the whole table.
+    pub async fn scan(
+        &self,
+        database: &str,
+        table: &str,
+    ) -> LakeResult<Vec<arrow::array::RecordBatch>> {
+        use futures::TryStreamExt as _;
+        let t = self.load_table(database, table).await?;
+        Ok(t.scan().build()?.to_arrow().await?.try_collect().await?)
+    }
+
     /// The lake table of `database.table`.
     pub async fn load_table(&self, database: &str, table: &str) -> LakeResult<Table> {
         let ident = Self::ident(database, table)?;

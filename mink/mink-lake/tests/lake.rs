@@ -263,6 +263,29 @@ fn python() -> Option<std::path::PathBuf> {
     None
 }
 
+/// What pyiceberg sees of lake table `app.<table>` (tests/pyiceberg_read.py), through the SQL
+/// catalog in the SQLite file `db`.
+fn pyiceberg_read(
+    interpreter: &std::path::Path,
+    db: &std::path::Path,
+    lake: &Lake,
+    table: &str,
+) -> serde_json::Value {
+    let out = std::process::Command::new(interpreter)
+        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pyiceberg_read.py"))
+        .arg(format!("sqlite:///{}", db.display()))
+        .arg(lake.warehouse())
+        .args(["app", table])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "pyiceberg failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// pyiceberg 0.12, through the same SQL catalog, reads the table Mink created: its columns
 /// with their types, its partitioning, its location, and (empty) data.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -274,20 +297,7 @@ async fn pyiceberg_reads_a_lake_table_mink_created() {
     l.create_table("app", "events", &columns(), &["day".to_string()])
         .await
         .unwrap();
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pyiceberg_read.py");
-    let out = std::process::Command::new(&interpreter)
-        .arg(script)
-        .arg(format!("sqlite:///{}", db.display()))
-        .arg(l.warehouse())
-        .args(["app", "events"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "pyiceberg failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let seen: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let seen = pyiceberg_read(&interpreter, &db, &l, "events");
     assert_eq!(
         seen["columns"],
         serde_json::json!([
@@ -336,19 +346,7 @@ async fn pyiceberg_reads_a_lake_table_mink_created() {
     )
     .await
     .unwrap();
-    let out = std::process::Command::new(&interpreter)
-        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pyiceberg_read.py"))
-        .arg(format!("sqlite:///{}", db.display()))
-        .arg(l.warehouse())
-        .args(["app", "clicks"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "pyiceberg failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let seen: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let seen = pyiceberg_read(&interpreter, &db, &l, "clicks");
     assert_eq!(seen["rows"], 25, "{seen}");
     assert_eq!(
         seen["offsets"],

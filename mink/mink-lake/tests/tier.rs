@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use arrow::array::{Array, AsArray, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Int32Type, Int64Type, Schema as ArrowSchema};
-use futures::TryStreamExt as _;
 use mink_lake::tier::{BucketRound, LogRows, Tiered, tiered_offsets};
 use mink_lake::{Lake, LakeError};
 
@@ -57,17 +56,7 @@ fn round(bucket: u32, from: u64, to: u64) -> BucketRound {
 
 /// `(bucket, offset, user_id)` of every lake row, sorted.
 async fn lake_rows(lake: &Lake) -> Vec<(i32, i64, i64)> {
-    let table = lake.load_table("app", "events").await.unwrap();
-    let batches: Vec<RecordBatch> = table
-        .scan()
-        .build()
-        .unwrap()
-        .to_arrow()
-        .await
-        .unwrap()
-        .try_collect()
-        .await
-        .unwrap();
+    let batches = lake.scan("app", "events").await.unwrap();
     let mut rows = Vec::new();
     for b in batches {
         let bucket = b

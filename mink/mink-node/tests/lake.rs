@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Int32Type, Int64Type, Schema};
-use futures::TryStreamExt as _;
 use mink_node::{Node, NodeConfig, TableSpec, WriteTarget};
 
 fn config(dir: &std::path::Path) -> NodeConfig {
@@ -23,6 +22,26 @@ fn config(dir: &std::path::Path) -> NodeConfig {
     c.engine.flush_delay = Duration::from_millis(5);
     c.leadership_interval = Duration::from_millis(20);
     c
+}
+
+/// The test's table `app.clicks` (`user_id`, `event`) with `options`.
+fn clicks(options: &[(&str, &str)]) -> TableSpec {
+    TableSpec {
+        primary_key: vec![],
+        database: "app".into(),
+        name: "clicks".into(),
+        schema: Schema::new(vec![
+            Field::new("user_id", DataType::Int64, false),
+            Field::new("event", DataType::Utf8, true),
+        ]),
+        options: options
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        partition_keys: vec![],
+        comment: String::new(),
+        if_not_exists: false,
+    }
 }
 
 fn batch(ids: std::ops::Range<i64>) -> RecordBatch {
@@ -81,21 +100,11 @@ async fn until_tiered(node: &Node, rows: u64) {
 
 /// `(user_id, bucket, offset)` of every lake row, sorted by user id.
 async fn lake_rows(node: &Node) -> Vec<(i64, i32, i64)> {
-    let table = node
+    let batches = node
         .lake()
         .await
         .unwrap()
-        .load_table("app", "clicks")
-        .await
-        .unwrap();
-    let batches: Vec<RecordBatch> = table
-        .scan()
-        .build()
-        .unwrap()
-        .to_arrow()
-        .await
-        .unwrap()
-        .try_collect()
+        .scan("app", "clicks")
         .await
         .unwrap();
     let mut rows = Vec::new();
@@ -125,24 +134,12 @@ async fn the_lease_holder_tiers_a_lake_table_round_after_round() {
     let dir = tempfile::tempdir().unwrap();
     let node = Node::start(config(dir.path())).await.unwrap();
     node.create_database("app", false).await.unwrap();
-    node.create_table(TableSpec {
-        primary_key: vec![],
-        database: "app".into(),
-        name: "clicks".into(),
-        schema: Schema::new(vec![
-            Field::new("user_id", DataType::Int64, false),
-            Field::new("event", DataType::Utf8, true),
-        ]),
-        options: BTreeMap::from([
-            ("bucket.num".into(), "2".into()),
-            ("bucket.key".into(), "user_id".into()),
-            ("table.datalake.enabled".into(), "true".into()),
-            ("table.datalake.freshness".into(), "1s".into()),
-        ]),
-        partition_keys: vec![],
-        comment: String::new(),
-        if_not_exists: false,
-    })
+    node.create_table(clicks(&[
+        ("bucket.num", "2"),
+        ("bucket.key", "user_id"),
+        ("table.datalake.enabled", "true"),
+        ("table.datalake.freshness", "1s"),
+    ]))
     .await
     .unwrap();
     // The Iceberg table exists before any row.
@@ -193,23 +190,11 @@ async fn a_round_lost_before_the_metadata_record_rolls_forward() {
     let dir = tempfile::tempdir().unwrap();
     let node = Node::start(config(dir.path())).await.unwrap();
     node.create_database("app", false).await.unwrap();
-    node.create_table(TableSpec {
-        primary_key: vec![],
-        database: "app".into(),
-        name: "clicks".into(),
-        schema: Schema::new(vec![
-            Field::new("user_id", DataType::Int64, false),
-            Field::new("event", DataType::Utf8, true),
-        ]),
-        options: BTreeMap::from([
-            ("table.datalake.enabled".into(), "true".into()),
-            // No round of its own during the test after the first.
-            ("table.datalake.freshness".into(), "1h".into()),
-        ]),
-        partition_keys: vec![],
-        comment: String::new(),
-        if_not_exists: false,
-    })
+    node.create_table(clicks(&[
+        ("table.datalake.enabled", "true"),
+        // No round of its own during the test after the first.
+        ("table.datalake.freshness", "1h"),
+    ]))
     .await
     .unwrap();
     write(&node, 0..40).await;
