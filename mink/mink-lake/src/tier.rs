@@ -17,7 +17,7 @@ use std::sync::Arc;
 use arrow::array::{ArrayRef, Int32Array, Int64Array, RecordBatch, TimestampMicrosecondArray};
 use arrow::datatypes::{DataType, Schema as ArrowSchema, SchemaRef};
 use async_trait::async_trait;
-use iceberg::arrow::schema_to_arrow_schema;
+use iceberg::arrow::{RecordBatchPartitionSplitter, schema_to_arrow_schema};
 use iceberg::spec::DataFileFormat;
 use iceberg::table::Table;
 use iceberg::transaction::{ApplyTransactionAction as _, Transaction};
@@ -27,6 +27,8 @@ use iceberg::writer::file_writer::location_generator::{
     DefaultFileNameGenerator, DefaultLocationGenerator,
 };
 use iceberg::writer::file_writer::rolling_writer::RollingFileWriterBuilder;
+use iceberg::writer::partitioning::PartitioningWriter as _;
+use iceberg::writer::partitioning::fanout_writer::FanoutWriter;
 use iceberg::writer::{IcebergWriter as _, IcebergWriterBuilder as _};
 use iceberg::{
     Catalog, Error, ErrorKind, Namespace, NamespaceIdent, TableCommit, TableCreation, TableIdent,
@@ -242,11 +244,6 @@ impl Lake {
         rounds: Vec<BucketRound>,
     ) -> LakeResult<Tiered> {
         let base = self.load_table(database, table).await?;
-        if !base.metadata().default_partition_spec().is_unpartitioned() {
-            return Err(LakeError::Iceberg(format!(
-                "{database}.{table}: tiering partitioned tables is not built yet"
-            )));
-        }
         let mut offsets = tiered_offsets(&base);
         let arrow_schema: SchemaRef = Arc::new(
             schema_to_arrow_schema(base.metadata().current_schema())
@@ -350,9 +347,25 @@ impl Lake {
             locations,
             names,
         );
-        let mut writer = DataFileWriterBuilder::new(rolling).build(None).await?;
+        let files = DataFileWriterBuilder::new(rolling);
+        let spec = table.metadata().default_partition_spec();
+        if spec.is_unpartitioned() {
+            let mut writer = files.build(None).await?;
+            for b in batches {
+                writer.write(b).await?;
+            }
+            return Ok(writer.close().await?);
+        }
+        // A file per partition (identity on the Mink table's partition keys).
+        let splitter = RecordBatchPartitionSplitter::try_new_with_computed_values(
+            table.metadata().current_schema().clone(),
+            spec.clone(),
+        )?;
+        let mut writer = FanoutWriter::new(files);
         for b in batches {
-            writer.write(b).await?;
+            for (key, part) in splitter.split(&b)? {
+                writer.write(key, part).await?;
+            }
         }
         Ok(writer.close().await?)
     }

@@ -352,12 +352,6 @@ impl Node {
                     mink_log::options::DATALAKE_ENABLED
                 )));
             }
-            if !spec.partition_keys.is_empty() {
-                return Err(NodeError::Invalid(format!(
-                    "option {}: tiering partitioned tables is not built yet (README.md, \"Planned\")",
-                    mink_log::options::DATALAKE_ENABLED
-                )));
-            }
             self.lake()
                 .await?
                 .ensure_table(&spec.database, &spec.name, schema, &spec.partition_keys)

@@ -112,7 +112,15 @@ pub(crate) async fn tier_table(
         if stream.end_offset <= tiered {
             continue;
         }
-        let at = BucketRef::new(&table.database, &table.name, None, bucket);
+        let partition = view
+            .state
+            .partitions
+            .get(&(table.table_id, partition_id))
+            .map(|p| p.name.clone());
+        if table.is_partitioned() && partition.is_none() {
+            continue;
+        }
+        let at = BucketRef::new(&table.database, &table.name, partition.as_deref(), bucket);
         let (mut offset, mut bytes, mut batches) = (tiered, 0usize, Vec::new());
         while offset < stream.end_offset && bytes < ROUND_BYTES_PER_BUCKET {
             let step = node.read_bucket(&at, offset, 8 << 20, &[]).await?;

@@ -253,3 +253,103 @@ async fn a_round_lost_before_the_metadata_record_rolls_forward() {
     ));
     node.shutdown().await;
 }
+
+/// A partitioned table's lake is partitioned the same way: each partition's buckets are
+/// tiered, into that partition's files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_table_is_tiered_into_its_partitions() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(config(dir.path())).await.unwrap();
+    node.create_database("app", false).await.unwrap();
+    let mut spec = clicks(&[
+        ("bucket.num", "2"),
+        ("bucket.key", "user_id"),
+        ("table.datalake.enabled", "true"),
+        ("table.datalake.freshness", "1s"),
+    ]);
+    spec.name = "visits".into();
+    spec.schema = Schema::new(vec![
+        Field::new("user_id", DataType::Int64, false),
+        Field::new("day", DataType::Utf8, false),
+    ]);
+    spec.partition_keys = vec!["day".into()];
+    node.create_table(spec).await.unwrap();
+    let days = ["2026-12-01", "2026-12-02"];
+    let rows = RecordBatch::try_from_iter(vec![
+        (
+            "user_id",
+            Arc::new(Int64Array::from_iter_values(0..60)) as ArrayRef,
+        ),
+        (
+            "day",
+            Arc::new(StringArray::from_iter_values((0..60).map(|i| days[i % 2]))) as ArrayRef,
+        ),
+    ])
+    .unwrap();
+    let writes = node
+        .write("app", "visits", &rows, &WriteTarget::default())
+        .await
+        .unwrap();
+    assert!(writes.iter().all(|w| w.result.is_ok()), "{writes:?}");
+    // Four buckets (two per partition) tiered to their ends.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let view = node.view();
+        let table = view
+            .state
+            .tables
+            .values()
+            .find(|t| t.name == "visits")
+            .unwrap();
+        let tiered = view
+            .state
+            .lake_snapshots
+            .get(&table.table_id)
+            .map_or(0, |r| {
+                r.bucket_offsets.iter().map(|b| b.offset).sum::<u64>()
+            });
+        if tiered == 60 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the lake never reached 60 rows (at {tiered})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let batches = node
+        .lake()
+        .await
+        .unwrap()
+        .scan("app", "visits")
+        .await
+        .unwrap();
+    let mut seen: Vec<(String, i64)> = Vec::new();
+    for b in &batches {
+        let day = b.column_by_name("day").unwrap().as_string::<i32>();
+        let id = b
+            .column_by_name("user_id")
+            .unwrap()
+            .as_primitive::<Int64Type>();
+        for i in 0..b.num_rows() {
+            seen.push((day.value(i).to_string(), id.value(i)));
+        }
+    }
+    seen.sort_unstable();
+    let mut want: Vec<(String, i64)> = (0..60usize)
+        .map(|i| (days[i % 2].to_string(), i64::try_from(i).unwrap()))
+        .collect();
+    want.sort_unstable();
+    assert_eq!(seen, want);
+    for day in days {
+        let data = dir
+            .path()
+            .join(format!("objects/lake/app/visits/data/day={day}"));
+        assert!(
+            std::fs::read_dir(&data).is_ok_and(|mut d| d.next().is_some()),
+            "no data files in {}",
+            data.display()
+        );
+    }
+    node.shutdown().await;
+}
