@@ -348,8 +348,12 @@ pub(crate) fn describe_text(d: &TableDescription) -> String {
             .as_ref()
             .map(|p| format!("partition {p} "))
             .unwrap_or_default();
+        let lake = b
+            .tiered_offset
+            .map(|t| format!(", in the lake below {t}"))
+            .unwrap_or_default();
         out.push_str(&format!(
-            "  {p}bucket {}: offsets {}..{}, leader node {} ({}) at epoch {}\n",
+            "  {p}bucket {}: offsets {}..{}, leader node {} ({}) at epoch {}{lake}\n",
             b.bucket,
             b.start_offset,
             b.end_offset,

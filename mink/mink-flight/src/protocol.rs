@@ -350,6 +350,9 @@ pub struct BucketDescription {
     pub start_offset: u64,
     /// The high watermark: the next offset to be written.
     pub end_offset: u64,
+    /// Lake-enabled tables: the offset tiering has reached (absent before the first round).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tiered_offset: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -45,6 +45,9 @@ pub struct BucketInfo {
     pub start_offset: u64,
     /// The committed end: the next offset to be written.
     pub end_offset: u64,
+    /// Lake-enabled tables: the offset tiering has reached (rows below it are in the lake's
+    /// recorded snapshot); `None` before the first round or without a lake.
+    pub tiered_offset: Option<u64>,
 }
 
 /// A table as a client sees it.
@@ -646,6 +649,10 @@ impl Node {
                     leader_epoch: b.leader_epoch,
                     start_offset: stream.map_or(0, |s| s.start_offset),
                     end_offset: stream.map_or(0, |s| s.end_offset),
+                    tiered_offset: state
+                        .lake_snapshots
+                        .get(&b.table_id)
+                        .and_then(|l| l.tiered_offset(b.partition_id, b.bucket)),
                 }
             })
             .collect();

@@ -163,6 +163,16 @@ async fn the_lease_holder_tiers_a_lake_table_round_after_round() {
         assert_eq!(*offsets, (0..offsets.len() as i64).collect::<Vec<_>>());
     }
 
+    // The table's description shows how far each bucket is tiered.
+    let info = node.describe_table("app", "clicks").unwrap();
+    assert!(
+        info.buckets
+            .iter()
+            .all(|b| b.tiered_offset == Some(b.end_offset)),
+        "{:?}",
+        info.buckets
+    );
+
     write(&node, 100..150).await;
     until_tiered(&node, 150).await;
     assert_eq!(lake_rows(&node).await.len(), 150);

@@ -223,6 +223,7 @@ pub(crate) fn describe(
                 leader_epoch: b.leader_epoch,
                 start_offset: b.start_offset,
                 end_offset: b.end_offset,
+                tiered_offset: b.tiered_offset,
             })
             .collect(),
     })
