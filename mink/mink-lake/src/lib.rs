@@ -186,6 +186,46 @@ impl Lake {
         Ok(loaded)
     }
 
+    /// Evolves the lake table of `database.table` with `added` columns (optional, at the end),
+    /// as `ALTER TABLE ... ADD COLUMN` does to the Mink table. A column the lake has already
+    /// with the same type is skipped (a retried alter); one it has with another type fails
+    /// naming it.
+    pub async fn add_columns(
+        &self,
+        database: &str,
+        table: &str,
+        added: &[arrow::datatypes::FieldRef],
+    ) -> LakeResult<Table> {
+        use iceberg::transaction::{AddColumn, ApplyTransactionAction as _, Transaction};
+        let current = self.load_table(database, table).await?;
+        let schema = current.metadata().current_schema().clone();
+        let tx = Transaction::new(&current);
+        let mut update = tx.update_schema();
+        let mut any = false;
+        for field in added {
+            let t = table::column_type(field)?;
+            if let Some(existing) = schema.field_by_name(field.name()) {
+                if !table::same_type(&existing.field_type, &t.field_type) {
+                    return Err(LakeError::Incompatible {
+                        column: field.name().clone(),
+                        reason: format!(
+                            "the Iceberg table has {}, the new column is {}",
+                            existing.field_type, t.field_type
+                        ),
+                    });
+                }
+                continue;
+            }
+            update = update.add_column(AddColumn::optional(field.name(), (*t.field_type).clone()));
+            any = true;
+        }
+        if !any {
+            return Ok(current);
+        }
+        let tx = update.apply(tx)?;
+        Ok(tx.commit(self.catalog.as_ref()).await?)
+    }
+
     /// Every row of the lake table's current snapshot (deletes applied), as Arrow batches with
     /// the lake's schema. For checks and small tables: it reads the whole table.
     pub async fn scan(

@@ -29,7 +29,7 @@ pub fn system_columns() -> [(&'static str, PrimitiveType); 3] {
 }
 
 /// The Iceberg type of one Mink column (field ids inside nested types are placeholders).
-fn column_type(field: &Field) -> LakeResult<NestedFieldRef> {
+pub(crate) fn column_type(field: &Field) -> LakeResult<NestedFieldRef> {
     let one = ArrowSchema::new(vec![field.clone()]);
     let converted =
         arrow_schema_to_schema_auto_assign_ids(&one).map_err(|e| LakeError::Incompatible {
@@ -88,7 +88,7 @@ pub fn lake_partition_spec(
 }
 
 /// Whether two Iceberg types are the same, field ids aside.
-fn same_type(a: &Type, b: &Type) -> bool {
+pub(crate) fn same_type(a: &Type, b: &Type) -> bool {
     let same_field = |x: &NestedFieldRef, y: &NestedFieldRef| {
         x.name == y.name && x.required == y.required && same_type(&x.field_type, &y.field_type)
     };

@@ -433,11 +433,6 @@ impl Node {
                 mink_log::options::DATALAKE_ENABLED
             )));
         }
-        if lake(&options) && change.schema.is_some() {
-            return Err(NodeError::Invalid(format!(
-                "{database}.{table} is tiered into the lake: evolving the Iceberg schema with it is not built yet"
-            )));
-        }
         if record.is_primary_key_table() {
             // The working copies and the changelog are encoded by the schema and keys.
             if change.schema.is_some() {
@@ -458,7 +453,17 @@ impl Node {
         }
         let new_schema = match &change.schema {
             Some(schema) => {
-                codec::check_evolution(&*self.table_schema(&record)?, schema)?;
+                let current = self.table_schema(&record)?;
+                codec::check_evolution(&current, schema)?;
+                if lake(&options) {
+                    // The lake first: a retried alter finds its columns there already, and
+                    // a lake column the table lacks (a failed alter) is optional, left null.
+                    let added = &schema.fields()[current.fields().len()..];
+                    self.lake()
+                        .await?
+                        .add_columns(database, table, added)
+                        .await?;
+                }
                 codec::encode_schema(schema)?
             }
             None => Vec::new(),

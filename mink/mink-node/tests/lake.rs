@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch, StringArray};
+use arrow::array::{Array, ArrayRef, AsArray, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Int32Type, Int64Type, Schema};
 use mink_node::{Node, NodeConfig, TableSpec, WriteTarget};
 
@@ -55,6 +55,27 @@ fn batch(ids: std::ops::Range<i64>) -> RecordBatch {
             Arc::new(StringArray::from_iter_values(ids.map(|i| format!("e{i}")))) as ArrayRef,
         ),
     ])
+    .unwrap()
+}
+
+/// Rows of `app.clicks` after `score` was added.
+fn scored(ids: std::ops::Range<i64>) -> RecordBatch {
+    RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            Field::new("user_id", DataType::Int64, false),
+            Field::new("event", DataType::Utf8, true),
+            Field::new("score", DataType::Float64, true),
+        ])),
+        vec![
+            Arc::new(Int64Array::from_iter_values(ids.clone())),
+            Arc::new(StringArray::from_iter_values(
+                ids.clone().map(|i| format!("e{i}")),
+            )),
+            Arc::new(arrow::array::Float64Array::from_iter_values(
+                ids.map(|i| i as f64 / 2.0),
+            )),
+        ],
+    )
     .unwrap()
 }
 
@@ -177,10 +198,58 @@ async fn the_lease_holder_tiers_a_lake_table_round_after_round() {
     until_tiered(&node, 150).await;
     assert_eq!(lake_rows(&node).await.len(), 150);
 
+    // A column added to the table is added to the lake: older rows read it as null.
+    node.alter_table(
+        "app",
+        "clicks",
+        mink_node::TableChange {
+            schema: Some(scored(0..0).schema().as_ref().clone()),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let rows = scored(150..155);
+    let writes = node
+        .write("app", "clicks", &rows, &WriteTarget::default())
+        .await
+        .unwrap();
+    assert!(writes.iter().all(|w| w.result.is_ok()), "{writes:?}");
+    until_tiered(&node, 155).await;
+    let batches = node
+        .lake()
+        .await
+        .unwrap()
+        .scan("app", "clicks")
+        .await
+        .unwrap();
+    let mut scores: Vec<(i64, Option<f64>)> = Vec::new();
+    for b in &batches {
+        let id = b
+            .column_by_name("user_id")
+            .unwrap()
+            .as_primitive::<Int64Type>();
+        let score = b
+            .column_by_name("score")
+            .unwrap()
+            .as_primitive::<arrow::datatypes::Float64Type>();
+        for i in 0..b.num_rows() {
+            scores.push((id.value(i), score.is_valid(i).then(|| score.value(i))));
+        }
+    }
+    scores.sort_by_key(|s| s.0);
+    assert_eq!(scores.len(), 155);
+    assert!(scores[..150].iter().all(|s| s.1.is_none()));
+    assert_eq!(scores[150], (150, Some(75.0)));
+
     // After a restart the new lease holder carries on from the recorded offsets.
     node.shutdown().await;
     let node = Node::start(config(dir.path())).await.unwrap();
-    write(&node, 150..160).await;
+    let writes = node
+        .write("app", "clicks", &scored(155..160), &WriteTarget::default())
+        .await
+        .unwrap();
+    assert!(writes.iter().all(|w| w.result.is_ok()), "{writes:?}");
     until_tiered(&node, 160).await;
     assert_eq!(
         lake_rows(&node)
