@@ -4,9 +4,11 @@
 //! - [`table`]: a Mink table's lake schema and partitioning, and the check an existing Iceberg
 //!   table passes to be attached.
 //! - [`tier`]: a round of log rows committed to the lake exactly once.
+//! - [`Lake::read_bucket`]: a bucket's rows between two offsets, read back from a snapshot.
 //! - [`Lake`]: the catalog (iceberg-rust's SQL catalog on the metadata database, the one
 //!   pyiceberg reads too) and the warehouse (`<object store>/lake`).
 
+mod read;
 pub mod storage;
 pub mod table;
 pub mod tier;

@@ -48,6 +48,9 @@ pub struct BucketInfo {
     /// Lake-enabled tables: the offset tiering has reached (rows below it are in the lake's
     /// recorded snapshot); `None` before the first round or without a lake.
     pub tiered_offset: Option<u64>,
+    /// The first offset a scan returns: `start_offset`, or 0 when the history below it is
+    /// read from the lake.
+    pub readable_offset: u64,
 }
 
 /// A table as a client sees it.
@@ -658,6 +661,12 @@ impl Node {
                         .lake_snapshots
                         .get(&b.table_id)
                         .and_then(|l| l.tiered_offset(b.partition_id, b.bucket)),
+                    readable_offset: crate::read::readable_from(
+                        state,
+                        &record,
+                        b,
+                        stream.map_or(0, |s| s.start_offset),
+                    ),
                 }
             })
             .collect();

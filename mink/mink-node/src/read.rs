@@ -99,6 +99,28 @@ pub struct ReadPlan {
     pub(crate) table_schema: SchemaRef,
 }
 
+/// The first offset a scan of bucket `b` of log table `record` returns: the log's `start`, or
+/// 0 when the bucket's history below it is in the lake (a table tiered from its creation holds
+/// `[0, tiered offset)` there, and retention never trims the log above that).
+pub(crate) fn readable_from(
+    state: &mink_metadata::State,
+    record: &TableRecord,
+    b: &BucketRecord,
+    start: u64,
+) -> u64 {
+    let in_lake = !record.is_primary_key_table()
+        && !record.is_partitioned()
+        && state
+            .lake_snapshots
+            .get(&record.table_id)
+            .and_then(|l| l.tiered_offset(b.partition_id, b.bucket))
+            .is_some_and(|t| t >= start);
+    if in_lake { 0 } else { start }
+}
+
+/// Rows read from the lake per read step at most.
+const LAKE_STEP_ROWS: u64 = 65_536;
+
 /// How a read is carried out.
 #[derive(Clone, Debug)]
 pub struct ReadOptions {
@@ -280,10 +302,12 @@ impl Node {
         };
         let me = self.node_id();
         let stream_bounds = |b: &BucketRecord| {
-            view.state
+            let (start, end) = view
+                .state
                 .streams
                 .get(&b.stream_id)
-                .map_or((0, 0), |s| (s.start_offset, s.end_offset))
+                .map_or((0, 0), |s| (s.start_offset, s.end_offset));
+            (readable_from(&view.state, &record, b, start), end)
         };
         let leader_of = |b: &BucketRecord| {
             (b.leader_node_id != 0 && b.leader_node_id != me)
@@ -479,6 +503,11 @@ impl Node {
             }
             return Ok((items, next));
         }
+        if plan.kind == ReadKind::Log
+            && let Some(step) = self.lake_step(plan, b, offset).await?
+        {
+            return Ok(step);
+        }
         let tablet = self.bucket_log(&b.bucket, Arc::clone(&plan.table_schema))?;
         for s in tablet.read_stored(offset, step_bytes).await? {
             let whole = s.base_offset >= offset && b.to.is_none_or(|to| s.end_offset <= to);
@@ -504,6 +533,63 @@ impl Node {
             }
         }
         Ok((items, next))
+    }
+
+    /// A read step below the log's start of a bucket whose history is in the lake: up to
+    /// [`LAKE_STEP_ROWS`] rows from the lake snapshot the metadata records, up to the log's
+    /// start. `None` when `offset` is in the log.
+    async fn lake_step(
+        &self,
+        plan: &ReadPlan,
+        b: &BucketRead,
+        offset: u64,
+    ) -> NodeResult<Option<(Vec<ReadItem>, u64)>> {
+        let (start, end) = self.bucket_offsets(&b.bucket)?;
+        if offset >= start {
+            return Ok(None);
+        }
+        let record = self.table_record(&b.bucket.database, &b.bucket.table)?;
+        let view = self.view();
+        let lake = view.state.lake_snapshots.get(&record.table_id);
+        let tiered = lake.and_then(|l| l.tiered_offset(0, b.bucket.bucket));
+        let (Some(lake), Some(tiered)) = (lake, tiered) else {
+            return Err(NodeError::OffsetOutOfRange { offset, start, end });
+        };
+        let upto = start
+            .min(tiered)
+            .min(offset + LAKE_STEP_ROWS)
+            .min(b.to.unwrap_or(u64::MAX));
+        if upto <= offset {
+            return Err(NodeError::OffsetOutOfRange { offset, start, end });
+        }
+        let rows = self
+            .lake()
+            .await?
+            .read_bucket(
+                &b.bucket.database,
+                &b.bucket.table,
+                lake.snapshot_id,
+                b.bucket.bucket,
+                offset..upto,
+                &plan.table_schema,
+            )
+            .await?;
+        let columns: Vec<usize> = plan
+            .schema
+            .fields()
+            .iter()
+            .map(|f| plan.table_schema.index_of(f.name()))
+            .collect::<Result<_, _>>()
+            .map_err(|e| NodeError::Invalid(e.to_string()))?;
+        let rows = rows
+            .project(&columns)
+            .map_err(|e| NodeError::Failed(e.to_string()))?;
+        let item = ReadItem {
+            bucket: b.bucket.clone(),
+            offset,
+            data: ReadData::Rows(rows),
+        };
+        Ok(Some((vec![item], upto)))
     }
 
     /// Snapshots of the plan's buckets into `tx`: each bucket's current rows at one offset, at

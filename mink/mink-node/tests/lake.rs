@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use arrow::array::{Array, ArrayRef, AsArray, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Int32Type, Int64Type, Schema};
+use futures::TryStreamExt as _;
 use mink_node::{Node, NodeConfig, TableSpec, WriteTarget};
 
 fn config(dir: &std::path::Path) -> NodeConfig {
@@ -430,5 +431,115 @@ async fn a_partitioned_table_is_tiered_into_its_partitions() {
             data.display()
         );
     }
+    node.shutdown().await;
+}
+
+/// History older than `table.log.ttl` stays readable through the lake: once retention has
+/// trimmed the log below the tiered offset, a scan of the table (and of a bucket from offset
+/// 0) reads the lake's rows below the log's start and the log above, every row once, each at
+/// its offset. The one-step bucket read (a Kafka fetch) still reads the log only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_past_the_log_ttl_is_read_from_the_lake() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path());
+    c.retention_interval = Duration::from_millis(100);
+    let node = Node::start(c).await.unwrap();
+    node.create_database("app", false).await.unwrap();
+    node.create_table(clicks(&[
+        ("bucket.num", "2"),
+        ("bucket.key", "user_id"),
+        ("table.log.ttl", "1s"),
+        ("table.datalake.enabled", "true"),
+        ("table.datalake.freshness", "1s"),
+    ]))
+    .await
+    .unwrap();
+    for chunk in 0..5 {
+        write(&node, chunk * 20..chunk * 20 + 20).await;
+    }
+    until_tiered(&node, 100).await;
+    // Retention trims every bucket's log (in whole objects older than the TTL).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let info = node.describe_table("app", "clicks").unwrap();
+        if info.buckets.iter().all(|b| b.start_offset > 0) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "retention never trimmed the log: {:?}",
+            info.buckets
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Scans (and Flight's endpoints) start at offset 0, below the log's start.
+    let info = node.describe_table("app", "clicks").unwrap();
+    assert!(
+        info.buckets.iter().all(|b| b.readable_offset == 0),
+        "{:?}",
+        info.buckets
+    );
+    write(&node, 100..110).await;
+    let read = |bucket: Option<u32>| {
+        let node = node.clone();
+        async move {
+            let plan = node
+                .plan_read(&mink_node::ReadRequest {
+                    database: "app".into(),
+                    table: "clicks".into(),
+                    bucket,
+                    ..Default::default()
+                })
+                .unwrap();
+            let items: Vec<_> = node
+                .read_stream(plan, mink_node::ReadOptions::default())
+                .try_collect()
+                .await
+                .unwrap();
+            let mut rows = Vec::new();
+            for item in items {
+                let mink_node::ReadData::Rows(b) = item.data else {
+                    panic!("rows expected")
+                };
+                let ids = b
+                    .column_by_name("user_id")
+                    .unwrap()
+                    .as_primitive::<Int64Type>();
+                for (i, id) in ids.values().iter().enumerate() {
+                    rows.push((item.bucket.bucket, item.offset + i as u64, *id));
+                }
+            }
+            rows
+        }
+    };
+    let all = read(None).await;
+    let mut ids: Vec<i64> = all.iter().map(|r| r.2).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..110).collect::<Vec<_>>(), "every row once");
+    for bucket in 0..2 {
+        let rows = read(Some(bucket)).await;
+        let offsets: Vec<u64> = rows.iter().map(|r| r.1).collect();
+        assert_eq!(
+            offsets,
+            (0..rows.len() as u64).collect::<Vec<_>>(),
+            "bucket {bucket}"
+        );
+    }
+    // The one-step read is the log's: below its start is out of range.
+    let below = node
+        .read_bucket(
+            &mink_node::BucketRef::new("app", "clicks", None, 0),
+            0,
+            1 << 20,
+            &[],
+        )
+        .await;
+    assert!(
+        matches!(
+            below,
+            Err(mink_node::NodeError::OffsetOutOfRange { offset: 0, .. })
+        ),
+        "{below:?}"
+    );
     node.shutdown().await;
 }

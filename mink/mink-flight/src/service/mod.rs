@@ -230,7 +230,7 @@ impl MinkFlight {
                 let (offset, end_offset) = if primary {
                     (None, None)
                 } else {
-                    (Some(b.start_offset), Some(b.end_offset))
+                    (Some(b.readable_offset), Some(b.end_offset))
                 };
                 let ticket = protocol::Ticket {
                     database: info.database.clone(),
@@ -257,7 +257,7 @@ impl MinkFlight {
             let rows: u64 = info
                 .buckets
                 .iter()
-                .map(|b| b.end_offset - b.start_offset)
+                .map(|b| b.end_offset - b.readable_offset)
                 .sum();
             i64::try_from(rows).unwrap_or(i64::MAX)
         };

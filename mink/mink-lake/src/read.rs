@@ -1,0 +1,120 @@
+//! Reading a bucket's history back from the lake: the rows of one bucket between two log
+//! offsets, from a given snapshot, as the Mink table's rows (system columns dropped, types
+//! cast back to the table's). The half of the union read below the log's start.
+
+use std::sync::Arc;
+
+use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::datatypes::{Int32Type, Int64Type, SchemaRef};
+use futures::TryStreamExt as _;
+use iceberg::expr::Reference;
+use iceberg::spec::Datum;
+
+use crate::table::{BUCKET_COLUMN, OFFSET_COLUMN};
+use crate::{Lake, LakeError, LakeResult};
+
+impl Lake {
+    /// The rows of `bucket` at `offsets` in snapshot `snapshot_id` of the lake table
+    /// of `database.table`, in offset order, as one batch of `schema` (the Mink table's
+    /// columns; a column the lake lacks reads as null). Fails if the lake lacks any offset of
+    /// the range: a reader is never handed a hole. Unpartitioned tables (a bucket number names
+    /// one bucket only there).
+    pub async fn read_bucket(
+        &self,
+        database: &str,
+        table: &str,
+        snapshot_id: i64,
+        bucket: u32,
+        offsets: std::ops::Range<u64>,
+        schema: &SchemaRef,
+    ) -> LakeResult<RecordBatch> {
+        let (from, to) = (offsets.start, offsets.end);
+        let t = self.load_table(database, table).await?;
+        let as_i64 = |o: u64| i64::try_from(o).map_err(|e| LakeError::Iceberg(e.to_string()));
+        let (lo, hi) = (as_i64(from)?, as_i64(to)?);
+        let bucket_i32 = i32::try_from(bucket).map_err(|e| LakeError::Iceberg(e.to_string()))?;
+        let filter = Reference::new(BUCKET_COLUMN)
+            .equal_to(Datum::int(bucket_i32))
+            .and(Reference::new(OFFSET_COLUMN).greater_than_or_equal_to(Datum::long(lo)))
+            .and(Reference::new(OFFSET_COLUMN).less_than(Datum::long(hi)));
+        let batches: Vec<RecordBatch> = t
+            .scan()
+            .snapshot_id(snapshot_id)
+            .with_filter(filter)
+            .build()?
+            .to_arrow()
+            .await?
+            .try_collect()
+            .await?;
+        // (offset, batch, row) of every row in range, in offset order.
+        let mut rows: Vec<(i64, usize, usize)> = Vec::new();
+        for (i, b) in batches.iter().enumerate() {
+            let buckets = column(b, BUCKET_COLUMN)?
+                .as_primitive::<Int32Type>()
+                .clone();
+            let offsets = column(b, OFFSET_COLUMN)?
+                .as_primitive::<Int64Type>()
+                .clone();
+            for r in 0..b.num_rows() {
+                let o = offsets.value(r);
+                if buckets.value(r) == bucket_i32 && (lo..hi).contains(&o) {
+                    rows.push((o, i, r));
+                }
+            }
+        }
+        rows.sort_unstable();
+        for (k, (o, _, _)) in rows.iter().enumerate() {
+            let want = lo + i64::try_from(k).unwrap_or(i64::MAX);
+            if *o != want {
+                return Err(LakeError::Gap {
+                    bucket,
+                    tiered: u64::try_from(want).unwrap_or(0),
+                    start: u64::try_from(*o).unwrap_or(0),
+                });
+            }
+        }
+        if rows.len() as u64 != to - from {
+            return Err(LakeError::Gap {
+                bucket,
+                tiered: from + rows.len() as u64,
+                start: to,
+            });
+        }
+        // The table's columns, taken in offset order and cast back to the table's types.
+        let indices: Vec<(usize, usize)> = rows.iter().map(|(_, b, r)| (*b, *r)).collect();
+        let mut columns = Vec::with_capacity(schema.fields().len());
+        for field in schema.fields() {
+            let column = if batches
+                .iter()
+                .all(|b| b.column_by_name(field.name()).is_some())
+            {
+                let arrays: Vec<&dyn Array> = batches
+                    .iter()
+                    .map(|b| b.column_by_name(field.name()).expect("checked").as_ref())
+                    .collect();
+                let taken = arrow::compute::interleave(&arrays, &indices)
+                    .map_err(|e| LakeError::Iceberg(e.to_string()))?;
+                arrow::compute::cast(&taken, field.data_type()).map_err(|e| {
+                    LakeError::Incompatible {
+                        column: field.name().clone(),
+                        reason: e.to_string(),
+                    }
+                })?
+            } else {
+                arrow::array::new_null_array(field.data_type(), indices.len())
+            };
+            columns.push(column);
+        }
+        RecordBatch::try_new_with_options(
+            Arc::clone(schema),
+            columns,
+            &arrow::array::RecordBatchOptions::new().with_row_count(Some(indices.len())),
+        )
+        .map_err(|e| LakeError::Iceberg(e.to_string()))
+    }
+}
+
+fn column<'a>(b: &'a RecordBatch, name: &str) -> LakeResult<&'a arrow::array::ArrayRef> {
+    b.column_by_name(name)
+        .ok_or_else(|| LakeError::Iceberg(format!("the lake's rows lack {name}")))
+}
