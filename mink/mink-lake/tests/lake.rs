@@ -248,7 +248,7 @@ fn python() -> Option<std::path::PathBuf> {
     );
     let python = venv.join("bin/python");
     let ok = std::process::Command::new(&python)
-        .args(["-c", "import pyiceberg.catalog.sql"])
+        .args(["-c", "import pyiceberg.catalog.sql, duckdb"])
         .output()
         .is_ok_and(|o| o.status.success());
     if ok {
@@ -256,7 +256,7 @@ fn python() -> Option<std::path::PathBuf> {
     }
     assert!(
         std::env::var("CI").as_deref() != Ok("true"),
-        "CI=true but pyiceberg is not installed in {} (scripts/test.sh installs it)",
+        "CI=true but pyiceberg or duckdb is not installed in {} (scripts/test.sh installs them)",
         venv.display()
     );
     eprintln!("skipped: no pyiceberg in {}", venv.display());
@@ -287,7 +287,8 @@ fn pyiceberg_read(
 }
 
 /// pyiceberg 0.12, through the same SQL catalog, reads the table Mink created: its columns
-/// with their types, its partitioning, its location, and (empty) data.
+/// with their types, its partitioning, its location, and its data once a round is tiered;
+/// DuckDB's iceberg extension reads the same rows from the metadata file.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pyiceberg_reads_a_lake_table_mink_created() {
     let Some(interpreter) = python() else { return };
@@ -355,5 +356,31 @@ async fn pyiceberg_reads_a_lake_table_mink_created() {
     assert_eq!(
         seen["summary"],
         serde_json::json!({"mink.tiered-offset.0.3": "125"})
+    );
+
+    // DuckDB's iceberg extension reads the same rows from the table's metadata file.
+    let metadata = l
+        .load_table("app", "clicks")
+        .await
+        .unwrap()
+        .metadata_location()
+        .unwrap()
+        .trim_start_matches("file://")
+        .to_string();
+    let out = std::process::Command::new(&interpreter)
+        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/duckdb_read.py"))
+        .arg(&metadata)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "duckdb failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(seen["rows"], 25, "{seen}");
+    assert_eq!(
+        seen["offsets"],
+        serde_json::json!((100..125).collect::<Vec<_>>())
     );
 }
