@@ -342,6 +342,19 @@ pub(crate) fn describe_text(d: &TableDescription) -> String {
         .map(|b| b.end_offset - b.start_offset)
         .sum();
     out.push_str(&format!("rows in the log: {rows}\n"));
+    if let Some(l) = &d.lake {
+        match l.snapshot_id {
+            Some(id) => out.push_str(&format!(
+                "lake: Iceberg snapshot {id}, {} behind the log\n",
+                if l.lag_ms == 0 {
+                    "nothing".to_string()
+                } else {
+                    format!("{:.1} s", l.lag_ms as f64 / 1000.0)
+                }
+            )),
+            None => out.push_str("lake: nothing tiered yet\n"),
+        }
+    }
     for b in &d.buckets {
         let p = b
             .partition

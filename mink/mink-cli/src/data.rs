@@ -100,6 +100,13 @@ pub(crate) struct ScanArgs {
     /// `_commit_timestamp`, then the columns) instead of the current rows.
     #[arg(long)]
     changelog: bool,
+    /// Tables tiered into the lake: read the lake's rows only (the default is the lake below
+    /// the log's start, then the log).
+    #[arg(long, conflicts_with = "log")]
+    lake: bool,
+    /// Tables tiered into the lake: read the log's rows only.
+    #[arg(long)]
+    log: bool,
 }
 
 #[derive(Args, Debug)]
@@ -555,6 +562,11 @@ pub(crate) async fn scan(client: &Client, a: ScanArgs) -> anyhow::Result<()> {
     let mut scan = Scan::table(&database, &table).columns(column_list(a.columns.as_ref()));
     if a.changelog {
         scan = scan.changelog();
+    }
+    if a.lake {
+        scan = scan.source("lake");
+    } else if a.log {
+        scan = scan.source("log");
     }
     if let Some(p) = &a.partition {
         scan = scan.partition(p);

@@ -137,6 +137,13 @@ impl Scan {
         self
     }
 
+    /// Tables tiered into the lake: `union` (the default), `lake` or `log` (see
+    /// `protocol::Ticket::source`).
+    pub fn source(mut self, source: &str) -> Self {
+        self.0.source = Some(source.to_string());
+        self
+    }
+
     pub fn bucket(mut self, bucket: u32) -> Self {
         self.0.bucket = Some(bucket);
         self

@@ -375,6 +375,19 @@ pub struct TableDescription {
     pub created_at_ms: u64,
     pub partitions: Vec<PartitionDescription>,
     pub buckets: Vec<BucketDescription>,
+    /// Tables tiered into the lake: its last recorded snapshot and how far behind it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lake: Option<LakeDescription>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LakeDescription {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_id: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub committed_at_ms: Option<u64>,
+    /// How long the oldest untiered row has waited at most (0 when everything is tiered).
+    pub lag_ms: u64,
 }
 
 impl TableDescription {
@@ -555,6 +568,10 @@ pub struct Ticket {
     /// instead of the current rows.
     #[serde(default)]
     pub changelog: bool,
+    /// Log tables tiered into the lake: `union` (the default: the lake below the log's start,
+    /// then the log), `lake` (the lake's rows only) or `log` (the log's rows only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
     /// Primary-key tables: the rows of these keys (JSON objects holding every primary-key
     /// column), in this order; missing keys are left out.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -71,6 +71,20 @@ pub struct TableInfo {
     pub created_at_ms: u64,
     pub partitions: Vec<PartitionInfo>,
     pub buckets: Vec<BucketInfo>,
+    /// Tables tiered into the lake: how far behind the log it is.
+    pub lake: Option<LakeInfo>,
+}
+
+/// The lake of a table, as the metadata records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LakeInfo {
+    /// The Iceberg snapshot the last round recorded (`None` before the first).
+    pub snapshot_id: Option<i64>,
+    /// When that round was recorded.
+    pub committed_at_ms: Option<u64>,
+    /// How long the oldest untiered row has waited at most: since the last round (or the
+    /// table's creation) while any bucket has rows past its tiered offset; 0 when none has.
+    pub lag_ms: u64,
 }
 
 /// One partition of a partitioned table.
@@ -635,7 +649,7 @@ impl Node {
         let schema = self.table_schema(&record)?;
         let view = self.view();
         let state = &view.state;
-        let buckets = state
+        let buckets: Vec<BucketInfo> = state
             .buckets
             .range((record.table_id, 0, 0)..=(record.table_id, u64::MAX, u32::MAX))
             .map(|(_, b)| {
@@ -670,6 +684,24 @@ impl Node {
                 }
             })
             .collect();
+        let lake = TableOptions::parse(&record.options)?
+            .lake_freshness
+            .map(|_| {
+                let recorded = state.lake_snapshots.get(&record.table_id);
+                let behind = buckets
+                    .iter()
+                    .any(|b| b.end_offset > b.tiered_offset.unwrap_or(b.start_offset));
+                let since = recorded.map_or(record.created_at_ms, |r| r.committed_at_ms);
+                LakeInfo {
+                    snapshot_id: recorded.map(|r| r.snapshot_id),
+                    committed_at_ms: recorded.map(|r| r.committed_at_ms),
+                    lag_ms: if behind {
+                        self.inner.config.clock.now_ms().saturating_sub(since)
+                    } else {
+                        0
+                    },
+                }
+            });
         Ok(TableInfo {
             table_id: record.table_id,
             database: record.database.clone(),
@@ -694,6 +726,7 @@ impl Node {
                 })
                 .collect(),
             buckets,
+            lake,
         })
     }
 }

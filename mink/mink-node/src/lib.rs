@@ -25,7 +25,8 @@ pub use s3stream::{AppendAck, WriterBatchId};
 pub use bucket::BucketRef;
 
 pub use catalog::{
-    BucketInfo, MAX_PARTITIONS_PER_TABLE, PartitionInfo, TableChange, TableInfo, TableSpec,
+    BucketInfo, LakeInfo, MAX_PARTITIONS_PER_TABLE, PartitionInfo, TableChange, TableInfo,
+    TableSpec,
 };
 pub use cluster::{ClusterStatus, NodeStatus};
 pub use kv::ROW_KIND;
@@ -37,7 +38,7 @@ pub use node::{
 pub use error::{NodeError, NodeResult};
 pub use forward::Forwarder;
 pub use read::{
-    BucketRead, ReadData, ReadItem, ReadKind, ReadOptions, ReadPlan, ReadRequest, ReadStart,
-    ReadStop,
+    BucketRead, ReadData, ReadItem, ReadKind, ReadOptions, ReadPlan, ReadRequest, ReadSource,
+    ReadStart, ReadStop,
 };
 pub use session::WriteSession;

@@ -60,6 +60,20 @@ pub struct ReadRequest {
     /// Primary-key tables: the changelog (`_change_type`, `_log_offset`, `_commit_timestamp`,
     /// then the columns) instead of the current rows.
     pub changelog: bool,
+    /// Log tables tiered into the lake: which side to read (both by default).
+    pub source: ReadSource,
+}
+
+/// The sides of a log table tiered into the lake a read takes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReadSource {
+    /// The lake's rows below the log's start, then the log (the union read).
+    #[default]
+    Union,
+    /// The lake's rows only: offsets below the tiered offset, from the recorded snapshot.
+    Lake,
+    /// The log's rows only, from its start.
+    Log,
 }
 
 /// What a plan reads.
@@ -97,6 +111,7 @@ pub struct ReadPlan {
     pub(crate) idle: Option<Duration>,
     /// The table's schema (log batches are read and evolved to it).
     pub(crate) table_schema: SchemaRef,
+    pub(crate) source: ReadSource,
 }
 
 /// The first offset a scan of bucket `b` of log table `record` returns: the log's `start`, or
@@ -301,13 +316,44 @@ impl Node {
                 .map(|p| p.name.clone())
         };
         let me = self.node_id();
+        let lake = view.state.lake_snapshots.get(&record.table_id);
+        if r.source != ReadSource::Union {
+            let enabled = TableOptions::parse(&record.options)?
+                .lake_freshness
+                .is_some();
+            if !enabled || kind != ReadKind::Log {
+                return Err(NodeError::Invalid(format!(
+                    "{name} is not a log table tiered into the lake: a lake or log read applies to those"
+                )));
+            }
+            if r.source == ReadSource::Lake && matches!(r.stop, ReadStop::Tail { .. }) {
+                return Err(NodeError::Invalid(
+                    "a lake read has an end: tail the log instead".into(),
+                ));
+            }
+            if r.source == ReadSource::Lake && record.is_partitioned() {
+                return Err(NodeError::Invalid(format!(
+                    "{name} is partitioned: reading its lake through Mink is not built yet"
+                )));
+            }
+        }
         let stream_bounds = |b: &BucketRecord| {
             let (start, end) = view
                 .state
                 .streams
                 .get(&b.stream_id)
                 .map_or((0, 0), |s| (s.start_offset, s.end_offset));
-            (readable_from(&view.state, &record, b, start), end)
+            match r.source {
+                ReadSource::Union => (readable_from(&view.state, &record, b, start), end),
+                ReadSource::Log => (start, end),
+                // The lake's side: [0, tiered offset) (empty before the first round).
+                ReadSource::Lake => {
+                    let tiered = lake
+                        .and_then(|l| l.tiered_offset(b.partition_id, b.bucket))
+                        .unwrap_or(0);
+                    (0, tiered)
+                }
+            }
         };
         let leader_of = |b: &BucketRecord| {
             (b.leader_node_id != 0 && b.leader_node_id != me)
@@ -387,6 +433,7 @@ impl Node {
             max_rows: r.max_rows,
             idle,
             table_schema,
+            source: r.source,
         })
     }
 
@@ -535,9 +582,10 @@ impl Node {
         Ok((items, next))
     }
 
-    /// A read step below the log's start of a bucket whose history is in the lake: up to
-    /// [`LAKE_STEP_ROWS`] rows from the lake snapshot the metadata records, up to the log's
-    /// start. `None` when `offset` is in the log.
+    /// A read step from the lake: below the log's start of a bucket whose history is in the
+    /// lake (a union read), or anywhere below the tiered offset (a lake read). Up to
+    /// [`LAKE_STEP_ROWS`] rows from the lake snapshot the metadata records. `None` when the
+    /// step is the log's.
     async fn lake_step(
         &self,
         plan: &ReadPlan,
@@ -545,7 +593,8 @@ impl Node {
         offset: u64,
     ) -> NodeResult<Option<(Vec<ReadItem>, u64)>> {
         let (start, end) = self.bucket_offsets(&b.bucket)?;
-        if offset >= start {
+        let lake_only = plan.source == ReadSource::Lake;
+        if plan.source == ReadSource::Log || (!lake_only && offset >= start) {
             return Ok(None);
         }
         let record = self.table_record(&b.bucket.database, &b.bucket.table)?;
@@ -555,8 +604,7 @@ impl Node {
         let (Some(lake), Some(tiered)) = (lake, tiered) else {
             return Err(NodeError::OffsetOutOfRange { offset, start, end });
         };
-        let upto = start
-            .min(tiered)
+        let upto = (if lake_only { tiered } else { start.min(tiered) })
             .min(offset + LAKE_STEP_ROWS)
             .min(b.to.unwrap_or(u64::MAX));
         if upto <= offset {

@@ -59,6 +59,42 @@ fn batch(ids: std::ops::Range<i64>) -> RecordBatch {
     .unwrap()
 }
 
+/// `(bucket, offset, user_id)` of a scan of `app.clicks` (one bucket or all) from `source`.
+async fn read_source(
+    node: &Node,
+    bucket: Option<u32>,
+    source: mink_node::ReadSource,
+) -> Vec<(u32, u64, i64)> {
+    let plan = node
+        .plan_read(&mink_node::ReadRequest {
+            database: "app".into(),
+            table: "clicks".into(),
+            bucket,
+            source,
+            ..Default::default()
+        })
+        .unwrap();
+    let items: Vec<_> = node
+        .read_stream(plan, mink_node::ReadOptions::default())
+        .try_collect()
+        .await
+        .unwrap();
+    let mut rows = Vec::new();
+    for item in items {
+        let mink_node::ReadData::Rows(b) = item.data else {
+            panic!("rows expected")
+        };
+        let ids = b
+            .column_by_name("user_id")
+            .unwrap()
+            .as_primitive::<Int64Type>();
+        for (i, id) in ids.values().iter().enumerate() {
+            rows.push((item.bucket.bucket, item.offset + i as u64, *id));
+        }
+    }
+    rows
+}
+
 /// Rows of `app.clicks` after `score` was added.
 fn scored(ids: std::ops::Range<i64>) -> RecordBatch {
     RecordBatch::try_new(
@@ -480,38 +516,8 @@ async fn history_past_the_log_ttl_is_read_from_the_lake() {
         info.buckets
     );
     write(&node, 100..110).await;
-    let read = |bucket: Option<u32>| {
-        let node = node.clone();
-        async move {
-            let plan = node
-                .plan_read(&mink_node::ReadRequest {
-                    database: "app".into(),
-                    table: "clicks".into(),
-                    bucket,
-                    ..Default::default()
-                })
-                .unwrap();
-            let items: Vec<_> = node
-                .read_stream(plan, mink_node::ReadOptions::default())
-                .try_collect()
-                .await
-                .unwrap();
-            let mut rows = Vec::new();
-            for item in items {
-                let mink_node::ReadData::Rows(b) = item.data else {
-                    panic!("rows expected")
-                };
-                let ids = b
-                    .column_by_name("user_id")
-                    .unwrap()
-                    .as_primitive::<Int64Type>();
-                for (i, id) in ids.values().iter().enumerate() {
-                    rows.push((item.bucket.bucket, item.offset + i as u64, *id));
-                }
-            }
-            rows
-        }
-    };
+    let read = |bucket: Option<u32>| read_source(&node, bucket, mink_node::ReadSource::Union);
+    let read_source = |bucket: Option<u32>, source| read_source(&node, bucket, source);
     let all = read(None).await;
     let mut ids: Vec<i64> = all.iter().map(|r| r.2).collect();
     ids.sort_unstable();
@@ -525,6 +531,44 @@ async fn history_past_the_log_ttl_is_read_from_the_lake() {
             "bucket {bucket}"
         );
     }
+    // One side only: the lake's rows are [0, tiered offset), the log's [start, end).
+    let info = node.describe_table("app", "clicks").unwrap();
+    for b in &info.buckets {
+        let lake: Vec<u64> = read_source(Some(b.bucket), mink_node::ReadSource::Lake)
+            .await
+            .iter()
+            .map(|r| r.1)
+            .collect();
+        assert_eq!(lake, (0..b.tiered_offset.unwrap()).collect::<Vec<_>>());
+        let log: Vec<u64> = read_source(Some(b.bucket), mink_node::ReadSource::Log)
+            .await
+            .iter()
+            .map(|r| r.1)
+            .collect();
+        assert_eq!(log, (b.start_offset..b.end_offset).collect::<Vec<_>>());
+    }
+    let lake = info.lake.unwrap();
+    assert!(
+        lake.snapshot_id.is_some() && lake.committed_at_ms.is_some(),
+        "{lake:?}"
+    );
+    // A lake read of a table without a lake is refused.
+    node.create_table(TableSpec {
+        name: "plain".into(),
+        ..clicks(&[])
+    })
+    .await
+    .unwrap();
+    let refused = node.plan_read(&mink_node::ReadRequest {
+        database: "app".into(),
+        table: "plain".into(),
+        source: mink_node::ReadSource::Lake,
+        ..Default::default()
+    });
+    assert!(
+        matches!(&refused, Err(mink_node::NodeError::Invalid(m)) if m.contains("not a log table tiered")),
+        "{refused:?}"
+    );
     // The one-step read is the log's: below its start is out of range.
     let below = node
         .read_bucket(

@@ -226,5 +226,10 @@ pub(crate) fn describe(
                 tiered_offset: b.tiered_offset,
             })
             .collect(),
+        lake: info.lake.as_ref().map(|l| protocol::LakeDescription {
+            snapshot_id: l.snapshot_id,
+            committed_at_ms: l.committed_at_ms,
+            lag_ms: l.lag_ms,
+        }),
     })
 }

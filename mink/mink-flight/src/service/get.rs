@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use arrow_flight::FlightData;
 use arrow_flight::flight_service_server::FlightService;
 use futures::StreamExt as _;
-use mink_node::{ReadData, ReadItem, ReadOptions, ReadRequest, ReadStart, ReadStop};
+use mink_node::{ReadData, ReadItem, ReadOptions, ReadRequest, ReadSource, ReadStart, ReadStop};
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status};
 use tracing::Instrument as _;
@@ -197,6 +197,14 @@ fn read_request(t: &protocol::Ticket) -> Result<ReadRequest, String> {
         (false, Some(e)) => ReadStop::Before(e),
         (false, None) => ReadStop::HighWatermark,
     };
+    let source = match t.source.as_deref() {
+        None | Some("union") => ReadSource::Union,
+        Some("lake") => ReadSource::Lake,
+        Some("log") => ReadSource::Log,
+        Some(other) => {
+            return Err(format!("source {other:?}: expected union, lake or log"));
+        }
+    };
     Ok(ReadRequest {
         database: t.database.clone(),
         table: t.table.clone(),
@@ -207,5 +215,6 @@ fn read_request(t: &protocol::Ticket) -> Result<ReadRequest, String> {
         columns: t.columns.clone(),
         max_rows: t.max_rows,
         changelog: t.changelog,
+        source,
     })
 }
