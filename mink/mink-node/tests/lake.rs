@@ -117,16 +117,26 @@ fn scored(ids: std::ops::Range<i64>) -> RecordBatch {
 }
 
 async fn write(node: &Node, ids: std::ops::Range<i64>) {
+    write_rows(node, "clicks", &batch(ids)).await;
+}
+
+/// Writes `rows` to `app.<table>`; panics unless every bucket took its part.
+async fn write_rows(node: &Node, table: &str, rows: &RecordBatch) {
     let writes = node
-        .write("app", "clicks", &batch(ids), &WriteTarget::default())
+        .write("app", table, rows, &WriteTarget::default())
         .await
         .unwrap();
     assert!(writes.iter().all(|w| w.result.is_ok()), "{writes:?}");
 }
 
-/// Waits until the metadata records `rows` tiered rows of the table (sum of the tiered
-/// offsets; the buckets start at 0).
+/// Waits until the metadata records `rows` tiered rows of `app.clicks`.
 async fn until_tiered(node: &Node, rows: u64) {
+    until_table_tiered(node, "clicks", rows).await;
+}
+
+/// Waits until the metadata records `rows` tiered rows of `app.<table>` (sum of the tiered
+/// offsets; the buckets start at 0).
+async fn until_table_tiered(node: &Node, table: &str, rows: u64) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         let view = node.view();
@@ -134,7 +144,7 @@ async fn until_tiered(node: &Node, rows: u64) {
             .state
             .tables
             .values()
-            .find(|t| t.name == "clicks")
+            .find(|t| t.name == table)
             .unwrap();
         let tiered: u64 = view
             .state
@@ -247,11 +257,7 @@ async fn the_lease_holder_tiers_a_lake_table_round_after_round() {
     .await
     .unwrap();
     let rows = scored(150..155);
-    let writes = node
-        .write("app", "clicks", &rows, &WriteTarget::default())
-        .await
-        .unwrap();
-    assert!(writes.iter().all(|w| w.result.is_ok()), "{writes:?}");
+    write_rows(&node, "clicks", &rows).await;
     until_tiered(&node, 155).await;
     let batches = node
         .lake()
@@ -282,11 +288,7 @@ async fn the_lease_holder_tiers_a_lake_table_round_after_round() {
     // After a restart the new lease holder carries on from the recorded offsets.
     node.shutdown().await;
     let node = Node::start(config(dir.path())).await.unwrap();
-    let writes = node
-        .write("app", "clicks", &scored(155..160), &WriteTarget::default())
-        .await
-        .unwrap();
-    assert!(writes.iter().all(|w| w.result.is_ok()), "{writes:?}");
+    write_rows(&node, "clicks", &scored(155..160)).await;
     until_tiered(&node, 160).await;
     assert_eq!(
         lake_rows(&node)
@@ -402,37 +404,9 @@ async fn a_partitioned_table_is_tiered_into_its_partitions() {
         ),
     ])
     .unwrap();
-    let writes = node
-        .write("app", "visits", &rows, &WriteTarget::default())
-        .await
-        .unwrap();
-    assert!(writes.iter().all(|w| w.result.is_ok()), "{writes:?}");
+    write_rows(&node, "visits", &rows).await;
     // Four buckets (two per partition) tiered to their ends.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let view = node.view();
-        let table = view
-            .state
-            .tables
-            .values()
-            .find(|t| t.name == "visits")
-            .unwrap();
-        let tiered = view
-            .state
-            .lake_snapshots
-            .get(&table.table_id)
-            .map_or(0, |r| {
-                r.bucket_offsets.iter().map(|b| b.offset).sum::<u64>()
-            });
-        if tiered == 60 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the lake never reached 60 rows (at {tiered})"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_table_tiered(&node, "visits", 60).await;
     let batches = node
         .lake()
         .await
