@@ -4,6 +4,7 @@
 mod cluster;
 mod flight;
 mod kv;
+mod lake;
 mod metadata;
 mod s3stream;
 
@@ -31,6 +32,8 @@ enum Suite {
     Kv(kv::Args),
     /// The cluster: failover time as a ratio of the lease TTL; node start as metadata grows.
     Cluster(cluster::Args),
+    /// The lake: tiering beside plain Parquet writes, reading back beside an iceberg-rust scan.
+    Lake(lake::Args),
 }
 
 #[tokio::main]
@@ -41,5 +44,6 @@ async fn main() -> anyhow::Result<()> {
         Suite::Flight(args) => flight::run(args).await,
         Suite::Kv(args) => kv::run(args).await,
         Suite::Cluster(args) => cluster::run(args).await,
+        Suite::Lake(args) => lake::run(args).await,
     }
 }

@@ -15,7 +15,7 @@ use crate::{Lake, LakeError, LakeResult};
 
 impl Lake {
     /// The rows of `bucket` at `offsets` in snapshot `snapshot_id` of the lake table
-    /// of `database.table`, in offset order, as one batch of `schema` (the Mink table's
+    /// of `database.table`, in offset order, as batches of `schema` (the Mink table's
     /// columns; a column the lake lacks reads as null). Fails if the lake lacks any offset of
     /// the range: a reader is never handed a hole. Unpartitioned tables (a bucket number names
     /// one bucket only there).
@@ -27,7 +27,7 @@ impl Lake {
         bucket: u32,
         offsets: std::ops::Range<u64>,
         schema: &SchemaRef,
-    ) -> LakeResult<RecordBatch> {
+    ) -> LakeResult<Vec<RecordBatch>> {
         let (from, to) = (offsets.start, offsets.end);
         let t = self.load_table(database, table).await?;
         let as_i64 = |o: u64| i64::try_from(o).map_err(|e| LakeError::Iceberg(e.to_string()));
@@ -46,75 +46,135 @@ impl Lake {
             .await?
             .try_collect()
             .await?;
-        // (offset, batch, row) of every row in range, in offset order.
-        let mut rows: Vec<(i64, usize, usize)> = Vec::new();
-        for (i, b) in batches.iter().enumerate() {
-            let buckets = column(b, BUCKET_COLUMN)?
-                .as_primitive::<Int32Type>()
-                .clone();
-            let offsets = column(b, OFFSET_COLUMN)?
-                .as_primitive::<Int64Type>()
-                .clone();
-            for r in 0..b.num_rows() {
-                let o = offsets.value(r);
-                if buckets.value(r) == bucket_i32 && (lo..hi).contains(&o) {
-                    rows.push((o, i, r));
-                }
-            }
-        }
-        rows.sort_unstable();
-        for (k, (o, _, _)) in rows.iter().enumerate() {
-            let want = lo + i64::try_from(k).unwrap_or(i64::MAX);
-            if *o != want {
-                return Err(LakeError::Gap {
-                    bucket,
-                    tiered: u64::try_from(want).unwrap_or(0),
-                    start: u64::try_from(*o).unwrap_or(0),
-                });
-            }
-        }
-        if rows.len() as u64 != to - from {
-            return Err(LakeError::Gap {
-                bucket,
-                tiered: from + rows.len() as u64,
-                start: to,
-            });
-        }
-        // The table's columns, taken in offset order and cast back to the table's types.
-        let indices: Vec<(usize, usize)> = rows.iter().map(|(_, b, r)| (*b, *r)).collect();
-        let mut columns = Vec::with_capacity(schema.fields().len());
-        for field in schema.fields() {
-            let column = if batches
+        // The usual case: the scan returns exactly offsets lo..hi, in order (files come back
+        // in the order rounds wrote them). Checked without gathering anything.
+        let mut expect = lo;
+        let in_order = batches.iter().all(|b| {
+            let (Ok(buckets), Ok(offsets)) = (column(b, BUCKET_COLUMN), column(b, OFFSET_COLUMN))
+            else {
+                return false;
+            };
+            let (buckets, offsets) = (
+                buckets.as_primitive::<Int32Type>(),
+                offsets.as_primitive::<Int64Type>(),
+            );
+            buckets.null_count() == 0
+                && offsets.null_count() == 0
+                && buckets.values().iter().all(|x| *x == bucket_i32)
+                && offsets.values().iter().all(|o| {
+                    let here = *o == expect;
+                    expect += 1;
+                    here
+                })
+        }) && expect == hi;
+        if in_order {
+            // As scanned, batch by batch: no copy of the rows.
+            return batches
                 .iter()
-                .all(|b| b.column_by_name(field.name()).is_some())
-            {
-                let arrays: Vec<&dyn Array> = batches
-                    .iter()
-                    .map(|b| b.column_by_name(field.name()).expect("checked").as_ref())
-                    .collect();
-                let taken = arrow::compute::interleave(&arrays, &indices)
-                    .map_err(|e| LakeError::Iceberg(e.to_string()))?;
+                .map(|b| as_table_rows(schema, &[b], None, b.num_rows()))
+                .collect();
+        }
+        let indices = gather(&batches, bucket, bucket_i32, lo, hi)?;
+        let all: Vec<&RecordBatch> = batches.iter().collect();
+        Ok(vec![as_table_rows(
+            schema,
+            &all,
+            Some(&indices),
+            indices.len(),
+        )?])
+    }
+}
+
+/// `rows` rows of `batches` (all of them in order, or the `indices`) as a batch of `schema`:
+/// its columns cast back to the table's types, a column the lake lacks null.
+fn as_table_rows(
+    schema: &SchemaRef,
+    batches: &[&RecordBatch],
+    indices: Option<&[(usize, usize)]>,
+    rows: usize,
+) -> LakeResult<RecordBatch> {
+    let mut columns = Vec::with_capacity(schema.fields().len());
+    for field in schema.fields() {
+        let arrays: Option<Vec<&dyn Array>> = batches
+            .iter()
+            .map(|b| b.column_by_name(field.name()).map(AsRef::as_ref))
+            .collect();
+        let column = match arrays {
+            Some(arrays) if !arrays.is_empty() => {
+                let taken = match (indices, arrays.as_slice()) {
+                    (None, [one]) => arrow::array::make_array(one.to_data()),
+                    (None, _) => arrow::compute::concat(&arrays)
+                        .map_err(|e| LakeError::Iceberg(e.to_string()))?,
+                    (Some(indices), _) => arrow::compute::interleave(&arrays, indices)
+                        .map_err(|e| LakeError::Iceberg(e.to_string()))?,
+                };
                 arrow::compute::cast(&taken, field.data_type()).map_err(|e| {
                     LakeError::Incompatible {
                         column: field.name().clone(),
                         reason: e.to_string(),
                     }
                 })?
-            } else {
-                arrow::array::new_null_array(field.data_type(), indices.len())
-            };
-            columns.push(column);
-        }
-        RecordBatch::try_new_with_options(
-            Arc::clone(schema),
-            columns,
-            &arrow::array::RecordBatchOptions::new().with_row_count(Some(indices.len())),
-        )
-        .map_err(|e| LakeError::Iceberg(e.to_string()))
+            }
+            _ => arrow::array::new_null_array(field.data_type(), rows),
+        };
+        columns.push(column);
     }
+    RecordBatch::try_new_with_options(
+        Arc::clone(schema),
+        columns,
+        &arrow::array::RecordBatchOptions::new().with_row_count(Some(rows)),
+    )
+    .map_err(|e| LakeError::Iceberg(e.to_string()))
 }
 
 fn column<'a>(b: &'a RecordBatch, name: &str) -> LakeResult<&'a arrow::array::ArrayRef> {
     b.column_by_name(name)
         .ok_or_else(|| LakeError::Iceberg(format!("the lake's rows lack {name}")))
+}
+
+/// `(batch, row)` of every row of `bucket` at offsets `[lo, hi)` in `batches`, in offset order;
+/// a hole fails.
+fn gather(
+    batches: &[RecordBatch],
+    bucket: u32,
+    bucket_i32: i32,
+    lo: i64,
+    hi: i64,
+) -> LakeResult<Vec<(usize, usize)>> {
+    let mut rows: Vec<(i64, usize, usize)> = Vec::new();
+    for (i, b) in batches.iter().enumerate() {
+        let buckets = column(b, BUCKET_COLUMN)?
+            .as_primitive::<Int32Type>()
+            .clone();
+        let offsets = column(b, OFFSET_COLUMN)?
+            .as_primitive::<Int64Type>()
+            .clone();
+        for r in 0..b.num_rows() {
+            let o = offsets.value(r);
+            if buckets.value(r) == bucket_i32 && (lo..hi).contains(&o) {
+                rows.push((o, i, r));
+            }
+        }
+    }
+    rows.sort_unstable();
+    let as_u64 = |o: i64| u64::try_from(o).unwrap_or(0);
+    for (k, (o, _, _)) in rows.iter().enumerate() {
+        let want = lo + i64::try_from(k).unwrap_or(i64::MAX);
+        if *o != want {
+            return Err(LakeError::Gap {
+                bucket,
+                tiered: as_u64(want),
+                start: as_u64(*o),
+            });
+        }
+    }
+    let covered = lo + i64::try_from(rows.len()).unwrap_or(i64::MAX);
+    if covered != hi {
+        return Err(LakeError::Gap {
+            bucket,
+            tiered: as_u64(covered),
+            start: as_u64(hi),
+        });
+    }
+    Ok(rows.into_iter().map(|(_, b, r)| (b, r)).collect())
 }

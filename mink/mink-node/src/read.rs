@@ -629,15 +629,22 @@ impl Node {
             .map(|f| plan.table_schema.index_of(f.name()))
             .collect::<Result<_, _>>()
             .map_err(|e| NodeError::Invalid(e.to_string()))?;
-        let rows = rows
-            .project(&columns)
-            .map_err(|e| NodeError::Failed(e.to_string()))?;
-        let item = ReadItem {
-            bucket: b.bucket.clone(),
-            offset,
-            data: ReadData::Rows(rows),
-        };
-        Ok(Some((vec![item], upto)))
+        let mut items = Vec::with_capacity(rows.len());
+        let mut at = offset;
+        for batch in rows {
+            let n = batch.num_rows() as u64;
+            items.push(ReadItem {
+                bucket: b.bucket.clone(),
+                offset: at,
+                data: ReadData::Rows(
+                    batch
+                        .project(&columns)
+                        .map_err(|e| NodeError::Failed(e.to_string()))?,
+                ),
+            });
+            at += n;
+        }
+        Ok(Some((items, upto)))
     }
 
     /// Snapshots of the plan's buckets into `tx`: each bucket's current rows at one offset, at

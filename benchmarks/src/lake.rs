@@ -1,0 +1,292 @@
+//! The lake: tiering and reading back, each beside its baseline in the same run, on the same
+//! local object store (SQLite catalog).
+//!
+//! - **Tiering**: rounds of log rows (4 buckets, 8 192-row batches) through `Lake::tier`
+//!   (lake batches built, Parquet written, one Iceberg commit per round with the summary),
+//!   beside writing the same lake rows straight to Parquet files on the same store (ZSTD, as
+//!   the lake does): what tiering would reach if planning and committing cost nothing.
+//! - **Reading back**: every bucket's rows through `Lake::read_bucket` (the union read's lake
+//!   side: filtered scan, checked for holes, ordered by offset, cast back to the table's
+//!   types), beside a plain iceberg-rust scan of the same rows with the same filter; each
+//!   twice, alternating, the best of each.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use arrow::array::TimestampMicrosecondArray;
+use arrow::array::{ArrayRef, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use futures::TryStreamExt as _;
+use mink_lake::Lake;
+use mink_lake::tier::{BucketRound, LogRows};
+use object_store::ObjectStoreExt as _;
+use serde::Serialize;
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct Args {
+    /// Tiering rounds.
+    #[arg(long, default_value_t = 8)]
+    rounds: usize,
+    /// Rows per round (over 4 buckets).
+    #[arg(long, default_value_t = 262_144)]
+    rows_per_round: usize,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct Point {
+    what: &'static str,
+    rows_per_s: f64,
+    mb_per_s: f64,
+    baseline: &'static str,
+    baseline_rows_per_s: f64,
+    ratio: f64,
+}
+
+const BUCKETS: u32 = 4;
+const BATCH: usize = 8192;
+
+fn columns() -> Schema {
+    Schema::new(vec![
+        Field::new("user_id", DataType::Int64, false),
+        Field::new("seq", DataType::Int64, false),
+        Field::new("event", DataType::Utf8, true),
+        Field::new("score", DataType::Float64, true),
+    ])
+}
+
+fn rows(schema: &SchemaRef, from: i64, n: usize) -> anyhow::Result<RecordBatch> {
+    let ids = from..from + n as i64;
+    Ok(RecordBatch::try_new(
+        Arc::clone(schema),
+        vec![
+            Arc::new(Int64Array::from_iter_values(
+                ids.clone().map(|i| (i * 7919) % 1_000_003),
+            )),
+            Arc::new(Int64Array::from_iter_values(ids.clone())),
+            Arc::new(StringArray::from_iter_values(
+                ids.clone()
+                    .map(|i| format!("page_view/{i:08}/campaign-{}", i % 97)),
+            )),
+            Arc::new(Float64Array::from_iter_values(ids.map(|i| i as f64 * 0.5))),
+        ],
+    )?)
+}
+
+/// The same rows with the lake's system columns, as the baseline writes them.
+fn lake_rows(r: &RecordBatch, bucket: u32, base: u64) -> anyhow::Result<RecordBatch> {
+    let n = r.num_rows();
+    let mut fields: Vec<Field> = r
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    fields.push(Field::new("__bucket", DataType::Int32, false));
+    fields.push(Field::new("__offset", DataType::Int64, false));
+    fields.push(Field::new(
+        "__timestamp",
+        DataType::Timestamp(
+            arrow::datatypes::TimeUnit::Microsecond,
+            Some("+00:00".into()),
+        ),
+        false,
+    ));
+    let mut cols: Vec<ArrayRef> = r.columns().to_vec();
+    cols.push(Arc::new(Int32Array::from(vec![i32::try_from(bucket)?; n])));
+    let base = i64::try_from(base)?;
+    cols.push(Arc::new(Int64Array::from_iter_values(
+        base..base + n as i64,
+    )));
+    cols.push(Arc::new(
+        TimestampMicrosecondArray::from(vec![1_700_000_000_000_000; n]).with_timezone("+00:00"),
+    ));
+    Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), cols)?)
+}
+
+pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let objects = dir.path().join("objects");
+    let url = objects.to_str().context("utf-8 temp dir")?;
+    let store = s3stream::store::open(url)?;
+    let lake = Lake::open(
+        &format!("sqlite://{}", dir.path().join("metadata.db").display()),
+        url,
+        Arc::clone(&store),
+    )
+    .await?;
+    let schema: SchemaRef = Arc::new(columns());
+    lake.create_table("bench", "events", &schema, &[]).await?;
+
+    // Each round: per bucket, its share of the rows in 8 192-row log batches.
+    let per_bucket = args.rows_per_round / BUCKETS as usize;
+    let mut rounds = Vec::new();
+    let mut next_id = 0i64;
+    for r in 0..args.rounds {
+        let mut round = Vec::new();
+        for b in 0..BUCKETS {
+            let start = (r * per_bucket) as u64;
+            let mut batches = Vec::new();
+            let mut offset = start;
+            while offset < start + per_bucket as u64 {
+                let n = BATCH.min(usize::try_from(start + per_bucket as u64 - offset)?);
+                batches.push(LogRows {
+                    base_offset: offset,
+                    timestamp_us: 1_700_000_000_000_000,
+                    rows: rows(&schema, next_id, n)?,
+                });
+                next_id += n as i64;
+                offset += n as u64;
+            }
+            round.push(BucketRound {
+                partition_id: 0,
+                bucket: b,
+                start_offset: start,
+                end_offset: offset,
+                batches,
+            });
+        }
+        rounds.push(round);
+    }
+    let total_rows = (args.rounds * per_bucket * BUCKETS as usize) as f64;
+    let bytes: usize = rounds
+        .iter()
+        .flatten()
+        .flat_map(|r| &r.batches)
+        .map(|b| b.rows.get_array_memory_size())
+        .sum();
+    let mb = bytes as f64 / 1e6;
+
+    // The baseline: the same lake rows straight to Parquet on the same store.
+    let baseline_batches: Vec<Vec<RecordBatch>> = rounds
+        .iter()
+        .map(|round| {
+            round
+                .iter()
+                .flat_map(|r| {
+                    r.batches
+                        .iter()
+                        .map(move |b| lake_rows(&b.rows, r.bucket, b.base_offset))
+                })
+                .collect::<anyhow::Result<Vec<_>>>()
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let started = Instant::now();
+    for (i, round) in baseline_batches.iter().enumerate() {
+        let props = parquet::file::properties::WriterProperties::builder()
+            .set_compression(parquet::basic::Compression::ZSTD(Default::default()))
+            .build();
+        let mut out = Vec::new();
+        let mut writer =
+            parquet::arrow::ArrowWriter::try_new(&mut out, round[0].schema(), Some(props))?;
+        for b in round {
+            writer.write(b)?;
+        }
+        writer.close()?;
+        store
+            .put(
+                &object_store::path::Path::from(format!("baseline/round-{i}.parquet")),
+                out.into(),
+            )
+            .await?;
+    }
+    let parquet_d = started.elapsed();
+
+    let started = Instant::now();
+    for round in rounds {
+        lake.tier("bench", "events", round).await?;
+    }
+    let tier_d = started.elapsed();
+
+    // Reading back: each bucket through Lake::read_bucket, and the same filtered scan plain.
+    let table = lake.load_table("bench", "events").await?;
+    let snapshot = table
+        .metadata()
+        .current_snapshot_id()
+        .context("a tiered table has a snapshot")?;
+    let end = (args.rounds * per_bucket) as u64;
+    // Both reads twice, alternating, the best of each: neither gains from the other's cache.
+    let (mut read_d, mut scan_d) = (Duration::MAX, Duration::MAX);
+    for _ in 0..2 {
+        let started = Instant::now();
+        let mut read_rows = 0usize;
+        for b in 0..BUCKETS {
+            read_rows += lake
+                .read_bucket("bench", "events", snapshot, b, 0..end, &schema)
+                .await?
+                .iter()
+                .map(RecordBatch::num_rows)
+                .sum::<usize>();
+        }
+        read_d = read_d.min(started.elapsed());
+        anyhow::ensure!(read_rows as f64 == total_rows, "read {read_rows} rows");
+        let started = Instant::now();
+        let mut scan_rows = 0usize;
+        for b in 0..BUCKETS {
+            let filter = iceberg::expr::Reference::new("__bucket")
+                .equal_to(iceberg::spec::Datum::int(i32::try_from(b)?));
+            let batches: Vec<RecordBatch> = table
+                .scan()
+                .snapshot_id(snapshot)
+                .with_filter(filter)
+                .build()?
+                .to_arrow()
+                .await?
+                .try_collect()
+                .await?;
+            scan_rows += batches.iter().map(RecordBatch::num_rows).sum::<usize>();
+        }
+        scan_d = scan_d.min(started.elapsed());
+        anyhow::ensure!(
+            scan_rows == read_rows,
+            "the plain scan read {scan_rows} rows"
+        );
+    }
+
+    let per_s = |d: Duration| total_rows / d.as_secs_f64();
+    let points = [
+        Point {
+            what: "tiering (Lake::tier)",
+            rows_per_s: per_s(tier_d),
+            mb_per_s: mb / tier_d.as_secs_f64(),
+            baseline: "Parquet straight to the store",
+            baseline_rows_per_s: per_s(parquet_d),
+            ratio: parquet_d.as_secs_f64() / tier_d.as_secs_f64(),
+        },
+        Point {
+            what: "lake read (Lake::read_bucket)",
+            rows_per_s: per_s(read_d),
+            mb_per_s: mb / read_d.as_secs_f64(),
+            baseline: "iceberg-rust scan",
+            baseline_rows_per_s: per_s(scan_d),
+            ratio: scan_d.as_secs_f64() / read_d.as_secs_f64(),
+        },
+    ];
+    print(&points, args.json, total_rows, args.rounds)
+}
+
+#[allow(clippy::print_stdout)]
+fn print(points: &[Point], json: bool, rows: f64, rounds: usize) -> anyhow::Result<()> {
+    if json {
+        for p in points {
+            println!("{}", serde_json::to_string(p)?);
+        }
+        return Ok(());
+    }
+    println!(
+        "The lake on the local object store (SQLite catalog): {rows} rows x 4 columns over 4 buckets in {rounds} rounds"
+    );
+    println!(
+        "{:<32} {:>12} {:>9} {:<32} {:>12} {:>7}",
+        "what", "rows/s", "MB/s", "baseline", "rows/s", "ratio"
+    );
+    for p in points {
+        println!(
+            "{:<32} {:>12.0} {:>9.1} {:<32} {:>12.0} {:>7.2}",
+            p.what, p.rows_per_s, p.mb_per_s, p.baseline, p.baseline_rows_per_s, p.ratio
+        );
+    }
+    Ok(())
+}
