@@ -3,6 +3,9 @@
 //! freshness, records each snapshot with `CommitLakeSnapshot`, and carries on after a restart.
 //! Every row is in the lake once, with the bucket and offset it has in the log.
 
+mod common;
+use common::until_view;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -137,10 +140,8 @@ async fn until_tiered(node: &Node, rows: u64) {
 /// Waits until the metadata records `rows` tiered rows of `app.<table>` (sum of the tiered
 /// offsets; the buckets start at 0).
 async fn until_table_tiered(node: &Node, table: &str, rows: u64) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let view = node.view();
-        let table = view
+    until_view(node, &format!("{rows} tiered rows of {table}"), |view| {
+        let t = view
             .state
             .tables
             .values()
@@ -149,21 +150,11 @@ async fn until_table_tiered(node: &Node, table: &str, rows: u64) {
         let tiered: u64 = view
             .state
             .lake_snapshots
-            .get(&table.table_id)
+            .get(&t.table_id)
             .map_or(0, |r| r.bucket_offsets.iter().map(|b| b.offset).sum());
-        if tiered == rows {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the lake never reached {rows} rows (at {tiered})"
-        );
-        let _ = tokio::time::timeout(
-            Duration::from_millis(200),
-            node.wait_applied(view.applied_index + 1, Duration::from_secs(1)),
-        )
-        .await;
-    }
+        if tiered == rows { Ok(()) } else { Err(tiered) }
+    })
+    .await;
 }
 
 /// `(user_id, bucket, offset)` of every lake row, sorted by user id.
@@ -469,19 +460,15 @@ async fn history_past_the_log_ttl_is_read_from_the_lake() {
     }
     until_tiered(&node, 100).await;
     // Retention trims every bucket's log (in whole objects older than the TTL).
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
+    until_view(&node, "retention trimming every bucket", |_| {
         let info = node.describe_table("app", "clicks").unwrap();
         if info.buckets.iter().all(|b| b.start_offset > 0) {
-            break;
+            Ok(())
+        } else {
+            Err(info.buckets)
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "retention never trimmed the log: {:?}",
-            info.buckets
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
     // Scans (and Flight's endpoints) start at offset 0, below the log's start.
     let info = node.describe_table("app", "clicks").unwrap();
     assert!(

@@ -1,6 +1,9 @@
 //! The node service over a real metadata log (SQLite) and object store (local filesystem).
 #![allow(clippy::print_stderr)]
 
+mod common;
+use common::until_view;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -1223,20 +1226,14 @@ async fn rebalance_and_drain_move_buckets_between_live_nodes() {
     // The request goes from node 2 through the log to the coordinator (node 1).
     let moved = b.rebalance(false).await.unwrap();
     assert_eq!(moved, planned);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while (led(&b, 1), led(&b, 2)) != (2, 2) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the rebalance never completed: {:?}",
-            b.describe_table("app", "events").unwrap().buckets
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_view(&b, "the rebalance completing", |_| {
+        let now = (led(&b, 1), led(&b, 2));
+        if now == (2, 2) { Ok(()) } else { Err(now) }
+    })
+    .await;
     // Handed over, not forced: each moved stream was closed by node 1 at its leader epoch
     // and the transfer completed on node 2.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let view = b.view();
+    until_view(&b, "the transfers completing", |view| {
         let transfers: Vec<_> = view
             .state
             .buckets
@@ -1248,14 +1245,12 @@ async fn rebalance_and_drain_move_buckets_between_live_nodes() {
             })
             .collect();
         if transfers.iter().all(|t| *t == (2, 0)) {
-            break;
+            Ok(())
+        } else {
+            Err(transfers)
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "transfers never completed: {transfers:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    })
+    .await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let (acked, redirected, failed) = load.await.unwrap();
     assert!(
