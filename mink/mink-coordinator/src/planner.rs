@@ -226,7 +226,7 @@ pub fn moving_to(state: &State, b: &BucketRecord) -> Option<u64> {
 }
 
 /// Whether the leader has handed the bucket over: its stream is closed at the leader epoch.
-fn handed_over(stream: &StreamRecord, b: &BucketRecord) -> bool {
+pub fn handed_over(stream: &StreamRecord, b: &BucketRecord) -> bool {
     stream.state == StreamState::Closed as i32 && stream.epoch == b.leader_epoch
 }
 

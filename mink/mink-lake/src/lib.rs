@@ -65,6 +65,9 @@ pub type LakeResult<T> = Result<T, LakeError>;
 pub struct Lake {
     catalog: Arc<SqlCatalog>,
     warehouse: String,
+    /// Tables as last loaded for reading: a read of a snapshot they hold needs no catalog
+    /// round trip (a union read asks once per read step).
+    loaded: Arc<std::sync::Mutex<HashMap<(String, String), Table>>>,
 }
 
 /// The SQL catalog's URL for a metadata URL (`sqlite://...` or `postgres://...`): SQLite files
@@ -108,6 +111,7 @@ impl Lake {
         Ok(Lake {
             catalog: Arc::new(catalog),
             warehouse,
+            loaded: Arc::default(),
         })
     }
 
@@ -238,6 +242,32 @@ impl Lake {
         use futures::TryStreamExt as _;
         let t = self.load_table(database, table).await?;
         Ok(t.scan().build()?.to_arrow().await?.try_collect().await?)
+    }
+
+    /// The lake table of `database.table` as of a metadata version holding `snapshot_id`: the
+    /// one loaded last when it does, else loaded again.
+    pub(crate) async fn table_with_snapshot(
+        &self,
+        database: &str,
+        table: &str,
+        snapshot_id: i64,
+    ) -> LakeResult<Table> {
+        let key = (database.to_string(), table.to_string());
+        let cached = self
+            .loaded
+            .lock()
+            .expect("lake tables lock")
+            .get(&key)
+            .cloned();
+        if let Some(t) = cached.filter(|t| t.metadata().snapshot_by_id(snapshot_id).is_some()) {
+            return Ok(t);
+        }
+        let t = self.load_table(database, table).await?;
+        self.loaded
+            .lock()
+            .expect("lake tables lock")
+            .insert(key, t.clone());
+        Ok(t)
     }
 
     /// The lake table of `database.table`.

@@ -29,7 +29,9 @@ impl Lake {
         schema: &SchemaRef,
     ) -> LakeResult<Vec<RecordBatch>> {
         let (from, to) = (offsets.start, offsets.end);
-        let t = self.load_table(database, table).await?;
+        let t = self
+            .table_with_snapshot(database, table, snapshot_id)
+            .await?;
         let as_i64 = |o: u64| i64::try_from(o).map_err(|e| LakeError::Iceberg(e.to_string()));
         let (lo, hi) = (as_i64(from)?, as_i64(to)?);
         let bucket_i32 = i32::try_from(bucket).map_err(|e| LakeError::Iceberg(e.to_string()))?;

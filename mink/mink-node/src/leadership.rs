@@ -13,8 +13,8 @@
 
 use std::collections::BTreeSet;
 
-use mink_coordinator::planner::moving_to;
-use mink_metadata::{BucketRecord, Command, CompleteTransfer, StreamState};
+use mink_coordinator::planner::{handed_over, moving_to};
+use mink_metadata::{BucketRecord, Command, CompleteTransfer};
 
 use crate::{Node, NodeResult};
 
@@ -63,7 +63,7 @@ async fn reconcile(node: &Node) -> NodeResult<()> {
         view.state
             .streams
             .get(&b.stream_id)
-            .is_some_and(|s| !(s.state == StreamState::Closed as i32 && s.epoch == b.leader_epoch))
+            .is_some_and(|s| !handed_over(s, b))
     });
     futures::future::join_all(handovers.map(|b| hand_over(node, b))).await;
     for b in mine {

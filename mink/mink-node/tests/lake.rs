@@ -4,7 +4,7 @@
 //! Every row is in the lake once, with the bucket and offset it has in the log.
 
 mod common;
-use common::until_view;
+use common::{batch, until_view};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -46,20 +46,6 @@ fn clicks(options: &[(&str, &str)]) -> TableSpec {
         comment: String::new(),
         if_not_exists: false,
     }
-}
-
-fn batch(ids: std::ops::Range<i64>) -> RecordBatch {
-    RecordBatch::try_from_iter(vec![
-        (
-            "user_id",
-            Arc::new(Int64Array::from_iter_values(ids.clone())) as ArrayRef,
-        ),
-        (
-            "event",
-            Arc::new(StringArray::from_iter_values(ids.map(|i| format!("e{i}")))) as ArrayRef,
-        ),
-    ])
-    .unwrap()
 }
 
 /// `(bucket, offset, user_id)` of a scan of `app.clicks` (one bucket or all) from `source`.

@@ -2,7 +2,7 @@
 #![allow(clippy::print_stderr)]
 
 mod common;
-use common::until_view;
+use common::{batch, until_view};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -30,20 +30,6 @@ fn schema() -> Schema {
         Field::new("user_id", DataType::Int64, false),
         Field::new("event", DataType::Utf8, true),
     ])
-}
-
-fn batch(ids: std::ops::Range<i64>) -> RecordBatch {
-    RecordBatch::try_from_iter(vec![
-        (
-            "user_id",
-            Arc::new(Int64Array::from_iter_values(ids.clone())) as ArrayRef,
-        ),
-        (
-            "event",
-            Arc::new(StringArray::from_iter_values(ids.map(|i| format!("e{i}")))) as ArrayRef,
-        ),
-    ])
-    .unwrap()
 }
 
 fn spec(name: &str, buckets: u32) -> TableSpec {

@@ -1,8 +1,25 @@
 //! Helpers the node's test binaries share.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use mink_node::Node;
+
+/// Rows `(user_id, event)` of `ids`, `event` being `e<id>`.
+pub(crate) fn batch(ids: std::ops::Range<i64>) -> RecordBatch {
+    RecordBatch::try_from_iter(vec![
+        (
+            "user_id",
+            Arc::new(Int64Array::from_iter_values(ids.clone())) as ArrayRef,
+        ),
+        (
+            "event",
+            Arc::new(StringArray::from_iter_values(ids.map(|i| format!("e{i}")))) as ArrayRef,
+        ),
+    ])
+    .unwrap()
+}
 
 /// Waits, on each change of `node`'s metadata view, until `done` holds; fails after 30 s with
 /// `what` and the last value `done` saw.
