@@ -8,6 +8,8 @@
 //! - [`Lake`]: the catalog (iceberg-rust's SQL catalog on the metadata database, the one
 //!   pyiceberg reads too) and the warehouse (`<object store>/lake`).
 
+mod commit;
+pub mod maintain;
 mod read;
 pub mod storage;
 pub mod table;
@@ -48,6 +50,14 @@ pub enum LakeError {
         tiered: u64,
         start: u64,
     },
+    /// A hand-built commit found the table moved on, or a file it removes no longer live:
+    /// nothing was committed.
+    #[error("lake commit conflict: {0}")]
+    Conflict(String),
+    /// A commit would remove a file the table's head no longer holds (another commit removed
+    /// it): nothing was committed.
+    #[error("lake commit: {0} is no longer live in the table")]
+    FileGone(String),
     #[error("Iceberg: {0}")]
     Iceberg(String),
 }
@@ -64,6 +74,11 @@ pub type LakeResult<T> = Result<T, LakeError>;
 #[derive(Debug, Clone)]
 pub struct Lake {
     catalog: Arc<SqlCatalog>,
+    /// The catalog's database, for the compare-and-set of hand-built commits.
+    pool: Arc<sqlx::AnyPool>,
+    postgres: bool,
+    /// The warehouse's storage, for listing files (orphan removal).
+    storage: ObjectStoreStorage,
     warehouse: String,
     /// Tables as last loaded for reading: a read of a snapshot they hold needs no catalog
     /// round trip (a union read asks once per read step).
@@ -105,11 +120,19 @@ impl Lake {
             .uri(catalog_uri(metadata_url))
             .warehouse_location(&warehouse)
             .sql_bind_style(bind)
-            .with_storage_factory(Arc::new(ObjectStoreStorageFactory::new(storage)))
+            .with_storage_factory(Arc::new(ObjectStoreStorageFactory::new(storage.clone())))
             .load(CATALOG_NAME, HashMap::new())
             .await?;
+        sqlx::any::install_default_drivers();
+        let pool = sqlx::any::AnyPoolOptions::new()
+            .max_connections(2)
+            .connect_lazy(&catalog_uri(metadata_url))
+            .map_err(|e| LakeError::Iceberg(e.to_string()))?;
         Ok(Lake {
             catalog: Arc::new(catalog),
+            pool: Arc::new(pool),
+            postgres: metadata_url.starts_with("postgres"),
+            storage,
             warehouse,
             loaded: Arc::default(),
         })

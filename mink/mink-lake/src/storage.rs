@@ -103,6 +103,27 @@ impl ObjectStoreStorage {
         Ok(self.store.get_or_init(|| opened))
     }
 
+    /// Every object below `uri` (a directory), as `(uri, last modified in ms since the epoch)`.
+    pub async fn list(&self, uri: &str) -> Result<Vec<(String, i64)>> {
+        use futures::TryStreamExt as _;
+        let prefix = self.path(uri)?;
+        let objects: Vec<object_store::ObjectMeta> = self
+            .store()?
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(|e| store_error(uri, &e))?;
+        Ok(objects
+            .into_iter()
+            .map(|o| {
+                (
+                    format!("{}/{}", self.root, o.location),
+                    o.last_modified.timestamp_millis(),
+                )
+            })
+            .collect())
+    }
+
     /// The object store path of `uri`.
     fn path(&self, uri: &str) -> Result<Path> {
         let relative = uri

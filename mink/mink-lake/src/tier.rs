@@ -322,7 +322,7 @@ impl Lake {
         })
     }
 
-    async fn write_data_files(
+    pub(crate) async fn write_data_files(
         &self,
         table: &Table,
         batches: Vec<RecordBatch>,

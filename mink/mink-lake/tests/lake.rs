@@ -12,6 +12,9 @@ use iceberg::spec::{PrimitiveType, Transform, Type};
 use mink_lake::table::{BUCKET_COLUMN, OFFSET_COLUMN, TIMESTAMP_COLUMN};
 use mink_lake::{Lake, LakeError};
 
+mod common;
+use common::{fresh_postgres, postgres_url, pyiceberg_read, python};
+
 fn columns() -> ArrowSchema {
     ArrowSchema::new(vec![
         Field::new("user_id", DataType::Int64, false),
@@ -28,33 +31,6 @@ fn columns() -> ArrowSchema {
             true,
         ),
     ])
-}
-
-fn postgres_url() -> Option<String> {
-    match std::env::var("MINK_TEST_POSTGRES_URL") {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!(
-                "CI=true but MINK_TEST_POSTGRES_URL is not set: run the suite with scripts/test.sh"
-            )
-        }
-        _ => None,
-    }
-}
-
-/// A fresh PostgreSQL database on the suite's server.
-async fn fresh_postgres(base: &str, name: &str) -> String {
-    use sqlx::Executor as _;
-    let pool = sqlx::PgPool::connect(base).await.unwrap();
-    let database = format!("lake_{name}_{}", std::process::id());
-    pool.execute(format!("DROP DATABASE IF EXISTS {database}").as_str())
-        .await
-        .unwrap();
-    pool.execute(format!("CREATE DATABASE {database}").as_str())
-        .await
-        .unwrap();
-    let (server, _) = base.rsplit_once('/').unwrap();
-    format!("{server}/{database}")
 }
 
 async fn lake(metadata_url: &str, dir: &std::path::Path) -> Lake {
@@ -240,52 +216,6 @@ async fn an_incompatible_table_is_refused_naming_the_column() {
     assert_eq!(column, "nope");
 }
 
-/// The test virtualenv's Python with pyiceberg (`scripts/test.sh` installs it).
-fn python() -> Option<std::path::PathBuf> {
-    let venv = std::env::var("MINK_VENV").map_or_else(
-        |_| std::path::PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/mink/venv"),
-        std::path::PathBuf::from,
-    );
-    let python = venv.join("bin/python");
-    let ok = std::process::Command::new(&python)
-        .args(["-c", "import pyiceberg.catalog.sql, duckdb"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if ok {
-        return Some(python);
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "CI=true but pyiceberg or duckdb is not installed in {} (scripts/test.sh installs them)",
-        venv.display()
-    );
-    eprintln!("skipped: no pyiceberg in {}", venv.display());
-    None
-}
-
-/// What pyiceberg sees of lake table `app.<table>` (tests/pyiceberg_read.py), through the SQL
-/// catalog in the SQLite file `db`.
-fn pyiceberg_read(
-    interpreter: &std::path::Path,
-    db: &std::path::Path,
-    lake: &Lake,
-    table: &str,
-) -> serde_json::Value {
-    let out = std::process::Command::new(interpreter)
-        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pyiceberg_read.py"))
-        .arg(format!("sqlite:///{}", db.display()))
-        .arg(lake.warehouse())
-        .args(["app", table])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "pyiceberg failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
 /// pyiceberg 0.12, through the same SQL catalog, reads the table Mink created: its columns
 /// with their types, its partitioning, its location, and its data once a round is tiered;
 /// DuckDB's iceberg extension reads the same rows from the metadata file.
@@ -365,19 +295,8 @@ async fn pyiceberg_reads_a_lake_table_mink_created() {
         .unwrap()
         .metadata_location()
         .unwrap()
-        .trim_start_matches("file://")
         .to_string();
-    let out = std::process::Command::new(&interpreter)
-        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/duckdb_read.py"))
-        .arg(&metadata)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "duckdb failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let seen: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let seen = common::duckdb_read(&interpreter, &metadata);
     assert_eq!(seen["rows"], 25, "{seen}");
     assert_eq!(
         seen["offsets"],

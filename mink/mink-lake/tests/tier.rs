@@ -6,90 +6,13 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use arrow::array::{Array, AsArray, Int64Array, RecordBatch, StringArray};
-use arrow::datatypes::{DataType, Field, Int32Type, Int64Type, Schema as ArrowSchema};
-use mink_lake::tier::{BucketRound, LogRows, Tiered, tiered_offsets};
+use arrow::array::AsArray;
+use arrow::datatypes::Int64Type;
+use mink_lake::tier::{Tiered, tiered_offsets};
 use mink_lake::{Lake, LakeError};
 
-fn columns() -> ArrowSchema {
-    ArrowSchema::new(vec![
-        Field::new("user_id", DataType::Int64, false),
-        Field::new("event", DataType::Utf8, true),
-    ])
-}
-
-/// Log batches of `bucket` covering offsets `from..to`, 10 rows each; user ids are
-/// `bucket * 1000 + offset`.
-fn log(bucket: u32, from: u64, to: u64) -> Vec<LogRows> {
-    (from..to)
-        .step_by(10)
-        .map(|base| {
-            let ids: Vec<i64> = (base..(base + 10).min(to))
-                .map(|o| i64::from(bucket) * 1000 + o as i64)
-                .collect();
-            let events: Vec<String> = ids.iter().map(|i| format!("e{i}")).collect();
-            LogRows {
-                base_offset: base,
-                timestamp_us: 1_700_000_000_000_000 + base as i64,
-                rows: RecordBatch::try_new(
-                    Arc::new(columns()),
-                    vec![
-                        Arc::new(Int64Array::from(ids)),
-                        Arc::new(StringArray::from(events)),
-                    ],
-                )
-                .unwrap(),
-            }
-        })
-        .collect()
-}
-
-fn round(bucket: u32, from: u64, to: u64) -> BucketRound {
-    BucketRound {
-        partition_id: 0,
-        bucket,
-        start_offset: from,
-        end_offset: to,
-        batches: log(bucket, from, to),
-    }
-}
-
-/// `(bucket, offset, user_id)` of every lake row, sorted.
-async fn lake_rows(lake: &Lake) -> Vec<(i32, i64, i64)> {
-    let batches = lake.scan("app", "events").await.unwrap();
-    let mut rows = Vec::new();
-    for b in batches {
-        let bucket = b
-            .column_by_name("__bucket")
-            .unwrap()
-            .as_primitive::<Int32Type>();
-        let offset = b
-            .column_by_name("__offset")
-            .unwrap()
-            .as_primitive::<Int64Type>();
-        let id = b
-            .column_by_name("user_id")
-            .unwrap()
-            .as_primitive::<Int64Type>();
-        assert_eq!(b.column_by_name("__timestamp").unwrap().null_count(), 0);
-        for i in 0..b.num_rows() {
-            rows.push((bucket.value(i), offset.value(i), id.value(i)));
-        }
-    }
-    rows.sort_unstable();
-    rows
-}
-
-fn expected(ranges: &[(u32, u64, u64)]) -> Vec<(i32, i64, i64)> {
-    let mut rows: Vec<_> = ranges
-        .iter()
-        .flat_map(|&(b, from, to)| {
-            (from..to).map(move |o| (b as i32, o as i64, i64::from(b) * 1000 + o as i64))
-        })
-        .collect();
-    rows.sort_unstable();
-    rows
-}
+mod common;
+use common::{columns, expected, lake_rows, round};
 
 async fn lake(dir: &std::path::Path) -> Lake {
     let objects = dir.join("objects");
@@ -220,21 +143,9 @@ async fn racing_rounds_commit_the_rows_once() {
 /// the node's object_store client, and the table is read back through it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tiering_works_on_s3() {
-    let (endpoint, bucket) = match (
-        std::env::var("MINK_TEST_S3_ENDPOINT"),
-        std::env::var("MINK_TEST_S3_BUCKET"),
-    ) {
-        (Ok(e), Ok(b)) if !e.is_empty() => (e, b),
-        _ if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("CI=true but MINK_TEST_S3_ENDPOINT is not set: run scripts/test.sh")
-        }
-        _ => return,
+    let Some((bucket, url)) = common::s3_url() else {
+        return;
     };
-    let url = format!(
-        "s3://{bucket}/lake-{:016x}?endpoint={endpoint}&allow_http=true&region=us-east-1\
-         &access_key_id=test&secret_access_key=test&virtual_hosted_style_request=false",
-        rand::random::<u64>()
-    );
     let dir = tempfile::tempdir().unwrap();
     let l = Lake::open(
         &format!("sqlite://{}", dir.path().join("metadata.db").display()),
