@@ -119,7 +119,9 @@ impl From<mink_lake::LakeError> for NodeError {
         match e {
             L::Incompatible { .. } | L::AlreadyExists(_) => NodeError::Invalid(e.to_string()),
             L::NotFound(_) => NodeError::NotFound(e.to_string()),
-            L::Gap { .. } | L::Iceberg(_) => NodeError::Failed(e.to_string()),
+            L::Gap { .. } | L::Conflict(_) | L::FileGone(_) | L::Iceberg(_) => {
+                NodeError::Failed(e.to_string())
+            }
         }
     }
 }

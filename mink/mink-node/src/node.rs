@@ -376,6 +376,7 @@ impl Node {
         let retention = tokio::spawn(crate::retention::run(node.clone()));
         let snapshots = tokio::spawn(crate::kv::run_snapshots(node.clone()));
         let tiering = tokio::spawn(crate::tiering::run(node.clone()));
+        let maintenance = tokio::spawn(crate::lake_maintenance::run(node.clone()));
         let coordinator = mink_coordinator::spawn(
             node.inner.sink.clone(),
             node.inner.streams.clone(),
@@ -386,6 +387,7 @@ impl Node {
             retention,
             snapshots,
             tiering,
+            maintenance,
             coordinator,
         ]);
         tracing::info!(node_id = node.inner.config.node_id, "node started");

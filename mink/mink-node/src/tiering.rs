@@ -157,6 +157,18 @@ pub(crate) async fn tier_table(
         Tiered::AlreadyTiered { .. } => {}
     }
     // Record the lake's current snapshot (this round's, or one a crashed round left behind).
+    record_lake_snapshot(node, coordinator_epoch, table, record).await
+}
+
+/// Records the lake table's current snapshot of `table` and the tiered offsets its summary
+/// holds (`CommitLakeSnapshot`), unless `record` names it already. Returns whether it did.
+pub(crate) async fn record_lake_snapshot(
+    node: &Node,
+    coordinator_epoch: u64,
+    table: &TableRecord,
+    record: Option<&LakeSnapshotRecord>,
+) -> NodeResult<bool> {
+    let lake = node.lake().await?;
     let lake_table = lake.load_table(&table.database, &table.name).await?;
     let Some(snapshot_id) = lake_table.metadata().current_snapshot_id() else {
         return Ok(false);

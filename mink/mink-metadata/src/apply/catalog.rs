@@ -498,7 +498,7 @@ impl State {
         if previous.is_some_and(|p| p.snapshot_id == c.snapshot_id) {
             return redundant(Reply::Id(c.table_id));
         }
-        let mut offsets: BTreeMap<(u64, u32), u64> = previous
+        let before: BTreeMap<(u64, u32), u64> = previous
             .map(|p| {
                 p.bucket_offsets
                     .iter()
@@ -506,6 +506,7 @@ impl State {
                     .collect()
             })
             .unwrap_or_default();
+        let mut offsets = before.clone();
         for b in &c.bucket_offsets {
             let bucket = self.bucket((c.table_id, b.partition_id, b.bucket))?;
             let end = self
@@ -537,6 +538,12 @@ impl State {
             }
             offsets.insert((b.partition_id, b.bucket), b.offset);
         }
+        // The time the lake last caught up with the log: a snapshot that tiers nothing new
+        // (a compaction) leaves it, so the lake's lag and the tiering schedule stay true.
+        let committed_at_ms = match previous {
+            Some(p) if offsets == before => p.committed_at_ms,
+            _ => at_ms,
+        };
         self.lake_snapshots.insert(
             c.table_id,
             LakeSnapshotRecord {
@@ -551,7 +558,7 @@ impl State {
                         offset,
                     })
                     .collect(),
-                committed_at_ms: at_ms,
+                committed_at_ms,
             },
         );
         done(Reply::Id(c.table_id))

@@ -1,0 +1,114 @@
+//! Lake maintenance, run by the lease holder beside tiering: every lake-enabled table is
+//! compacted, its old snapshots expired and its orphan files removed
+//! ([`mink_lake::Lake::maintain`]) once per [`interval`] (five freshness periods, at least a
+//! minute: about ten tiering rounds of small files each time). Tiering goes on meanwhile: a
+//! compaction commits on top of the rounds tiered while it ran.
+//!
+//! The snapshot the command log records is kept by expiry (readers plan on it); a compaction's
+//! snapshot is recorded once committed, so readers move onto the compacted files and the old
+//! ones can go an hour later. Recording it does not move the lake's commit time: no offset
+//! advanced.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use mink_lake::maintain::{Maintained, Maintenance};
+use mink_log::options::TableOptions;
+use mink_metadata::TableRecord;
+
+use crate::{Node, NodeError, NodeResult};
+
+/// How often the lease holder looks for tables due maintenance.
+const MAINTENANCE_TICK: Duration = Duration::from_secs(5);
+
+/// Time between two maintenance runs of a table tiered every `freshness / 2`.
+pub(crate) fn interval(freshness: Duration) -> Duration {
+    (freshness * 5).max(Duration::from_secs(60))
+}
+
+pub(crate) async fn run(node: Node) {
+    let mut shutdown = node.inner.shutdown.subscribe();
+    let lease = node.inner.sink.lease();
+    // table id -> when it was last maintained (or when this node began to hold the lease).
+    let mut last: HashMap<u64, u64> = HashMap::new();
+    loop {
+        let epoch = lease.borrow().coordinator_epoch();
+        if let Some(epoch) = epoch {
+            let view = node.view();
+            let now_ms = node.inner.config.clock.now_ms();
+            for table in view.state.tables.values() {
+                let Ok(TableOptions {
+                    lake_freshness: Some(freshness),
+                    ..
+                }) = TableOptions::parse(&table.options)
+                else {
+                    continue;
+                };
+                let since = *last.entry(table.table_id).or_insert(now_ms);
+                let due = u64::try_from(interval(freshness).as_millis()).unwrap_or(u64::MAX);
+                if now_ms.saturating_sub(since) < due {
+                    continue;
+                }
+                last.insert(table.table_id, now_ms);
+                if let Err(e) = maintain_table(&node, epoch, table).await {
+                    tracing::warn!(error = %e, table = %table.name, "lake maintenance failed");
+                }
+            }
+        } else {
+            last.clear();
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(MAINTENANCE_TICK) => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+impl Node {
+    /// Maintains the lake table of `database.table` now rather than on its schedule, on the
+    /// node holding the lease (elsewhere: `Unavailable`).
+    pub async fn maintain_lake_now(&self, database: &str, table: &str) -> NodeResult<Maintained> {
+        let record = self.table_record(database, table)?;
+        if TableOptions::parse(&record.options)?
+            .lake_freshness
+            .is_none()
+        {
+            return Err(NodeError::Invalid(format!(
+                "{database}.{table} is not tiered into the lake (table.datalake.enabled)"
+            )));
+        }
+        let epoch = self.inner.sink.lease().borrow().coordinator_epoch();
+        let Some(epoch) = epoch else {
+            return Err(NodeError::Unavailable(
+                "lake maintenance runs on the node holding the lease; this one does not".into(),
+            ));
+        };
+        maintain_table(self, epoch, &record).await
+    }
+}
+
+async fn maintain_table(
+    node: &Node,
+    coordinator_epoch: u64,
+    table: &TableRecord,
+) -> NodeResult<Maintained> {
+    let lake = node.lake().await?;
+    let view = node.view();
+    let record = view.state.lake_snapshots.get(&table.table_id);
+    let keep: Vec<i64> = record.map(|r| r.snapshot_id).into_iter().collect();
+    let now_ms = i64::try_from(node.inner.config.clock.now_ms()).unwrap_or(i64::MAX);
+    let done = lake
+        .maintain(
+            &table.database,
+            &table.name,
+            &Maintenance::default(),
+            now_ms,
+            &keep,
+        )
+        .await?;
+    if done.compacted.is_some() {
+        crate::tiering::record_lake_snapshot(node, coordinator_epoch, table, record).await?;
+    }
+    tracing::debug!(table = %table.name, ?done, "lake maintained");
+    Ok(done)
+}
