@@ -214,7 +214,15 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
         let mut read_rows = 0usize;
         for b in 0..BUCKETS {
             read_rows += lake
-                .read_bucket("bench", "events", snapshot, b, 0..end, &schema)
+                .read_bucket(
+                    "bench",
+                    "events",
+                    snapshot,
+                    &Default::default(),
+                    b,
+                    0..end,
+                    &schema,
+                )
                 .await?
                 .iter()
                 .map(RecordBatch::num_rows)

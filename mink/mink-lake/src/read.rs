@@ -2,6 +2,7 @@
 //! offsets, from a given snapshot, as the Mink table's rows (system columns dropped, types
 //! cast back to the table's). The half of the union read below the log's start.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arrow::array::{Array, AsArray, RecordBatch};
@@ -17,13 +18,16 @@ impl Lake {
     /// The rows of `bucket` at `offsets` in snapshot `snapshot_id` of the lake table
     /// of `database.table`, in offset order, as batches of `schema` (the Mink table's
     /// columns; a column the lake lacks reads as null). Fails if the lake lacks any offset of
-    /// the range: a reader is never handed a hole. Unpartitioned tables (a bucket number names
-    /// one bucket only there).
+    /// the range: a reader is never handed a hole. In a partitioned table the bucket is the
+    /// one of the partition whose key columns hold `partition` (column → value, as Mink names
+    /// partitions); empty for an unpartitioned table.
+    #[allow(clippy::too_many_arguments)]
     pub async fn read_bucket(
         &self,
         database: &str,
         table: &str,
         snapshot_id: i64,
+        partition: &BTreeMap<String, String>,
         bucket: u32,
         offsets: std::ops::Range<u64>,
         schema: &SchemaRef,
@@ -35,10 +39,18 @@ impl Lake {
         let as_i64 = |o: u64| i64::try_from(o).map_err(|e| LakeError::Iceberg(e.to_string()));
         let (lo, hi) = (as_i64(from)?, as_i64(to)?);
         let bucket_i32 = i32::try_from(bucket).map_err(|e| LakeError::Iceberg(e.to_string()))?;
-        let filter = Reference::new(BUCKET_COLUMN)
+        let mut filter = Reference::new(BUCKET_COLUMN)
             .equal_to(Datum::int(bucket_i32))
             .and(Reference::new(OFFSET_COLUMN).greater_than_or_equal_to(Datum::long(lo)))
             .and(Reference::new(OFFSET_COLUMN).less_than(Datum::long(hi)));
+        let lake_schema = t.metadata().current_schema();
+        for (column, value) in partition {
+            filter = filter.and(Reference::new(column).equal_to(partition_datum(
+                lake_schema,
+                column,
+                value,
+            )?));
+        }
         let batches: Vec<RecordBatch> = t
             .scan()
             .snapshot_id(snapshot_id)
@@ -127,6 +139,32 @@ fn as_table_rows(
         &arrow::array::RecordBatchOptions::new().with_row_count(Some(rows)),
     )
     .map_err(|e| LakeError::Iceberg(e.to_string()))
+}
+
+/// The typed value a partition name gives `column` (Mink names partitions by the values'
+/// text: strings as they are, integers, dates as `YYYY-MM-DD`, booleans).
+fn partition_datum(schema: &iceberg::spec::Schema, column: &str, value: &str) -> LakeResult<Datum> {
+    use iceberg::spec::{PrimitiveType as P, Type};
+    let field = schema
+        .field_by_name(column)
+        .ok_or_else(|| LakeError::Incompatible {
+            column: column.to_string(),
+            reason: "the lake table has no such partition column".into(),
+        })?;
+    let bad = |e: &dyn std::fmt::Display| LakeError::Incompatible {
+        column: column.to_string(),
+        reason: format!("partition value {value:?}: {e}"),
+    };
+    match field.field_type.as_ref() {
+        Type::Primitive(P::String) => Ok(Datum::string(value)),
+        Type::Primitive(P::Int) => Ok(Datum::int(value.parse::<i32>().map_err(|e| bad(&e))?)),
+        Type::Primitive(P::Long) => Ok(Datum::long(value.parse::<i64>().map_err(|e| bad(&e))?)),
+        Type::Primitive(P::Boolean) => Ok(Datum::bool(value.parse::<bool>().map_err(|e| bad(&e))?)),
+        Type::Primitive(P::Date) => Datum::date_from_str(value).map_err(|e| bad(&e)),
+        other => Err(bad(&format!(
+            "a partition column of type {other} is not supported"
+        ))),
+    }
 }
 
 fn column<'a>(b: &'a RecordBatch, name: &str) -> LakeResult<&'a arrow::array::ArrayRef> {

@@ -107,7 +107,15 @@ async fn maintains(metadata_url: &str, store_url: &str) {
     // Rows come back in bucket and offset order: a bucket's range reads without a sort.
     let schema = std::sync::Arc::new(columns());
     let back = l
-        .read_bucket("app", "events", current, 1, 0..100, &schema)
+        .read_bucket(
+            "app",
+            "events",
+            current,
+            &Default::default(),
+            1,
+            0..100,
+            &schema,
+        )
         .await
         .unwrap();
     assert_eq!(back.iter().map(|b| b.num_rows()).sum::<usize>(), 100);
@@ -147,7 +155,15 @@ async fn maintains(metadata_url: &str, store_url: &str) {
     );
     assert!(!removed.is_empty());
     let pinned_rows = l
-        .read_bucket("app", "events", pinned, 0, 0..100, &schema)
+        .read_bucket(
+            "app",
+            "events",
+            pinned,
+            &Default::default(),
+            0,
+            0..100,
+            &schema,
+        )
         .await
         .unwrap();
     assert_eq!(pinned_rows.iter().map(|b| b.num_rows()).sum::<usize>(), 100);

@@ -81,7 +81,15 @@ async fn rounds_land_once_and_roll_forward_from_the_summary() {
     let snapshot = table.metadata().current_snapshot_id().unwrap();
     let schema = Arc::new(columns());
     let back = l
-        .read_bucket("app", "events", snapshot, 0, 5..35, &schema)
+        .read_bucket(
+            "app",
+            "events",
+            snapshot,
+            &Default::default(),
+            0,
+            5..35,
+            &schema,
+        )
         .await
         .unwrap();
     assert!(back.iter().all(|b| b.schema() == schema));
@@ -91,8 +99,16 @@ async fn rounds_land_once_and_roll_forward_from_the_summary() {
         .collect();
     assert_eq!(ids, (5..35).collect::<Vec<i64>>());
     assert!(matches!(
-        l.read_bucket("app", "events", snapshot, 0, 30..45, &schema)
-            .await,
+        l.read_bucket(
+            "app",
+            "events",
+            snapshot,
+            &Default::default(),
+            0,
+            30..45,
+            &schema
+        )
+        .await,
         Err(LakeError::Gap { bucket: 0, .. })
     ));
     // Batches with a hole between them are refused too.

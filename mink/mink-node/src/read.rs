@@ -124,7 +124,6 @@ pub(crate) fn readable_from(
     start: u64,
 ) -> u64 {
     let in_lake = !record.is_primary_key_table()
-        && !record.is_partitioned()
         && state
             .lake_snapshots
             .get(&record.table_id)
@@ -330,11 +329,6 @@ impl Node {
                 return Err(NodeError::Invalid(
                     "a lake read has an end: tail the log instead".into(),
                 ));
-            }
-            if r.source == ReadSource::Lake && record.is_partitioned() {
-                return Err(NodeError::Invalid(format!(
-                    "{name} is partitioned: reading its lake through Mink is not built yet"
-                )));
             }
         }
         let stream_bounds = |b: &BucketRecord| {
@@ -599,8 +593,18 @@ impl Node {
         }
         let record = self.table_record(&b.bucket.database, &b.bucket.table)?;
         let view = self.view();
+        let bucket = self.bucket_record(
+            &view,
+            &record,
+            b.bucket.partition.as_deref(),
+            b.bucket.bucket,
+        )?;
+        let partition = match &b.bucket.partition {
+            Some(name) => mink_log::routing::partition_values(&record.partition_keys, name)?,
+            None => Default::default(),
+        };
         let lake = view.state.lake_snapshots.get(&record.table_id);
-        let tiered = lake.and_then(|l| l.tiered_offset(0, b.bucket.bucket));
+        let tiered = lake.and_then(|l| l.tiered_offset(bucket.partition_id, b.bucket.bucket));
         let (Some(lake), Some(tiered)) = (lake, tiered) else {
             return Err(NodeError::OffsetOutOfRange { offset, start, end });
         };
@@ -617,6 +621,7 @@ impl Node {
                 &b.bucket.database,
                 &b.bucket.table,
                 lake.snapshot_id,
+                &partition,
                 b.bucket.bucket,
                 offset..upto,
                 &plan.table_schema,

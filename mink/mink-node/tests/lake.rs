@@ -351,14 +351,59 @@ async fn a_round_lost_before_the_metadata_record_rolls_forward() {
 
 /// A partitioned table's lake is partitioned the same way: each partition's buckets are
 /// tiered, into that partition's files.
+/// `(partition, bucket) -> [(offset, user_id)]` of a scan of `app.<table>` from `source`.
+async fn read_partitions(
+    node: &Node,
+    table: &str,
+    source: mink_node::ReadSource,
+) -> BTreeMap<(String, u32), Vec<(u64, i64)>> {
+    let plan = node
+        .plan_read(&mink_node::ReadRequest {
+            database: "app".into(),
+            table: table.into(),
+            source,
+            ..Default::default()
+        })
+        .unwrap();
+    let items: Vec<_> = node
+        .read_stream(plan, mink_node::ReadOptions::default())
+        .try_collect()
+        .await
+        .unwrap();
+    let mut rows: BTreeMap<(String, u32), Vec<(u64, i64)>> = BTreeMap::new();
+    for item in items {
+        let mink_node::ReadData::Rows(b) = item.data else {
+            panic!("rows expected")
+        };
+        let ids = b
+            .column_by_name("user_id")
+            .unwrap()
+            .as_primitive::<Int64Type>();
+        let at = (item.bucket.partition.clone().unwrap(), item.bucket.bucket);
+        for (i, id) in ids.values().iter().enumerate() {
+            rows.entry(at.clone())
+                .or_default()
+                .push((item.offset + i as u64, *id));
+        }
+    }
+    rows
+}
+
+/// A partitioned table (a string and an integer partition key) is tiered into its Iceberg
+/// partitions; once retention trims its log, the union read takes each partition's history
+/// from that partition's lake files: every row once, at its offset; the lake-only read of a
+/// bucket is `[0, tiered offset)` of its partition.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_partitioned_table_is_tiered_into_its_partitions() {
+async fn a_partitioned_table_is_tiered_and_read_back_by_partition() {
     let dir = tempfile::tempdir().unwrap();
-    let node = Node::start(config(dir.path())).await.unwrap();
+    let mut c = config(dir.path());
+    c.retention_interval = Duration::from_millis(100);
+    let node = Node::start(c).await.unwrap();
     node.create_database("app", false).await.unwrap();
     let mut spec = clicks(&[
         ("bucket.num", "2"),
         ("bucket.key", "user_id"),
+        ("table.log.ttl", "1s"),
         ("table.datalake.enabled", "true"),
         ("table.datalake.freshness", "1s"),
     ]);
@@ -366,23 +411,34 @@ async fn a_partitioned_table_is_tiered_into_its_partitions() {
     spec.schema = Schema::new(vec![
         Field::new("user_id", DataType::Int64, false),
         Field::new("day", DataType::Utf8, false),
+        Field::new("shard", DataType::Int32, false),
     ]);
-    spec.partition_keys = vec!["day".into()];
+    spec.partition_keys = vec!["day".into(), "shard".into()];
     node.create_table(spec).await.unwrap();
     let days = ["2026-12-01", "2026-12-02"];
-    let rows = RecordBatch::try_from_iter(vec![
-        (
-            "user_id",
-            Arc::new(Int64Array::from_iter_values(0..60)) as ArrayRef,
-        ),
-        (
-            "day",
-            Arc::new(StringArray::from_iter_values((0..60).map(|i| days[i % 2]))) as ArrayRef,
-        ),
-    ])
-    .unwrap();
-    write_rows(&node, "visits", &rows).await;
-    // Four buckets (two per partition) tiered to their ends.
+    let rows = |ids: std::ops::Range<i64>| {
+        RecordBatch::try_from_iter(vec![
+            (
+                "user_id",
+                Arc::new(Int64Array::from_iter_values(ids.clone())) as ArrayRef,
+            ),
+            (
+                "day",
+                Arc::new(StringArray::from_iter_values(
+                    ids.clone().map(|i| days[(i % 2) as usize]),
+                )) as ArrayRef,
+            ),
+            (
+                "shard",
+                Arc::new(arrow::array::Int32Array::from_iter_values(
+                    ids.map(|i| (i % 3) as i32),
+                )) as ArrayRef,
+            ),
+        ])
+        .unwrap()
+    };
+    write_rows(&node, "visits", &rows(0..60)).await;
+    // Twelve buckets (two in each of six partitions) tiered to their ends.
     until_table_tiered(&node, "visits", 60).await;
     let batches = node
         .lake()
@@ -418,6 +474,54 @@ async fn a_partitioned_table_is_tiered_into_its_partitions() {
             data.display()
         );
     }
+
+    until_view(&node, "retention trimming every bucket", |_| {
+        let info = node.describe_table("app", "visits").unwrap();
+        if info.buckets.iter().all(|b| b.start_offset > 0) {
+            Ok(())
+        } else {
+            Err(info.buckets)
+        }
+    })
+    .await;
+    write_rows(&node, "visits", &rows(60..72)).await;
+    let union = read_partitions(&node, "visits", mink_node::ReadSource::Union).await;
+    let mut ids = Vec::new();
+    for ((partition, bucket), rows) in &union {
+        let offsets: Vec<u64> = rows.iter().map(|r| r.0).collect();
+        assert_eq!(
+            offsets,
+            (0..rows.len() as u64).collect::<Vec<_>>(),
+            "partition {partition} bucket {bucket}"
+        );
+        for &(_, id) in rows {
+            let (day, shard) = partition.split_once('$').unwrap();
+            assert_eq!(
+                (day, shard.parse::<i64>().unwrap()),
+                (days[(id % 2) as usize], id % 3),
+                "row {id} read from partition {partition}"
+            );
+            ids.push(id);
+        }
+    }
+    ids.sort_unstable();
+    assert_eq!(ids, (0..72).collect::<Vec<_>>(), "every row once");
+    let lake = read_partitions(&node, "visits", mink_node::ReadSource::Lake).await;
+    let info = node.describe_table("app", "visits").unwrap();
+    let mut tiered = 0;
+    for b in &info.buckets {
+        let at = (b.partition.clone().unwrap(), b.bucket);
+        let offsets: Vec<u64> = lake
+            .get(&at)
+            .map_or(vec![], |r| r.iter().map(|r| r.0).collect());
+        assert_eq!(
+            offsets,
+            (0..b.tiered_offset.unwrap()).collect::<Vec<_>>(),
+            "{at:?}"
+        );
+        tiered += offsets.len();
+    }
+    assert_eq!(tiered, 60);
     node.shutdown().await;
 }
 
