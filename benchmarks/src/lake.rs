@@ -9,6 +9,10 @@
 //!   side: filtered scan, checked for holes, ordered by offset, cast back to the table's
 //!   types), beside a plain iceberg-rust scan of the same rows with the same filter; each
 //!   twice, alternating, the best of each.
+//! - **Lake lag**: a node tiering a table with `table.datalake.freshness` under a sustained
+//!   write load; its lag (how long the oldest untiered row has waited, as `describe_table`
+//!   reports it) sampled every 100 ms after the first round, p99 beside the freshness (the
+//!   limit: the lake must never be older than that).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,6 +35,15 @@ pub(crate) struct Args {
     /// Rows per round (over 4 buckets).
     #[arg(long, default_value_t = 262_144)]
     rows_per_round: usize,
+    /// The lag measurement's `table.datalake.freshness`, in seconds.
+    #[arg(long, default_value_t = 4)]
+    freshness: u64,
+    /// How long the lag measurement writes, in seconds (0 skips it).
+    #[arg(long, default_value_t = 20)]
+    lag_seconds: u64,
+    /// Rows per second written during the lag measurement.
+    #[arg(long, default_value_t = 50_000)]
+    lag_rows_per_s: u64,
     #[arg(long)]
     json: bool,
 }
@@ -272,7 +285,139 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
             ratio: scan_d.as_secs_f64() / read_d.as_secs_f64(),
         },
     ];
-    print(&points, args.json, total_rows, args.rounds)
+    print(&points, args.json, total_rows, args.rounds)?;
+    if args.lag_seconds > 0 {
+        let lag = lake_lag(&args).await?;
+        print_lag(&lag, args.json)?;
+    }
+    Ok(())
+}
+
+#[derive(Debug, Serialize)]
+struct Lag {
+    what: &'static str,
+    freshness_ms: u64,
+    rows_per_s: u64,
+    samples: usize,
+    p50_ms: u64,
+    p99_ms: u64,
+    max_ms: u64,
+    /// p99 over the freshness: at most 1 meets the goal.
+    ratio: f64,
+}
+
+/// A node with one lake table under a steady write load; its lake lag sampled every 100 ms
+/// once the first round is recorded.
+async fn lake_lag(args: &Args) -> anyhow::Result<Lag> {
+    use mink_node::{Node, NodeConfig, TableSpec, WriteTarget};
+    let dir = tempfile::tempdir()?;
+    let mut c = NodeConfig::new(
+        1,
+        &format!("sqlite://{}", dir.path().join("meta.db").display()),
+        dir.path()
+            .join("objects")
+            .to_str()
+            .context("utf-8 temp dir")?,
+    );
+    c.advertised_address = "127.0.0.1:7001".into();
+    c.kv_dir = dir.path().join("kv");
+    c.engine.flush_delay = Duration::from_millis(5);
+    let node = Node::start(c).await?;
+    node.create_database("bench", false).await?;
+    let schema: SchemaRef = Arc::new(columns());
+    node.create_table(TableSpec {
+        database: "bench".into(),
+        name: "lag".into(),
+        schema: schema.as_ref().clone(),
+        primary_key: vec![],
+        options: [
+            ("bucket.num", BUCKETS.to_string()),
+            ("bucket.key", "user_id".to_string()),
+            ("table.datalake.enabled", "true".to_string()),
+            ("table.datalake.freshness", format!("{}s", args.freshness)),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect(),
+        partition_keys: vec![],
+        comment: String::new(),
+        if_not_exists: false,
+    })
+    .await?;
+    // Writes every 100 ms, a tenth of the rate each time.
+    let writer = {
+        let node = node.clone();
+        let schema = Arc::clone(&schema);
+        let per_tick = usize::try_from((args.lag_rows_per_s / 10).max(1))?;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            let mut next = 0i64;
+            loop {
+                tick.tick().await;
+                let batch = rows(&schema, next, per_tick)?;
+                next += per_tick as i64;
+                for w in node
+                    .write("bench", "lag", &batch, &WriteTarget::default())
+                    .await?
+                {
+                    w.result.map_err(|e| anyhow::anyhow!("write: {e}"))?;
+                }
+            }
+            #[allow(unreachable_code)]
+            Ok::<(), anyhow::Error>(())
+        })
+    };
+    let until = Instant::now() + Duration::from_secs(args.lag_seconds);
+    let mut samples = Vec::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    while Instant::now() < until {
+        tick.tick().await;
+        anyhow::ensure!(!writer.is_finished(), "the writer stopped");
+        let info = node.describe_table("bench", "lag")?;
+        let lake = info.lake.context("a lake table without lake info")?;
+        if lake.snapshot_id.is_some() {
+            samples.push(lake.lag_ms);
+        }
+    }
+    writer.abort();
+    node.shutdown().await;
+    anyhow::ensure!(
+        !samples.is_empty(),
+        "no round was tiered in {}s",
+        args.lag_seconds
+    );
+    samples.sort_unstable();
+    let at = |percent: usize| samples[(samples.len() - 1) * percent / 100];
+    let freshness_ms = args.freshness * 1000;
+    Ok(Lag {
+        what: "lake lag (describe_table)",
+        freshness_ms,
+        rows_per_s: args.lag_rows_per_s,
+        samples: samples.len(),
+        p50_ms: at(50),
+        p99_ms: at(99),
+        max_ms: at(100),
+        ratio: at(99) as f64 / freshness_ms as f64,
+    })
+}
+
+#[allow(clippy::print_stdout)]
+fn print_lag(lag: &Lag, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(lag)?);
+        return Ok(());
+    }
+    println!(
+        "Lake lag under {} rows/s, {} samples: p50 {} ms, p99 {} ms, max {} ms; freshness {} ms; p99/freshness {:.2} (goal <= 1)",
+        lag.rows_per_s,
+        lag.samples,
+        lag.p50_ms,
+        lag.p99_ms,
+        lag.max_ms,
+        lag.freshness_ms,
+        lag.ratio
+    );
+    Ok(())
 }
 
 #[allow(clippy::print_stdout)]
