@@ -40,6 +40,19 @@ async fn data_files(l: &Lake) -> usize {
         .unwrap()
 }
 
+/// The lake on the SQLite catalog `<dir>/metadata.db` and the local store `<dir>/<store>`.
+async fn local_lake(dir: &std::path::Path, store: &str) -> Lake {
+    let objects = dir.join(store);
+    let url = objects.to_str().unwrap();
+    Lake::open(
+        &format!("sqlite://{}", dir.join("metadata.db").display()),
+        url,
+        s3stream::store::open(url).unwrap(),
+    )
+    .await
+    .unwrap()
+}
+
 fn now_ms() -> i64 {
     i64::try_from(
         std::time::SystemTime::now()
@@ -213,14 +226,7 @@ async fn maintenance_on_postgres_and_s3() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_commit_leaves_orphans_only() {
     let dir = tempfile::tempdir().unwrap();
-    let objects = dir.path().join("objects");
-    let l = Lake::open(
-        &format!("sqlite://{}", dir.path().join("metadata.db").display()),
-        objects.to_str().unwrap(),
-        s3stream::store::open(objects.to_str().unwrap()).unwrap(),
-    )
-    .await
-    .unwrap();
+    let l = local_lake(dir.path(), "objects").await;
     l.create_table("app", "events", &columns(), &[])
         .await
         .unwrap();
@@ -259,15 +265,7 @@ async fn a_crashed_commit_leaves_orphans_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreign_files_stop_orphan_removal() {
     let dir = tempfile::tempdir().unwrap();
-    let objects = dir.path().join("objects");
-    let db = format!("sqlite://{}", dir.path().join("metadata.db").display());
-    let l = Lake::open(
-        &db,
-        objects.to_str().unwrap(),
-        s3stream::store::open(objects.to_str().unwrap()).unwrap(),
-    )
-    .await
-    .unwrap();
+    let l = local_lake(dir.path(), "objects").await;
     l.create_table("app", "events", &columns(), &[])
         .await
         .unwrap();
@@ -275,14 +273,7 @@ async fn foreign_files_stop_orphan_removal() {
         .await
         .unwrap();
     // The same catalog seen from a node whose store is elsewhere.
-    let other = dir.path().join("elsewhere");
-    let elsewhere = Lake::open(
-        &db,
-        other.to_str().unwrap(),
-        s3stream::store::open(other.to_str().unwrap()).unwrap(),
-    )
-    .await
-    .unwrap();
+    let elsewhere = local_lake(dir.path(), "elsewhere").await;
     let refused = elsewhere
         .remove_orphans("app", "events", now_ms() + 1)
         .await;
@@ -302,14 +293,7 @@ async fn python_readers_read_a_compacted_table() {
     };
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("metadata.db");
-    let objects = dir.path().join("objects");
-    let l = Lake::open(
-        &format!("sqlite://{}", db.display()),
-        objects.to_str().unwrap(),
-        s3stream::store::open(objects.to_str().unwrap()).unwrap(),
-    )
-    .await
-    .unwrap();
+    let l = local_lake(dir.path(), "objects").await;
     l.create_table("app", "events", &columns(), &[])
         .await
         .unwrap();
@@ -348,14 +332,7 @@ async fn python_readers_read_a_compacted_table() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compaction_commits_on_top_of_a_round_tiered_meanwhile() {
     let dir = tempfile::tempdir().unwrap();
-    let objects = dir.path().join("objects");
-    let l = Lake::open(
-        &format!("sqlite://{}", dir.path().join("metadata.db").display()),
-        objects.to_str().unwrap(),
-        s3stream::store::open(objects.to_str().unwrap()).unwrap(),
-    )
-    .await
-    .unwrap();
+    let l = local_lake(dir.path(), "objects").await;
     l.create_table("app", "events", &columns(), &[])
         .await
         .unwrap();

@@ -13,10 +13,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use mink_lake::maintain::{Maintained, Maintenance};
-use mink_log::options::TableOptions;
 use mink_metadata::TableRecord;
 
-use crate::{Node, NodeError, NodeResult};
+use crate::{Node, NodeResult};
 
 /// How often the lease holder looks for tables due maintenance.
 const MAINTENANCE_TICK: Duration = Duration::from_secs(5);
@@ -36,14 +35,7 @@ pub(crate) async fn run(node: Node) {
         if let Some(epoch) = epoch {
             let view = node.view();
             let now_ms = node.inner.config.clock.now_ms();
-            for table in view.state.tables.values() {
-                let Ok(TableOptions {
-                    lake_freshness: Some(freshness),
-                    ..
-                }) = TableOptions::parse(&table.options)
-                else {
-                    continue;
-                };
+            for (table, freshness) in crate::tiering::lake_tables(&view) {
                 let since = *last.entry(table.table_id).or_insert(now_ms);
                 let due = u64::try_from(interval(freshness).as_millis()).unwrap_or(u64::MAX);
                 if now_ms.saturating_sub(since) < due {
@@ -68,21 +60,7 @@ impl Node {
     /// Maintains the lake table of `database.table` now rather than on its schedule, on the
     /// node holding the lease (elsewhere: `Unavailable`).
     pub async fn maintain_lake_now(&self, database: &str, table: &str) -> NodeResult<Maintained> {
-        let record = self.table_record(database, table)?;
-        if TableOptions::parse(&record.options)?
-            .lake_freshness
-            .is_none()
-        {
-            return Err(NodeError::Invalid(format!(
-                "{database}.{table} is not tiered into the lake (table.datalake.enabled)"
-            )));
-        }
-        let epoch = self.inner.sink.lease().borrow().coordinator_epoch();
-        let Some(epoch) = epoch else {
-            return Err(NodeError::Unavailable(
-                "lake maintenance runs on the node holding the lease; this one does not".into(),
-            ));
-        };
+        let (record, epoch) = self.lake_duty(database, table, "lake maintenance")?;
         maintain_table(self, epoch, &record).await
     }
 }

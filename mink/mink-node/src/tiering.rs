@@ -34,14 +34,7 @@ pub(crate) async fn run(node: Node) {
         if let Some(epoch) = epoch {
             let view = node.view();
             let now_ms = node.inner.config.clock.now_ms();
-            for table in view.state.tables.values() {
-                let Ok(TableOptions {
-                    lake_freshness: Some(freshness),
-                    ..
-                }) = TableOptions::parse(&table.options)
-                else {
-                    continue;
-                };
+            for (table, freshness) in lake_tables(&view) {
                 let record = view.state.lake_snapshots.get(&table.table_id);
                 let last_ms = record.map_or(table.created_at_ms, |r| r.committed_at_ms);
                 let due_ms = u64::try_from((freshness / 2).as_millis()).unwrap_or(u64::MAX);
@@ -65,6 +58,33 @@ impl Node {
     /// holding the lease (elsewhere: `Unavailable`). Returns whether a new lake snapshot was
     /// recorded.
     pub async fn tier_now(&self, database: &str, table: &str) -> NodeResult<bool> {
+        let (record, epoch) = self.lake_duty(database, table, "tiering")?;
+        let view = self.view();
+        let snapshot = view.state.lake_snapshots.get(&record.table_id);
+        tier_table(self, epoch, &record, snapshot).await
+    }
+}
+
+/// Every table tiered into the lake, with its `table.datalake.freshness`.
+pub(crate) fn lake_tables(
+    view: &mink_metadata::View,
+) -> impl Iterator<Item = (&TableRecord, Duration)> {
+    view.state.tables.values().filter_map(|t| {
+        let freshness = TableOptions::parse(&t.options).ok()?.lake_freshness?;
+        Some((t, freshness))
+    })
+}
+
+impl Node {
+    /// The record of lake table `database.table` and the lease's coordinator epoch, for
+    /// `duty` (tiering, maintenance) done now on this node: `Invalid` if the table has no
+    /// lake, `Unavailable` unless this node holds the lease.
+    pub(crate) fn lake_duty(
+        &self,
+        database: &str,
+        table: &str,
+        duty: &str,
+    ) -> NodeResult<(TableRecord, u64)> {
         let record = self.table_record(database, table)?;
         if TableOptions::parse(&record.options)?
             .lake_freshness
@@ -75,14 +95,12 @@ impl Node {
             )));
         }
         let epoch = self.inner.sink.lease().borrow().coordinator_epoch();
-        let Some(epoch) = epoch else {
-            return Err(NodeError::Unavailable(
-                "tiering runs on the node holding the lease; this one does not".into(),
-            ));
-        };
-        let view = self.view();
-        let snapshot = view.state.lake_snapshots.get(&record.table_id);
-        tier_table(self, epoch, &record, snapshot).await
+        let epoch = epoch.ok_or_else(|| {
+            NodeError::Unavailable(format!(
+                "{duty} runs on the node holding the lease; this one does not"
+            ))
+        })?;
+        Ok((record, epoch))
     }
 }
 

@@ -143,6 +143,43 @@ async fn until_table_tiered(node: &Node, table: &str, rows: u64) {
     .await;
 }
 
+/// A node (retention every 100 ms) with `app.clicks` in two buckets, its log kept 1 s and
+/// tiered every half second.
+async fn short_lived_clicks(dir: &std::path::Path) -> Node {
+    let mut c = config(dir);
+    c.retention_interval = Duration::from_millis(100);
+    let node = Node::start(c).await.unwrap();
+    node.create_database("app", false).await.unwrap();
+    node.create_table(clicks(&[
+        ("bucket.num", "2"),
+        ("bucket.key", "user_id"),
+        ("table.log.ttl", "1s"),
+        ("table.datalake.enabled", "true"),
+        ("table.datalake.freshness", "1s"),
+    ]))
+    .await
+    .unwrap();
+    node
+}
+
+/// Waits until retention has trimmed every bucket of `app.<table>` (in whole objects older
+/// than the TTL).
+async fn until_trimmed(node: &Node, table: &str) {
+    until_view(
+        node,
+        &format!("retention trimming every bucket of {table}"),
+        |_| {
+            let info = node.describe_table("app", table).unwrap();
+            if info.buckets.iter().all(|b| b.start_offset > 0) {
+                Ok(())
+            } else {
+                Err(info.buckets)
+            }
+        },
+    )
+    .await;
+}
+
 /// `(user_id, bucket, offset)` of every lake row, sorted by user id.
 async fn lake_rows(node: &Node) -> Vec<(i64, i32, i64)> {
     let batches = node
@@ -475,15 +512,7 @@ async fn a_partitioned_table_is_tiered_and_read_back_by_partition() {
         );
     }
 
-    until_view(&node, "retention trimming every bucket", |_| {
-        let info = node.describe_table("app", "visits").unwrap();
-        if info.buckets.iter().all(|b| b.start_offset > 0) {
-            Ok(())
-        } else {
-            Err(info.buckets)
-        }
-    })
-    .await;
+    until_trimmed(&node, "visits").await;
     write_rows(&node, "visits", &rows(60..72)).await;
     let union = read_partitions(&node, "visits", mink_node::ReadSource::Union).await;
     let mut ids = Vec::new();
@@ -532,33 +561,13 @@ async fn a_partitioned_table_is_tiered_and_read_back_by_partition() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_past_the_log_ttl_is_read_from_the_lake() {
     let dir = tempfile::tempdir().unwrap();
-    let mut c = config(dir.path());
-    c.retention_interval = Duration::from_millis(100);
-    let node = Node::start(c).await.unwrap();
-    node.create_database("app", false).await.unwrap();
-    node.create_table(clicks(&[
-        ("bucket.num", "2"),
-        ("bucket.key", "user_id"),
-        ("table.log.ttl", "1s"),
-        ("table.datalake.enabled", "true"),
-        ("table.datalake.freshness", "1s"),
-    ]))
-    .await
-    .unwrap();
+    let node = short_lived_clicks(dir.path()).await;
     for chunk in 0..5 {
         write(&node, chunk * 20..chunk * 20 + 20).await;
     }
     until_tiered(&node, 100).await;
     // Retention trims every bucket's log (in whole objects older than the TTL).
-    until_view(&node, "retention trimming every bucket", |_| {
-        let info = node.describe_table("app", "clicks").unwrap();
-        if info.buckets.iter().all(|b| b.start_offset > 0) {
-            Ok(())
-        } else {
-            Err(info.buckets)
-        }
-    })
-    .await;
+    until_trimmed(&node, "clicks").await;
     // Scans (and Flight's endpoints) start at offset 0, below the log's start.
     let info = node.describe_table("app", "clicks").unwrap();
     assert!(
@@ -646,19 +655,7 @@ async fn history_past_the_log_ttl_is_read_from_the_lake() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compaction_keeps_the_union_read_whole() {
     let dir = tempfile::tempdir().unwrap();
-    let mut c = config(dir.path());
-    c.retention_interval = Duration::from_millis(100);
-    let node = Node::start(c).await.unwrap();
-    node.create_database("app", false).await.unwrap();
-    node.create_table(clicks(&[
-        ("bucket.num", "2"),
-        ("bucket.key", "user_id"),
-        ("table.log.ttl", "1s"),
-        ("table.datalake.enabled", "true"),
-        ("table.datalake.freshness", "1s"),
-    ]))
-    .await
-    .unwrap();
+    let node = short_lived_clicks(dir.path()).await;
     for chunk in 0..10 {
         write(&node, chunk * 10..chunk * 10 + 10).await;
         until_tiered(&node, (chunk as u64 + 1) * 10).await;
@@ -690,15 +687,7 @@ async fn compaction_keeps_the_union_read_whole() {
     assert_eq!(after.snapshot_id, Some(compacted.snapshot_id));
     assert_eq!(after.committed_at_ms, before.committed_at_ms);
     // The history the union read takes from the (compacted) lake: below the trimmed log.
-    until_view(&node, "retention trimming every bucket", |_| {
-        let info = node.describe_table("app", "clicks").unwrap();
-        if info.buckets.iter().all(|b| b.start_offset > 0) {
-            Ok(())
-        } else {
-            Err(info.buckets)
-        }
-    })
-    .await;
+    until_trimmed(&node, "clicks").await;
     assert_eq!(union_ids().await, (0..100).collect::<Vec<_>>());
     let mut lake: Vec<i64> = lake_rows(&node).await.iter().map(|r| r.0).collect();
     lake.sort_unstable();
