@@ -10,6 +10,7 @@
 
 mod commit;
 pub mod maintain;
+pub mod pk;
 mod read;
 pub mod storage;
 pub mod table;

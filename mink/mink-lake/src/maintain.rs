@@ -65,6 +65,8 @@ pub struct Compacted {
 /// Files a compaction wrote and the files they replace, before the commit.
 #[derive(Clone, Debug, Default)]
 pub struct Rewrite {
+    /// The snapshot the files were read from.
+    base_snapshot_id: Option<i64>,
     added: Vec<iceberg::spec::DataFile>,
     removed: HashSet<String>,
     rows: u64,
@@ -126,8 +128,9 @@ impl Lake {
     }
 
     /// Rewrites the small data files of every partition that has at least `policy.min_files`
-    /// of them into large ones, in one `replace` snapshot. `None` when nothing qualifies.
-    /// Data files with deletes are left alone.
+    /// of them into large ones, and every partition with position deletes into files without
+    /// (deletes applied, the delete files removed), in one `replace` snapshot. `None` when
+    /// nothing qualifies.
     pub async fn compact(
         &self,
         database: &str,
@@ -161,28 +164,54 @@ impl Lake {
             .await?;
         let mut by_partition: BTreeMap<String, Vec<FileScanTask>> = BTreeMap::new();
         for task in tasks {
-            if task.deletes.is_empty() && task.file_size_in_bytes < policy.small_file_bytes {
-                by_partition
-                    .entry(format!("{:?}", task.partition))
-                    .or_default()
-                    .push(task);
-            }
+            by_partition
+                .entry(format!("{:?}", task.partition))
+                .or_default()
+                .push(task);
         }
-        let mut rewrite = Rewrite::default();
+        let mut rewrite = Rewrite {
+            base_snapshot_id: base.metadata().current_snapshot_id(),
+            ..Rewrite::default()
+        };
         for (_, mut group) in by_partition {
-            if group.len() < policy.min_files.max(2) {
-                continue;
-            }
             group.sort_by(|a, b| a.data_file_path.cmp(&b.data_file_path));
-            let mut input = 0;
-            let group: Vec<FileScanTask> = group
-                .into_iter()
-                .take_while(|t| {
-                    input += t.file_size_in_bytes;
-                    input <= policy.max_input_bytes
-                })
+            let deletes: HashSet<String> = group
+                .iter()
+                .flat_map(|t| t.deletes.iter().map(|d| d.file_path.clone()))
                 .collect();
-            if group.len() < 2 {
+            let had_deletes = !deletes.is_empty();
+            let group: Vec<FileScanTask> = if deletes.is_empty() {
+                let small: Vec<FileScanTask> = group
+                    .into_iter()
+                    .filter(|t| t.file_size_in_bytes < policy.small_file_bytes)
+                    .collect();
+                if small.len() < policy.min_files.max(2) {
+                    continue;
+                }
+                let mut input = 0;
+                small
+                    .into_iter()
+                    .take_while(|t| {
+                        input += t.file_size_in_bytes;
+                        input <= policy.max_input_bytes
+                    })
+                    .collect()
+            } else {
+                // Deletes fold into the data: every data file of the partition is rewritten
+                // (a delete file may point into any of them), and every delete file goes.
+                let input: u64 = group.iter().map(|t| t.file_size_in_bytes).sum();
+                let equality = group.iter().any(|t| {
+                    t.deletes
+                        .iter()
+                        .any(|d| d.file_type != iceberg::spec::DataContentType::PositionDeletes)
+                });
+                if input > policy.max_input_bytes || equality {
+                    continue;
+                }
+                rewrite.removed.extend(deletes);
+                group
+            };
+            if group.len() < 2 && !had_deletes {
                 continue;
             }
             rewrite
@@ -221,6 +250,25 @@ impl Lake {
         let mut attempts = 0;
         let committed = loop {
             let head = self.load_table(database, table).await?;
+            // A rewrite holds the rows as of its base: a delete committed since may point at
+            // a row it copied, so it must not land on top of one.
+            let mut at = head.metadata().current_snapshot();
+            while let Some(s) = at.filter(|s| Some(s.snapshot_id()) != rewrite.base_snapshot_id) {
+                let added_deletes = s
+                    .summary()
+                    .additional_properties
+                    .get("added-delete-files")
+                    .is_some_and(|n| n != "0");
+                if added_deletes {
+                    return Err(LakeError::Conflict(format!(
+                        "snapshot {} added deletes after the rewrite read its files",
+                        s.snapshot_id()
+                    )));
+                }
+                at = s
+                    .parent_snapshot_id()
+                    .and_then(|p| head.metadata().snapshot_by_id(p));
+            }
             let new = NewSnapshot {
                 added: rewrite.added.clone(),
                 removed: rewrite.removed.clone(),

@@ -143,7 +143,11 @@ fn as_table_rows(
 
 /// The typed value a partition name gives `column` (Mink names partitions by the values'
 /// text: strings as they are, integers, dates as `YYYY-MM-DD`, booleans).
-fn partition_datum(schema: &iceberg::spec::Schema, column: &str, value: &str) -> LakeResult<Datum> {
+pub(crate) fn partition_datum(
+    schema: &iceberg::spec::Schema,
+    column: &str,
+    value: &str,
+) -> LakeResult<Datum> {
     use iceberg::spec::{PrimitiveType as P, Type};
     let field = schema
         .field_by_name(column)

@@ -180,8 +180,8 @@ impl Catalog for Pinned<'_> {
     }
 }
 
-/// A log batch as lake rows: the table's columns cast to the lake's Arrow types, then the
-/// bucket, each row's offset and the append timestamp.
+/// A log batch as lake rows: the table's columns (from row `skip` on) cast to the lake's
+/// Arrow types, then the bucket, each row's offset and the append timestamp.
 fn lake_batch(
     schema: &SchemaRef,
     bucket: u32,
@@ -189,46 +189,80 @@ fn lake_batch(
     skip: usize,
 ) -> LakeResult<RecordBatch> {
     let n = rows.rows.num_rows() - skip;
+    let first = i64::try_from(rows.base_offset + skip as u64).map_err(err)?;
+    let count = i64::try_from(n).map_err(err)?;
+    lake_columns(
+        schema,
+        bucket,
+        &rows.rows.slice(skip, n),
+        Int64Array::from_iter_values(first..first + count),
+        TimestampMicrosecondArray::from(vec![rows.timestamp_us; n]),
+    )
+}
+
+/// Rows of the table's columns as lake rows of `bucket`, at `offsets`, committed at
+/// `timestamps_us`.
+pub(crate) fn lake_rows(
+    schema: &SchemaRef,
+    bucket: u32,
+    rows: &RecordBatch,
+    offsets: &[u64],
+    timestamps_us: &[i64],
+) -> LakeResult<RecordBatch> {
+    let offsets = offsets
+        .iter()
+        .map(|o| i64::try_from(*o).map_err(err))
+        .collect::<LakeResult<Vec<_>>>()?;
+    lake_columns(
+        schema,
+        bucket,
+        rows,
+        Int64Array::from(offsets),
+        TimestampMicrosecondArray::from(timestamps_us.to_vec()),
+    )
+}
+
+fn err(e: impl std::fmt::Display) -> LakeError {
+    LakeError::Iceberg(e.to_string())
+}
+
+fn lake_columns(
+    schema: &SchemaRef,
+    bucket: u32,
+    rows: &RecordBatch,
+    offsets: Int64Array,
+    timestamps: TimestampMicrosecondArray,
+) -> LakeResult<RecordBatch> {
+    let n = rows.num_rows();
     let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
     for field in schema.fields() {
         let name = field.name().as_str();
         let column: ArrayRef = match name {
             BUCKET_COLUMN => Arc::new(Int32Array::from(vec![
-                i32::try_from(bucket).map_err(
-                    |e| LakeError::Iceberg(e.to_string())
-                )?;
+                i32::try_from(bucket).map_err(err)?;
                 n
             ])),
-            OFFSET_COLUMN => {
-                let first = i64::try_from(rows.base_offset + skip as u64)
-                    .map_err(|e| LakeError::Iceberg(e.to_string()))?;
-                let count = i64::try_from(n).map_err(|e| LakeError::Iceberg(e.to_string()))?;
-                Arc::new(Int64Array::from_iter_values(first..first + count))
-            }
-            TIMESTAMP_COLUMN => Arc::new(
-                TimestampMicrosecondArray::from(vec![rows.timestamp_us; n]).with_timezone_opt(
-                    match field.data_type() {
-                        DataType::Timestamp(_, tz) => tz.clone(),
-                        _ => None,
-                    },
-                ),
-            ),
-            _ => match rows.rows.column_by_name(name) {
-                Some(c) => {
-                    arrow::compute::cast(&c.slice(skip, n), field.data_type()).map_err(|e| {
-                        LakeError::Incompatible {
-                            column: name.to_string(),
-                            reason: e.to_string(),
-                        }
-                    })?
-                }
+            OFFSET_COLUMN => Arc::new(offsets.clone()),
+            TIMESTAMP_COLUMN => Arc::new(timestamps.clone().with_timezone_opt(
+                match field.data_type() {
+                    DataType::Timestamp(_, tz) => tz.clone(),
+                    _ => None,
+                },
+            )),
+            _ => match rows.column_by_name(name) {
+                Some(c) => arrow::compute::cast(c, field.data_type()).map_err(|e| {
+                    LakeError::Incompatible {
+                        column: name.to_string(),
+                        reason: e.to_string(),
+                    }
+                })?,
                 // A lake column the Mink table lacks (an attached table): null.
                 None => arrow::array::new_null_array(field.data_type(), n),
             },
         };
         columns.push(column);
     }
-    RecordBatch::try_new(Arc::clone(schema), columns).map_err(|e| LakeError::Iceberg(e.to_string()))
+    RecordBatch::try_new(Arc::clone(schema), columns).map_err(err)
 }
 
 impl Lake {

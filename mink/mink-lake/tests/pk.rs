@@ -1,0 +1,235 @@
+//! Primary-key tables in the lake: rounds of upserts and deletes leave one live row per key
+//! (its last image, at the offset of its last change) and none for a deleted key, through
+//! position deletes; iceberg-rust, pyiceberg and DuckDB all read exactly that state, before
+//! and after compaction folds the deletes into the data. A compaction that read its files
+//! before a round added deletes does not commit over them.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arrow::array::{AsArray, Int64Array, RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field, Int32Type, Int64Type, Schema as ArrowSchema};
+use mink_lake::maintain::Maintenance;
+use mink_lake::pk::{BucketChanges, ChangeRows};
+use mink_lake::tier::Tiered;
+use mink_lake::{Lake, LakeError};
+
+mod common;
+
+fn columns() -> ArrowSchema {
+    ArrowSchema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("name", DataType::Utf8, true),
+    ])
+}
+
+/// A change per `(id, Some(name))` upsert or `(id, None)` delete, at offsets `from..`.
+fn changes(bucket: u32, from: u64, ops: &[(i64, Option<&str>)]) -> BucketChanges {
+    let ids = Int64Array::from_iter_values(ops.iter().map(|o| o.0));
+    let names = StringArray::from_iter(ops.iter().map(|o| Some(o.1.unwrap_or("gone"))));
+    let end = from + ops.len() as u64;
+    BucketChanges {
+        partition_id: 0,
+        partition: BTreeMap::new(),
+        bucket,
+        start_offset: from,
+        end_offset: end,
+        changes: vec![ChangeRows {
+            rows: RecordBatch::try_new(Arc::new(columns()), vec![Arc::new(ids), Arc::new(names)])
+                .unwrap(),
+            offsets: (from..end).collect(),
+            timestamps_us: (from..end)
+                .map(|o| 1_700_000_000_000_000 + o as i64)
+                .collect(),
+            upsert: ops.iter().map(|o| o.1.is_some()).collect(),
+        }],
+    }
+}
+
+/// `(bucket, id) -> (name, offset)` of every live lake row (iceberg-rust's scan).
+async fn state(l: &Lake) -> BTreeMap<(i32, i64), (String, i64)> {
+    let mut rows = BTreeMap::new();
+    for b in l.scan("app", "users").await.unwrap() {
+        let bucket = b
+            .column_by_name("__bucket")
+            .unwrap()
+            .as_primitive::<Int32Type>();
+        let id = b.column_by_name("id").unwrap().as_primitive::<Int64Type>();
+        let name = b.column_by_name("name").unwrap().as_string::<i32>();
+        let offset = b
+            .column_by_name("__offset")
+            .unwrap()
+            .as_primitive::<Int64Type>();
+        for i in 0..b.num_rows() {
+            let had = rows.insert(
+                (bucket.value(i), id.value(i)),
+                (name.value(i).to_string(), offset.value(i)),
+            );
+            assert!(had.is_none(), "key {} twice in the lake", id.value(i));
+        }
+    }
+    rows
+}
+
+/// What the lake must hold after `rounds` of `(bucket, from, ops)`, applied in order.
+fn expected(
+    rounds: &[(u32, u64, Vec<(i64, Option<&str>)>)],
+) -> BTreeMap<(i32, i64), (String, i64)> {
+    let mut rows = BTreeMap::new();
+    for (bucket, from, ops) in rounds {
+        for (i, (id, name)) in ops.iter().enumerate() {
+            let key = (*bucket as i32, *id);
+            match name {
+                Some(n) => {
+                    rows.insert(key, (n.to_string(), (*from + i as u64) as i64));
+                }
+                None => {
+                    rows.remove(&key);
+                }
+            }
+        }
+    }
+    rows
+}
+
+fn key_pk() -> Vec<String> {
+    vec!["id".to_string()]
+}
+
+async fn tier(l: &Lake, round: &(u32, u64, Vec<(i64, Option<&str>)>)) -> Tiered {
+    l.tier_changes(
+        "app",
+        "users",
+        &key_pk(),
+        vec![changes(round.0, round.1, &round.2)],
+    )
+    .await
+    .unwrap()
+}
+
+fn offsets(rows: &BTreeMap<(i32, i64), (String, i64)>) -> Vec<i64> {
+    let mut o: Vec<i64> = rows.values().map(|v| v.1).collect();
+    o.sort_unstable();
+    o
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upserts_and_deletes_leave_one_row_per_live_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("metadata.db");
+    let objects = dir.path().join("objects");
+    let url = objects.to_str().unwrap();
+    let l = Lake::open(
+        &format!("sqlite://{}", db.display()),
+        url,
+        s3stream::store::open(url).unwrap(),
+    )
+    .await
+    .unwrap();
+    l.create_table("app", "users", &columns(), &[])
+        .await
+        .unwrap();
+
+    let first: Vec<(i64, Option<&str>)> = (0..20).map(|i| (i, Some("a"))).collect();
+    let mut second: Vec<(i64, Option<&str>)> = vec![(0, Some("b")), (0, Some("c"))];
+    second.extend((1..5).map(|i| (i, Some("b"))));
+    second.extend((5..10).map(|i| (i, None)));
+    second.extend((20..25).map(|i| (i, Some("b"))));
+    // A key inserted and deleted within one round never reaches the lake.
+    second.extend([(30, Some("x")), (30, None)]);
+    let third: Vec<(i64, Option<&str>)> = vec![(5, Some("again")), (20, None), (1, Some("d"))];
+    let mut rounds = vec![
+        (0, 0, first),
+        (1, 0, vec![(100, Some("other")), (101, Some("other"))]),
+        (0, 20, second),
+    ];
+    rounds.push((0, 20 + rounds[2].2.len() as u64, third));
+    for r in &rounds {
+        assert!(matches!(tier(&l, r).await, Tiered::Committed { .. }));
+    }
+    let want = expected(&rounds);
+    assert_eq!(state(&l).await, want);
+    // A round the lake holds already adds nothing.
+    assert!(matches!(
+        tier(&l, &rounds[3]).await,
+        Tiered::AlreadyTiered { .. }
+    ));
+    let t = l.load_table("app", "users").await.unwrap();
+    let summary = &t
+        .metadata()
+        .current_snapshot()
+        .unwrap()
+        .summary()
+        .additional_properties;
+    assert_ne!(summary["total-delete-files"], "0", "{summary:?}");
+
+    // Outside readers see the same live rows (by their offsets).
+    if let Some(interpreter) = common::python() {
+        let seen = common::pyiceberg_read(&interpreter, &db, &l, "users");
+        assert_eq!(
+            seen["offsets"],
+            serde_json::json!(offsets(&want)),
+            "pyiceberg: {seen}"
+        );
+        let metadata = t.metadata_location().unwrap().to_string();
+        let seen = common::duckdb_read(&interpreter, &metadata);
+        assert_eq!(
+            seen["offsets"],
+            serde_json::json!(offsets(&want)),
+            "duckdb: {seen}"
+        );
+    }
+
+    // Compaction folds the deletes into the data; later rounds find keys in the new files.
+    let compacted = l
+        .compact("app", "users", &Maintenance::default())
+        .await
+        .unwrap()
+        .expect("a table with deletes is compacted");
+    assert_eq!(compacted.rows, want.len() as u64);
+    let t = l.load_table("app", "users").await.unwrap();
+    let summary = &t
+        .metadata()
+        .current_snapshot()
+        .unwrap()
+        .summary()
+        .additional_properties;
+    assert_eq!(summary["total-delete-files"], "0", "{summary:?}");
+    assert_eq!(summary["total-data-files"], "1", "{summary:?}");
+    assert_eq!(state(&l).await, want);
+    let next = 20 + rounds[2].2.len() as u64 + rounds[3].2.len() as u64;
+    rounds.push((0, next, vec![(1, Some("e")), (2, None)]));
+    tier(&l, &rounds[4]).await;
+    let want = expected(&rounds);
+    assert_eq!(state(&l).await, want);
+    if let Some(interpreter) = common::python() {
+        let seen = common::pyiceberg_read(&interpreter, &db, &l, "users");
+        assert_eq!(
+            seen["offsets"],
+            serde_json::json!(offsets(&want)),
+            "pyiceberg: {seen}"
+        );
+        let t = l.load_table("app", "users").await.unwrap();
+        let seen = common::duckdb_read(&interpreter, t.metadata_location().unwrap());
+        assert_eq!(
+            seen["offsets"],
+            serde_json::json!(offsets(&want)),
+            "duckdb: {seen}"
+        );
+    }
+
+    // A compaction that read its files before a round added deletes does not commit.
+    let rewrite = l
+        .rewrite_small_files("app", "users", &Maintenance::default())
+        .await
+        .unwrap()
+        .expect("deletes to fold");
+    rounds.push((0, next + 2, vec![(3, None)]));
+    tier(&l, &rounds[5]).await;
+    let refused = l.commit_rewrite("app", "users", &rewrite).await;
+    assert!(
+        matches!(refused, Err(LakeError::Conflict(_))),
+        "{refused:?}"
+    );
+    assert_eq!(state(&l).await, expected(&rounds));
+}
