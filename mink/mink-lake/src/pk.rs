@@ -70,6 +70,9 @@ fn err(e: impl std::fmt::Display) -> LakeError {
     LakeError::Iceberg(e.to_string())
 }
 
+/// Position deletes ((data file, position) pairs) of one partition.
+type PartitionDeletes = (Option<Struct>, Vec<(String, i64)>);
+
 /// Where a key's live row is: its data file, the row's position, and the file's partition.
 struct Location {
     file: usize,
@@ -174,7 +177,7 @@ impl Lake {
         )
         .map_err(err)?;
         let mut upserts = Vec::new();
-        let mut deletes: Vec<(Option<Struct>, Vec<(String, i64)>)> = Vec::new();
+        let mut deletes: Vec<PartitionDeletes> = Vec::new();
         for round in &rounds {
             let at = (round.partition_id, round.bucket);
             let from = match offsets.get(&at) {

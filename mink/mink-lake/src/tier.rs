@@ -234,6 +234,15 @@ fn lake_columns(
     timestamps: TimestampMicrosecondArray,
 ) -> LakeResult<RecordBatch> {
     let n = rows.num_rows();
+    let offsets: ArrayRef = Arc::new(offsets);
+    let timezone = match schema
+        .field_with_name(TIMESTAMP_COLUMN)
+        .map(|f| f.data_type())
+    {
+        Ok(DataType::Timestamp(_, tz)) => tz.clone(),
+        _ => None,
+    };
+    let timestamps: ArrayRef = Arc::new(timestamps.with_timezone_opt(timezone));
     let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
     for field in schema.fields() {
         let name = field.name().as_str();
@@ -242,13 +251,8 @@ fn lake_columns(
                 i32::try_from(bucket).map_err(err)?;
                 n
             ])),
-            OFFSET_COLUMN => Arc::new(offsets.clone()),
-            TIMESTAMP_COLUMN => Arc::new(timestamps.clone().with_timezone_opt(
-                match field.data_type() {
-                    DataType::Timestamp(_, tz) => tz.clone(),
-                    _ => None,
-                },
-            )),
+            OFFSET_COLUMN => Arc::clone(&offsets),
+            TIMESTAMP_COLUMN => Arc::clone(&timestamps),
             _ => match rows.column_by_name(name) {
                 Some(c) => arrow::compute::cast(c, field.data_type()).map_err(|e| {
                     LakeError::Incompatible {

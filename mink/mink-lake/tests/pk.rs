@@ -46,6 +46,9 @@ fn changes(bucket: u32, from: u64, ops: &[(i64, Option<&str>)]) -> BucketChanges
     }
 }
 
+/// A round of one bucket: `(bucket, first offset, changes)`.
+type Round<'a> = (u32, u64, Vec<(i64, Option<&'a str>)>);
+
 /// `(bucket, id) -> (name, offset)` of every live lake row (iceberg-rust's scan).
 async fn state(l: &Lake) -> BTreeMap<(i32, i64), (String, i64)> {
     let mut rows = BTreeMap::new();
@@ -72,9 +75,7 @@ async fn state(l: &Lake) -> BTreeMap<(i32, i64), (String, i64)> {
 }
 
 /// What the lake must hold after `rounds` of `(bucket, from, ops)`, applied in order.
-fn expected(
-    rounds: &[(u32, u64, Vec<(i64, Option<&str>)>)],
-) -> BTreeMap<(i32, i64), (String, i64)> {
+fn expected(rounds: &[Round<'_>]) -> BTreeMap<(i32, i64), (String, i64)> {
     let mut rows = BTreeMap::new();
     for (bucket, from, ops) in rounds {
         for (i, (id, name)) in ops.iter().enumerate() {
@@ -96,7 +97,7 @@ fn key_pk() -> Vec<String> {
     vec!["id".to_string()]
 }
 
-async fn tier(l: &Lake, round: &(u32, u64, Vec<(i64, Option<&str>)>)) -> Tiered {
+async fn tier(l: &Lake, round: &Round<'_>) -> Tiered {
     l.tier_changes(
         "app",
         "users",

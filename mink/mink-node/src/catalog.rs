@@ -366,12 +366,6 @@ impl Node {
         }
         if options.lake_freshness.is_some() {
             // Before the table: a retry finds the Iceberg table and attaches it.
-            if !spec.primary_key.is_empty() {
-                return Err(NodeError::Invalid(format!(
-                    "option {}: primary-key tables in the lake are not built yet (README.md, \"Planned\")",
-                    mink_log::options::DATALAKE_ENABLED
-                )));
-            }
             self.lake()
                 .await?
                 .ensure_table(&spec.database, &spec.name, schema, &spec.partition_keys)

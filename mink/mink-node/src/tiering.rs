@@ -15,6 +15,7 @@
 
 use std::time::Duration;
 
+use mink_lake::pk::{BucketChanges, ChangeRows};
 use mink_lake::tier::{BucketRound, LogRows, Tiered, tiered_offsets};
 use mink_log::options::TableOptions;
 use mink_metadata::{BucketOffset, Command, CommitLakeSnapshot, LakeSnapshotRecord, TableRecord};
@@ -115,7 +116,7 @@ pub(crate) async fn tier_table(
     let now_us = i64::try_from(node.inner.config.clock.now_ms())
         .unwrap_or(i64::MAX)
         .saturating_mul(1000);
-    let mut rounds = Vec::new();
+    let (mut rounds, mut changes) = (Vec::new(), Vec::new());
     let buckets = view
         .state
         .buckets
@@ -146,29 +147,56 @@ pub(crate) async fn tier_table(
             offset = last.end_offset;
             for rb in step {
                 bytes += rb.batch.get_array_memory_size();
-                batches.push(LogRows {
-                    base_offset: rb.base_offset,
-                    timestamp_us: now_us,
-                    rows: rb.batch,
-                });
+                batches.push(rb);
             }
         }
-        if offset > tiered {
+        if offset <= tiered {
+            continue;
+        }
+        if table.is_primary_key_table() {
+            changes.push(BucketChanges {
+                partition_id,
+                partition: match &partition {
+                    Some(name) => mink_log::routing::partition_values(&table.partition_keys, name)?,
+                    None => Default::default(),
+                },
+                bucket,
+                start_offset: tiered,
+                end_offset: offset,
+                changes: batches
+                    .iter()
+                    .map(|rb| change_rows(&rb.batch))
+                    .collect::<NodeResult<_>>()?,
+            });
+        } else {
             rounds.push(BucketRound {
                 partition_id,
                 bucket,
                 start_offset: tiered,
                 end_offset: offset,
-                batches,
+                batches: batches
+                    .into_iter()
+                    .map(|rb| LogRows {
+                        base_offset: rb.base_offset,
+                        timestamp_us: now_us,
+                        rows: rb.batch,
+                    })
+                    .collect(),
             });
         }
     }
-    if rounds.is_empty() {
+    if rounds.is_empty() && changes.is_empty() {
         // Nothing past the recorded offsets, so nothing past the lake's either.
         return Ok(false);
     }
     let lake = node.lake().await?;
-    match lake.tier(&table.database, &table.name, rounds).await? {
+    let tiered = if table.is_primary_key_table() {
+        lake.tier_changes(&table.database, &table.name, &table.primary_key, changes)
+            .await?
+    } else {
+        lake.tier(&table.database, &table.name, rounds).await?
+    };
+    match tiered {
         Tiered::Committed { snapshot_id, .. } => {
             tracing::debug!(table = %table.name, snapshot_id, "tiered a round");
         }
@@ -220,4 +248,55 @@ pub(crate) async fn record_lake_snapshot(
         .result
         .map(|_| true)
         .map_err(|r| NodeError::Failed(format!("recording lake snapshot {snapshot_id}: {r}")))
+}
+
+/// A changelog view batch (`_change_type`, `_log_offset`, `_commit_timestamp`, then the
+/// table's columns) as the lake's changes: inserts and update-afters upsert, deletes delete,
+/// update-befores are left out (the update-after that follows carries the key).
+fn change_rows(view: &arrow::array::RecordBatch) -> NodeResult<ChangeRows> {
+    use arrow::array::AsArray as _;
+    use mink_kv::changelog::{CHANGE_TYPE, COMMIT_TIMESTAMP, LOG_OFFSET};
+    let column = |name: &str| {
+        view.column_by_name(name)
+            .ok_or_else(|| NodeError::Failed(format!("a changelog batch without {name}")))
+    };
+    let kinds = column(CHANGE_TYPE)?.as_string::<i32>();
+    let offsets = column(LOG_OFFSET)?.as_primitive::<arrow::datatypes::Int64Type>();
+    let times = arrow::compute::cast(
+        column(COMMIT_TIMESTAMP)?,
+        &arrow::datatypes::DataType::Int64,
+    )
+    .map_err(|e| NodeError::Failed(e.to_string()))?;
+    let times = times.as_primitive::<arrow::datatypes::Int64Type>();
+    let keep: Vec<u32> = (0..view.num_rows())
+        .filter(|&i| kinds.value(i) != "update_before")
+        .map(|i| u32::try_from(i).unwrap_or(u32::MAX))
+        .collect();
+    let indices = arrow::array::UInt32Array::from(keep.clone());
+    let table_columns: Vec<usize> = (0..view.num_columns())
+        .filter(|&i| {
+            ![CHANGE_TYPE, LOG_OFFSET, COMMIT_TIMESTAMP]
+                .contains(&view.schema().field(i).name().as_str())
+        })
+        .collect();
+    let rows = view
+        .project(&table_columns)
+        .and_then(|b| arrow::compute::take_record_batch(&b, &indices))
+        .map_err(|e| NodeError::Failed(e.to_string()))?;
+    let at = |i: u32| i as usize;
+    Ok(ChangeRows {
+        rows,
+        offsets: keep
+            .iter()
+            .map(|&i| u64::try_from(offsets.value(at(i))).unwrap_or(0))
+            .collect(),
+        timestamps_us: keep
+            .iter()
+            .map(|&i| times.value(at(i)).saturating_mul(1000))
+            .collect(),
+        upsert: keep
+            .iter()
+            .map(|&i| kinds.value(at(i)) != "delete")
+            .collect(),
+    })
 }

@@ -535,6 +535,9 @@ async fn a_partitioned_table_is_tiered_and_read_back_by_partition() {
     }
     ids.sort_unstable();
     assert_eq!(ids, (0..72).collect::<Vec<_>>(), "every row once");
+    // Once the last rows are tiered too, nothing moves: the lake read and the description
+    // see the same tiered offsets.
+    until_table_tiered(&node, "visits", 72).await;
     let lake = read_partitions(&node, "visits", mink_node::ReadSource::Lake).await;
     let info = node.describe_table("app", "visits").unwrap();
     let mut tiered = 0;
@@ -550,7 +553,7 @@ async fn a_partitioned_table_is_tiered_and_read_back_by_partition() {
         );
         tiered += offsets.len();
     }
-    assert_eq!(tiered, 60);
+    assert_eq!(tiered, 72);
     node.shutdown().await;
 }
 
@@ -696,5 +699,161 @@ async fn compaction_keeps_the_union_read_whole() {
     write(&node, 100..120).await;
     until_tiered(&node, 120).await;
     assert_eq!(union_ids().await, (0..120).collect::<Vec<_>>());
+    node.shutdown().await;
+}
+
+/// `app.users` (`id` key, `name`), four buckets, tiered every half second.
+fn users() -> TableSpec {
+    TableSpec {
+        primary_key: vec!["id".into()],
+        name: "users".into(),
+        schema: Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("name", DataType::Utf8, true),
+        ]),
+        ..clicks(&[
+            ("bucket.num", "4"),
+            ("table.datalake.enabled", "true"),
+            ("table.datalake.freshness", "1s"),
+        ])
+    }
+}
+
+/// Upserts (`Some(name)`) and deletes (`None`) to `app.users`.
+async fn change_users(node: &Node, rows: &[(i64, Option<&str>)]) {
+    let batch = RecordBatch::try_from_iter(vec![
+        (
+            "id",
+            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))) as ArrayRef,
+        ),
+        (
+            "name",
+            Arc::new(StringArray::from_iter(
+                rows.iter().map(|r| Some(r.1.unwrap_or("-"))),
+            )) as ArrayRef,
+        ),
+        (
+            mink_node::ROW_KIND,
+            Arc::new(StringArray::from_iter_values(
+                rows.iter()
+                    .map(|r| if r.1.is_some() { "upsert" } else { "delete" }),
+            )) as ArrayRef,
+        ),
+    ])
+    .unwrap();
+    write_rows(node, "users", &batch).await;
+}
+
+/// `id -> name` of a table's rows in `batches`.
+fn names(batches: &[RecordBatch]) -> BTreeMap<i64, String> {
+    let mut rows = BTreeMap::new();
+    for b in batches {
+        let id = b.column_by_name("id").unwrap().as_primitive::<Int64Type>();
+        let name = b.column_by_name("name").unwrap().as_string::<i32>();
+        for i in 0..b.num_rows() {
+            assert!(
+                rows.insert(id.value(i), name.value(i).to_string())
+                    .is_none(),
+                "key {} twice",
+                id.value(i)
+            );
+        }
+    }
+    rows
+}
+
+/// The current rows of `app.users` (the KV snapshot scan).
+async fn kv_state(node: &Node) -> BTreeMap<i64, String> {
+    let plan = node
+        .plan_read(&mink_node::ReadRequest {
+            database: "app".into(),
+            table: "users".into(),
+            ..Default::default()
+        })
+        .unwrap();
+    let items: Vec<_> = node
+        .read_stream(plan, mink_node::ReadOptions::default())
+        .try_collect()
+        .await
+        .unwrap();
+    let batches: Vec<RecordBatch> = items
+        .into_iter()
+        .map(|item| match item.data {
+            mink_node::ReadData::Rows(b) => b,
+            _ => panic!("rows expected"),
+        })
+        .collect();
+    names(&batches)
+}
+
+/// A primary-key table in the lake: after rounds of upserts and deletes, and after the
+/// maintenance that folds the deletes into the data, the lake holds exactly the table's
+/// current rows (its KV snapshot scan).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_key_table_is_tiered_as_its_current_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(config(dir.path())).await.unwrap();
+    node.create_database("app", false).await.unwrap();
+    node.create_table(users()).await.unwrap();
+    let lake_state = || async {
+        let batches = node
+            .lake()
+            .await
+            .unwrap()
+            .scan("app", "users")
+            .await
+            .unwrap();
+        names(&batches)
+    };
+    let until_lake_matches = || async {
+        let want = kv_state(&node).await;
+        until_view(&node, "the lake to hold the table's current rows", |view| {
+            let t = view
+                .state
+                .tables
+                .values()
+                .find(|t| t.name == "users")
+                .unwrap();
+            let tiered: u64 = view
+                .state
+                .lake_snapshots
+                .get(&t.table_id)
+                .map_or(0, |r| r.bucket_offsets.iter().map(|b| b.offset).sum());
+            let end: u64 = view
+                .state
+                .buckets
+                .values()
+                .filter(|b| b.table_id == t.table_id)
+                .filter_map(|b| view.state.streams.get(&b.stream_id))
+                .map(|s| s.end_offset)
+                .sum();
+            if tiered == end {
+                Ok(())
+            } else {
+                Err((tiered, end))
+            }
+        })
+        .await;
+        assert_eq!(lake_state().await, want);
+    };
+
+    let first: Vec<(i64, Option<&str>)> = (0..40).map(|i| (i, Some("a"))).collect();
+    change_users(&node, &first).await;
+    until_lake_matches().await;
+    let mut second: Vec<(i64, Option<&str>)> = (0..10).map(|i| (i, Some("b"))).collect();
+    second.extend((10..20).map(|i| (i, None)));
+    second.extend((40..45).map(|i| (i, Some("new"))));
+    change_users(&node, &second).await;
+    until_lake_matches().await;
+    change_users(&node, &[(10, Some("back")), (0, None), (1, Some("c"))]).await;
+    until_lake_matches().await;
+    let want = kv_state(&node).await;
+    assert_eq!(want.len(), 45 - 10 + 1 - 1);
+
+    let done = node.maintain_lake_now("app", "users").await.unwrap();
+    assert!(done.compacted.is_some(), "{done:?}");
+    assert_eq!(lake_state().await, want);
+    change_users(&node, &[(2, Some("after")), (3, None)]).await;
+    until_lake_matches().await;
     node.shutdown().await;
 }
