@@ -100,13 +100,17 @@ pub(crate) struct ScanArgs {
     /// `_commit_timestamp`, then the columns) instead of the current rows.
     #[arg(long)]
     changelog: bool,
-    /// Tables tiered into the lake: read the lake's rows only (the default is the lake below
-    /// the log's start, then the log).
-    #[arg(long, conflicts_with = "log")]
+    /// Tables tiered into the lake: read the lake's rows only (the default reads a log table's
+    /// lake below the log's start, then the log; a primary-key table's current rows).
+    #[arg(long, conflicts_with_all = ["log", "union"])]
     lake: bool,
-    /// Tables tiered into the lake: read the log's rows only.
-    #[arg(long)]
+    /// Log tables tiered into the lake: read the log's rows only.
+    #[arg(long, conflicts_with = "union")]
     log: bool,
+    /// Primary-key tables tiered into the lake: read the lake snapshot merged with the
+    /// changelog after it (the union read) rather than the KV tablet.
+    #[arg(long)]
+    union: bool,
 }
 
 #[derive(Args, Debug)]
@@ -567,6 +571,8 @@ pub(crate) async fn scan(client: &Client, a: ScanArgs) -> anyhow::Result<()> {
         scan = scan.source("lake");
     } else if a.log {
         scan = scan.source("log");
+    } else if a.union {
+        scan = scan.source("union");
     }
     if let Some(p) = &a.partition {
         scan = scan.partition(p);

@@ -234,6 +234,11 @@ fn pyarrow_primary_key_tables_upsert_delete_look_up_and_scan() {
     run_pyarrow_script("pyarrow_pk.py");
 }
 
+#[test]
+fn pyarrow_reads_lake_tables_as_union_lake_and_log() {
+    run_pyarrow_script("pyarrow_lake.py");
+}
+
 /// Every batch adds 1 to ten keys of its writer in an aggregation table: after a SIGKILL in
 /// the middle and the writers' retries, every key counts each batch exactly once.
 #[test]

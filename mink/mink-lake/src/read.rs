@@ -99,6 +99,48 @@ impl Lake {
     }
 }
 
+impl Lake {
+    /// Every live row of `bucket` (in the partition with key values `partition`) in snapshot
+    /// `snapshot_id` of `database.table`, deletes applied, as batches of `schema` (the Mink
+    /// table's columns): a primary-key bucket's state as of its tiered offset.
+    pub async fn read_bucket_state(
+        &self,
+        database: &str,
+        table: &str,
+        snapshot_id: i64,
+        partition: &BTreeMap<String, String>,
+        bucket: u32,
+        schema: &SchemaRef,
+    ) -> LakeResult<Vec<RecordBatch>> {
+        let t = self
+            .table_with_snapshot(database, table, snapshot_id)
+            .await?;
+        let bucket_i32 = i32::try_from(bucket).map_err(|e| LakeError::Iceberg(e.to_string()))?;
+        let mut filter = Reference::new(BUCKET_COLUMN).equal_to(Datum::int(bucket_i32));
+        let lake_schema = t.metadata().current_schema();
+        for (column, value) in partition {
+            filter = filter.and(Reference::new(column).equal_to(partition_datum(
+                lake_schema,
+                column,
+                value,
+            )?));
+        }
+        let batches: Vec<RecordBatch> = t
+            .scan()
+            .snapshot_id(snapshot_id)
+            .with_filter(filter)
+            .build()?
+            .to_arrow()
+            .await?
+            .try_collect()
+            .await?;
+        batches
+            .iter()
+            .map(|b| as_table_rows(schema, &[b], None, b.num_rows()))
+            .collect()
+    }
+}
+
 /// `rows` rows of `batches` (all of them in order, or the `indices`) as a batch of `schema`:
 /// its columns cast back to the table's types, a column the lake lacks null.
 fn as_table_rows(

@@ -126,6 +126,18 @@ impl From<mink_lake::LakeError> for NodeError {
     }
 }
 
+impl From<mink_read::ReadError> for NodeError {
+    fn from(e: mink_read::ReadError) -> Self {
+        match e {
+            mink_read::ReadError::OffsetOutOfRange { offset, start, end } => {
+                NodeError::OffsetOutOfRange { offset, start, end }
+            }
+            mink_read::ReadError::Lake(l) => l.into(),
+            mink_read::ReadError::Invalid(m) => NodeError::Invalid(m),
+        }
+    }
+}
+
 impl From<mink_sql::SinkError> for NodeError {
     fn from(e: mink_sql::SinkError) -> Self {
         match e {

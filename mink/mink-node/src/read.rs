@@ -60,21 +60,11 @@ pub struct ReadRequest {
     /// Primary-key tables: the changelog (`_change_type`, `_log_offset`, `_commit_timestamp`,
     /// then the columns) instead of the current rows.
     pub changelog: bool,
-    /// Log tables tiered into the lake: which side to read (both by default).
+    /// Tables tiered into the lake: which side to read ([`ReadSource::Auto`] by default).
     pub source: ReadSource,
 }
 
-/// The sides of a log table tiered into the lake a read takes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum ReadSource {
-    /// The lake's rows below the log's start, then the log (the union read).
-    #[default]
-    Union,
-    /// The lake's rows only: offsets below the tiered offset, from the recorded snapshot.
-    Lake,
-    /// The log's rows only, from its start.
-    Log,
-}
+pub use mink_read::ReadSource;
 
 /// What a plan reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,6 +75,10 @@ pub enum ReadKind {
     Changelog,
     /// A primary-key table's current rows, per bucket at one offset, at the bucket's leader.
     Snapshot,
+    /// A primary-key table's rows as the union read: each bucket's rows in the pinned lake
+    /// snapshot merged with its changelog after it up to the planned end (or the lake's rows
+    /// only), read from any node.
+    Merge,
 }
 
 /// One bucket of a plan.
@@ -112,6 +106,9 @@ pub struct ReadPlan {
     /// The table's schema (log batches are read and evolved to it).
     pub(crate) table_schema: SchemaRef,
     pub(crate) source: ReadSource,
+    /// The lake snapshot the metadata recorded when the read was planned: every lake read of
+    /// the plan reads it, so the read is one cut.
+    pub(crate) lake: Option<mink_metadata::LakeSnapshotRecord>,
 }
 
 /// The first offset a scan of bucket `b` of log table `record` returns: the log's `start`, or
@@ -276,13 +273,14 @@ impl Node {
                 "{name} is a log table: changelog reads primary-key tables"
             )));
         }
-        let kind = match (primary, r.changelog) {
-            (false, _) => ReadKind::Log,
-            (true, true) => ReadKind::Changelog,
-            (true, false) => ReadKind::Snapshot,
+        let kind = match (primary, r.changelog, r.source) {
+            (false, _, _) => ReadKind::Log,
+            (true, true, _) => ReadKind::Changelog,
+            (true, false, ReadSource::Auto) => ReadKind::Snapshot,
+            (true, false, _) => ReadKind::Merge,
         };
         let positioned = r.start != ReadStart::Earliest || r.stop != ReadStop::HighWatermark;
-        if kind == ReadKind::Snapshot && positioned {
+        if matches!(kind, ReadKind::Snapshot | ReadKind::Merge) && positioned {
             return Err(NodeError::Invalid(
                 "offset, latest, end_offset and tail read the changelog of a primary-key table: set changelog: true".into(),
             ));
@@ -316,13 +314,18 @@ impl Node {
         };
         let me = self.node_id();
         let lake = view.state.lake_snapshots.get(&record.table_id);
-        if r.source != ReadSource::Union {
+        if r.source != ReadSource::Auto {
             let enabled = TableOptions::parse(&record.options)?
                 .lake_freshness
                 .is_some();
-            if !enabled || kind != ReadKind::Log {
+            if !enabled {
                 return Err(NodeError::Invalid(format!(
-                    "{name} is not a log table tiered into the lake: a lake or log read applies to those"
+                    "{name} is not tiered into the lake: a union, lake or log read applies to tables with table.datalake.enabled"
+                )));
+            }
+            if kind == ReadKind::Changelog || (primary && r.source == ReadSource::Log) {
+                return Err(NodeError::Invalid(format!(
+                    "{name} is a primary-key table: its rows are read from the lake, merged with the changelog (union), or as they are now (the default); its changelog from the log"
                 )));
             }
             if r.source == ReadSource::Lake && matches!(r.stop, ReadStop::Tail { .. }) {
@@ -338,7 +341,10 @@ impl Node {
                 .get(&b.stream_id)
                 .map_or((0, 0), |s| (s.start_offset, s.end_offset));
             match r.source {
-                ReadSource::Union => (readable_from(&view.state, &record, b, start), end),
+                _ if kind == ReadKind::Merge && r.source == ReadSource::Union => (0, end),
+                ReadSource::Auto | ReadSource::Union => {
+                    (readable_from(&view.state, &record, b, start), end)
+                }
                 ReadSource::Log => (start, end),
                 // The lake's side: [0, tiered offset) (empty before the first round).
                 ReadSource::Lake => {
@@ -428,6 +434,7 @@ impl Node {
             idle,
             table_schema,
             source: r.source,
+            lake: lake.cloned(),
         })
     }
 
@@ -444,6 +451,7 @@ impl Node {
         tokio::spawn(async move {
             let result = match plan.kind {
                 ReadKind::Snapshot => node.send_snapshots(&plan, &options, &tx).await,
+                ReadKind::Merge => node.send_merged(&plan, &tx).await,
                 ReadKind::Log | ReadKind::Changelog => node.send_log(&plan, &options, &tx).await,
             };
             if let Err(e) = result {
@@ -587,8 +595,7 @@ impl Node {
         offset: u64,
     ) -> NodeResult<Option<(Vec<ReadItem>, u64)>> {
         let (start, end) = self.bucket_offsets(&b.bucket)?;
-        let lake_only = plan.source == ReadSource::Lake;
-        if plan.source == ReadSource::Log || (!lake_only && offset >= start) {
+        if plan.source == ReadSource::Log || (plan.source != ReadSource::Lake && offset >= start) {
             return Ok(None);
         }
         let record = self.table_record(&b.bucket.database, &b.bucket.table)?;
@@ -603,17 +610,22 @@ impl Node {
             Some(name) => mink_log::routing::partition_values(&record.partition_keys, name)?,
             None => Default::default(),
         };
-        let lake = view.state.lake_snapshots.get(&record.table_id);
+        let lake = plan.lake.as_ref();
         let tiered = lake.and_then(|l| l.tiered_offset(bucket.partition_id, b.bucket.bucket));
-        let (Some(lake), Some(tiered)) = (lake, tiered) else {
+        let Some(range) = mink_read::lake_range(
+            plan.source,
+            offset,
+            b.to,
+            (start, end),
+            tiered,
+            LAKE_STEP_ROWS,
+        )?
+        else {
+            return Ok(None);
+        };
+        let (Some(lake), upto) = (lake, range.end) else {
             return Err(NodeError::OffsetOutOfRange { offset, start, end });
         };
-        let upto = (if lake_only { tiered } else { start.min(tiered) })
-            .min(offset + LAKE_STEP_ROWS)
-            .min(b.to.unwrap_or(u64::MAX));
-        if upto <= offset {
-            return Err(NodeError::OffsetOutOfRange { offset, start, end });
-        }
         let rows = self
             .lake()
             .await?
@@ -650,6 +662,94 @@ impl Node {
             at += n;
         }
         Ok(Some((items, upto)))
+    }
+
+    /// The union read of a primary-key table into `tx`: per bucket, its rows in the plan's
+    /// lake snapshot merged with its changelog from the snapshot's tiered offset to the
+    /// planned end (a lake read: the snapshot's rows alone), one batch per bucket.
+    async fn send_merged(
+        &self,
+        plan: &ReadPlan,
+        tx: &tokio::sync::mpsc::Sender<NodeResult<ReadItem>>,
+    ) -> NodeResult<()> {
+        let lake = self.lake().await?;
+        let mut rows_sent = 0u64;
+        for b in &plan.buckets {
+            if plan.max_rows.is_some_and(|m| rows_sent >= m) {
+                break;
+            }
+            let record = self.table_record(&b.bucket.database, &b.bucket.table)?;
+            let bucket = self.bucket_record(
+                &self.view(),
+                &record,
+                b.bucket.partition.as_deref(),
+                b.bucket.bucket,
+            )?;
+            let partition = match &b.bucket.partition {
+                Some(name) => mink_log::routing::partition_values(&record.partition_keys, name)?,
+                None => Default::default(),
+            };
+            let tiered = plan
+                .lake
+                .as_ref()
+                .and_then(|l| l.tiered_offset(bucket.partition_id, b.bucket.bucket));
+            let snapshot = tiered.and(plan.lake.as_ref().map(|l| l.snapshot_id));
+            let to = b.to.unwrap_or(0);
+            let mut tail = Vec::new();
+            if plan.source == ReadSource::Union {
+                let (start, end) = self.bucket_offsets(&b.bucket)?;
+                let from = tiered.unwrap_or(0);
+                if from < start {
+                    // Neither the lake nor the log holds the changes below the log's start.
+                    return Err(NodeError::OffsetOutOfRange {
+                        offset: from,
+                        start,
+                        end,
+                    });
+                }
+                let mut offset = from;
+                while offset < to {
+                    let step = self.read_changelog(&b.bucket, offset, 8 << 20, &[]).await?;
+                    let Some(last) = step.last() else { break };
+                    offset = last.end_offset;
+                    for rb in step {
+                        let mut changes = mink_read::changes_from_changelog(&rb.batch)?;
+                        // The planned end cuts the last batches.
+                        let keep = changes.offsets.partition_point(|o| *o < to);
+                        if keep < changes.offsets.len() {
+                            changes.rows = changes.rows.slice(0, keep);
+                            changes.offsets.truncate(keep);
+                            changes.timestamps_us.truncate(keep);
+                            changes.upsert.truncate(keep);
+                        }
+                        tail.push(changes);
+                    }
+                }
+            }
+            let merged = mink_read::read_primary_key_bucket(
+                lake,
+                &b.bucket.database,
+                &b.bucket.table,
+                snapshot,
+                &partition,
+                b.bucket.bucket,
+                &plan.table_schema,
+                &record.primary_key,
+                &tail,
+            )
+            .await?;
+            let merged = mink_log::codec::project(&merged, &plan.columns)?;
+            rows_sent += merged.num_rows() as u64;
+            let item = ReadItem {
+                bucket: b.bucket.clone(),
+                offset: to,
+                data: ReadData::Rows(merged),
+            };
+            if tx.send(Ok(item)).await.is_err() {
+                return Ok(());
+            }
+        }
+        Ok(())
     }
 
     /// Snapshots of the plan's buckets into `tx`: each bucket's current rows at one offset, at

@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use mink_lake::pk::{BucketChanges, ChangeRows};
+use mink_lake::pk::BucketChanges;
 use mink_lake::tier::{BucketRound, LogRows, Tiered, tiered_offsets};
 use mink_log::options::TableOptions;
 use mink_metadata::{BucketOffset, Command, CommitLakeSnapshot, LakeSnapshotRecord, TableRecord};
@@ -165,8 +165,8 @@ pub(crate) async fn tier_table(
                 end_offset: offset,
                 changes: batches
                     .iter()
-                    .map(|rb| change_rows(&rb.batch))
-                    .collect::<NodeResult<_>>()?,
+                    .map(|rb| mink_read::changes_from_changelog(&rb.batch))
+                    .collect::<Result<_, _>>()?,
             });
         } else {
             rounds.push(BucketRound {
@@ -248,55 +248,4 @@ pub(crate) async fn record_lake_snapshot(
         .result
         .map(|_| true)
         .map_err(|r| NodeError::Failed(format!("recording lake snapshot {snapshot_id}: {r}")))
-}
-
-/// A changelog view batch (`_change_type`, `_log_offset`, `_commit_timestamp`, then the
-/// table's columns) as the lake's changes: inserts and update-afters upsert, deletes delete,
-/// update-befores are left out (the update-after that follows carries the key).
-fn change_rows(view: &arrow::array::RecordBatch) -> NodeResult<ChangeRows> {
-    use arrow::array::AsArray as _;
-    use mink_kv::changelog::{CHANGE_TYPE, COMMIT_TIMESTAMP, LOG_OFFSET};
-    let column = |name: &str| {
-        view.column_by_name(name)
-            .ok_or_else(|| NodeError::Failed(format!("a changelog batch without {name}")))
-    };
-    let kinds = column(CHANGE_TYPE)?.as_string::<i32>();
-    let offsets = column(LOG_OFFSET)?.as_primitive::<arrow::datatypes::Int64Type>();
-    let times = arrow::compute::cast(
-        column(COMMIT_TIMESTAMP)?,
-        &arrow::datatypes::DataType::Int64,
-    )
-    .map_err(|e| NodeError::Failed(e.to_string()))?;
-    let times = times.as_primitive::<arrow::datatypes::Int64Type>();
-    let keep: Vec<u32> = (0..view.num_rows())
-        .filter(|&i| kinds.value(i) != "update_before")
-        .map(|i| u32::try_from(i).unwrap_or(u32::MAX))
-        .collect();
-    let indices = arrow::array::UInt32Array::from(keep.clone());
-    let table_columns: Vec<usize> = (0..view.num_columns())
-        .filter(|&i| {
-            ![CHANGE_TYPE, LOG_OFFSET, COMMIT_TIMESTAMP]
-                .contains(&view.schema().field(i).name().as_str())
-        })
-        .collect();
-    let rows = view
-        .project(&table_columns)
-        .and_then(|b| arrow::compute::take_record_batch(&b, &indices))
-        .map_err(|e| NodeError::Failed(e.to_string()))?;
-    let at = |i: u32| i as usize;
-    Ok(ChangeRows {
-        rows,
-        offsets: keep
-            .iter()
-            .map(|&i| u64::try_from(offsets.value(at(i))).unwrap_or(0))
-            .collect(),
-        timestamps_us: keep
-            .iter()
-            .map(|&i| times.value(at(i)).saturating_mul(1000))
-            .collect(),
-        upsert: keep
-            .iter()
-            .map(|&i| kinds.value(at(i)) != "delete")
-            .collect(),
-    })
 }

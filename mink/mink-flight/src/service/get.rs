@@ -198,7 +198,8 @@ fn read_request(t: &protocol::Ticket) -> Result<ReadRequest, String> {
         (false, None) => ReadStop::HighWatermark,
     };
     let source = match t.source.as_deref() {
-        None | Some("union") => ReadSource::Union,
+        None => ReadSource::Auto,
+        Some("union") => ReadSource::Union,
         Some("lake") => ReadSource::Lake,
         Some("log") => ReadSource::Log,
         Some(other) => {
