@@ -308,6 +308,11 @@ impl Client {
     }
 
     /// Remembers the `mink-applied-index` of a response.
+    /// Remembers a metadata index a node reported in a response body.
+    pub(crate) fn observe_index(&self, index: u64) {
+        self.inner.applied.fetch_max(index, Ordering::Relaxed);
+    }
+
     pub(crate) fn observe(&self, metadata: &MetadataMap) {
         if let Some(index) = metadata
             .get(protocol::APPLIED_INDEX_HEADER)

@@ -379,6 +379,7 @@ impl TableWriter {
                                 break;
                             }
                         };
+                    self.client.observe_index(ack.applied_index);
                     let Some(slot) = usize::try_from(ack.batch)
                         .ok()
                         .and_then(|i| results.get_mut(i))

@@ -502,6 +502,19 @@ async fn writes_follow_redirects_and_reads_see_them_on_any_node() {
         "{acks:?}"
     );
     assert_eq!(acks[0].buckets.iter().map(|r| r.rows).sum::<u64>(), 50);
+    // The answer carries an index covering the rows' commits, at both leaders: node 2,
+    // waiting for it, reads every row.
+    b.node
+        .wait_applied(acks[0].applied_index, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let seen = Client::connect(&b.address)
+        .await
+        .unwrap()
+        .scan_all(&Scan::table("app", "events"))
+        .await
+        .unwrap();
+    assert_eq!(ids(&seen), (0..50).collect::<Vec<_>>());
     // A DoPut naming a bucket node 1 does not lead is told where it lives (never forwarded).
     let far = d
         .buckets

@@ -528,6 +528,11 @@ pub struct PutAck {
     /// The batch's position in the stream (0-based).
     pub batch: u64,
     pub buckets: Vec<BucketResult>,
+    /// The metadata index the node had applied when it answered, the batch's commits
+    /// included: a read carrying it as `mink-min-applied-index` sees the rows on any node.
+    /// (The `mink-applied-index` header of a `DoPut` is sent before any batch is stored.)
+    #[serde(default)]
+    pub applied_index: u64,
 }
 
 /// `DoGet` ticket: a table, one partition, or one bucket.

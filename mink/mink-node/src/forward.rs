@@ -52,14 +52,17 @@ pub trait Forwarder: Send + Sync + std::fmt::Debug {
     ) -> NodeResult<BoxStream<'static, NodeResult<(RecordBatch, u64)>>>;
 
     /// Writes `rows` (the table's columns; `_row_kind` for a primary-key table) to one
-    /// bucket at its leader, as a write naming the bucket (never forwarded again).
+    /// bucket at its leader, as a write naming the bucket (never forwarded again). Returns
+    /// the leader's acknowledgement and the metadata index it had applied when it answered
+    /// (the commit of the rows included), which this node waits for before it answers: a
+    /// read after the write, here or anywhere the client's index reaches, sees the rows.
     async fn write(
         &self,
         address: &str,
         bucket: &BucketRef,
         rows: &RecordBatch,
         applied_index: u64,
-    ) -> NodeResult<AppendAck>;
+    ) -> NodeResult<(AppendAck, u64)>;
 }
 
 impl Node {

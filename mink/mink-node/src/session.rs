@@ -12,6 +12,9 @@ use tokio::sync::{mpsc, oneshot};
 use crate::node::{PendingWrite, WriteTarget};
 use crate::{AppendAck, BucketRef, Node, NodeError, NodeResult};
 
+/// Longest a forwarded write's answer waits for this node to apply the leader's index.
+const APPLIED_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Rows queued for one leader.
 struct Job {
     bucket: BucketRef,
@@ -114,6 +117,17 @@ impl WriteSession {
                     Ok(f) => {
                         f.write(&leader, &job.bucket, &job.rows, job.applied_index)
                             .await
+                    }
+                    Err(e) => Err(e),
+                };
+                // Answer once this node has applied the rows' commit too (read-your-writes
+                // for a client that reads here next); a lagging view only delays the answer.
+                let result = match result {
+                    Ok((ack, index)) => {
+                        if let Err(e) = node.wait_applied(index, APPLIED_WAIT).await {
+                            tracing::debug!(error = %e, index, "forwarded write: view behind the leader's");
+                        }
+                        Ok(ack)
                     }
                     Err(e) => Err(e),
                 };

@@ -960,14 +960,6 @@ async fn options_whose_feature_does_not_exist_are_refused() {
         )
         .await;
     assert!(matches!(refused, Err(NodeError::Invalid(_))), "{refused:?}");
-    // The lake of a primary-key or a partitioned table is not built: refused at creation.
-    let mut pk = pk_spec("pk_lake", &[("table.datalake.enabled", "true")]);
-    pk.database = "app".into();
-    let refused = node.create_table(pk).await;
-    assert!(
-        matches!(&refused, Err(NodeError::Invalid(m)) if m.contains("primary-key tables in the lake")),
-        "{refused:?}"
-    );
     node.shutdown().await;
 }
 

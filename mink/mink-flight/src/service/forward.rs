@@ -223,7 +223,7 @@ impl mink_node::Forwarder for FlightForwarder {
         bucket: &BucketRef,
         rows: &RecordBatch,
         applied_index: u64,
-    ) -> NodeResult<AppendAck> {
+    ) -> NodeResult<(AppendAck, u64)> {
         let descriptor = protocol::WriteDescriptor {
             database: bucket.database.clone(),
             table: bucket.table.clone(),
@@ -275,11 +275,14 @@ impl mink_node::Forwarder for FlightForwarder {
         };
         match (result.error, result.base_offset, result.end_offset) {
             (Some(e), _, _) => Err(from_body(e)),
-            (None, Some(base_offset), Some(end_offset)) => Ok(AppendAck {
-                base_offset,
-                end_offset,
-                duplicate: result.duplicate,
-            }),
+            (None, Some(base_offset), Some(end_offset)) => Ok((
+                AppendAck {
+                    base_offset,
+                    end_offset,
+                    duplicate: result.duplicate,
+                },
+                ack.applied_index,
+            )),
             _ => Err(unknown("the leader's answer has no offsets")),
         }
     }

@@ -50,7 +50,11 @@ impl MinkFlight {
                     let buckets = writes.iter().map(bucket_result).collect();
                     crate::metrics::metrics().ack.record(arrived.elapsed().as_secs_f64(), &[]);
                     let ack = PutResult {
-                        app_metadata: protocol::to_json(&protocol::PutAck { batch: index, buckets }),
+                        app_metadata: protocol::to_json(&protocol::PutAck {
+                            batch: index,
+                            buckets,
+                            applied_index: self.node.view().applied_index,
+                        }),
                     };
                     if tx.send(Ok(ack)).await.is_err() {
                         return tonic::Code::Cancelled;
