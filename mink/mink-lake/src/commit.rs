@@ -30,9 +30,10 @@ pub(crate) struct NewSnapshot {
     /// Paths of live files (data or delete) the snapshot removes. Each must be live in the
     /// base snapshot, or the commit fails with [`LakeError::FileGone`].
     pub removed: HashSet<String>,
-    /// Summary properties: the base snapshot's `mink.*` properties are carried over, these
-    /// are set on top.
+    /// Summary properties: the base snapshot's `mink.*` properties are carried over (except
+    /// those in `unset`), these are set on top.
     pub properties: HashMap<String, String>,
+    pub unset: HashSet<String>,
 }
 
 /// The SQL catalog's table row, as iceberg-catalog-sql and pyiceberg keep it.
@@ -212,7 +213,7 @@ impl Lake {
                 p.summary()
                     .additional_properties
                     .iter()
-                    .filter(|(k, _)| k.starts_with("mink."))
+                    .filter(|(k, _)| k.starts_with("mink.") && !new.unset.contains(*k))
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect()
             })

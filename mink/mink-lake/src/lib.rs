@@ -9,6 +9,7 @@
 //!   pyiceberg reads too) and the warehouse (`<object store>/lake`).
 
 mod commit;
+mod drop;
 pub mod maintain;
 pub mod pk;
 mod read;
@@ -59,6 +60,9 @@ pub enum LakeError {
     /// it): nothing was committed.
     #[error("lake commit: {0} is no longer live in the table")]
     FileGone(String),
+    /// An Iceberg table holds what Mink tiered for an earlier table of the same name.
+    #[error("{0}")]
+    Stale(String),
     #[error("Iceberg: {0}")]
     Iceberg(String),
 }
@@ -213,6 +217,12 @@ impl Lake {
     ) -> LakeResult<Table> {
         let loaded = self.load_table(database, table).await?;
         table::check_compatible(loaded.metadata().current_schema(), columns)?;
+        // Its offsets would say the new table's rows are tiered already.
+        if !tier::tiered_offsets(&loaded).is_empty() {
+            return Err(LakeError::Stale(format!(
+                "Iceberg table {database}.{table} holds rows Mink tiered for an earlier table of that name (mink.tiered-offset.* in its snapshot summary): drop it, or give the new table another name"
+            )));
+        }
         Ok(loaded)
     }
 

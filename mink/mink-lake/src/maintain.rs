@@ -273,6 +273,7 @@ impl Lake {
                 added: rewrite.added.clone(),
                 removed: rewrite.removed.clone(),
                 properties: Default::default(),
+                unset: HashSet::new(),
             };
             match self.commit_snapshot(&head, Operation::Replace, new).await {
                 // The head moved between loading and the compare-and-set: try on the new one.

@@ -284,6 +284,7 @@ impl Lake {
             added,
             removed: HashSet::new(),
             properties,
+            unset: HashSet::new(),
         };
         let operation = if new.added.is_empty() {
             Operation::Append

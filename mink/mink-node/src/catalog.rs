@@ -364,8 +364,11 @@ impl Node {
             })?;
             mink_log::routing::check_key_type(field.data_type())?;
         }
-        if options.lake_freshness.is_some() {
-            // Before the table: a retry finds the Iceberg table and attaches it.
+        // Before the table: a retry finds the Iceberg table and attaches it. (Not when the
+        // Mink table exists: its lake is there, and the create answers as it would anyway.)
+        if options.lake_freshness.is_some()
+            && self.table_record(&spec.database, &spec.name).is_err()
+        {
             self.lake()
                 .await?
                 .ensure_table(&spec.database, &spec.name, schema, &spec.partition_keys)
@@ -599,7 +602,13 @@ impl Node {
             }))
             .await?;
         match proposed.result {
-            Ok(Outcome::Done(_)) => Ok(()),
+            Ok(Outcome::Done(_)) => {
+                // Its rows leave the lake too; lake maintenance finishes this if it fails.
+                if let Err(e) = self.drop_lake_partitions(&record).await {
+                    tracing::warn!(error = %e, table, partition = name, "dropping a partition's lake files");
+                }
+                Ok(())
+            }
             Ok(Outcome::Redundant(_)) if if_exists => Ok(()),
             Ok(Outcome::Redundant(_)) => Err(NodeError::NotFound(format!(
                 "partition {name:?} of {database}.{table} does not exist"
@@ -618,7 +627,36 @@ impl Node {
             .is_some_and(|l| l.leader_epoch == b.leader_epoch)
     }
 
+    /// Removes from `record`'s lake table the partitions the table no longer has (a no-op
+    /// for tables without a lake or partitions).
+    pub(crate) async fn drop_lake_partitions(&self, record: &TableRecord) -> NodeResult<bool> {
+        if !record.is_partitioned()
+            || TableOptions::parse(&record.options)?
+                .lake_freshness
+                .is_none()
+        {
+            return Ok(false);
+        }
+        let view = self.view();
+        let live = view
+            .state
+            .partitions
+            .range((record.table_id, 0)..=(record.table_id, u64::MAX))
+            .map(|(&(_, id), p)| (id, p.values.clone()))
+            .collect();
+        Ok(self
+            .lake()
+            .await?
+            .drop_partitions(&record.database, &record.name, &live)
+            .await?)
+    }
+
     pub async fn drop_table(&self, database: &str, table: &str, if_exists: bool) -> NodeResult<()> {
+        let lake = self
+            .table_record(database, table)
+            .ok()
+            .and_then(|r| TableOptions::parse(&r.options).ok())
+            .is_some_and(|o| o.lake_freshness.is_some());
         let proposed = self
             .inner
             .sink
@@ -628,7 +666,14 @@ impl Node {
             }))
             .await?;
         match proposed.result {
-            Ok(Outcome::Done(_)) => Ok(()),
+            Ok(Outcome::Done(_)) => {
+                // Its lake table goes with it (a table created again under this name would
+                // otherwise find the old rows and their offsets, and is refused).
+                if lake {
+                    self.lake().await?.drop_table(database, table).await?;
+                }
+                Ok(())
+            }
             Ok(Outcome::Redundant(_)) if if_exists => Ok(()),
             Ok(Outcome::Redundant(_)) => Err(NodeError::TableNotFound {
                 database: database.to_string(),

@@ -117,7 +117,9 @@ impl From<mink_lake::LakeError> for NodeError {
     fn from(e: mink_lake::LakeError) -> Self {
         use mink_lake::LakeError as L;
         match e {
-            L::Incompatible { .. } | L::AlreadyExists(_) => NodeError::Invalid(e.to_string()),
+            L::Incompatible { .. } | L::AlreadyExists(_) | L::Stale(_) => {
+                NodeError::Invalid(e.to_string())
+            }
             L::NotFound(_) => NodeError::NotFound(e.to_string()),
             L::Gap { .. } | L::Conflict(_) | L::FileGone(_) | L::Iceberg(_) => {
                 NodeError::Failed(e.to_string())

@@ -71,6 +71,8 @@ async fn maintain_table(
     table: &TableRecord,
 ) -> NodeResult<Maintained> {
     let lake = node.lake().await?;
+    // A partition dropped while its lake files could not be removed: removed now.
+    let dropped = node.drop_lake_partitions(table).await?;
     let view = node.view();
     let record = view.state.lake_snapshots.get(&table.table_id);
     let keep: Vec<i64> = record.map(|r| r.snapshot_id).into_iter().collect();
@@ -84,7 +86,7 @@ async fn maintain_table(
             &keep,
         )
         .await?;
-    if done.compacted.is_some() {
+    if done.compacted.is_some() || dropped {
         crate::tiering::record_lake_snapshot(node, coordinator_epoch, table, record).await?;
     }
     tracing::debug!(table = %table.name, ?done, "lake maintained");

@@ -485,8 +485,13 @@ impl Node {
                     .read_step(plan, b, offset, options.step_bytes, stored_header.as_ref())
                     .await?;
                 if next == offset {
-                    if b.to.is_some() {
-                        break;
+                    if let Some(to) = b.to {
+                        // The plan's end was committed when it was planned: a step that reads
+                        // nothing below it would drop rows, so it fails instead.
+                        return Err(NodeError::Failed(format!(
+                            "{}: offsets {offset}..{to} were committed when the read was planned, but reading them returned nothing",
+                            b.bucket
+                        )));
                     }
                     // Tailing: wait for rows, a second at a time so a gone reader is noticed.
                     if plan.idle.is_some_and(|i| idle_since.elapsed() >= i) || tx.is_closed() {

@@ -222,8 +222,16 @@ pub(crate) async fn record_lake_snapshot(
     if record.is_some_and(|r| r.snapshot_id == snapshot_id) {
         return Ok(false);
     }
+    // Offsets of buckets the table has (a dropped partition's may linger in the lake until
+    // maintenance removes them; the metadata refuses them).
+    let view = node.view();
     let bucket_offsets = tiered_offsets(&lake_table)
         .into_iter()
+        .filter(|((partition_id, bucket), _)| {
+            view.state
+                .buckets
+                .contains_key(&(table.table_id, *partition_id, *bucket))
+        })
         .map(|((partition_id, bucket), offset)| BucketOffset {
             partition_id,
             bucket,

@@ -1143,3 +1143,89 @@ async fn replay_changelog(node: &Node, bucket: u32, end: u64) -> BTreeMap<i64, S
     }
     state
 }
+
+/// Dropping a partition of a lake table drops its rows from the lake, and tiering of the
+/// other partitions goes on; dropping the table drops its Iceberg table, so a table created
+/// again under the name starts with an empty lake.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_partition_or_the_table_drops_its_lake_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(config(dir.path())).await.unwrap();
+    node.create_database("app", false).await.unwrap();
+    let spec = || {
+        let mut spec = clicks(&[
+            ("bucket.num", "2"),
+            ("bucket.key", "user_id"),
+            ("table.datalake.enabled", "true"),
+            ("table.datalake.freshness", "1s"),
+        ]);
+        spec.name = "visits".into();
+        spec.schema = Schema::new(vec![
+            Field::new("user_id", DataType::Int64, false),
+            Field::new("day", DataType::Utf8, false),
+        ]);
+        spec.partition_keys = vec!["day".into()];
+        spec
+    };
+    node.create_table(spec()).await.unwrap();
+    let rows = |ids: std::ops::Range<i64>, day: &str| {
+        RecordBatch::try_from_iter(vec![
+            (
+                "user_id",
+                Arc::new(Int64Array::from_iter_values(ids.clone())) as ArrayRef,
+            ),
+            (
+                "day",
+                Arc::new(StringArray::from_iter_values(ids.map(|_| day))) as ArrayRef,
+            ),
+        ])
+        .unwrap()
+    };
+    write_rows(&node, "visits", &rows(0..30, "2026-12-01")).await;
+    write_rows(&node, "visits", &rows(100..130, "2026-12-02")).await;
+    until_table_tiered(&node, "visits", 60).await;
+    let lake_ids = || async {
+        let mut ids: Vec<i64> = node
+            .lake()
+            .await
+            .unwrap()
+            .scan("app", "visits")
+            .await
+            .unwrap()
+            .iter()
+            .flat_map(|b| {
+                b.column_by_name("user_id")
+                    .unwrap()
+                    .as_primitive::<Int64Type>()
+                    .values()
+                    .to_vec()
+            })
+            .collect();
+        ids.sort_unstable();
+        ids
+    };
+    node.drop_partition("app", "visits", "2026-12-02", false)
+        .await
+        .unwrap();
+    assert_eq!(lake_ids().await, (0..30).collect::<Vec<_>>());
+    // Tiering goes on, and records only the buckets the table still has.
+    write_rows(&node, "visits", &rows(30..40, "2026-12-01")).await;
+    until_table_tiered(&node, "visits", 40).await;
+    assert_eq!(lake_ids().await, (0..40).collect::<Vec<_>>());
+
+    node.drop_table("app", "visits", false).await.unwrap();
+    assert!(
+        node.lake()
+            .await
+            .unwrap()
+            .load_table("app", "visits")
+            .await
+            .is_err()
+    );
+    node.create_table(spec()).await.unwrap();
+    assert!(lake_ids().await.is_empty());
+    write_rows(&node, "visits", &rows(0..5, "2026-12-03")).await;
+    until_table_tiered(&node, "visits", 5).await;
+    assert_eq!(lake_ids().await, (0..5).collect::<Vec<_>>());
+    node.shutdown().await;
+}

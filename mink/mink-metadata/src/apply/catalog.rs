@@ -538,10 +538,15 @@ impl State {
             }
             offsets.insert((b.partition_id, b.bucket), b.offset);
         }
+        // Buckets of dropped partitions are forgotten with them.
+        offsets.retain(|&(partition_id, bucket), _| {
+            self.buckets
+                .contains_key(&(c.table_id, partition_id, bucket))
+        });
         // The time the lake last caught up with the log: a snapshot that tiers nothing new
         // (a compaction) leaves it, so the lake's lag and the tiering schedule stay true.
         let committed_at_ms = match previous {
-            Some(p) if offsets == before => p.committed_at_ms,
+            Some(p) if offsets.iter().all(|(k, o)| before.get(k) == Some(o)) => p.committed_at_ms,
             _ => at_ms,
         };
         self.lake_snapshots.insert(
