@@ -40,6 +40,7 @@ impl Server {
         c.lease_ttl = Duration::from_millis(1000);
         c.engine.flush_delay = Duration::from_millis(5);
         c.leadership_interval = Duration::from_millis(20);
+        c.retention_interval = Duration::from_millis(100);
         let node = Node::start(c).await.unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(
@@ -1199,4 +1200,93 @@ async fn lookups_go_to_each_buckets_leader_across_nodes() {
     );
     a.stop().await;
     b.stop().await;
+}
+
+/// A log table whose logs retention trimmed below the tiered offsets: `GetFlightInfo` gives
+/// each bucket a lake endpoint for its history (no location: any node) and one from the log's
+/// start at its leader; reading every endpoint reads every row once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn flight_info_gives_lake_history_its_own_endpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Server::start(dir.path(), 1).await;
+    let client = Client::connect(&a.address).await.unwrap();
+    client.create_database("app", true).await.unwrap();
+    client
+        .create_table(
+            "app",
+            "events",
+            &schema(),
+            [
+                ("bucket.num", "2".to_string()),
+                ("bucket.key", "user_id".to_string()),
+                ("table.log.ttl", "1s".to_string()),
+                ("table.datalake.enabled", "true".to_string()),
+                ("table.datalake.freshness", "1s".to_string()),
+            ],
+            &[],
+            false,
+        )
+        .await
+        .unwrap();
+    for chunk in 0..4 {
+        client
+            .writer("app", "events")
+            .write(&batch(chunk * 25..chunk * 25 + 25))
+            .await
+            .unwrap();
+    }
+    // Every bucket's log trimmed (so its start is above 0) and tiered up to its end.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let d = client.describe_table("app", "events").await.unwrap();
+        let ready = d
+            .buckets
+            .iter()
+            .all(|b| b.start_offset > 0 && b.tiered_offset == Some(b.end_offset));
+        if ready {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "buckets never trimmed and tiered: {:?}",
+            d.buckets
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    client
+        .writer("app", "events")
+        .write(&batch(100..110))
+        .await
+        .unwrap();
+    let info = plain(&a.address)
+        .await
+        .get_flight_info(Client::descriptor("app", "events"))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut lake = 0;
+    let mut got = Vec::new();
+    for e in &info.endpoint {
+        let ticket: serde_json::Value =
+            serde_json::from_slice(&e.ticket.as_ref().unwrap().ticket).unwrap();
+        if ticket["source"] == "lake" {
+            lake += 1;
+            assert!(e.location.is_empty(), "{e:?}");
+            assert_eq!(ticket["offset"], 0);
+        } else {
+            assert_eq!(e.location.len(), 1, "{e:?}");
+        }
+        let rows = raw_get(&a.address, ticket).await;
+        got.extend(
+            rows.column(0)
+                .as_primitive::<Int64Type>()
+                .values()
+                .iter()
+                .copied(),
+        );
+    }
+    assert_eq!(lake, 2, "{:?}", info.endpoint);
+    got.sort_unstable();
+    assert_eq!(got, (0..110).collect::<Vec<_>>());
+    a.stop().await;
 }

@@ -218,37 +218,56 @@ impl MinkFlight {
         }
     }
 
+    /// `GetFlightInfo` of a table: its schema, its description, and the endpoints that read
+    /// it (see docs/flight.md, "GetFlightInfo").
     fn flight_info(&self, info: &TableInfo) -> Result<FlightInfo, Status> {
         let description = describe(info).map_err(|e| self.invalid(e.0))?;
         let primary = !info.primary_key.is_empty();
-        let endpoints = info
-            .buckets
-            .iter()
-            .map(|b| {
-                // A log table's bucket up to its high watermark now; a primary-key table's
-                // bucket as a snapshot of its current rows (its offsets number the changelog).
-                let (offset, end_offset) = if primary {
-                    (None, None)
-                } else {
-                    (Some(b.readable_offset), Some(b.end_offset))
-                };
-                let ticket = protocol::Ticket {
-                    database: info.database.clone(),
-                    table: info.name.clone(),
-                    partition: b.partition.clone(),
-                    bucket: Some(b.bucket),
-                    offset,
-                    end_offset,
-                    ..Default::default()
-                };
-                let mut e = FlightEndpoint::new()
-                    .with_ticket(arrow_flight::Ticket::new(protocol::to_json(&ticket)));
-                if !b.leader_address.is_empty() {
-                    e = e.with_location(format!("grpc://{}", b.leader_address));
-                }
-                e
-            })
-            .collect();
+        let endpoint = |b: &mink_node::BucketInfo,
+                        offset: Option<u64>,
+                        end_offset: Option<u64>,
+                        source: Option<&str>,
+                        at_leader: bool| {
+            let ticket = protocol::Ticket {
+                database: info.database.clone(),
+                table: info.name.clone(),
+                partition: b.partition.clone(),
+                bucket: Some(b.bucket),
+                offset,
+                end_offset,
+                source: source.map(str::to_string),
+                ..Default::default()
+            };
+            let mut e = FlightEndpoint::new()
+                .with_ticket(arrow_flight::Ticket::new(protocol::to_json(&ticket)));
+            if at_leader && !b.leader_address.is_empty() {
+                e = e.with_location(format!("grpc://{}", b.leader_address));
+            }
+            e
+        };
+        let mut endpoints = Vec::new();
+        for b in &info.buckets {
+            if primary {
+                // A primary-key table's bucket as a snapshot of its current rows (its offsets
+                // number the changelog), at its leader.
+                endpoints.push(endpoint(b, None, None, None, true));
+                continue;
+            }
+            // A log table's bucket up to its high watermark now. History below the log's
+            // start is in the lake: one endpoint per split of it, readable on any node in
+            // parallel, then the log's part at the leader.
+            let mut from = b.readable_offset;
+            while from < b.start_offset {
+                let to = from.saturating_add(LAKE_SPLIT_ROWS).min(b.start_offset);
+                endpoints.push(endpoint(b, Some(from), Some(to), Some("lake"), false));
+                from = to;
+            }
+            // A union read: should retention trim past `from` before it runs, the lake still
+            // serves what the log lost.
+            if from < b.end_offset || from == b.readable_offset {
+                endpoints.push(endpoint(b, Some(from), Some(b.end_offset), None, true));
+            }
+        }
         // Rows of a log table (one offset per row); unknown (-1) for a primary-key table,
         // whose offsets count changes, not rows.
         let records: i64 = if primary {
@@ -276,6 +295,10 @@ impl MinkFlight {
             })
     }
 }
+
+/// Rows of a lake-history endpoint at most: a client reads a bucket's history in parallel
+/// splits of this size.
+const LAKE_SPLIT_ROWS: u64 = 1 << 20;
 
 /// The per-bucket error body of a node error.
 pub(crate) fn error_body(e: &NodeError) -> ErrorBody {
