@@ -39,10 +39,29 @@ impl Lake {
         let as_i64 = |o: u64| i64::try_from(o).map_err(|e| LakeError::Iceberg(e.to_string()));
         let (lo, hi) = (as_i64(from)?, as_i64(to)?);
         let bucket_i32 = i32::try_from(bucket).map_err(|e| LakeError::Iceberg(e.to_string()))?;
-        let mut filter = Reference::new(BUCKET_COLUMN)
-            .equal_to(Datum::int(bucket_i32))
-            .and(Reference::new(OFFSET_COLUMN).greater_than_or_equal_to(Datum::long(lo)))
-            .and(Reference::new(OFFSET_COLUMN).less_than(Datum::long(hi)));
+        // Offset bounds the snapshot's rows meet anyway are left out: each is a row filter
+        // on every row read (the whole bucket, the usual lake read, needs neither).
+        let covered = t
+            .metadata()
+            .snapshot_by_id(snapshot_id)
+            .is_some_and(|snap| {
+                snap.summary()
+                    .additional_properties
+                    .iter()
+                    .filter_map(|(k, v)| {
+                        let (_, b) = k.strip_prefix("mink.tiered-offset.")?.split_once('.')?;
+                        (b.parse::<u32>().ok()? == bucket).then(|| v.parse::<u64>().ok())?
+                    })
+                    .all(|tiered| tiered <= to)
+            });
+        let mut filter = Reference::new(BUCKET_COLUMN).equal_to(Datum::int(bucket_i32));
+        if lo > 0 {
+            filter =
+                filter.and(Reference::new(OFFSET_COLUMN).greater_than_or_equal_to(Datum::long(lo)));
+        }
+        if !covered {
+            filter = filter.and(Reference::new(OFFSET_COLUMN).less_than(Datum::long(hi)));
+        }
         let lake_schema = t.metadata().current_schema();
         for (column, value) in partition {
             filter = filter.and(Reference::new(column).equal_to(partition_datum(
@@ -51,9 +70,18 @@ impl Lake {
                 value,
             )?));
         }
+        // The table's columns the lake has, and what the checks need: not `__timestamp`.
+        let columns: Vec<&str> = schema
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .filter(|n| lake_schema.field_by_name(n).is_some())
+            .chain([BUCKET_COLUMN, OFFSET_COLUMN])
+            .collect();
         let batches: Vec<RecordBatch> = t
             .scan()
             .snapshot_id(snapshot_id)
+            .select(columns)
             .with_filter(filter)
             .build()?
             .to_arrow()
@@ -62,31 +90,52 @@ impl Lake {
             .await?;
         // The usual case: the scan returns exactly offsets lo..hi, in order (files come back
         // in the order rounds wrote them). Checked without gathering anything.
-        let mut expect = lo;
-        let in_order = batches.iter().all(|b| {
+        // Each batch that holds only this bucket's rows at consecutive offsets: its first.
+        let run = |b: &RecordBatch| -> Option<i64> {
             let (Ok(buckets), Ok(offsets)) = (column(b, BUCKET_COLUMN), column(b, OFFSET_COLUMN))
             else {
-                return false;
+                return None;
             };
             let (buckets, offsets) = (
                 buckets.as_primitive::<Int32Type>(),
                 offsets.as_primitive::<Int64Type>(),
             );
-            buckets.null_count() == 0
+            let first = *offsets.values().first()?;
+            let whole = buckets.null_count() == 0
                 && offsets.null_count() == 0
                 && buckets.values().iter().all(|x| *x == bucket_i32)
-                && offsets.values().iter().all(|o| {
-                    let here = *o == expect;
-                    expect += 1;
-                    here
-                })
-        }) && expect == hi;
-        if in_order {
-            // As scanned, batch by batch: no copy of the rows.
-            return batches
-                .iter()
-                .map(|b| as_table_rows(schema, &[b], None, b.num_rows()))
-                .collect();
+                && offsets
+                    .values()
+                    .iter()
+                    .zip(first..)
+                    .all(|(o, want)| *o == want);
+            whole.then_some(first)
+        };
+        // The usual case: every batch is such a run (files are read concurrently, so the runs
+        // may come in any order) and, in order, they cover lo..hi exactly. Then the batches
+        // go as they are, reordered, without copying a row.
+        let mut runs: Option<Vec<(i64, usize)>> = batches
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.num_rows() > 0)
+            .map(|(i, b)| run(b).map(|first| (first, i)))
+            .collect();
+        if let Some(runs) = runs.as_mut() {
+            runs.sort_unstable();
+            let mut expect = lo;
+            let covers = runs.iter().all(|&(first, i)| {
+                let here = first == expect;
+                expect += i64::try_from(batches[i].num_rows()).unwrap_or(i64::MAX);
+                here
+            }) && expect == hi;
+            if covers {
+                return runs
+                    .iter()
+                    .map(|&(_, i)| {
+                        as_table_rows(schema, &[&batches[i]], None, batches[i].num_rows())
+                    })
+                    .collect();
+            }
         }
         let indices = gather(&batches, bucket, bucket_i32, lo, hi)?;
         let all: Vec<&RecordBatch> = batches.iter().collect();
