@@ -73,7 +73,12 @@ impl Lake {
         let unset: HashSet<String> = tiered_offsets(&base)
             .into_keys()
             .filter(|(partition, _)| !live.contains_key(partition))
-            .map(|(partition, bucket)| crate::tier::offset_key(partition, bucket))
+            .flat_map(|(partition, bucket)| {
+                [
+                    crate::tier::offset_key(partition, bucket),
+                    crate::tier::start_key(partition, bucket),
+                ]
+            })
             .collect();
         if removed.is_empty() && unset.is_empty() {
             return Ok(false);

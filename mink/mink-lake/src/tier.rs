@@ -39,6 +39,18 @@ use crate::table::{BUCKET_COLUMN, OFFSET_COLUMN, TIMESTAMP_COLUMN};
 use crate::{Lake, LakeError, LakeResult};
 
 const OFFSET_KEY_PREFIX: &str = "mink.tiered-offset.";
+const START_KEY_PREFIX: &str = "mink.lake-start.";
+
+/// The snapshot summary key of the first offset the lake holds for a bucket, when that is not
+/// 0 (the lake was enabled after retention had trimmed the log).
+pub fn start_key(partition_id: u64, bucket: u32) -> String {
+    format!("{START_KEY_PREFIX}{partition_id}.{bucket}")
+}
+
+/// `(partition_id, bucket)` → the first offset the lake holds, for buckets where that is not 0.
+pub fn lake_starts(table: &Table) -> BTreeMap<(u64, u32), u64> {
+    summary_offsets(table, START_KEY_PREFIX)
+}
 
 /// The snapshot summary key of a bucket's tiered offset.
 pub fn offset_key(partition_id: u64, bucket: u32) -> String {
@@ -48,6 +60,10 @@ pub fn offset_key(partition_id: u64, bucket: u32) -> String {
 /// `(partition_id, bucket)` → the log offset tiering reached (exclusive), as the lake table's
 /// current snapshot records it. Empty before the first round.
 pub fn tiered_offsets(table: &Table) -> BTreeMap<(u64, u32), u64> {
+    summary_offsets(table, OFFSET_KEY_PREFIX)
+}
+
+fn summary_offsets(table: &Table, prefix: &str) -> BTreeMap<(u64, u32), u64> {
     let Some(snapshot) = table.metadata().current_snapshot() else {
         return BTreeMap::new();
     };
@@ -56,7 +72,7 @@ pub fn tiered_offsets(table: &Table) -> BTreeMap<(u64, u32), u64> {
         .additional_properties
         .iter()
         .filter_map(|(k, v)| {
-            let (partition, bucket) = k.strip_prefix(OFFSET_KEY_PREFIX)?.split_once('.')?;
+            let (partition, bucket) = k.strip_prefix(prefix)?.split_once('.')?;
             Some((
                 (partition.parse().ok()?, bucket.parse().ok()?),
                 v.parse().ok()?,
@@ -283,6 +299,7 @@ impl Lake {
     ) -> LakeResult<Tiered> {
         let base = self.load_table(database, table).await?;
         let mut offsets = tiered_offsets(&base);
+        let mut starts = lake_starts(&base);
         let arrow_schema: SchemaRef = Arc::new(
             schema_to_arrow_schema(base.metadata().current_schema())
                 .map_err(|e| LakeError::Iceberg(e.to_string()))?,
@@ -300,7 +317,12 @@ impl Lake {
                     });
                 }
                 Some(&tiered) => tiered,
-                None => round.start_offset,
+                None => {
+                    if round.start_offset > 0 {
+                        starts.insert(key, round.start_offset);
+                    }
+                    round.start_offset
+                }
             };
             // The rows must cover [from, end) without a hole: the summary will say they do.
             let mut next = from;
@@ -338,6 +360,11 @@ impl Lake {
         let summary: HashMap<String, String> = offsets
             .iter()
             .map(|((p, b), o)| (offset_key(*p, *b), o.to_string()))
+            .chain(
+                starts
+                    .iter()
+                    .map(|((p, b), o)| (start_key(*p, *b), o.to_string())),
+            )
             .collect();
         let tx = Transaction::new(&base);
         let tx = tx

@@ -637,6 +637,10 @@ pub struct BucketOffset {
     pub bucket: u32,
     #[prost(uint64, tag = "3")]
     pub offset: u64,
+    /// The first offset the lake holds for the bucket: 0, unless the lake was enabled after
+    /// retention had trimmed the log.
+    #[prost(uint64, tag = "4")]
+    pub lake_start: u64,
 }
 
 /// Coordinator (tiering): records an Iceberg snapshot and the log offset each bucket was

@@ -325,6 +325,14 @@ impl LakeSnapshotRecord {
             .find(|b| b.partition_id == partition_id && b.bucket == bucket)
             .map(|b| b.offset)
     }
+
+    /// The first offset the lake holds for a bucket (0 for a table tiered from its creation).
+    pub fn lake_start(&self, partition_id: u64, bucket: u32) -> u64 {
+        self.bucket_offsets
+            .iter()
+            .find(|b| b.partition_id == partition_id && b.bucket == bucket)
+            .map_or(0, |b| b.lake_start)
+    }
 }
 
 #[derive(Clone, PartialEq, Eq, ::prost::Message)]

@@ -243,6 +243,7 @@ fn commands_1() -> Vec<Command> {
                 partition_id: 111,
                 bucket: 112,
                 offset: 113,
+                ..Default::default()
             }],
         }),
         Command::Allocate(Allocate {
@@ -501,6 +502,7 @@ fn scenario_1() -> Driver {
                 partition_id: 0,
                 bucket: 0,
                 offset: 5,
+                ..Default::default()
             }],
         }),
     );

@@ -507,6 +507,7 @@ fn catalog_and_buckets() {
                 partition_id: 0,
                 bucket: 0,
                 offset,
+                ..Default::default()
             }],
         })
     };

@@ -135,6 +135,7 @@ fn command(b: [u8; 8]) -> (NodeRef, Command) {
                 partition_id: 0,
                 bucket: u32::from(b[5] % 3),
                 offset: small(b[6], 4) * 10,
+                ..Default::default()
             }],
         }),
         22 => put(&format!("k{}", b[2] % 3), &format!("v{}", b[3] % 2)),

@@ -441,11 +441,29 @@ impl Node {
             o.get(mink_log::options::DATALAKE_ENABLED)
                 .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
         };
-        if lake(&options) != lake(&record.options) {
+        let enabling = lake(&options) && !lake(&record.options);
+        if lake(&record.options) && !lake(&options) {
             return Err(NodeError::Invalid(format!(
-                "option {}: a table is tiered into the lake from its creation; enabling or disabling it later is not built yet",
+                "option {}: disabling the lake of a table is not built yet",
                 mink_log::options::DATALAKE_ENABLED
             )));
+        }
+        if enabling {
+            // A primary-key table's first round must hold its whole state, which its
+            // changelog may no longer have.
+            if record.is_primary_key_table() {
+                return Err(NodeError::Invalid(format!(
+                    "option {}: a primary-key table is tiered into the lake from its creation; enabling it later is not built yet",
+                    mink_log::options::DATALAKE_ENABLED
+                )));
+            }
+            // The lake table first (created, or attached after the checks): a retried alter
+            // finds it. Tiering then starts at each bucket's log start.
+            let schema = self.table_schema(&record)?;
+            self.lake()
+                .await?
+                .ensure_table(database, table, &schema, &record.partition_keys)
+                .await?;
         }
         if record.is_primary_key_table() {
             // The working copies and the changelog are encoded by the schema and keys.

@@ -112,21 +112,24 @@ pub struct ReadPlan {
 }
 
 /// The first offset a scan of bucket `b` of log table `record` returns: the log's `start`, or
-/// 0 when the bucket's history below it is in the lake (a table tiered from its creation holds
-/// `[0, tiered offset)` there, and retention never trims the log above that).
+/// the lake's start when the bucket's history below the log's start is in the lake (0 for a
+/// table tiered from its creation, which holds `[0, tiered offset)` there; retention never
+/// trims the log above the tiered offset).
 pub(crate) fn readable_from(
     state: &mink_metadata::State,
     record: &TableRecord,
     b: &BucketRecord,
     start: u64,
 ) -> u64 {
+    let lake = state.lake_snapshots.get(&record.table_id);
     let in_lake = !record.is_primary_key_table()
-        && state
-            .lake_snapshots
-            .get(&record.table_id)
+        && lake
             .and_then(|l| l.tiered_offset(b.partition_id, b.bucket))
             .is_some_and(|t| t >= start);
-    if in_lake { 0 } else { start }
+    match lake {
+        Some(l) if in_lake => l.lake_start(b.partition_id, b.bucket).min(start),
+        _ => start,
+    }
 }
 
 /// Rows read from the lake per read step at most.
@@ -351,7 +354,8 @@ impl Node {
                     let tiered = lake
                         .and_then(|l| l.tiered_offset(b.partition_id, b.bucket))
                         .unwrap_or(0);
-                    (0, tiered)
+                    let from = lake.map_or(0, |l| l.lake_start(b.partition_id, b.bucket));
+                    (from.min(tiered), tiered)
                 }
             }
         };

@@ -16,7 +16,7 @@
 use std::time::Duration;
 
 use mink_lake::pk::BucketChanges;
-use mink_lake::tier::{BucketRound, LogRows, Tiered, tiered_offsets};
+use mink_lake::tier::{BucketRound, LogRows, Tiered, lake_starts, tiered_offsets};
 use mink_log::options::TableOptions;
 use mink_metadata::{BucketOffset, Command, CommitLakeSnapshot, LakeSnapshotRecord, TableRecord};
 
@@ -225,6 +225,7 @@ pub(crate) async fn record_lake_snapshot(
     // Offsets of buckets the table has (a dropped partition's may linger in the lake until
     // maintenance removes them; the metadata refuses them).
     let view = node.view();
+    let starts = lake_starts(&lake_table);
     let bucket_offsets = tiered_offsets(&lake_table)
         .into_iter()
         .filter(|((partition_id, bucket), _)| {
@@ -236,6 +237,7 @@ pub(crate) async fn record_lake_snapshot(
             partition_id,
             bucket,
             offset,
+            lake_start: starts.get(&(partition_id, bucket)).copied().unwrap_or(0),
         })
         .collect();
     let proposed = node

@@ -1229,3 +1229,118 @@ async fn dropping_a_partition_or_the_table_drops_its_lake_rows() {
     assert_eq!(lake_ids().await, (0..5).collect::<Vec<_>>());
     node.shutdown().await;
 }
+
+/// The lake enabled on a log table whose log retention had already trimmed: tiering starts
+/// at each bucket's log start, which the metadata records as where the lake begins; once the
+/// log is trimmed again the union read starts there (not at 0, which nothing holds), reads
+/// every row from it once, and the lake-only read is `[lake start, tiered offset)`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lake_enabled_after_trimming_begins_at_the_logs_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path());
+    c.retention_interval = Duration::from_millis(100);
+    let node = Node::start(c).await.unwrap();
+    node.create_database("app", false).await.unwrap();
+    node.create_table(clicks(&[
+        ("bucket.num", "2"),
+        ("bucket.key", "user_id"),
+        ("table.log.ttl", "1s"),
+    ]))
+    .await
+    .unwrap();
+    for chunk in 0..5 {
+        write(&node, chunk * 20..chunk * 20 + 20).await;
+    }
+    until_trimmed(&node, "clicks").await;
+    let starts: BTreeMap<u32, u64> = node
+        .describe_table("app", "clicks")
+        .unwrap()
+        .buckets
+        .iter()
+        .map(|b| (b.bucket, b.start_offset))
+        .collect();
+    node.alter_table(
+        "app",
+        "clicks",
+        mink_node::TableChange {
+            set_options: BTreeMap::from([
+                ("table.datalake.enabled".into(), "true".into()),
+                ("table.datalake.freshness".into(), "1s".into()),
+            ]),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    write(&node, 100..140).await;
+    // Tiered to the end from where each log started when the lake was enabled.
+    until_view(&node, "every bucket tiered to its end", |view| {
+        let t = view
+            .state
+            .tables
+            .values()
+            .find(|t| t.name == "clicks")
+            .unwrap();
+        let Some(r) = view.state.lake_snapshots.get(&t.table_id) else {
+            return Err("no lake snapshot".to_string());
+        };
+        let behind: Vec<_> = view
+            .state
+            .buckets
+            .values()
+            .filter(|b| b.table_id == t.table_id)
+            .filter_map(|b| {
+                let end = view.state.streams.get(&b.stream_id)?.end_offset;
+                (r.tiered_offset(0, b.bucket) != Some(end)).then_some(b.bucket)
+            })
+            .collect();
+        if behind.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{behind:?}"))
+        }
+    })
+    .await;
+    until_trimmed_past(&node, &starts).await;
+    let info = node.describe_table("app", "clicks").unwrap();
+    let mut ids = Vec::new();
+    for b in &info.buckets {
+        let lake_start = starts[&b.bucket];
+        assert_eq!(b.readable_offset, lake_start, "bucket {}", b.bucket);
+        let union = read_source(&node, Some(b.bucket), mink_node::ReadSource::Union).await;
+        let offsets: Vec<u64> = union.iter().map(|r| r.1).collect();
+        assert_eq!(offsets, (lake_start..b.end_offset).collect::<Vec<_>>());
+        ids.extend(union.iter().map(|r| r.2));
+        let lake: Vec<u64> = read_source(&node, Some(b.bucket), mink_node::ReadSource::Lake)
+            .await
+            .iter()
+            .map(|r| r.1)
+            .collect();
+        assert_eq!(
+            lake,
+            (lake_start..b.tiered_offset.unwrap()).collect::<Vec<_>>()
+        );
+    }
+    // Everything written from the first rows the logs still held when the lake began.
+    ids.sort_unstable();
+    ids.dedup();
+    assert!(ids.contains(&139) && !ids.is_empty(), "{ids:?}");
+    node.shutdown().await;
+}
+
+/// Waits until retention has trimmed every bucket of `app.clicks` past `starts`.
+async fn until_trimmed_past(node: &Node, starts: &BTreeMap<u32, u64>) {
+    until_view(node, "retention trimming past the lake's start", |_| {
+        let info = node.describe_table("app", "clicks").unwrap();
+        if info
+            .buckets
+            .iter()
+            .all(|b| b.start_offset > starts[&b.bucket])
+        {
+            Ok(())
+        } else {
+            Err(info.buckets)
+        }
+    })
+    .await;
+}

@@ -507,7 +507,19 @@ impl State {
             })
             .unwrap_or_default();
         let mut offsets = before.clone();
+        // Where the lake begins per bucket: set once, by the first snapshot that tiers it.
+        let mut starts: BTreeMap<(u64, u32), u64> = previous
+            .map(|p| {
+                p.bucket_offsets
+                    .iter()
+                    .map(|b| ((b.partition_id, b.bucket), b.lake_start))
+                    .collect()
+            })
+            .unwrap_or_default();
         for b in &c.bucket_offsets {
+            starts
+                .entry((b.partition_id, b.bucket))
+                .or_insert(b.lake_start);
             let bucket = self.bucket((c.table_id, b.partition_id, b.bucket))?;
             let end = self
                 .streams
@@ -561,6 +573,7 @@ impl State {
                         partition_id,
                         bucket,
                         offset,
+                        lake_start: starts.get(&(partition_id, bucket)).copied().unwrap_or(0),
                     })
                     .collect(),
                 committed_at_ms,
