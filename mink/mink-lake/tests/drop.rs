@@ -10,6 +10,8 @@ use arrow::datatypes::{DataType, Field, Int64Type, Schema as ArrowSchema};
 use mink_lake::tier::{BucketRound, LogRows, tiered_offsets};
 use mink_lake::{Lake, LakeError};
 
+mod common;
+
 fn columns() -> ArrowSchema {
     ArrowSchema::new(vec![
         Field::new("id", DataType::Int64, false),
@@ -86,6 +88,31 @@ async fn a_dropped_partition_leaves_the_lake_and_a_dropped_table_its_catalog() {
     .await
     .unwrap();
     assert_eq!(ids(&l).await.len(), 20);
+    // pyiceberg and DuckDB read both partitions' rows.
+    let db = dir.path().join("metadata.db");
+    let python = common::python();
+    let outside_offsets = |l: &Lake| {
+        let l = l.clone();
+        let (python, db) = (python.clone(), db.clone());
+        async move {
+            let Some(interpreter) = python else { return };
+            let want: Vec<i64> = {
+                let mut o: Vec<i64> = ids(&l).await.iter().map(|id| id % 100).collect();
+                o.sort_unstable();
+                o
+            };
+            let seen = common::pyiceberg_read(&interpreter, &db, &l, "visits");
+            assert_eq!(
+                seen["offsets"],
+                serde_json::json!(want),
+                "pyiceberg: {seen}"
+            );
+            let t = l.load_table("app", "visits").await.unwrap();
+            let seen = common::duckdb_read(&interpreter, t.metadata_location().unwrap());
+            assert_eq!(seen["offsets"], serde_json::json!(want), "duckdb: {seen}");
+        }
+    };
+    outside_offsets(&l).await;
 
     // Partition 2 is dropped: its rows and its offsets go; partition 1 keeps both.
     assert!(
@@ -94,6 +121,7 @@ async fn a_dropped_partition_leaves_the_lake_and_a_dropped_table_its_catalog() {
             .unwrap()
     );
     assert_eq!(ids(&l).await, (0..10).collect::<Vec<_>>());
+    outside_offsets(&l).await;
     let t = l.load_table("app", "visits").await.unwrap();
     assert_eq!(
         tiered_offsets(&t).into_iter().collect::<Vec<_>>(),
