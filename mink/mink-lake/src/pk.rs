@@ -180,17 +180,13 @@ impl Lake {
         let mut deletes: Vec<PartitionDeletes> = Vec::new();
         for round in &rounds {
             let at = (round.partition_id, round.bucket);
-            let from = match offsets.get(&at) {
-                Some(&tiered) if tiered >= round.end_offset => continue,
-                Some(&tiered) if tiered < round.start_offset => {
-                    return Err(LakeError::Gap {
-                        bucket: round.bucket,
-                        tiered,
-                        start: round.start_offset,
-                    });
-                }
-                Some(&tiered) => tiered,
-                None => round.start_offset,
+            let Some(from) = crate::tier::round_from(
+                offsets.get(&at).copied(),
+                round.bucket,
+                round.start_offset..round.end_offset,
+            )?
+            else {
+                continue;
             };
             // Each key's last change in the round: (batch, row, upsert).
             let mut last: HashMap<Vec<u8>, (usize, usize, bool)> = HashMap::new();

@@ -81,6 +81,26 @@ fn summary_offsets(table: &Table, prefix: &str) -> BTreeMap<(u64, u32), u64> {
         .collect()
 }
 
+/// Where a bucket's round `[start, end)` begins given the lake's `tiered` offset of the bucket:
+/// there, or `None` when the lake holds the round already; a round that would leave a hole
+/// after the tiered offset fails.
+pub(crate) fn round_from(
+    tiered: Option<u64>,
+    bucket: u32,
+    round: std::ops::Range<u64>,
+) -> LakeResult<Option<u64>> {
+    match tiered {
+        Some(tiered) if tiered >= round.end => Ok(None),
+        Some(tiered) if tiered < round.start => Err(LakeError::Gap {
+            bucket,
+            tiered,
+            start: round.start,
+        }),
+        Some(tiered) => Ok(Some(tiered)),
+        None => Ok(Some(round.start)),
+    }
+}
+
 /// Rows of one log batch: the Mink table's columns, stored at `base_offset` onwards and
 /// appended at `timestamp_us` (microseconds since the epoch).
 #[derive(Clone, Debug)]
@@ -307,23 +327,17 @@ impl Lake {
         let mut batches = Vec::new();
         for round in &rounds {
             let key = (round.partition_id, round.bucket);
-            let from = match offsets.get(&key) {
-                Some(&tiered) if tiered >= round.end_offset => continue,
-                Some(&tiered) if tiered < round.start_offset => {
-                    return Err(LakeError::Gap {
-                        bucket: round.bucket,
-                        tiered,
-                        start: round.start_offset,
-                    });
-                }
-                Some(&tiered) => tiered,
-                None => {
-                    if round.start_offset > 0 {
-                        starts.insert(key, round.start_offset);
-                    }
-                    round.start_offset
-                }
+            let Some(from) = round_from(
+                offsets.get(&key).copied(),
+                round.bucket,
+                round.start_offset..round.end_offset,
+            )?
+            else {
+                continue;
             };
+            if !offsets.contains_key(&key) && from > 0 {
+                starts.insert(key, from);
+            }
             // The rows must cover [from, end) without a hole: the summary will say they do.
             let mut next = from;
             for rows in &round.batches {

@@ -48,31 +48,58 @@ fn clicks(options: &[(&str, &str)]) -> TableSpec {
     }
 }
 
+/// A batch of rows a read returned, from `offset` in `bucket`.
+struct Rows {
+    bucket: mink_node::BucketRef,
+    offset: u64,
+    data: RecordBatch,
+}
+
+/// Everything a read of `request` returns (rows only: panics on anything else).
+async fn read_rows(node: &Node, request: mink_node::ReadRequest) -> Vec<Rows> {
+    read_plan(node, node.plan_read(&request).unwrap()).await
+}
+
+/// Everything a read of `plan` returns (rows only: panics on anything else).
+async fn read_plan(node: &Node, plan: mink_node::ReadPlan) -> Vec<Rows> {
+    let items: Vec<_> = node
+        .read_stream(plan, mink_node::ReadOptions::default())
+        .try_collect()
+        .await
+        .unwrap();
+    items
+        .into_iter()
+        .map(|item| match item.data {
+            mink_node::ReadData::Rows(data) => Rows {
+                bucket: item.bucket,
+                offset: item.offset,
+                data,
+            },
+            _ => panic!("rows expected"),
+        })
+        .collect()
+}
+
 /// `(bucket, offset, user_id)` of a scan of `app.clicks` (one bucket or all) from `source`.
 async fn read_source(
     node: &Node,
     bucket: Option<u32>,
     source: mink_node::ReadSource,
 ) -> Vec<(u32, u64, i64)> {
-    let plan = node
-        .plan_read(&mink_node::ReadRequest {
+    let items = read_rows(
+        node,
+        mink_node::ReadRequest {
             database: "app".into(),
             table: "clicks".into(),
             bucket,
             source,
             ..Default::default()
-        })
-        .unwrap();
-    let items: Vec<_> = node
-        .read_stream(plan, mink_node::ReadOptions::default())
-        .try_collect()
-        .await
-        .unwrap();
+        },
+    )
+    .await;
     let mut rows = Vec::new();
     for item in items {
-        let mink_node::ReadData::Rows(b) = item.data else {
-            panic!("rows expected")
-        };
+        let b = item.data;
         let ids = b
             .column_by_name("user_id")
             .unwrap()
@@ -394,24 +421,19 @@ async fn read_partitions(
     table: &str,
     source: mink_node::ReadSource,
 ) -> BTreeMap<(String, u32), Vec<(u64, i64)>> {
-    let plan = node
-        .plan_read(&mink_node::ReadRequest {
+    let items = read_rows(
+        node,
+        mink_node::ReadRequest {
             database: "app".into(),
             table: table.into(),
             source,
             ..Default::default()
-        })
-        .unwrap();
-    let items: Vec<_> = node
-        .read_stream(plan, mink_node::ReadOptions::default())
-        .try_collect()
-        .await
-        .unwrap();
+        },
+    )
+    .await;
     let mut rows: BTreeMap<(String, u32), Vec<(u64, i64)>> = BTreeMap::new();
     for item in items {
-        let mink_node::ReadData::Rows(b) = item.data else {
-            panic!("rows expected")
-        };
+        let b = item.data;
         let ids = b
             .column_by_name("user_id")
             .unwrap()
@@ -764,25 +786,16 @@ fn names(batches: &[RecordBatch]) -> BTreeMap<i64, String> {
 
 /// The current rows of `app.users` (the KV snapshot scan).
 async fn kv_state(node: &Node) -> BTreeMap<i64, String> {
-    let plan = node
-        .plan_read(&mink_node::ReadRequest {
+    let items = read_rows(
+        node,
+        mink_node::ReadRequest {
             database: "app".into(),
             table: "users".into(),
             ..Default::default()
-        })
-        .unwrap();
-    let items: Vec<_> = node
-        .read_stream(plan, mink_node::ReadOptions::default())
-        .try_collect()
-        .await
-        .unwrap();
-    let batches: Vec<RecordBatch> = items
-        .into_iter()
-        .map(|item| match item.data {
-            mink_node::ReadData::Rows(b) => b,
-            _ => panic!("rows expected"),
-        })
-        .collect();
+        },
+    )
+    .await;
+    let batches: Vec<RecordBatch> = items.into_iter().map(|item| item.data).collect();
     names(&batches)
 }
 
@@ -942,16 +955,10 @@ async fn the_union_read_of_a_log_table_is_its_log_under_concurrent_tiering() {
             .iter()
             .map(|b| (b.bucket.bucket, b.to.unwrap()))
             .collect();
-        let items: Vec<_> = node
-            .read_stream(plan, mink_node::ReadOptions::default())
-            .try_collect()
-            .await
-            .unwrap();
+        let items = read_plan(&node, plan).await;
         let mut union: BTreeMap<u32, Vec<(u64, i64)>> = BTreeMap::new();
         for item in items {
-            let mink_node::ReadData::Rows(b) = item.data else {
-                panic!("rows expected")
-            };
+            let b = item.data;
             let ids = b
                 .column_by_name("user_id")
                 .unwrap()
@@ -987,26 +994,21 @@ async fn read_bucket_range(
     end: u64,
     source: mink_node::ReadSource,
 ) -> Vec<(u64, i64)> {
-    let plan = node
-        .plan_read(&mink_node::ReadRequest {
+    let items = read_rows(
+        node,
+        mink_node::ReadRequest {
             database: "app".into(),
             table: "clicks".into(),
             bucket: Some(bucket),
             stop: mink_node::ReadStop::Before(end),
             source,
             ..Default::default()
-        })
-        .unwrap();
-    let items: Vec<_> = node
-        .read_stream(plan, mink_node::ReadOptions::default())
-        .try_collect()
-        .await
-        .unwrap();
+        },
+    )
+    .await;
     let mut rows = Vec::new();
     for item in items {
-        let mink_node::ReadData::Rows(b) = item.data else {
-            panic!("rows expected")
-        };
+        let b = item.data;
         let ids = b
             .column_by_name("user_id")
             .unwrap()
@@ -1067,16 +1069,10 @@ async fn the_union_read_of_a_primary_key_table_is_its_state_under_concurrent_tie
                 .iter()
                 .map(|b| (b.bucket.bucket, b.to.unwrap()))
                 .collect();
-            let items: Vec<_> = node
-                .read_stream(plan, mink_node::ReadOptions::default())
-                .try_collect()
-                .await
-                .unwrap();
+            let items = read_plan(&node, plan).await;
             let mut per_bucket: BTreeMap<u32, BTreeMap<i64, String>> = BTreeMap::new();
             for item in items {
-                let mink_node::ReadData::Rows(b) = item.data else {
-                    panic!("rows expected")
-                };
+                let b = item.data;
                 assert_eq!(b.schema().field(0).name(), "name");
                 per_bucket.insert(item.bucket.bucket, names(&[b]));
             }
@@ -1106,26 +1102,21 @@ async fn the_union_read_of_a_primary_key_table_is_its_state_under_concurrent_tie
 
 /// The rows of bucket `bucket` of `app.users` replayed from its whole changelog below `end`.
 async fn replay_changelog(node: &Node, bucket: u32, end: u64) -> BTreeMap<i64, String> {
-    let plan = node
-        .plan_read(&mink_node::ReadRequest {
+    let items = read_rows(
+        node,
+        mink_node::ReadRequest {
             database: "app".into(),
             table: "users".into(),
             bucket: Some(bucket),
             changelog: true,
             stop: mink_node::ReadStop::Before(end),
             ..Default::default()
-        })
-        .unwrap();
-    let items: Vec<_> = node
-        .read_stream(plan, mink_node::ReadOptions::default())
-        .try_collect()
-        .await
-        .unwrap();
+        },
+    )
+    .await;
     let mut state = BTreeMap::new();
     for item in items {
-        let mink_node::ReadData::Rows(b) = item.data else {
-            panic!("rows expected")
-        };
+        let b = item.data;
         let kind = b.column_by_name("_change_type").unwrap().as_string::<i32>();
         let id = b.column_by_name("id").unwrap().as_primitive::<Int64Type>();
         let name = b.column_by_name("name").unwrap().as_string::<i32>();
