@@ -1335,3 +1335,103 @@ async fn until_trimmed_past(node: &Node, starts: &BTreeMap<u32, u64>) {
     })
     .await;
 }
+
+/// Edge cases of the union read: a bucket with no lake data (nor rows) yet, empty reads, a
+/// log trimmed right up to its tiered offset, and a partition whose rows are only in the lake
+/// (its log trimmed to its end).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn union_read_edge_cases() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = short_lived_clicks(dir.path()).await;
+    // Rows of bucket 0 only (user ids the routing sends there): bucket 1 has nothing.
+    let ids: Vec<i64> = (0..1000)
+        .filter(|&i| mink_log::routing::buckets_of(&batch(i..i + 1), &[0], 2).unwrap()[0] == 0)
+        .take(31)
+        .collect();
+    let rows_of = |ids: &[i64]| {
+        RecordBatch::try_from_iter(vec![
+            (
+                "user_id",
+                Arc::new(Int64Array::from(ids.to_vec())) as ArrayRef,
+            ),
+            (
+                "event",
+                Arc::new(StringArray::from_iter_values(
+                    ids.iter().map(|i| format!("e{i}")),
+                )) as ArrayRef,
+            ),
+        ])
+        .unwrap()
+    };
+    for chunk in ids[..30].chunks(10) {
+        write_rows(&node, "clicks", &rows_of(chunk)).await;
+    }
+    until_tiered(&node, 30).await;
+    // Retention trims whole objects older than the TTL: every row of bucket 0 is in the lake
+    // and its log is trimmed up to (at most) the tiered offset.
+    until_view(&node, "bucket 0's log trimmed to its end", |_| {
+        let info = node.describe_table("app", "clicks").unwrap();
+        let b = &info.buckets[0];
+        if b.start_offset == b.end_offset && b.end_offset == 30 {
+            Ok(())
+        } else {
+            Err(info.buckets)
+        }
+    })
+    .await;
+    let info = node.describe_table("app", "clicks").unwrap();
+    assert_eq!(info.buckets[0].tiered_offset, Some(30));
+    assert_eq!(info.buckets[0].readable_offset, 0);
+    assert_eq!(
+        (info.buckets[1].end_offset, info.buckets[1].tiered_offset),
+        (0, None)
+    );
+    for source in [
+        mink_node::ReadSource::Union,
+        mink_node::ReadSource::Auto,
+        mink_node::ReadSource::Lake,
+    ] {
+        let b0: Vec<(u64, i64)> = read_source(&node, Some(0), source)
+            .await
+            .iter()
+            .map(|r| (r.1, r.2))
+            .collect();
+        let want: Vec<(u64, i64)> = ids[..30]
+            .iter()
+            .enumerate()
+            .map(|(o, id)| (o as u64, *id))
+            .collect();
+        assert_eq!(b0, want, "{source:?}");
+        assert!(
+            read_source(&node, Some(1), source).await.is_empty(),
+            "{source:?}"
+        );
+    }
+    assert!(
+        read_source(&node, Some(0), mink_node::ReadSource::Log)
+            .await
+            .is_empty()
+    );
+    // A read that starts at the end returns nothing, from either side.
+    let at_end = read_rows(
+        &node,
+        mink_node::ReadRequest {
+            database: "app".into(),
+            table: "clicks".into(),
+            bucket: Some(0),
+            start: mink_node::ReadStart::Offset(30),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert!(at_end.is_empty());
+    // A row after the trim: the lake's history, then the log.
+    write_rows(&node, "clicks", &rows_of(&ids[30..])).await;
+    let b0: Vec<u64> = read_source(&node, Some(0), mink_node::ReadSource::Union)
+        .await
+        .iter()
+        .map(|r| r.1)
+        .collect();
+    assert_eq!(b0, (0..31).collect::<Vec<_>>());
+    node.shutdown().await;
+}
