@@ -280,8 +280,11 @@ impl Lake {
             .metadata_location()
             .ok_or_else(|| err("a catalog table without a metadata location"))?;
         let built = builder.build()?;
-        let location =
-            MetadataLocation::from_str(base_location)?.with_new_metadata(&built.metadata);
+        // A new file, the next version: metadata files are never rewritten, and the
+        // compare-and-set below must swap one location for another to detect a conflict.
+        let location = MetadataLocation::from_str(base_location)?
+            .with_next_version()
+            .with_new_metadata(&built.metadata);
         built.metadata.write_to(base.file_io(), &location).await?;
         self.swap_metadata(base.identifier(), base_location, &location.to_string())
             .await?;

@@ -146,10 +146,26 @@ async fn upserts_and_deletes_leave_one_row_per_live_key() {
     ];
     rounds.push((0, 20 + rounds[2].2.len() as u64, third));
     for r in &rounds {
+        let before = l.metadata_locations().await.unwrap();
         assert!(matches!(tier(&l, r).await, Tiered::Committed { .. }));
+        // Each commit is a new metadata file (never the old one rewritten), which the
+        // catalog's compare-and-set swaps in.
+        let after = l.metadata_locations().await.unwrap();
+        assert_ne!(before, after);
     }
     let want = expected(&rounds);
     assert_eq!(state(&l).await, want);
+    // The catalog's one-query view of the heads agrees with a table load.
+    let heads = l.metadata_locations().await.unwrap();
+    assert_eq!(
+        heads
+            .get(&("app".to_string(), "users".to_string()))
+            .map(String::as_str),
+        l.load_table("app", "users")
+            .await
+            .unwrap()
+            .metadata_location()
+    );
     // A round the lake holds already adds nothing.
     assert!(matches!(
         tier(&l, &rounds[3]).await,
