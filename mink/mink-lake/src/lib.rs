@@ -81,6 +81,7 @@ pub struct Lake {
     catalog: Arc<SqlCatalog>,
     /// The catalog's database, for the compare-and-set of hand-built commits.
     pool: Arc<sqlx::AnyPool>,
+    catalog_uri: String,
     postgres: bool,
     /// The warehouse's storage, for listing files (orphan removal).
     storage: ObjectStoreStorage,
@@ -136,6 +137,7 @@ impl Lake {
         Ok(Lake {
             catalog: Arc::new(catalog),
             pool: Arc::new(pool),
+            catalog_uri: catalog_uri(metadata_url),
             postgres: metadata_url.starts_with("postgres"),
             storage,
             warehouse,
@@ -302,6 +304,46 @@ impl Lake {
             .expect("lake tables lock")
             .insert(key, t.clone());
         Ok(t)
+    }
+
+    /// The current metadata file of every lake table in the catalog, by `(database, table)`:
+    /// one query, so a caller can tell which tables moved without loading them.
+    pub async fn metadata_locations(&self) -> LakeResult<HashMap<(String, String), String>> {
+        use sqlx::Row as _;
+        let statement = if self.postgres {
+            "SELECT table_namespace, table_name, metadata_location FROM iceberg_tables \
+             WHERE catalog_name = $1 AND (iceberg_type = 'TABLE' OR iceberg_type IS NULL)"
+        } else {
+            "SELECT table_namespace, table_name, metadata_location FROM iceberg_tables \
+             WHERE catalog_name = ? AND (iceberg_type = 'TABLE' OR iceberg_type IS NULL)"
+        };
+        // On a connection of its own: a pooled SQLite connection was seen answering from a
+        // read snapshot older than commits made on the other, and this must see every commit.
+        use sqlx::Connection as _;
+        let mut connection = sqlx::AnyConnection::connect(&self.catalog_uri)
+            .await
+            .map_err(|e| LakeError::Iceberg(e.to_string()))?;
+        let rows = sqlx::query(statement)
+            .bind(CATALOG_NAME)
+            .fetch_all(&mut connection)
+            .await
+            .map_err(|e| LakeError::Iceberg(e.to_string()))?;
+        let _ = connection.close().await;
+        let mut out = HashMap::new();
+        for row in rows {
+            let get = |c: &str| -> LakeResult<Option<String>> {
+                row.try_get::<Option<String>, _>(c)
+                    .map_err(|e| LakeError::Iceberg(e.to_string()))
+            };
+            if let (Some(ns), Some(name), Some(location)) = (
+                get("table_namespace")?,
+                get("table_name")?,
+                get("metadata_location")?,
+            ) {
+                out.insert((ns, name), location);
+            }
+        }
+        Ok(out)
     }
 
     /// The lake table of `database.table`.

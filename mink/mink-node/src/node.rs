@@ -308,6 +308,8 @@ pub(crate) struct Inner {
     >,
     /// How this node reaches other nodes (set by the frontend that owns the wire).
     pub(crate) forwarder: RwLock<Option<Arc<dyn crate::Forwarder>>>,
+    /// Tiering rounds run here (`Node::lake_rounds`).
+    pub(crate) lake_rounds: AtomicU64,
     /// Serialises KV tablet opens (each replays its changelog).
     pub(crate) kv_opening: tokio::sync::Mutex<()>,
     pub(crate) round_robin: AtomicU64,
@@ -365,6 +367,7 @@ impl Node {
                 kv: RwLock::new(HashMap::new()),
                 described: RwLock::new(HashMap::new()),
                 forwarder: RwLock::new(None),
+                lake_rounds: AtomicU64::new(0),
                 kv_opening: tokio::sync::Mutex::new(()),
                 round_robin: AtomicU64::new(0),
                 opening: tokio::sync::Mutex::new(()),

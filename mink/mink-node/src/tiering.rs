@@ -1,9 +1,11 @@
-//! Tiering into the lake, run by the lease holder: every table with `table.datalake.enabled`
-//! gets a round once its lake is half its `table.datalake.freshness` old (so the lake stays
-//! fresher than that while a round takes less than the other half). A round reads each
-//! bucket's log from its tiered offset to the committed end (a bounded amount per round),
-//! commits it to the Iceberg table exactly once ([`mink_lake::Lake::tier`]), then records the
-//! snapshot and the offsets in the metadata log (`CommitLakeSnapshot`).
+//! Tiering into the lake. Every table with `table.datalake.enabled` gets a round once its lake
+//! is half its `table.datalake.freshness` old (so the lake stays fresher than that while a
+//! round takes less than the other half), on the node leading its first bucket: tables spread
+//! over the cluster as their buckets do, and move with them on failover. A round reads each
+//! bucket's log from its tiered offset to the committed end (a bounded amount per round) and
+//! commits it to the Iceberg table exactly once ([`mink_lake::Lake::tier`]). The lease holder
+//! then records the snapshot and the offsets in the metadata log (`CommitLakeSnapshot`): each
+//! tick it asks the catalog, in one query, which tables' metadata moved, and records those.
 //!
 //! Recovery needs nothing special: the Iceberg snapshot summary is the record of what is
 //! tiered. After a crash between the Iceberg commit and `CommitLakeSnapshot`, the next round
@@ -13,6 +15,7 @@
 //! `__timestamp` is the time the round read the rows: the log keeps no per-batch append time
 //! yet, so it is at most a freshness later than the append.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use mink_lake::pk::BucketChanges;
@@ -22,30 +25,56 @@ use mink_metadata::{BucketOffset, Command, CommitLakeSnapshot, LakeSnapshotRecor
 
 use crate::{BucketRef, Node, NodeError, NodeResult};
 
-/// How often the lease holder looks for tables due a round.
+/// How often a node looks for tables due a round (and the lease holder for rounds to record).
 const TIERING_TICK: Duration = Duration::from_millis(500);
 /// Log bytes read per bucket and round at most (the rest waits for the next round).
 const ROUND_BYTES_PER_BUCKET: usize = 64 << 20;
 
+/// The node that tiers `table`: the leader of its first bucket, so tables spread over the
+/// cluster as their buckets do and move with them on failover. `None` while it has none.
+pub(crate) fn tiering_node(view: &mink_metadata::View, table: &TableRecord) -> Option<u64> {
+    view.state
+        .buckets
+        .range((table.table_id, 0, 0)..=(table.table_id, u64::MAX, u32::MAX))
+        .next()
+        .map(|(_, b)| b.leader_node_id)
+        .filter(|id| *id != 0)
+}
+
 pub(crate) async fn run(node: Node) {
     let mut shutdown = node.inner.shutdown.subscribe();
     let lease = node.inner.sink.lease();
+    // table id -> when this node last ran a round of it (its record may lag the commit).
+    let mut ran: HashMap<u64, u64> = HashMap::new();
+    // table id -> the catalog's metadata location last checked against the record.
+    let mut checked: HashMap<u64, String> = HashMap::new();
     loop {
-        let epoch = lease.borrow().coordinator_epoch();
-        if let Some(epoch) = epoch {
-            let view = node.view();
-            let now_ms = node.inner.config.clock.now_ms();
-            for (table, freshness) in lake_tables(&view) {
-                let record = view.state.lake_snapshots.get(&table.table_id);
-                let last_ms = record.map_or(table.created_at_ms, |r| r.committed_at_ms);
-                let due_ms = u64::try_from((freshness / 2).as_millis()).unwrap_or(u64::MAX);
-                if now_ms.saturating_sub(last_ms) < due_ms && record.is_some() {
-                    continue;
-                }
-                if let Err(e) = tier_table(&node, epoch, table, record).await {
-                    tracing::warn!(error = %e, table = %table.name, "tiering round failed");
-                }
+        let view = node.view();
+        let now_ms = node.inner.config.clock.now_ms();
+        for (table, freshness) in lake_tables(&view) {
+            if tiering_node(&view, table) != Some(node.node_id()) {
+                continue;
             }
+            let record = view.state.lake_snapshots.get(&table.table_id);
+            let last_ms = record
+                .map_or(table.created_at_ms, |r| r.committed_at_ms)
+                .max(ran.get(&table.table_id).copied().unwrap_or(0));
+            let due_ms = u64::try_from((freshness / 2).as_millis()).unwrap_or(u64::MAX);
+            if now_ms.saturating_sub(last_ms) < due_ms && record.is_some() {
+                continue;
+            }
+            ran.insert(table.table_id, now_ms);
+            if let Err(e) = tier_round(&node, table, record).await {
+                tracing::warn!(error = %e, table = %table.name, "tiering round failed");
+            }
+        }
+        // The lease holder records every lake table whose Iceberg table moved (a round here
+        // or elsewhere, a compaction).
+        let epoch = lease.borrow().coordinator_epoch();
+        if let Some(epoch) = epoch
+            && let Err(e) = record_moved(&node, epoch, &view, &mut checked).await
+        {
+            tracing::warn!(error = %e, "recording lake snapshots failed");
         }
         tokio::select! {
             _ = tokio::time::sleep(TIERING_TICK) => {}
@@ -54,16 +83,31 @@ pub(crate) async fn run(node: Node) {
     }
 }
 
-impl Node {
-    /// Tiers a round of `database.table` now rather than when its freshness says, on the node
-    /// holding the lease (elsewhere: `Unavailable`). Returns whether a new lake snapshot was
-    /// recorded.
-    pub async fn tier_now(&self, database: &str, table: &str) -> NodeResult<bool> {
-        let (record, epoch) = self.lake_duty(database, table, "tiering")?;
-        let view = self.view();
-        let snapshot = view.state.lake_snapshots.get(&record.table_id);
-        tier_table(self, epoch, &record, snapshot).await
+/// Records the lake snapshot of every lake table whose catalog entry points at other metadata
+/// than the one recorded: one catalog query for all of them, a table load only for those.
+async fn record_moved(
+    node: &Node,
+    epoch: u64,
+    view: &mink_metadata::View,
+    checked: &mut HashMap<u64, String>,
+) -> NodeResult<()> {
+    let lake = node.lake().await?;
+    let heads = lake.metadata_locations().await?;
+    for (table, _) in lake_tables(view) {
+        let record = view.state.lake_snapshots.get(&table.table_id);
+        let Some(head) = heads.get(&(table.database.clone(), table.name.clone())) else {
+            continue;
+        };
+        // Moved metadata without a new snapshot (an expiry) is checked once.
+        if Some(head) == record.map(|r| &r.metadata_location)
+            || checked.get(&table.table_id) == Some(head)
+        {
+            continue;
+        }
+        record_lake_snapshot(node, epoch, table, record).await?;
+        checked.insert(table.table_id, head.clone());
     }
+    Ok(())
 }
 
 /// Every table tiered into the lake, with its `table.datalake.freshness`.
@@ -74,6 +118,25 @@ pub(crate) fn lake_tables(
         let freshness = TableOptions::parse(&t.options).ok()?.lake_freshness?;
         Some((t, freshness))
     })
+}
+
+impl Node {
+    /// How many tiering rounds this node has run (committed or found tiered already).
+    pub fn lake_rounds(&self) -> u64 {
+        self.inner
+            .lake_rounds
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Tiers a round of `database.table` now rather than when its freshness says, on the node
+    /// holding the lease (elsewhere: `Unavailable`). Returns whether a new lake snapshot was
+    /// recorded.
+    pub async fn tier_now(&self, database: &str, table: &str) -> NodeResult<bool> {
+        let (record, epoch) = self.lake_duty(database, table, "tiering")?;
+        let view = self.view();
+        let snapshot = view.state.lake_snapshots.get(&record.table_id);
+        tier_table(self, epoch, &record, snapshot).await
+    }
 }
 
 impl Node {
@@ -105,13 +168,26 @@ impl Node {
     }
 }
 
-/// One round of `table`: returns whether a snapshot was recorded.
+/// One round of `table` here, then its record (on the lease holder): returns whether a
+/// snapshot was recorded.
 pub(crate) async fn tier_table(
     node: &Node,
     coordinator_epoch: u64,
     table: &TableRecord,
     record: Option<&LakeSnapshotRecord>,
 ) -> NodeResult<bool> {
+    tier_round(node, table, record).await?;
+    // Record the lake's current snapshot (this round's, or one a crashed round left behind).
+    record_lake_snapshot(node, coordinator_epoch, table, record).await
+}
+
+/// One round of `table`, from the offsets `record` holds, committed to its Iceberg table on
+/// any node (the lake's own summary keeps it exactly once); the lease holder records it.
+pub(crate) async fn tier_round(
+    node: &Node,
+    table: &TableRecord,
+    record: Option<&LakeSnapshotRecord>,
+) -> NodeResult<()> {
     let view = node.view();
     let now_us = i64::try_from(node.inner.config.clock.now_ms())
         .unwrap_or(i64::MAX)
@@ -187,7 +263,7 @@ pub(crate) async fn tier_table(
     }
     if rounds.is_empty() && changes.is_empty() {
         // Nothing past the recorded offsets, so nothing past the lake's either.
-        return Ok(false);
+        return Ok(());
     }
     let lake = node.lake().await?;
     let tiered = if table.is_primary_key_table() {
@@ -196,14 +272,16 @@ pub(crate) async fn tier_table(
     } else {
         lake.tier(&table.database, &table.name, rounds).await?
     };
+    node.inner
+        .lake_rounds
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     match tiered {
         Tiered::Committed { snapshot_id, .. } => {
             tracing::debug!(table = %table.name, snapshot_id, "tiered a round");
         }
         Tiered::AlreadyTiered { .. } => {}
     }
-    // Record the lake's current snapshot (this round's, or one a crashed round left behind).
-    record_lake_snapshot(node, coordinator_epoch, table, record).await
+    Ok(())
 }
 
 /// Records the lake table's current snapshot of `table` and the tiered offsets its summary

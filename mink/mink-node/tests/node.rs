@@ -1312,3 +1312,86 @@ async fn rebalance_and_drain_move_buckets_between_live_nodes() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+/// Tiering runs on the node leading each table's first bucket, not only on the lease holder:
+/// three one-bucket lake tables over two nodes are tiered by their leaders, and the lease
+/// holder records every round, including those committed elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tables_are_tiered_by_the_leaders_of_their_first_buckets() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = [
+        Node::start(config(dir.path(), 1)).await.unwrap(),
+        Node::start(config(dir.path(), 2)).await.unwrap(),
+    ];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while nodes[0].live_nodes().await.unwrap().len() < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "two live nodes");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let all: Vec<&Node> = nodes.iter().collect();
+    nodes[0].create_database("app", false).await.unwrap();
+    let tables = ["t1", "t2", "t3"];
+    for t in tables {
+        let mut s = spec(t, 1);
+        s.options
+            .insert("table.datalake.enabled".into(), "true".into());
+        s.options
+            .insert("table.datalake.freshness".into(), "1s".into());
+        nodes[0].create_table(s).await.unwrap();
+    }
+    until_served(&all, &tables, Duration::from_secs(10)).await;
+    for t in tables {
+        write_at_leaders(&all, t, &batch(0..20)).await;
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let view = nodes[0].view();
+        let tiered: Vec<u64> = tables
+            .iter()
+            .map(|t| {
+                let id = view
+                    .state
+                    .tables
+                    .values()
+                    .find(|r| r.name == *t)
+                    .unwrap()
+                    .table_id;
+                view.state
+                    .lake_snapshots
+                    .get(&id)
+                    .and_then(|r| r.tiered_offset(0, 0))
+                    .unwrap_or(0)
+            })
+            .collect();
+        if tiered.iter().all(|t| *t == 20) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "every table tiered and recorded (tiered offsets {tiered:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let holder = nodes[0].view().state.coordinator.clone().unwrap().node_id;
+    let leaders: Vec<u64> = tables
+        .iter()
+        .map(|t| nodes[0].describe_table("app", t).unwrap().buckets[0].leader_node_id)
+        .collect();
+    assert!(
+        leaders.iter().any(|l| *l != holder),
+        "a table led by the node without the lease: {leaders:?}, holder {holder}"
+    );
+    for n in &nodes {
+        let leads_one = leaders.contains(&n.node_id());
+        assert_eq!(
+            n.lake_rounds() > 0,
+            leads_one,
+            "node {} ran {} rounds; first-bucket leaders {leaders:?}",
+            n.node_id(),
+            n.lake_rounds()
+        );
+    }
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
