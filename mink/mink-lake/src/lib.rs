@@ -81,7 +81,6 @@ pub struct Lake {
     catalog: Arc<SqlCatalog>,
     /// The catalog's database, for the compare-and-set of hand-built commits.
     pool: Arc<sqlx::AnyPool>,
-    catalog_uri: String,
     postgres: bool,
     /// The warehouse's storage, for listing files (orphan removal).
     storage: ObjectStoreStorage,
@@ -137,7 +136,6 @@ impl Lake {
         Ok(Lake {
             catalog: Arc::new(catalog),
             pool: Arc::new(pool),
-            catalog_uri: catalog_uri(metadata_url),
             postgres: metadata_url.starts_with("postgres"),
             storage,
             warehouse,
@@ -317,18 +315,11 @@ impl Lake {
             "SELECT table_namespace, table_name, metadata_location FROM iceberg_tables \
              WHERE catalog_name = ? AND (iceberg_type = 'TABLE' OR iceberg_type IS NULL)"
         };
-        // On a connection of its own: a pooled SQLite connection was seen answering from a
-        // read snapshot older than commits made on the other, and this must see every commit.
-        use sqlx::Connection as _;
-        let mut connection = sqlx::AnyConnection::connect(&self.catalog_uri)
-            .await
-            .map_err(|e| LakeError::Iceberg(e.to_string()))?;
         let rows = sqlx::query(statement)
             .bind(CATALOG_NAME)
-            .fetch_all(&mut connection)
+            .fetch_all(self.pool.as_ref())
             .await
             .map_err(|e| LakeError::Iceberg(e.to_string()))?;
-        let _ = connection.close().await;
         let mut out = HashMap::new();
         for row in rows {
             let get = |c: &str| -> LakeResult<Option<String>> {
