@@ -317,16 +317,11 @@ impl Lake {
             return Ok(rows);
         }
         let bucket_i32 = i32::try_from(bucket).map_err(err)?;
-        let mut filter = Reference::new(BUCKET_COLUMN).equal_to(Datum::int(bucket_i32));
-        for (column, value) in partition {
-            filter = filter.and(
-                Reference::new(column).equal_to(crate::read::partition_datum(
-                    table.metadata().current_schema(),
-                    column,
-                    value,
-                )?),
-            );
-        }
+        let filter = crate::read::in_partition(
+            Reference::new(BUCKET_COLUMN).equal_to(Datum::int(bucket_i32)),
+            table.metadata().current_schema(),
+            partition,
+        )?;
         let tasks: Vec<FileScanTask> = table
             .scan()
             .with_filter(filter)

@@ -63,13 +63,7 @@ impl Lake {
             filter = filter.and(Reference::new(OFFSET_COLUMN).less_than(Datum::long(hi)));
         }
         let lake_schema = t.metadata().current_schema();
-        for (column, value) in partition {
-            filter = filter.and(Reference::new(column).equal_to(partition_datum(
-                lake_schema,
-                column,
-                value,
-            )?));
-        }
+        let filter = in_partition(filter, lake_schema, partition)?;
         // The table's columns the lake has, and what the checks need: not `__timestamp`.
         let columns: Vec<&str> = schema
             .fields()
@@ -165,15 +159,11 @@ impl Lake {
             .table_with_snapshot(database, table, snapshot_id)
             .await?;
         let bucket_i32 = i32::try_from(bucket).map_err(|e| LakeError::Iceberg(e.to_string()))?;
-        let mut filter = Reference::new(BUCKET_COLUMN).equal_to(Datum::int(bucket_i32));
-        let lake_schema = t.metadata().current_schema();
-        for (column, value) in partition {
-            filter = filter.and(Reference::new(column).equal_to(partition_datum(
-                lake_schema,
-                column,
-                value,
-            )?));
-        }
+        let filter = in_partition(
+            Reference::new(BUCKET_COLUMN).equal_to(Datum::int(bucket_i32)),
+            t.metadata().current_schema(),
+            partition,
+        )?;
         let batches: Vec<RecordBatch> = t
             .scan()
             .snapshot_id(snapshot_id)
@@ -230,6 +220,19 @@ fn as_table_rows(
         &arrow::array::RecordBatchOptions::new().with_row_count(Some(rows)),
     )
     .map_err(|e| LakeError::Iceberg(e.to_string()))
+}
+
+/// `filter` narrowed to the partition whose key columns hold `partition` (none: as is).
+pub(crate) fn in_partition(
+    mut filter: iceberg::expr::Predicate,
+    schema: &iceberg::spec::Schema,
+    partition: &BTreeMap<String, String>,
+) -> LakeResult<iceberg::expr::Predicate> {
+    for (column, value) in partition {
+        filter =
+            filter.and(Reference::new(column).equal_to(partition_datum(schema, column, value)?));
+    }
+    Ok(filter)
 }
 
 /// The typed value a partition name gives `column` (Mink names partitions by the values'

@@ -88,31 +88,14 @@ async fn a_dropped_partition_leaves_the_lake_and_a_dropped_table_its_catalog() {
     .await
     .unwrap();
     assert_eq!(ids(&l).await.len(), 20);
-    // pyiceberg and DuckDB read both partitions' rows.
+    // pyiceberg and DuckDB read both partitions' rows (offset = id % 100).
     let db = dir.path().join("metadata.db");
-    let python = common::python();
-    let outside_offsets = |l: &Lake| {
-        let l = l.clone();
-        let (python, db) = (python.clone(), db.clone());
-        async move {
-            let Some(interpreter) = python else { return };
-            let want: Vec<i64> = {
-                let mut o: Vec<i64> = ids(&l).await.iter().map(|id| id % 100).collect();
-                o.sort_unstable();
-                o
-            };
-            let seen = common::pyiceberg_read(&interpreter, &db, &l, "visits");
-            assert_eq!(
-                seen["offsets"],
-                serde_json::json!(want),
-                "pyiceberg: {seen}"
-            );
-            let t = l.load_table("app", "visits").await.unwrap();
-            let seen = common::duckdb_read(&interpreter, t.metadata_location().unwrap());
-            assert_eq!(seen["offsets"], serde_json::json!(want), "duckdb: {seen}");
-        }
+    let offsets = |ids: Vec<i64>| {
+        let mut o: Vec<i64> = ids.iter().map(|id| id % 100).collect();
+        o.sort_unstable();
+        o
     };
-    outside_offsets(&l).await;
+    common::outside_readers_see(&l, &db, "visits", &offsets(ids(&l).await)).await;
 
     // Partition 2 is dropped: its rows and its offsets go; partition 1 keeps both.
     assert!(
@@ -121,7 +104,7 @@ async fn a_dropped_partition_leaves_the_lake_and_a_dropped_table_its_catalog() {
             .unwrap()
     );
     assert_eq!(ids(&l).await, (0..10).collect::<Vec<_>>());
-    outside_offsets(&l).await;
+    common::outside_readers_see(&l, &db, "visits", &offsets(ids(&l).await)).await;
     let t = l.load_table("app", "visits").await.unwrap();
     assert_eq!(
         tiered_offsets(&t).into_iter().collect::<Vec<_>>(),

@@ -181,21 +181,7 @@ async fn upserts_and_deletes_leave_one_row_per_live_key() {
     assert_ne!(summary["total-delete-files"], "0", "{summary:?}");
 
     // Outside readers see the same live rows (by their offsets).
-    if let Some(interpreter) = common::python() {
-        let seen = common::pyiceberg_read(&interpreter, &db, &l, "users");
-        assert_eq!(
-            seen["offsets"],
-            serde_json::json!(offsets(&want)),
-            "pyiceberg: {seen}"
-        );
-        let metadata = t.metadata_location().unwrap().to_string();
-        let seen = common::duckdb_read(&interpreter, &metadata);
-        assert_eq!(
-            seen["offsets"],
-            serde_json::json!(offsets(&want)),
-            "duckdb: {seen}"
-        );
-    }
+    common::outside_readers_see(&l, &db, "users", &offsets(&want)).await;
 
     // Compaction folds the deletes into the data; later rounds find keys in the new files.
     let compacted = l
@@ -219,21 +205,7 @@ async fn upserts_and_deletes_leave_one_row_per_live_key() {
     tier(&l, &rounds[4]).await;
     let want = expected(&rounds);
     assert_eq!(state(&l).await, want);
-    if let Some(interpreter) = common::python() {
-        let seen = common::pyiceberg_read(&interpreter, &db, &l, "users");
-        assert_eq!(
-            seen["offsets"],
-            serde_json::json!(offsets(&want)),
-            "pyiceberg: {seen}"
-        );
-        let t = l.load_table("app", "users").await.unwrap();
-        let seen = common::duckdb_read(&interpreter, t.metadata_location().unwrap());
-        assert_eq!(
-            seen["offsets"],
-            serde_json::json!(offsets(&want)),
-            "duckdb: {seen}"
-        );
-    }
+    common::outside_readers_see(&l, &db, "users", &offsets(&want)).await;
 
     // A compaction that read its files before a round added deletes does not commit.
     let rewrite = l

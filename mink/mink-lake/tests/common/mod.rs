@@ -199,3 +199,27 @@ pub(crate) fn duckdb_read(interpreter: &std::path::Path, metadata: &str) -> serd
     );
     serde_json::from_slice(&out.stdout).unwrap()
 }
+
+/// pyiceberg (through the catalog in the SQLite file `db`) and DuckDB (from the metadata file)
+/// read exactly `offsets` (sorted) from lake table `app.<table>`; nothing outside the suite.
+pub(crate) async fn outside_readers_see(
+    l: &Lake,
+    db: &std::path::Path,
+    table: &str,
+    offsets: &[i64],
+) {
+    let Some(interpreter) = python() else { return };
+    let seen = pyiceberg_read(&interpreter, db, l, table);
+    assert_eq!(
+        seen["offsets"],
+        serde_json::json!(offsets),
+        "pyiceberg: {seen}"
+    );
+    let t = l.load_table("app", table).await.unwrap();
+    let seen = duckdb_read(&interpreter, t.metadata_location().unwrap());
+    assert_eq!(
+        seen["offsets"],
+        serde_json::json!(offsets),
+        "duckdb: {seen}"
+    );
+}
