@@ -734,7 +734,8 @@ fn tiering_survives_sigkill_at_random_moments() {
         .enable_all()
         .build()
         .unwrap();
-    let acked: Arc<Mutex<Vec<i64>>> = Arc::default();
+    // Acknowledged ids, and a signal on every acknowledgement.
+    let acked: Arc<(Mutex<Vec<i64>>, std::sync::Condvar)> = Arc::default();
     const WRITERS: i64 = 4;
     const BATCHES: i64 = 120;
     const ROWS: i64 = 25;
@@ -748,68 +749,61 @@ fn tiering_survives_sigkill_at_random_moments() {
             BATCHES,
             |w, b| rows(w, b * ROWS, ROWS),
             move |batch| {
-                acked
-                    .lock()
+                let (ids, signal) = &*acked;
+                ids.lock()
                     .unwrap()
                     .extend(batch.column(0).as_primitive::<Int64Type>().values());
+                signal.notify_all();
             },
         )
-    };
-    let lake_snapshot = |flight: &str| {
-        runtime.block_on(async {
-            let client = Client::connect(flight).await.ok()?;
-            let d = client.describe_table("app", "events").await.ok()?;
-            d.lake.and_then(|l| l.snapshot_id)
-        })
     };
     let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
     let mut seen = None;
     let mut at_kill = 0;
     for kill in 0..3 {
-        // A round recorded since the last restart, then a moment into the next one.
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            let now = lake_snapshot(&dev.flight);
-            if now.is_some() && now != seen {
-                seen = now;
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "kill {kill}: no new lake snapshot after the restart (last {seen:?})"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        // A round recorded since the last restart...
+        let d = until_described(&runtime, &dev.flight, "a new lake snapshot", |d| {
+            d.lake
+                .as_ref()
+                .and_then(|l| l.snapshot_id)
+                .is_some_and(|s| Some(s) != seen)
+        });
+        seen = d.lake.and_then(|l| l.snapshot_id);
+        // ...then a pseudo-random number of acknowledged batches into the next one.
         seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-        std::thread::sleep(Duration::from_millis((seed >> 33) % 700));
-        at_kill = acked.lock().unwrap().len();
+        let (ids, signal) = &*acked;
+        let target = ids.lock().unwrap().len() + ((seed >> 33) % 12) as usize * ROWS as usize;
+        let (ids, waited) = signal
+            .wait_timeout_while(ids.lock().unwrap(), Duration::from_secs(30), |ids| {
+                ids.len() < target
+            })
+            .unwrap();
+        assert!(
+            !waited.timed_out(),
+            "kill {kill}: {} of {target} rows acknowledged",
+            ids.len()
+        );
+        at_kill = ids.len();
+        drop(ids);
         dev.kill();
         dev = Dev::start(&data, &listen, &fast);
     }
     runtime.block_on(load).unwrap();
-    let acked = acked.lock().unwrap().clone();
+    let acked = acked.0.lock().unwrap().clone();
     assert_eq!(acked.len(), (WRITERS * BATCHES * ROWS) as usize);
     assert!(at_kill < acked.len(), "the last kill came after the load");
 
-    let client = runtime.block_on(Client::connect(&dev.flight)).unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let d = runtime
-            .block_on(client.describe_table("app", "events"))
-            .unwrap();
-        if d.buckets
-            .iter()
-            .all(|b| b.tiered_offset == Some(b.end_offset))
-        {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "never tiered to the end: {:?}",
+    until_described(
+        &runtime,
+        &dev.flight,
+        "every bucket tiered to its end",
+        |d| {
             d.buckets
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+                .iter()
+                .all(|b| b.tiered_offset == Some(b.end_offset))
+        },
+    );
+    let client = runtime.block_on(Client::connect(&dev.flight)).unwrap();
     for source in ["lake", "union"] {
         let stored = runtime
             .block_on(client.scan_all(&Scan::table("app", "events").source(source)))
@@ -831,4 +825,32 @@ fn tiering_survives_sigkill_at_random_moments() {
         want.sort_unstable();
         assert_eq!(ids, want, "{source}: every acknowledged row once");
     }
+}
+
+/// Waits, on each metadata change of the node at `flight` (`Client::wait_for_change`), until
+/// `done` holds for the description of `app.events`; fails after 60 s with `what` and the
+/// last description.
+fn until_described(
+    runtime: &tokio::runtime::Runtime,
+    flight: &str,
+    what: &str,
+    mut done: impl FnMut(&mink_client::protocol::TableDescription) -> bool,
+) -> mink_client::protocol::TableDescription {
+    runtime.block_on(async {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let client = Client::connect(flight).await.unwrap();
+        loop {
+            let d = client.describe_table("app", "events").await.unwrap();
+            if done(&d) {
+                return d;
+            }
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            assert!(
+                !left.is_zero(),
+                "{what} never happened (last seen: {:?})",
+                d
+            );
+            client.wait_for_change(left).await.unwrap();
+        }
+    })
 }

@@ -307,12 +307,12 @@ impl Client {
         request
     }
 
-    /// Remembers the `mink-applied-index` of a response.
     /// Remembers a metadata index a node reported in a response body.
     pub(crate) fn observe_index(&self, index: u64) {
         self.inner.applied.fetch_max(index, Ordering::Relaxed);
     }
 
+    /// Remembers the `mink-applied-index` of a response.
     pub(crate) fn observe(&self, metadata: &MetadataMap) {
         if let Some(index) = metadata
             .get(protocol::APPLIED_INDEX_HEADER)
@@ -561,6 +561,43 @@ impl Client {
             )
             .await?;
         Ok(())
+    }
+
+    /// Waits, at most `limit`, until the node has applied a metadata change past every index
+    /// this client has seen (`mink-min-applied-index` one past it): for waiting until cluster
+    /// state (leaders, offsets, lake snapshots) moves, without polling on a timer. `Ok(false)`
+    /// when nothing changed in time or the node could not be reached.
+    pub async fn wait_for_change(&self, limit: Duration) -> ClientResult<bool> {
+        let address = self.inner.address.clone();
+        let Ok(mut flight) = self.channel(&address).await else {
+            return Ok(false);
+        };
+        let mut request = tonic::Request::new(Action::new(
+            action::DESCRIBE_CLUSTER,
+            protocol::to_json(&json!({})),
+        ));
+        request.metadata_mut().insert(
+            protocol::MIN_APPLIED_INDEX_HEADER,
+            (self.applied_index() + 1).into(),
+        );
+        request.set_timeout(limit);
+        match flight.do_action(request).await {
+            Ok(response) => {
+                self.observe(response.metadata());
+                Ok(true)
+            }
+            Err(s)
+                if matches!(
+                    s.code(),
+                    tonic::Code::Unavailable
+                        | tonic::Code::DeadlineExceeded
+                        | tonic::Code::Cancelled
+                ) =>
+            {
+                Ok(false)
+            }
+            Err(s) => Err(self.status_error(&address, &s)),
+        }
     }
 
     pub async fn describe_cluster(&self) -> ClientResult<ClusterDescription> {

@@ -1236,6 +1236,7 @@ async fn flight_info_gives_lake_history_its_own_endpoints() {
             .unwrap();
     }
     // Every bucket's log trimmed (so its start is above 0) and tiered up to its end.
+    // Checked on each metadata change (`Client::wait_for_change`), with a deadline.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         let d = client.describe_table("app", "events").await.unwrap();
@@ -1246,12 +1247,13 @@ async fn flight_info_gives_lake_history_its_own_endpoints() {
         if ready {
             break;
         }
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         assert!(
-            tokio::time::Instant::now() < deadline,
+            !left.is_zero(),
             "buckets never trimmed and tiered: {:?}",
             d.buckets
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        client.wait_for_change(left).await.unwrap();
     }
     client
         .writer("app", "events")

@@ -1323,11 +1323,14 @@ async fn tables_are_tiered_by_the_leaders_of_their_first_buckets() {
         Node::start(config(dir.path(), 1)).await.unwrap(),
         Node::start(config(dir.path(), 2)).await.unwrap(),
     ];
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while nodes[0].live_nodes().await.unwrap().len() < 2 {
-        assert!(tokio::time::Instant::now() < deadline, "two live nodes");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_view(&nodes[0], "two registered nodes", |view| {
+        if view.state.nodes.len() == 2 {
+            Ok(())
+        } else {
+            Err(view.state.nodes.len())
+        }
+    })
+    .await;
     let all: Vec<&Node> = nodes.iter().collect();
     nodes[0].create_database("app", false).await.unwrap();
     let tables = ["t1", "t2", "t3"];
@@ -1343,9 +1346,7 @@ async fn tables_are_tiered_by_the_leaders_of_their_first_buckets() {
     for t in tables {
         write_at_leaders(&all, t, &batch(0..20)).await;
     }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let view = nodes[0].view();
+    until_view(&nodes[0], "every table tiered and recorded", |view| {
         let tiered: Vec<u64> = tables
             .iter()
             .map(|t| {
@@ -1364,14 +1365,12 @@ async fn tables_are_tiered_by_the_leaders_of_their_first_buckets() {
             })
             .collect();
         if tiered.iter().all(|t| *t == 20) {
-            break;
+            Ok(())
+        } else {
+            Err(tiered)
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "every table tiered and recorded (tiered offsets {tiered:?})"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
     let holder = nodes[0].view().state.coordinator.clone().unwrap().node_id;
     let leaders: Vec<u64> = tables
         .iter()
