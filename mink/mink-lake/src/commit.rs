@@ -293,23 +293,29 @@ impl Lake {
             .await
     }
 
+    /// `statement` (with `?` placeholders) in the catalog database's bind style.
+    pub(crate) fn sql<'a>(&self, statement: &'a str) -> std::borrow::Cow<'a, str> {
+        if !self.postgres {
+            return statement.into();
+        }
+        let mut n = 0;
+        statement
+            .chars()
+            .map(|c| {
+                if c == '?' {
+                    n += 1;
+                    format!("${n}")
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect::<String>()
+            .into()
+    }
+
     /// The catalog's compare-and-set: `ident` points at `new` if it pointed at `old`.
     async fn swap_metadata(&self, ident: &TableIdent, old: &str, new: &str) -> LakeResult<()> {
-        let statement = if self.postgres {
-            let mut n = 0;
-            CAS.chars()
-                .map(|c| {
-                    if c == '?' {
-                        n += 1;
-                        format!("${n}")
-                    } else {
-                        c.to_string()
-                    }
-                })
-                .collect()
-        } else {
-            CAS.to_string()
-        };
+        let statement = self.sql(CAS);
         let namespace = ident.namespace().join(".");
         let done = sqlx::query(&statement)
             .bind(new)

@@ -308,14 +308,11 @@ impl Lake {
     /// one query, so a caller can tell which tables moved without loading them.
     pub async fn metadata_locations(&self) -> LakeResult<HashMap<(String, String), String>> {
         use sqlx::Row as _;
-        let statement = if self.postgres {
+        let statement = self.sql(
             "SELECT table_namespace, table_name, metadata_location FROM iceberg_tables \
-             WHERE catalog_name = $1 AND (iceberg_type = 'TABLE' OR iceberg_type IS NULL)"
-        } else {
-            "SELECT table_namespace, table_name, metadata_location FROM iceberg_tables \
-             WHERE catalog_name = ? AND (iceberg_type = 'TABLE' OR iceberg_type IS NULL)"
-        };
-        let rows = sqlx::query(statement)
+             WHERE catalog_name = ? AND (iceberg_type = 'TABLE' OR iceberg_type IS NULL)",
+        );
+        let rows = sqlx::query(&statement)
             .bind(CATALOG_NAME)
             .fetch_all(self.pool.as_ref())
             .await

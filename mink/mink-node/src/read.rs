@@ -682,12 +682,15 @@ impl Node {
         tx: &tokio::sync::mpsc::Sender<NodeResult<ReadItem>>,
     ) -> NodeResult<()> {
         let lake = self.lake().await?;
+        let Some(first) = plan.buckets.first() else {
+            return Ok(());
+        };
+        let record = self.table_record(&first.bucket.database, &first.bucket.table)?;
         let mut rows_sent = 0u64;
         for b in &plan.buckets {
             if plan.max_rows.is_some_and(|m| rows_sent >= m) {
                 break;
             }
-            let record = self.table_record(&b.bucket.database, &b.bucket.table)?;
             let bucket = self.bucket_record(
                 &self.view(),
                 &record,

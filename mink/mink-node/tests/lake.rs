@@ -48,6 +48,13 @@ fn clicks(options: &[(&str, &str)]) -> TableSpec {
     }
 }
 
+/// The Int64 column `name` of `b`.
+fn int64<'a>(b: &'a RecordBatch, name: &str) -> &'a Int64Array {
+    b.column_by_name(name)
+        .unwrap_or_else(|| panic!("no column {name}"))
+        .as_primitive::<Int64Type>()
+}
+
 /// A batch of rows a read returned, from `offset` in `bucket`.
 struct Rows {
     bucket: mink_node::BucketRef,
@@ -100,10 +107,7 @@ async fn read_source(
     let mut rows = Vec::new();
     for item in items {
         let b = item.data;
-        let ids = b
-            .column_by_name("user_id")
-            .unwrap()
-            .as_primitive::<Int64Type>();
+        let ids = int64(&b, "user_id");
         for (i, id) in ids.values().iter().enumerate() {
             rows.push((item.bucket.bucket, item.offset + i as u64, *id));
         }
@@ -218,18 +222,12 @@ async fn lake_rows(node: &Node) -> Vec<(i64, i32, i64)> {
         .unwrap();
     let mut rows = Vec::new();
     for b in batches {
-        let id = b
-            .column_by_name("user_id")
-            .unwrap()
-            .as_primitive::<Int64Type>();
+        let id = int64(&b, "user_id");
         let bucket = b
             .column_by_name("__bucket")
             .unwrap()
             .as_primitive::<Int32Type>();
-        let offset = b
-            .column_by_name("__offset")
-            .unwrap()
-            .as_primitive::<Int64Type>();
+        let offset = int64(&b, "__offset");
         for i in 0..b.num_rows() {
             rows.push((id.value(i), bucket.value(i), offset.value(i)));
         }
@@ -309,10 +307,7 @@ async fn the_lease_holder_tiers_a_lake_table_round_after_round() {
         .unwrap();
     let mut scores: Vec<(i64, Option<f64>)> = Vec::new();
     for b in &batches {
-        let id = b
-            .column_by_name("user_id")
-            .unwrap()
-            .as_primitive::<Int64Type>();
+        let id = int64(b, "user_id");
         let score = b
             .column_by_name("score")
             .unwrap()
@@ -434,10 +429,7 @@ async fn read_partitions(
     let mut rows: BTreeMap<(String, u32), Vec<(u64, i64)>> = BTreeMap::new();
     for item in items {
         let b = item.data;
-        let ids = b
-            .column_by_name("user_id")
-            .unwrap()
-            .as_primitive::<Int64Type>();
+        let ids = int64(&b, "user_id");
         let at = (item.bucket.partition.clone().unwrap(), item.bucket.bucket);
         for (i, id) in ids.values().iter().enumerate() {
             rows.entry(at.clone())
@@ -509,10 +501,7 @@ async fn a_partitioned_table_is_tiered_and_read_back_by_partition() {
     let mut seen: Vec<(String, i64)> = Vec::new();
     for b in &batches {
         let day = b.column_by_name("day").unwrap().as_string::<i32>();
-        let id = b
-            .column_by_name("user_id")
-            .unwrap()
-            .as_primitive::<Int64Type>();
+        let id = int64(b, "user_id");
         for i in 0..b.num_rows() {
             seen.push((day.value(i).to_string(), id.value(i)));
         }
@@ -770,7 +759,7 @@ async fn change_users(node: &Node, rows: &[(i64, Option<&str>)]) {
 fn names(batches: &[RecordBatch]) -> BTreeMap<i64, String> {
     let mut rows = BTreeMap::new();
     for b in batches {
-        let id = b.column_by_name("id").unwrap().as_primitive::<Int64Type>();
+        let id = int64(b, "id");
         let name = b.column_by_name("name").unwrap().as_string::<i32>();
         for i in 0..b.num_rows() {
             assert!(
@@ -959,10 +948,7 @@ async fn the_union_read_of_a_log_table_is_its_log_under_concurrent_tiering() {
         let mut union: BTreeMap<u32, Vec<(u64, i64)>> = BTreeMap::new();
         for item in items {
             let b = item.data;
-            let ids = b
-                .column_by_name("user_id")
-                .unwrap()
-                .as_primitive::<Int64Type>();
+            let ids = int64(&b, "user_id");
             for (i, id) in ids.values().iter().enumerate() {
                 union
                     .entry(item.bucket.bucket)
@@ -1009,10 +995,7 @@ async fn read_bucket_range(
     let mut rows = Vec::new();
     for item in items {
         let b = item.data;
-        let ids = b
-            .column_by_name("user_id")
-            .unwrap()
-            .as_primitive::<Int64Type>();
+        let ids = int64(&b, "user_id");
         for (i, id) in ids.values().iter().enumerate() {
             rows.push((item.offset + i as u64, *id));
         }
@@ -1118,7 +1101,7 @@ async fn replay_changelog(node: &Node, bucket: u32, end: u64) -> BTreeMap<i64, S
     for item in items {
         let b = item.data;
         let kind = b.column_by_name("_change_type").unwrap().as_string::<i32>();
-        let id = b.column_by_name("id").unwrap().as_primitive::<Int64Type>();
+        let id = int64(&b, "id");
         let name = b.column_by_name("name").unwrap().as_string::<i32>();
         for i in 0..b.num_rows() {
             match kind.value(i) {
@@ -1184,13 +1167,7 @@ async fn dropping_a_partition_or_the_table_drops_its_lake_rows() {
             .await
             .unwrap()
             .iter()
-            .flat_map(|b| {
-                b.column_by_name("user_id")
-                    .unwrap()
-                    .as_primitive::<Int64Type>()
-                    .values()
-                    .to_vec()
-            })
+            .flat_map(|b| int64(b, "user_id").values().to_vec())
             .collect();
         ids.sort_unstable();
         ids
