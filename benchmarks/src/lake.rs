@@ -235,6 +235,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
                     b,
                     0..end,
                     &schema,
+                    None,
                 )
                 .await?
                 .iter()

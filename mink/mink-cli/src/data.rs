@@ -12,7 +12,7 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use clap::{Args, ValueEnum};
 use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
-use mink_client::{Client, ReadBatch, Scan};
+use mink_client::{Client, Op, Predicate, ReadBatch, Scan};
 
 use crate::admin::split_table;
 
@@ -94,8 +94,14 @@ pub(crate) struct ScanArgs {
     #[arg(long, short = 'o')]
     output: Option<PathBuf>,
     /// Add `_bucket` and `_offset` columns.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "filter")]
     with_offsets: bool,
+    /// Only rows where this holds: `column OP value` (`=`, `!=`, `<`, `<=`, `>`, `>=`),
+    /// `column in (v1, v2)`, `column is null`, `column is not null`; strings in single
+    /// quotes. Repeat for several (all must hold). `__bucket` and, on log tables,
+    /// `__offset` select buckets and offsets.
+    #[arg(long = "where", value_name = "PREDICATE", value_parser = parse_predicate)]
+    filter: Vec<Predicate>,
     /// Primary-key tables: read the changelog (`_change_type`, `_log_offset`,
     /// `_commit_timestamp`, then the columns) instead of the current rows.
     #[arg(long)]
@@ -561,6 +567,79 @@ fn column_list(columns: Option<&String>) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// A `--where` predicate: `column OP value`, `column in (v, ...)`, `column is [not] null`.
+fn parse_predicate(text: &str) -> Result<Predicate, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| c.is_whitespace() || "=!<>".contains(c))
+        .ok_or_else(|| format!("{text:?}: expected `column OP value`"))?;
+    let (column, rest) = (text[..split].to_string(), text[split..].trim_start());
+    let lower = rest.to_ascii_lowercase();
+    let words: Vec<&str> = lower.split_whitespace().collect();
+    match words.as_slice() {
+        ["is", "null"] => return Ok(Predicate::new(column, Op::IsNull)),
+        ["is", "not", "null"] => return Ok(Predicate::new(column, Op::IsNotNull)),
+        _ => {}
+    }
+    if let Some(list) = lower
+        .strip_prefix("in")
+        .map(str::trim_start)
+        .filter(|l| l.starts_with('('))
+    {
+        let inner = list
+            .strip_prefix('(')
+            .and_then(|l| l.strip_suffix(')'))
+            .ok_or_else(|| format!("{text:?}: expected `column in (v1, v2, ...)`"))?;
+        // The values from the original text (case kept).
+        let start = rest.len() - inner.len() - 1;
+        let values = rest[start..start + inner.len()]
+            .split(',')
+            .map(literal)
+            .collect::<Result<_, _>>()?;
+        return Ok(Predicate::new(column, Op::In { values }));
+    }
+    let op_len = rest
+        .find(|c: char| !"=!<>".contains(c))
+        .unwrap_or(rest.len());
+    let value = literal(&rest[op_len..])?;
+    let op = match &rest[..op_len] {
+        "=" | "==" => Op::Eq { value },
+        "!=" | "<>" => Op::NotEq { value },
+        "<" => Op::Lt { value },
+        "<=" => Op::LtEq { value },
+        ">" => Op::Gt { value },
+        ">=" => Op::GtEq { value },
+        other => {
+            return Err(format!(
+                "{text:?}: {other:?} is not an operator (=, !=, <, <=, >, >=, in, is null)"
+            ));
+        }
+    };
+    Ok(Predicate::new(column, op))
+}
+
+/// A literal of a `--where` predicate: a number, `true`/`false`, `null`, or a string (in
+/// single quotes, or bare).
+fn literal(text: &str) -> Result<serde_json::Value, String> {
+    let t = text.trim();
+    if t.is_empty() {
+        return Err("a predicate needs a value".into());
+    }
+    if let Some(s) = t.strip_prefix('\'').and_then(|s| s.strip_suffix('\'')) {
+        return Ok(serde_json::Value::String(s.replace("''", "'")));
+    }
+    match t {
+        "null" | "NULL" => return Ok(serde_json::Value::Null),
+        "true" | "TRUE" => return Ok(serde_json::Value::Bool(true)),
+        "false" | "FALSE" => return Ok(serde_json::Value::Bool(false)),
+        _ => {}
+    }
+    if let Ok(n) = t.parse::<serde_json::Number>() {
+        return Ok(serde_json::Value::Number(n));
+    }
+    Ok(serde_json::Value::String(t.to_string()))
+}
+
 pub(crate) async fn scan(client: &Client, a: ScanArgs) -> anyhow::Result<()> {
     let (database, table) = split_table(&a.table)?;
     let mut scan = Scan::table(&database, &table).columns(column_list(a.columns.as_ref()));
@@ -576,6 +655,9 @@ pub(crate) async fn scan(client: &Client, a: ScanArgs) -> anyhow::Result<()> {
     }
     if let Some(p) = &a.partition {
         scan = scan.partition(p);
+    }
+    for p in &a.filter {
+        scan = scan.filter(p.clone());
     }
     if let Some(b) = a.bucket {
         scan = scan.bucket(b);
@@ -751,4 +833,46 @@ pub(crate) async fn lookup(client: &Client, a: LookupArgs) -> anyhow::Result<()>
     sink.write(&found)?;
     sink.flush()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parsed(text: &str) -> serde_json::Value {
+        serde_json::to_value(parse_predicate(text).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn where_predicates_parse() {
+        assert_eq!(
+            parsed("user_id >= 5"),
+            json!({"column": "user_id", "op": ">=", "value": 5})
+        );
+        assert_eq!(
+            parsed("event='it''s'"),
+            json!({"column": "event", "op": "=", "value": "it's"})
+        );
+        assert_eq!(
+            parsed("day < 2024-01-02"),
+            json!({"column": "day", "op": "<", "value": "2024-01-02"})
+        );
+        assert_eq!(
+            parsed("score <> 1.5"),
+            json!({"column": "score", "op": "!=", "value": 1.5})
+        );
+        assert_eq!(
+            parsed("name IN ('A', 'b', 3)"),
+            json!({"column": "name", "op": "in", "values": ["A", "b", 3]})
+        );
+        assert_eq!(
+            parsed("name is not null"),
+            json!({"column": "name", "op": "is_not_null"})
+        );
+        assert!(parse_predicate("name").is_err());
+        assert!(parse_predicate("name ~ 3").is_err());
+        assert!(parse_predicate("name =").is_err());
+        assert!(parse_predicate("name in 3").is_err());
+    }
 }

@@ -75,6 +75,29 @@ fn dev_serves_admin_produce_scan_and_metrics() {
         dev.run(&["produce", "app.events", pq.to_str().unwrap()], None)
             .contains("wrote 4 rows")
     );
+    let filtered = dev.run(
+        &[
+            "scan",
+            "app.events",
+            "--columns",
+            "msg",
+            "--where",
+            "id >= 2",
+            "--where",
+            "msg in ('a', 'c', 'd')",
+            "-f",
+            "csv",
+        ],
+        None,
+    );
+    let mut lines: Vec<&str> = filtered.lines().skip(1).collect();
+    lines.sort_unstable();
+    assert_eq!(lines, ["c", "c", "d", "d"], "{filtered}");
+    let (ok, _, err) = dev.try_run(&["scan", "app.events", "--where", "nope > 1"], None);
+    assert!(
+        !ok && err.contains("filter on \"nope\": no such column"),
+        "{err}"
+    );
     let table = dev.run(
         &["scan", "app.events", "--columns", "msg", "--limit", "3"],
         None,

@@ -26,8 +26,8 @@ use arrow_flight::{Action, FlightDescriptor};
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 pub use mink_flight::protocol::{
-    self, BucketDescription, BucketResult, ClusterDescription, ErrorBody, ErrorCode,
-    PartitionDescription, TableDescription, Ticket,
+    self, BucketDescription, BucketResult, ClusterDescription, ErrorBody, ErrorCode, Filter, Op,
+    PartitionDescription, Predicate, TableDescription, Ticket,
 };
 use protocol::action;
 use serde_json::json;
@@ -180,6 +180,13 @@ impl Scan {
 
     pub fn max_rows(mut self, rows: u64) -> Self {
         self.0.max_rows = Some(rows);
+        self
+    }
+
+    /// Only rows that meet `predicate` too (see `protocol::Ticket::filter`). Batches then hold
+    /// the rows that met it: a batch's `offset` is where its rows start, not each row's.
+    pub fn filter(mut self, predicate: Predicate) -> Self {
+        self.0.filter.0.push(predicate);
         self
     }
 }

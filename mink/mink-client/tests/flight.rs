@@ -1142,6 +1142,21 @@ async fn lookups_go_to_each_buckets_leader_across_nodes() {
         )
         .await;
         assert_eq!(all.num_rows(), 40, "via {address}");
+        // Filtered on a column it does not return: each leader filters its buckets.
+        let some = raw_get(
+            address,
+            serde_json::json!({
+                "database": "app", "table": "kv", "columns": ["n"],
+                "filter": [
+                    {"column": "n", "op": ">=", "value": 30},
+                    {"column": "event", "op": "=", "value": "e1"},
+                ],
+            }),
+        )
+        .await;
+        let mut n = some.column(0).as_primitive::<Int64Type>().values().to_vec();
+        n.sort_unstable();
+        assert_eq!(n, [31, 33, 35, 37, 39], "via {address}");
     }
     // One bucket led by node 1, asked of node 2: forwarded (a snapshot at the leader's offset).
     let far = d.buckets.iter().find(|x| x.leader_node_id == 1).unwrap();

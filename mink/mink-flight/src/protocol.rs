@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use arrow::datatypes::Schema;
 use base64::Engine as _;
+pub use mink_log::filter::{Filter, Op, Predicate};
 use serde::{Deserialize, Serialize};
 
 /// Response header on every call: the metadata index the answering node had applied.
@@ -577,6 +578,11 @@ pub struct Ticket {
     /// then the log), `lake` (the lake's rows only) or `log` (the log's rows only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
+    /// Only rows that meet every predicate: `[{"column": "x", "op": ">=", "value": 5}, ...]`
+    /// (ops `=`, `!=`, `<`, `<=`, `>`, `>=`, `in` with `values`, `is_null`, `is_not_null`;
+    /// `__bucket`, and `__offset` on log tables, select buckets and offset ranges).
+    #[serde(default, skip_serializing_if = "Filter::is_empty")]
+    pub filter: Filter,
     /// Primary-key tables: the rows of these keys (JSON objects holding every primary-key
     /// column), in this order; missing keys are left out.
     #[serde(default, skip_serializing_if = "Option::is_none")]

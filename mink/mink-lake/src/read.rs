@@ -14,13 +14,24 @@ use iceberg::spec::Datum;
 use crate::table::{BUCKET_COLUMN, OFFSET_COLUMN};
 use crate::{Lake, LakeError, LakeResult};
 
+/// A read's filter, as far as the lake can prune with it.
+///
+/// Contract: [`Prune::predicate`] returns a predicate over the lake table of schema `lake`
+/// that every row the reader wants meets (`None`: no pruning). The lake skips the files and
+/// row groups whose statistics rule it out and drops the rows it rejects; the reader still
+/// applies whatever part of its filter the predicate leaves out.
+pub trait Prune: Send + Sync {
+    fn predicate(&self, lake: &iceberg::spec::Schema) -> Option<iceberg::expr::Predicate>;
+}
+
 impl Lake {
     /// The rows of `bucket` at `offsets` in snapshot `snapshot_id` of the lake table
     /// of `database.table`, in offset order, as batches of `schema` (the Mink table's
     /// columns; a column the lake lacks reads as null). Fails if the lake lacks any offset of
     /// the range: a reader is never handed a hole. In a partitioned table the bucket is the
     /// one of the partition whose key columns hold `partition` (column → value, as Mink names
-    /// partitions); empty for an unpartitioned table.
+    /// partitions); empty for an unpartitioned table. With `prune`, only rows that meet its
+    /// predicate, in offset order (holes are then the filter's, so none is checked).
     #[allow(clippy::too_many_arguments)]
     pub async fn read_bucket(
         &self,
@@ -31,6 +42,7 @@ impl Lake {
         bucket: u32,
         offsets: std::ops::Range<u64>,
         schema: &SchemaRef,
+        prune: Option<&dyn Prune>,
     ) -> LakeResult<Vec<RecordBatch>> {
         let (from, to) = (offsets.start, offsets.end);
         let t = self
@@ -64,6 +76,12 @@ impl Lake {
         }
         let lake_schema = t.metadata().current_schema();
         let filter = in_partition(filter, lake_schema, partition)?;
+        let pruned = prune.and_then(|p| p.predicate(lake_schema));
+        let filtered = pruned.is_some();
+        let filter = match pruned {
+            Some(p) => filter.and(p),
+            None => filter,
+        };
         // The table's columns the lake has, and what the checks need: not `__timestamp`.
         let columns: Vec<&str> = schema
             .fields()
@@ -108,12 +126,14 @@ impl Lake {
         // The usual case: every batch is such a run (files are read concurrently, so the runs
         // may come in any order) and, in order, they cover lo..hi exactly. Then the batches
         // go as they are, reordered, without copying a row.
-        let mut runs: Option<Vec<(i64, usize)>> = batches
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| b.num_rows() > 0)
-            .map(|(i, b)| run(b).map(|first| (first, i)))
-            .collect();
+        let mut runs: Option<Vec<(i64, usize)>> = (!filtered).then_some(()).and(
+            batches
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| b.num_rows() > 0)
+                .map(|(i, b)| run(b).map(|first| (first, i)))
+                .collect(),
+        );
         if let Some(runs) = runs.as_mut() {
             runs.sort_unstable();
             let mut expect = lo;
@@ -131,7 +151,7 @@ impl Lake {
                     .collect();
             }
         }
-        let indices = gather(&batches, bucket, bucket_i32, lo, hi)?;
+        let indices = gather(&batches, bucket, bucket_i32, lo, hi, !filtered)?;
         let all: Vec<&RecordBatch> = batches.iter().collect();
         Ok(vec![as_table_rows(
             schema,
@@ -145,7 +165,9 @@ impl Lake {
 impl Lake {
     /// Every live row of `bucket` (in the partition with key values `partition`) in snapshot
     /// `snapshot_id` of `database.table`, deletes applied, as batches of `schema` (the Mink
-    /// table's columns): a primary-key bucket's state as of its tiered offset.
+    /// table's columns): a primary-key bucket's state as of its tiered offset. With `prune`,
+    /// only the rows that meet its predicate.
+    #[allow(clippy::too_many_arguments)]
     pub async fn read_bucket_state(
         &self,
         database: &str,
@@ -154,16 +176,22 @@ impl Lake {
         partition: &BTreeMap<String, String>,
         bucket: u32,
         schema: &SchemaRef,
+        prune: Option<&dyn Prune>,
     ) -> LakeResult<Vec<RecordBatch>> {
         let t = self
             .table_with_snapshot(database, table, snapshot_id)
             .await?;
         let bucket_i32 = i32::try_from(bucket).map_err(|e| LakeError::Iceberg(e.to_string()))?;
+        let lake_schema = t.metadata().current_schema();
         let filter = in_partition(
             Reference::new(BUCKET_COLUMN).equal_to(Datum::int(bucket_i32)),
-            t.metadata().current_schema(),
+            lake_schema,
             partition,
         )?;
+        let filter = match prune.and_then(|p| p.predicate(lake_schema)) {
+            Some(p) => filter.and(p),
+            None => filter,
+        };
         let batches: Vec<RecordBatch> = t
             .scan()
             .snapshot_id(snapshot_id)
@@ -271,13 +299,14 @@ fn column<'a>(b: &'a RecordBatch, name: &str) -> LakeResult<&'a arrow::array::Ar
 }
 
 /// `(batch, row)` of every row of `bucket` at offsets `[lo, hi)` in `batches`, in offset order;
-/// a hole fails.
+/// with `whole`, a hole fails.
 fn gather(
     batches: &[RecordBatch],
     bucket: u32,
     bucket_i32: i32,
     lo: i64,
     hi: i64,
+    whole: bool,
 ) -> LakeResult<Vec<(usize, usize)>> {
     let mut rows: Vec<(i64, usize, usize)> = Vec::new();
     for (i, b) in batches.iter().enumerate() {
@@ -295,6 +324,9 @@ fn gather(
         }
     }
     rows.sort_unstable();
+    if !whole {
+        return Ok(rows.into_iter().map(|(_, b, r)| (b, r)).collect());
+    }
     let as_u64 = |o: i64| u64::try_from(o).unwrap_or(0);
     for (k, (o, _, _)) in rows.iter().enumerate() {
         let want = lo + i64::try_from(k).unwrap_or(i64::MAX);

@@ -128,6 +128,7 @@ async fn maintains(metadata_url: &str, store_url: &str) {
             1,
             0..100,
             &schema,
+            None,
         )
         .await
         .unwrap();
@@ -176,6 +177,7 @@ async fn maintains(metadata_url: &str, store_url: &str) {
             0,
             0..100,
             &schema,
+            None,
         )
         .await
         .unwrap();

@@ -89,6 +89,7 @@ async fn rounds_land_once_and_roll_forward_from_the_summary() {
             0,
             5..35,
             &schema,
+            None,
         )
         .await
         .unwrap();
@@ -106,7 +107,8 @@ async fn rounds_land_once_and_roll_forward_from_the_summary() {
             &Default::default(),
             0,
             30..45,
-            &schema
+            &schema,
+            None
         )
         .await,
         Err(LakeError::Gap { bucket: 0, .. })

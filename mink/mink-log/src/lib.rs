@@ -7,6 +7,7 @@
 //! - [`LogTablet`]: append and read one bucket.
 
 pub mod codec;
+pub mod filter;
 pub mod options;
 pub mod routing;
 #[cfg(feature = "tablet")]

@@ -66,6 +66,12 @@ impl NodeError {
     }
 }
 
+impl From<mink_log::filter::FilterError> for NodeError {
+    fn from(e: mink_log::filter::FilterError) -> Self {
+        NodeError::Invalid(e.to_string())
+    }
+}
+
 impl From<mink_log::LogError> for NodeError {
     fn from(e: mink_log::LogError) -> Self {
         match e {
@@ -136,6 +142,7 @@ impl From<mink_read::ReadError> for NodeError {
             }
             mink_read::ReadError::Lake(l) => l.into(),
             mink_read::ReadError::Invalid(m) => NodeError::Invalid(m),
+            mink_read::ReadError::Filter(e) => e.into(),
         }
     }
 }

@@ -41,12 +41,14 @@ pub trait Forwarder: Send + Sync + std::fmt::Debug {
     ) -> NodeResult<RecordBatch>;
 
     /// A snapshot scan of one bucket at its leader: batches of its current rows (`columns`;
-    /// all when empty), each with the offset the scan is consistent at.
+    /// all when empty) that meet `filter`, each with the offset the scan is consistent at.
+    #[allow(clippy::too_many_arguments)]
     async fn snapshot(
         &self,
         address: &str,
         bucket: &BucketRef,
         columns: &[String],
+        filter: &crate::Filter,
         max_rows: Option<u64>,
         applied_index: u64,
     ) -> NodeResult<BoxStream<'static, NodeResult<(RecordBatch, u64)>>>;

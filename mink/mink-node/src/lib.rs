@@ -39,7 +39,7 @@ pub use node::{
 pub use error::{NodeError, NodeResult};
 pub use forward::Forwarder;
 pub use read::{
-    BucketRead, ReadData, ReadItem, ReadKind, ReadOptions, ReadPlan, ReadRequest, ReadSource,
-    ReadStart, ReadStop,
+    BucketRead, Filter, ReadData, ReadItem, ReadKind, ReadOptions, ReadPlan, ReadRequest,
+    ReadSource, ReadStart, ReadStop,
 };
 pub use session::WriteSession;

@@ -62,9 +62,14 @@ pub struct ReadRequest {
     pub changelog: bool,
     /// Tables tiered into the lake: which side to read ([`ReadSource::Auto`] by default).
     pub source: ReadSource,
+    /// Only rows that meet it. It prunes buckets (`__bucket`), partitions and lake files and
+    /// row groups, and narrows log reads to an offset range (`__offset`); a primary-key
+    /// table's union read tests it after the merge (the changelog tail is never filtered).
+    pub filter: Filter,
 }
 
-pub use mink_read::ReadSource;
+use mink_read::BoundFilter;
+pub use mink_read::{Filter, ReadSource};
 
 /// What a plan reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,6 +114,11 @@ pub struct ReadPlan {
     /// The lake snapshot the metadata recorded when the read was planned: every lake read of
     /// the plan reads it, so the read is one cut.
     pub(crate) lake: Option<mink_metadata::LakeSnapshotRecord>,
+    /// The request's filter, bound to what is read, and as it came (forwarded reads carry it).
+    pub(crate) filter: Arc<BoundFilter>,
+    pub(crate) filter_spec: Filter,
+    /// The columns decoded: `columns` and those the filter tests (all when empty).
+    pub(crate) read_columns: Vec<String>,
 }
 
 /// The first offset a scan of bucket `b` of log table `record` returns: the log's `start`, or
@@ -189,6 +199,16 @@ impl ReadData {
 }
 
 impl ReadPlan {
+    /// Decoded rows (of `read_columns`) as the read returns them: those that meet the
+    /// filter, in the plan's columns.
+    fn finish(&self, batch: RecordBatch) -> NodeResult<RecordBatch> {
+        let batch = self.filter.apply(batch)?;
+        if self.read_columns.len() == self.columns.len() {
+            return Ok(batch);
+        }
+        Ok(mink_log::codec::project(&batch, &self.columns)?)
+    }
+
     /// The Arrow IPC schema message stored batches passed through as [`ReadData::Stored`]
     /// carry: the message a reader must have seen before them.
     pub fn stored_schema_header(&self) -> Bytes {
@@ -309,6 +329,19 @@ impl Node {
             Arc::clone(&table_schema)
         };
         let schema = project_schema(&full, &r.columns, &name)?;
+        let system: &[&str] = match kind {
+            ReadKind::Log => &[mink_log::filter::BUCKET, mink_log::filter::OFFSET],
+            _ => &[mink_log::filter::BUCKET],
+        };
+        let filter = r.filter.bind(&full, system)?;
+        let mut read_columns = r.columns.clone();
+        if !read_columns.is_empty() {
+            for c in filter.columns() {
+                if !read_columns.contains(&c) {
+                    read_columns.push(c);
+                }
+            }
+        }
         let partition_name = |partition_id: u64| {
             view.state
                 .partitions
@@ -425,6 +458,27 @@ impl Node {
                 });
             }
         }
+        if !filter.is_empty() {
+            let offsets = filter.offsets();
+            let mut kept = Vec::with_capacity(buckets.len());
+            for mut b in buckets {
+                let partition = match &b.bucket.partition {
+                    Some(p) => mink_log::routing::partition_values(&record.partition_keys, p)?,
+                    None => Default::default(),
+                };
+                if !filter.bucket_may_match(b.bucket.bucket)?
+                    || !filter.partition_may_match(&table_schema, &partition)?
+                {
+                    continue;
+                }
+                if kind == ReadKind::Log {
+                    b.to = Some(b.to.map_or(offsets.end, |to| to.min(offsets.end)));
+                    b.from = b.from.max(offsets.start).min(b.to.unwrap_or(u64::MAX));
+                }
+                kept.push(b);
+            }
+            buckets = kept;
+        }
         let idle = match r.stop {
             ReadStop::Tail { idle } => idle,
             _ => None,
@@ -439,6 +493,9 @@ impl Node {
             table_schema,
             source: r.source,
             lake: lake.cloned(),
+            filter: Arc::new(filter),
+            filter_spec: r.filter.clone(),
+            read_columns,
         })
     }
 
@@ -473,9 +530,11 @@ impl Node {
         options: &ReadOptions,
         tx: &tokio::sync::mpsc::Sender<NodeResult<ReadItem>>,
     ) -> NodeResult<()> {
-        let stored_header =
-            (options.stored && plan.kind == ReadKind::Log && plan.columns.is_empty())
-                .then(|| plan.stored_schema_header());
+        let stored_header = (options.stored
+            && plan.kind == ReadKind::Log
+            && plan.columns.is_empty()
+            && !plan.filter.tests_rows())
+        .then(|| plan.stored_schema_header());
         let mut rows_sent = 0u64;
         let full = |rows: u64| plan.max_rows.is_some_and(|m| rows >= m);
         for b in &plan.buckets {
@@ -541,23 +600,26 @@ impl Node {
         let mut next = offset;
         // Decoded rows `[base, end)`, cut at the plan's end; a batch may hold no rows (a
         // writer's marker in a changelog) while spanning offsets.
-        let rows = |r: mink_log::ReadBatch, items: &mut Vec<ReadItem>, next: &mut u64| {
-            let (batch, after) = cut(r.batch, r.base_offset, r.end_offset, b.to);
-            *next = after;
-            if batch.num_rows() > 0 {
-                items.push(ReadItem {
-                    bucket: b.bucket.clone(),
-                    offset: r.base_offset,
-                    data: ReadData::Rows(batch),
-                });
-            }
-        };
+        let rows =
+            |r: mink_log::ReadBatch, items: &mut Vec<ReadItem>, next: &mut u64| -> NodeResult<()> {
+                let (batch, after) = cut(r.batch, r.base_offset, r.end_offset, b.to);
+                *next = after;
+                let batch = plan.finish(batch)?;
+                if batch.num_rows() > 0 {
+                    items.push(ReadItem {
+                        bucket: b.bucket.clone(),
+                        offset: r.base_offset,
+                        data: ReadData::Rows(batch),
+                    });
+                }
+                Ok(())
+            };
         if plan.kind == ReadKind::Changelog {
             for r in self
-                .read_changelog(&b.bucket, offset, step_bytes, &plan.columns)
+                .read_changelog(&b.bucket, offset, step_bytes, &plan.read_columns)
                 .await?
             {
-                rows(r, &mut items, &mut next);
+                rows(r, &mut items, &mut next)?;
             }
             return Ok((items, next));
         }
@@ -584,8 +646,8 @@ impl Node {
                         rows: s.end_offset - s.base_offset,
                     },
                 });
-            } else if let Some(r) = tablet.decode_stored(&s, offset, &plan.columns)? {
-                rows(r, &mut items, &mut next);
+            } else if let Some(r) = tablet.decode_stored(&s, offset, &plan.read_columns)? {
+                rows(r, &mut items, &mut next)?;
             } else {
                 next = next.max(s.end_offset);
             }
@@ -646,6 +708,8 @@ impl Node {
                 b.bucket.bucket,
                 offset..upto,
                 &plan.table_schema,
+                (!plan.filter.is_empty())
+                    .then_some(&mink_read::prune::LakePrune(&plan.filter) as &dyn mink_lake::Prune),
             )
             .await?;
         let columns: Vec<usize> = plan
@@ -659,15 +723,19 @@ impl Node {
         let mut at = offset;
         for batch in rows {
             let n = batch.num_rows() as u64;
-            items.push(ReadItem {
-                bucket: b.bucket.clone(),
-                offset: at,
-                data: ReadData::Rows(
-                    batch
-                        .project(&columns)
-                        .map_err(|e| NodeError::Failed(e.to_string()))?,
-                ),
-            });
+            let batch = plan.filter.apply(batch)?;
+            if batch.num_rows() > 0 {
+                items.push(ReadItem {
+                    bucket: b.bucket.clone(),
+                    offset: at,
+                    data: ReadData::Rows(
+                        batch
+                            .project(&columns)
+                            .map_err(|e| NodeError::Failed(e.to_string()))?,
+                    ),
+                });
+            }
+            // Filtered rows are not contiguous: later batches start at or after this.
             at += n;
         }
         Ok(Some((items, upto)))
@@ -748,6 +816,7 @@ impl Node {
                 &plan.table_schema,
                 &record.primary_key,
                 &tail,
+                &plan.filter,
             )
             .await?;
             let merged = mink_log::codec::project(&merged, &plan.columns)?;
@@ -785,6 +854,7 @@ impl Node {
                         leader,
                         &b.bucket,
                         &plan.columns,
+                        &plan.filter_spec,
                         left,
                         self.view().applied_index,
                     )
@@ -811,7 +881,10 @@ impl Node {
                 let Some(batch) = scan.next_batch(SNAPSHOT_PAGE_ROWS)? else {
                     break;
                 };
-                let batch = mink_log::codec::project(&batch, &plan.columns)?;
+                let batch = mink_log::codec::project(&plan.filter.apply(batch)?, &plan.columns)?;
+                if batch.num_rows() == 0 {
+                    continue;
+                }
                 rows_sent += batch.num_rows() as u64;
                 let item = ReadItem {
                     bucket: b.bucket.clone(),

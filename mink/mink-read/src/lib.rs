@@ -11,7 +11,9 @@
 //!
 //! A filter on a non-key column of a primary-key table must be applied after the merge: a lake
 //! row it would drop may be replaced by a later change in the log that it would keep, and the
-//! other way round. [`merge_by_key`] therefore takes unfiltered rows.
+//! other way round. [`merge_by_key`] therefore takes an unfiltered tail.
+
+pub mod prune;
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
@@ -24,6 +26,8 @@ use mink_kv::changelog::{CHANGE_TYPE, COMMIT_TIMESTAMP, LOG_OFFSET};
 use mink_lake::pk::ChangeRows;
 use mink_lake::{Lake, LakeError};
 
+pub use mink_log::filter::{self, BoundFilter, Filter, FilterError, Op, Predicate};
+
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
     /// The read asks for offsets neither side holds.
@@ -31,6 +35,8 @@ pub enum ReadError {
     OffsetOutOfRange { offset: u64, start: u64, end: u64 },
     #[error(transparent)]
     Lake(#[from] LakeError),
+    #[error(transparent)]
+    Filter(#[from] FilterError),
     #[error("{0}")]
     Invalid(String),
 }
@@ -236,7 +242,12 @@ pub fn merge_by_key(
 
 /// The union read of a primary-key bucket: its rows in lake snapshot `snapshot_id` (none if
 /// the bucket has not been tiered) merged with `tail`, its changes from the snapshot's tiered
-/// offset to the read's end, as one batch of `schema`.
+/// offset to the read's end, as one batch of `schema`; then the rows that meet `filter`.
+///
+/// The filter prunes the lake's rows too: a key the tail changes takes its row from the tail
+/// whether or not its lake row was read, and a key it leaves alone keeps a lake row only if
+/// the row meets the filter. The tail itself is never filtered before the merge: a change
+/// that fails the filter still replaces (or deletes) the key's earlier row.
 #[allow(clippy::too_many_arguments)]
 pub async fn read_primary_key_bucket(
     lake: &Lake,
@@ -248,15 +259,18 @@ pub async fn read_primary_key_bucket(
     schema: &SchemaRef,
     key: &[String],
     tail: &[ChangeRows],
+    filter: &BoundFilter,
 ) -> ReadResult<RecordBatch> {
+    let prune = prune::LakePrune(filter);
+    let prune = (!filter.is_empty()).then_some(&prune as &dyn mink_lake::Prune);
     let base = match snapshot_id {
         Some(s) => {
-            lake.read_bucket_state(database, table, s, partition, bucket, schema)
+            lake.read_bucket_state(database, table, s, partition, bucket, schema, prune)
                 .await?
         }
         None => Vec::new(),
     };
-    merge_by_key(schema, key, &base, tail)
+    Ok(filter.apply(merge_by_key(schema, key, &base, tail)?)?)
 }
 
 #[cfg(test)]

@@ -192,6 +192,7 @@ impl mink_node::Forwarder for FlightForwarder {
         address: &str,
         bucket: &BucketRef,
         columns: &[String],
+        filter: &mink_node::Filter,
         max_rows: Option<u64>,
         applied_index: u64,
     ) -> NodeResult<BoxStream<'static, NodeResult<(RecordBatch, u64)>>> {
@@ -201,6 +202,7 @@ impl mink_node::Forwarder for FlightForwarder {
             partition: bucket.partition.clone(),
             bucket: Some(bucket.bucket),
             columns: columns.to_vec(),
+            filter: filter.clone(),
             max_rows,
             ..Default::default()
         };

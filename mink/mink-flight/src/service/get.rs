@@ -217,5 +217,6 @@ fn read_request(t: &protocol::Ticket) -> Result<ReadRequest, String> {
         max_rows: t.max_rows,
         changelog: t.changelog,
         source,
+        filter: t.filter.clone(),
     })
 }
