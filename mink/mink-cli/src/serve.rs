@@ -36,6 +36,10 @@ pub(crate) struct NodeArgs {
     /// Prometheus `/metrics` listen address (`none` to disable).
     #[arg(long, env = "MINK_METRICS_LISTEN")]
     pub(crate) metrics_listen: Option<String>,
+    /// Flight SQL listen address (`none` to disable): SQL over the cluster from this
+    /// process, as `mink-query serve` gives it. `mink dev` serves it on 127.0.0.1:7272.
+    #[arg(long, env = "MINK_SQL_LISTEN")]
+    pub(crate) sql_listen: Option<String>,
     /// OTLP/gRPC endpoint for traces and metrics (`http://collector:4317`).
     #[arg(long, env = "MINK_OTLP_ENDPOINT")]
     pub(crate) otlp_endpoint: Option<String>,
@@ -67,6 +71,7 @@ impl NodeArgs {
             listen: self.listen.or(file.listen),
             advertised_address: self.advertised_address.or(file.advertised_address),
             metrics_listen: self.metrics_listen.or(file.metrics_listen),
+            sql_listen: self.sql_listen.or(file.sql_listen),
             otlp_endpoint: self.otlp_endpoint.or(file.otlp_endpoint),
             flush_delay_ms: self.flush_delay_ms.or(file.flush_delay_ms),
             lease_ttl_ms: self.lease_ttl_ms.or(file.lease_ttl_ms),
@@ -112,6 +117,7 @@ pub(crate) fn dev_defaults(args: NodeArgs, data_dir: &Path) -> anyhow::Result<No
             args.metrics_listen
                 .unwrap_or_else(|| "127.0.0.1:9464".into()),
         ),
+        sql_listen: Some(args.sql_listen.unwrap_or_else(|| "127.0.0.1:7272".into())),
         kv_dir: Some(args.kv_dir.unwrap_or_else(|| data_dir.join("kv"))),
         ..args
     })
@@ -256,6 +262,18 @@ pub(crate) async fn run(args: NodeArgs, dev: bool) -> anyhow::Result<()> {
         }
     };
 
+    let sql_address = match args.sql_listen.as_deref() {
+        None | Some("none" | "") => None,
+        Some(a) => {
+            let l = tokio::net::TcpListener::bind(a).await.with_context(|| {
+                format!("cannot listen for Flight SQL on {a} (use --sql-listen none to disable)")
+            })?;
+            let address = l.local_addr()?;
+            tokio::spawn(serve_sql(l, advertised.clone()));
+            Some(address)
+        }
+    };
+
     let mut server = ServerConfig::default();
     if let Some(m) = args.max_message_bytes {
         server.max_message_bytes = m;
@@ -263,6 +281,11 @@ pub(crate) async fn run(args: NodeArgs, dev: bool) -> anyhow::Result<()> {
     let mut out = format!(
         "mink node {node_id} is serving\n  Flight:   grpc://{advertised}\n  Metadata: {metadata}\n  Objects:  {objects}\n"
     );
+    if let Some(q) = sql_address {
+        out.push_str(&format!(
+            "  SQL:      grpc://{q} (Flight SQL; or mink-query)\n"
+        ));
+    }
     if let Some(m) = metrics_address {
         out.push_str(&format!("  Metrics:  http://{m}/metrics\n"));
     }
@@ -284,4 +307,27 @@ pub(crate) async fn run(args: NodeArgs, dev: bool) -> anyhow::Result<()> {
     node.shutdown().await;
     telemetry.shutdown();
     served.context("the Flight server failed")
+}
+
+/// Serves Flight SQL on `listener` over the cluster, reached through this node (`node`, its
+/// Flight address), until the process ends.
+async fn serve_sql(listener: tokio::net::TcpListener, node: String) {
+    let client = match mink_client::Client::connect(&node).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "Flight SQL cannot reach its node");
+            return;
+        }
+    };
+    let service = mink_query::flight_sql::MinkFlightSql::new(mink_query::QueryEngine::new(client));
+    let incoming = futures::stream::unfold(listener, |l| async move {
+        Some((l.accept().await.map(|(s, _)| s), l))
+    });
+    if let Err(e) = tonic::transport::Server::builder()
+        .add_service(service.into_service())
+        .serve_with_incoming(incoming)
+        .await
+    {
+        tracing::error!(error = %e, "the Flight SQL server stopped");
+    }
 }

@@ -8,7 +8,7 @@ mod common;
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -59,6 +59,17 @@ fn commands(body: &str) -> Vec<String> {
     out
 }
 
+/// The `mink-query` binary of this build (built with its package's tests).
+fn mink_query() -> PathBuf {
+    let path = Path::new(MINK).with_file_name("mink-query");
+    assert!(
+        path.exists(),
+        "{} is not built: run the suite (cargo nextest run --workspace) or cargo build -p mink-query-cli",
+        path.display()
+    );
+    path
+}
+
 /// `bash -c <command>` in the clone, against the node at `server`.
 fn shell(command: &str, server: &str) -> Command {
     let mut c = Command::new("bash");
@@ -66,6 +77,7 @@ fn shell(command: &str, server: &str) -> Command {
         .arg(command)
         .current_dir(repo_root())
         .env("MINK_BIN", MINK)
+        .env("MINK_QUERY_BIN", mink_query())
         .env("MINK_SERVER", server)
         .env_remove("MINK_CONFIG")
         .stdin(Stdio::null());
@@ -167,7 +179,8 @@ fn the_readme_set_up_and_quick_start_run_verbatim() {
     let mut dev = shell(&setup[0], "");
     dev.env("MINK_DATA_DIR", data.path())
         .env("MINK_LISTEN", "127.0.0.1:0")
-        .env("MINK_METRICS_LISTEN", "127.0.0.1:0");
+        .env("MINK_METRICS_LISTEN", "127.0.0.1:0")
+        .env("MINK_SQL_LISTEN", "127.0.0.1:0");
     let dev = Running::spawn(dev);
     let deadline = Instant::now() + Duration::from_secs(60);
     let flight = dev
@@ -269,6 +282,12 @@ fn the_readme_set_up_and_quick_start_run_verbatim() {
                 assert_eq!(
                     table_rows(&out),
                     [["user_id", "visits"], ["1", "5"]],
+                    "{command}:\n{out}"
+                );
+            } else if command.contains("mink-query -c") {
+                assert_eq!(
+                    table_rows(&out),
+                    [["event", "visits"], ["signup", "5"]],
                     "{command}:\n{out}"
                 );
             } else if command.contains("scan app.visits --changelog") {

@@ -36,6 +36,7 @@ impl Dev {
             .args(["dev", "--data-dir"])
             .arg(data)
             .args(["--listen", listen, "--metrics-listen", "127.0.0.1:0"])
+            .args(["--sql-listen", "127.0.0.1:0"])
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(log)

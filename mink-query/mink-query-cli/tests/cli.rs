@@ -1,0 +1,293 @@
+//! The `mink-query` binary against a node: `-c` and `-f` statements in each output format,
+//! errors, and the prompt driven through a pseudo-terminal (tmux).
+#![allow(clippy::print_stderr)]
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field, Schema};
+use futures::FutureExt as _;
+use mink_client::{Client, protocol};
+use mink_node::{Node, NodeConfig};
+
+const MINK_QUERY: &str = env!("CARGO_BIN_EXE_mink-query");
+
+struct Served {
+    node: Node,
+    address: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+async fn serve(dir: &std::path::Path) -> Served {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let mut c = NodeConfig::new(
+        1,
+        &format!("sqlite://{}", dir.join("meta.db").display()),
+        dir.join("objects").to_str().unwrap(),
+    );
+    c.advertised_address = address.clone();
+    c.engine.flush_delay = Duration::from_millis(5);
+    c.leadership_interval = Duration::from_millis(20);
+    let node = Node::start(c).await.unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(
+        mink_flight::serve(node.clone(), Default::default(), listener, async {
+            let _ = stopped.await;
+        })
+        .map(|r| r.unwrap()),
+    );
+    let client = Client::connect(&address).await.unwrap();
+    client.create_database("app", false).await.unwrap();
+    let schema = Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("name", DataType::Utf8, true),
+    ]);
+    client
+        .create_table_with(&protocol::CreateTable {
+            database: "app".into(),
+            table: "people".into(),
+            schema: protocol::encode_schema(&schema).unwrap(),
+            options: [("bucket.num".to_string(), "2".to_string())].into(),
+            partition_keys: vec![],
+            primary_key: vec!["id".into()],
+            comment: String::new(),
+            if_not_exists: false,
+        })
+        .await
+        .unwrap();
+    let rows = RecordBatch::try_from_iter(vec![
+        ("id", Arc::new(Int64Array::from(vec![1, 2, 3])) as ArrayRef),
+        (
+            "name",
+            Arc::new(StringArray::from(vec![Some("ann"), None, Some("cid")])) as ArrayRef,
+        ),
+    ])
+    .unwrap();
+    client.writer("app", "people").write(&rows).await.unwrap();
+    Served {
+        node,
+        address,
+        stop,
+        task,
+    }
+}
+
+impl Served {
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.task.await;
+        self.node.shutdown().await;
+    }
+}
+
+fn mink_query(address: &str, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(MINK_QUERY)
+        .args(["--server", address])
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_from_the_command_line_and_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve(dir.path()).await;
+    let a = s.address.clone();
+    let (ok, out, err) = tokio::task::spawn_blocking(move || {
+        mink_query(&a, &["-c", "SELECT id, name FROM app.people ORDER BY id"])
+    })
+    .await
+    .unwrap();
+    assert!(ok, "{err}");
+    assert_eq!(
+        out,
+        "+----+------+\n| id | name |\n+----+------+\n| 1  | ann  |\n| 2  |      |\n| 3  | cid  |\n+----+------+\n"
+    );
+    let file = dir.path().join("q.sql");
+    std::fs::write(
+        &file,
+        "-- two statements\nSELECT count(*) AS n\n  FROM app.people;\nSELECT name FROM app.people WHERE id = 3;\n",
+    )
+    .unwrap();
+    let a = s.address.clone();
+    let f = file.to_str().unwrap().to_string();
+    let (ok, out, err) =
+        tokio::task::spawn_blocking(move || mink_query(&a, &["--format", "csv", "-f", &f]))
+            .await
+            .unwrap();
+    assert!(ok, "{err}");
+    assert_eq!(out, "n\n3\nname\ncid\n");
+    let a = s.address.clone();
+    let (ok, out, _) = tokio::task::spawn_blocking(move || {
+        mink_query(
+            &a,
+            &[
+                "--format",
+                "json",
+                "-c",
+                "SELECT id FROM app.people WHERE name IS NULL",
+            ],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(ok);
+    assert_eq!(out, "{\"id\":2}\n");
+    // Errors: DataFusion's message, a non-zero exit.
+    let a = s.address.clone();
+    let (ok, _, err) =
+        tokio::task::spawn_blocking(move || mink_query(&a, &["-c", "SELECT * FROM app.nope"]))
+            .await
+            .unwrap();
+    assert!(
+        !ok && err.contains("table 'mink.app.nope' not found"),
+        "{err}"
+    );
+    let (ok, _, err) =
+        tokio::task::spawn_blocking(|| mink_query("127.0.0.1:1", &["-c", "SELECT 1"]))
+            .await
+            .unwrap();
+    assert!(!ok && err.contains("mink dev"), "{err}");
+    s.stop().await;
+}
+
+/// The prompt in a tmux pane: a multi-line statement, `\d`, `\d table`, `\timing`, an error
+/// that does not end the session, history (the up arrow), `\q`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_prompt_in_a_terminal() {
+    let has_tmux = Command::new("tmux")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_tmux {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true but tmux is not installed"
+        );
+        eprintln!("skipping: no tmux");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve(dir.path()).await;
+    let session = format!("mink-query-{}", std::process::id());
+    let socket = dir.path().join("tmux.sock");
+    let address = s.address.clone();
+    let home = dir.path().to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let tmux = |args: &[&str]| {
+            let out = Command::new("tmux")
+                .arg("-S")
+                .arg(&socket)
+                .args(args)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "tmux {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        let command = format!("HOME={} {MINK_QUERY} --server {address}", home.display());
+        tmux(&[
+            "new-session",
+            "-d",
+            "-s",
+            &session,
+            "-x",
+            "160",
+            "-y",
+            "50",
+            &command,
+        ]);
+        let screen = || tmux(&["capture-pane", "-p", "-t", &session, "-S", "-200"]);
+        let until = |what: &str, seen: &dyn Fn(&str) -> bool| {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let s = screen();
+                if seen(&s) {
+                    return s;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "waited for {what}; the screen:\n{s}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        };
+        // Text goes literally (`-l`); a trailing `;` is escaped, as tmux takes it for its own
+        // command separator.
+        let typed = |text: &str| {
+            let text = match text.strip_suffix(';') {
+                Some(t) => format!("{t}\\;"),
+                None => text.to_string(),
+            };
+            tmux(&["send-keys", "-t", &session, "-l", &text]);
+            tmux(&["send-keys", "-t", &session, "Enter"]);
+        };
+        let key = |name: &str| {
+            tmux(&["send-keys", "-t", &session, name]);
+        };
+        until("the prompt", &|s| s.contains("mink>"));
+        typed("SELECT name");
+        until("the continuation prompt", &|s| s.contains("->"));
+        typed("FROM app.people WHERE id = 1;");
+        until("the row", &|s| s.contains("| ann "));
+        typed("\\d");
+        until("the table list", &|s| s.contains("| app      | people |"));
+        typed("\\d app.people");
+        until("the columns", &|s| s.contains("| name   | Utf8  | YES"));
+        typed("\\timing");
+        until("timing on", &|s| s.contains("Timing is on."));
+        typed("SELECT nope FROM app.people;");
+        until("the error", &|s| s.contains("error:") && s.contains("nope"));
+        // The up arrow brings back the last statement; the session is still alive.
+        key("Up");
+        until("the recalled statement", &|s| {
+            s.matches("SELECT nope FROM app.people;").count() >= 2
+        });
+        key("C-u");
+        typed("SELECT count(*) FROM app.people;");
+        until("the count and its time", &|s| {
+            s.contains("| 3 ") && s.contains("Time: ")
+        });
+        typed("\\q");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let alive = Command::new("tmux")
+                .arg("-S")
+                .arg(&socket)
+                .args(["has-session", "-t", &session])
+                .output()
+                .unwrap()
+                .status
+                .success();
+            if !alive {
+                break;
+            }
+            assert!(Instant::now() < deadline, "\\q did not end the prompt");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = Command::new("tmux")
+            .arg("-S")
+            .arg(&socket)
+            .arg("kill-server")
+            .output();
+        assert!(
+            home.join(".mink_query_history").exists(),
+            "the history was saved"
+        );
+    })
+    .await
+    .unwrap();
+    s.stop().await;
+}

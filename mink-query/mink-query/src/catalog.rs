@@ -1,0 +1,118 @@
+//! The `mink` catalog: one schema per database, one [`MinkTable`] per table.
+//!
+//! DataFusion lists schemas and tables synchronously, so the catalog keeps the names it
+//! fetched last ([`MinkCatalog::refresh`], before each statement is planned); a table is
+//! described (schema, buckets, high watermarks) when a statement names it.
+
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use async_trait::async_trait;
+use datafusion::catalog::{CatalogProvider, SchemaProvider, TableProvider};
+use datafusion::error::Result;
+use mink_client::{Client, ErrorCode};
+
+use crate::client_error;
+use crate::table::MinkTable;
+
+/// The databases and tables of a cluster.
+#[derive(Debug)]
+pub struct MinkCatalog {
+    client: Client,
+    /// Database → its tables, as last fetched.
+    names: Arc<RwLock<BTreeMap<String, Vec<String>>>>,
+}
+
+impl MinkCatalog {
+    pub fn new(client: Client) -> Self {
+        MinkCatalog {
+            client,
+            names: Arc::default(),
+        }
+    }
+
+    /// Fetches the databases and tables as the cluster's metadata has them now.
+    pub async fn refresh(&self) -> Result<()> {
+        let mut names = BTreeMap::new();
+        for database in self.client.list_databases().await.map_err(client_error)? {
+            let tables = match self.client.list_tables(&database).await {
+                Ok(t) => t,
+                // Dropped between the two calls.
+                Err(e) if e.code() == Some(ErrorCode::NotFound) => continue,
+                Err(e) => return Err(client_error(e)),
+            };
+            names.insert(database, tables);
+        }
+        *self.names.write().expect("catalog names") = names;
+        Ok(())
+    }
+}
+
+impl CatalogProvider for MinkCatalog {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn schema_names(&self) -> Vec<String> {
+        self.names
+            .read()
+            .expect("catalog names")
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    fn schema(&self, name: &str) -> Option<Arc<dyn SchemaProvider>> {
+        self.names
+            .read()
+            .expect("catalog names")
+            .contains_key(name)
+            .then(|| {
+                Arc::new(MinkDatabase {
+                    client: self.client.clone(),
+                    database: name.to_string(),
+                    names: Arc::clone(&self.names),
+                }) as _
+            })
+    }
+}
+
+/// One database's tables.
+#[derive(Debug)]
+pub struct MinkDatabase {
+    client: Client,
+    database: String,
+    names: Arc<RwLock<BTreeMap<String, Vec<String>>>>,
+}
+
+#[async_trait]
+impl SchemaProvider for MinkDatabase {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn table_names(&self) -> Vec<String> {
+        self.names
+            .read()
+            .expect("catalog names")
+            .get(&self.database)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    async fn table(&self, name: &str) -> Result<Option<Arc<dyn TableProvider>>> {
+        match self.client.describe_table(&self.database, name).await {
+            Ok(description) => Ok(Some(Arc::new(MinkTable::new(
+                self.client.clone(),
+                description,
+            )?))),
+            Err(e) if e.code() == Some(ErrorCode::NotFound) => Ok(None),
+            Err(e) => Err(client_error(e)),
+        }
+    }
+
+    fn table_exist(&self, name: &str) -> bool {
+        self.table_names().iter().any(|t| t == name)
+    }
+}

@@ -1,0 +1,443 @@
+//! Flight SQL over a [`QueryEngine`]: statements, catalog metadata, SqlInfo.
+//!
+//! A statement is planned by `GetFlightInfo`, which fixes its cut (the tables' high
+//! watermarks); the plan waits under a handle in the ticket until `DoGet` runs it (once, for
+//! up to [`PLAN_TTL`]). DDL and DML are refused with a clear error until the engine carries
+//! them out.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::error::FlightError;
+use arrow_flight::flight_service_server::FlightServiceServer;
+use arrow_flight::sql::metadata::{SqlInfoData, SqlInfoDataBuilder};
+use arrow_flight::sql::server::FlightSqlService;
+use arrow_flight::sql::{
+    ActionCancelQueryRequest, ActionCancelQueryResult, CommandGetCatalogs, CommandGetDbSchemas,
+    CommandGetPrimaryKeys, CommandGetSqlInfo, CommandGetTableTypes, CommandGetTables,
+    CommandStatementQuery, ProstMessageExt, SqlInfo, SqlSupportedTransaction, TicketStatementQuery,
+};
+use arrow_flight::{FlightData, FlightDescriptor, FlightEndpoint, FlightInfo, Ticket};
+use datafusion::arrow::array::{ArrayRef, Int32Array, RecordBatch, StringArray};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::error::DataFusionError;
+use datafusion::prelude::DataFrame;
+use futures::{Stream, TryStreamExt as _};
+use mink_client::ErrorCode;
+use prost::Message as _;
+use tonic::{Request, Response, Status};
+
+use crate::{CATALOG, QueryEngine};
+
+/// How long a planned statement waits for its `DoGet`.
+pub const PLAN_TTL: Duration = Duration::from_secs(600);
+
+type DoGetStream = Pin<Box<dyn Stream<Item = Result<FlightData, Status>> + Send + 'static>>;
+
+/// The Flight SQL service of `mink-query` (and of `mink dev`).
+#[derive(Clone)]
+pub struct MinkFlightSql {
+    engine: QueryEngine,
+    plans: Arc<Mutex<HashMap<String, (Instant, DataFrame)>>>,
+    info: Arc<SqlInfoData>,
+}
+
+impl std::fmt::Debug for MinkFlightSql {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MinkFlightSql")
+            .field("engine", &self.engine)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MinkFlightSql {
+    pub fn new(engine: QueryEngine) -> Self {
+        MinkFlightSql {
+            engine,
+            plans: Arc::default(),
+            info: Arc::new(sql_info()),
+        }
+    }
+
+    /// The gRPC service, ready for a tonic server.
+    pub fn into_service(self) -> FlightServiceServer<Self> {
+        FlightServiceServer::new(self)
+    }
+
+    /// Plans a statement (refusing what the engine cannot run yet).
+    async fn plan(&self, sql: &str) -> Result<DataFrame, Status> {
+        self.engine.sql(sql).await.map_err(status)
+    }
+
+    fn keep(&self, plan: DataFrame) -> String {
+        let handle = uuid::Uuid::now_v7().to_string();
+        let mut plans = self.plans.lock().expect("plans");
+        plans.retain(|_, (at, _)| at.elapsed() < PLAN_TTL);
+        plans.insert(handle.clone(), (Instant::now(), plan));
+        handle
+    }
+
+    fn take(&self, handle: &str) -> Result<DataFrame, Status> {
+        self.plans
+            .lock()
+            .expect("plans")
+            .remove(handle)
+            .map(|(_, plan)| plan)
+            .ok_or_else(|| {
+                Status::not_found(
+                    "no statement under this handle: it ran already or expired; run the statement again",
+                )
+            })
+    }
+}
+
+/// What the server answers `GetSqlInfo` with (ADBC asks for the transaction capabilities).
+fn sql_info() -> SqlInfoData {
+    let mut b = SqlInfoDataBuilder::new();
+    b.append(SqlInfo::FlightSqlServerName, "Mink");
+    b.append(SqlInfo::FlightSqlServerVersion, env!("CARGO_PKG_VERSION"));
+    b.append(SqlInfo::FlightSqlServerArrowVersion, "1.3");
+    b.append(SqlInfo::FlightSqlServerReadOnly, false);
+    b.append(SqlInfo::FlightSqlServerSql, true);
+    b.append(SqlInfo::FlightSqlServerSubstrait, false);
+    b.append(
+        SqlInfo::FlightSqlServerTransaction,
+        SqlSupportedTransaction::None as i32,
+    );
+    b.append(SqlInfo::FlightSqlServerCancel, true);
+    b.append(SqlInfo::SqlTransactionsSupported, false);
+    b.append(SqlInfo::SqlDdlCatalog, false);
+    b.append(SqlInfo::SqlDdlSchema, false);
+    b.append(SqlInfo::SqlDdlTable, false);
+    b.append(SqlInfo::SqlIdentifierQuoteChar, "\"");
+    b.build().expect("static SqlInfo")
+}
+
+/// A DataFusion error as a gRPC status carrying its message: what the statement got wrong
+/// is `INVALID_ARGUMENT`, what is missing `NOT_FOUND`, what is not built `UNIMPLEMENTED`.
+#[allow(clippy::needless_pass_by_value)] // reads best as `.map_err(status)`
+pub fn status(e: DataFusionError) -> Status {
+    let message = e.to_string();
+    match e.find_root() {
+        DataFusionError::SQL(..)
+        | DataFusionError::Plan(_)
+        | DataFusionError::SchemaError(..)
+        | DataFusionError::Configuration(_) => Status::invalid_argument(message),
+        DataFusionError::NotImplemented(_) => Status::unimplemented(message),
+        DataFusionError::External(inner) => match inner
+            .downcast_ref::<mink_client::ClientError>()
+            .and_then(mink_client::ClientError::code)
+        {
+            Some(ErrorCode::NotFound) => Status::not_found(message),
+            Some(ErrorCode::Invalid | ErrorCode::OffsetOutOfRange) => {
+                Status::invalid_argument(message)
+            }
+            Some(ErrorCode::Unavailable | ErrorCode::NotLeader) => Status::unavailable(message),
+            _ => Status::internal(message),
+        },
+        _ => Status::internal(message),
+    }
+}
+
+/// One endpoint whose ticket is `message`, the descriptor echoed.
+fn info(
+    schema: &Schema,
+    ticket: Vec<u8>,
+    descriptor: FlightDescriptor,
+) -> Result<Response<FlightInfo>, Status> {
+    let info = FlightInfo::new()
+        .try_with_schema(schema)
+        .map_err(|e| Status::internal(e.to_string()))?
+        .with_endpoint(FlightEndpoint::new().with_ticket(Ticket::new(ticket)))
+        .with_descriptor(descriptor);
+    Ok(Response::new(info))
+}
+
+/// `batches` (of `schema`) as a `DoGet` answer.
+fn answer(
+    schema: SchemaRef,
+    batches: impl Stream<Item = Result<RecordBatch, FlightError>> + Send + 'static,
+) -> Response<DoGetStream> {
+    let stream = FlightDataEncoderBuilder::new()
+        .with_schema(schema)
+        .build(batches)
+        .map_err(Status::from);
+    Response::new(Box::pin(stream))
+}
+
+fn one(schema: SchemaRef, batch: Result<RecordBatch, FlightError>) -> Response<DoGetStream> {
+    answer(schema, futures::stream::once(async move { batch }))
+}
+
+#[tonic::async_trait]
+impl FlightSqlService for MinkFlightSql {
+    type FlightService = MinkFlightSql;
+
+    async fn get_flight_info_statement(
+        &self,
+        query: CommandStatementQuery,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let plan = self.plan(&query.query).await?;
+        let schema = plan.schema().as_arrow().clone();
+        let handle = self.keep(plan);
+        let ticket = TicketStatementQuery {
+            statement_handle: handle.into_bytes().into(),
+        };
+        info(
+            &schema,
+            ticket.as_any().encode_to_vec(),
+            request.into_inner(),
+        )
+    }
+
+    async fn do_get_statement(
+        &self,
+        ticket: TicketStatementQuery,
+        _request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        let handle = std::str::from_utf8(&ticket.statement_handle)
+            .map_err(|_| Status::invalid_argument("a statement handle is not UTF-8"))?;
+        let plan = self.take(handle)?;
+        let schema = Arc::new(plan.schema().as_arrow().clone());
+        let batches = plan.execute_stream().await.map_err(status)?;
+        Ok(answer(
+            schema,
+            batches.map_err(|e| FlightError::Tonic(Box::new(status(e)))),
+        ))
+    }
+
+    async fn get_flight_info_sql_info(
+        &self,
+        query: CommandGetSqlInfo,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let schema = query.clone().into_builder(&self.info).schema();
+        info(
+            &schema,
+            query.as_any().encode_to_vec(),
+            request.into_inner(),
+        )
+    }
+
+    async fn do_get_sql_info(
+        &self,
+        query: CommandGetSqlInfo,
+        _request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        let builder = query.into_builder(&self.info);
+        let schema = builder.schema();
+        Ok(one(schema, builder.build()))
+    }
+
+    async fn get_flight_info_catalogs(
+        &self,
+        query: CommandGetCatalogs,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let schema = query.into_builder().schema();
+        info(
+            &schema,
+            query.as_any().encode_to_vec(),
+            request.into_inner(),
+        )
+    }
+
+    async fn do_get_catalogs(
+        &self,
+        query: CommandGetCatalogs,
+        _request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        let mut builder = query.into_builder();
+        builder.append(CATALOG);
+        let schema = builder.schema();
+        Ok(one(schema, builder.build()))
+    }
+
+    async fn get_flight_info_schemas(
+        &self,
+        query: CommandGetDbSchemas,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let schema = query.clone().into_builder().schema();
+        info(
+            &schema,
+            query.as_any().encode_to_vec(),
+            request.into_inner(),
+        )
+    }
+
+    async fn do_get_schemas(
+        &self,
+        query: CommandGetDbSchemas,
+        _request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        let databases = self
+            .engine
+            .client()
+            .list_databases()
+            .await
+            .map_err(|e| status(crate::client_error(e)))?;
+        let mut builder = query.into_builder();
+        for d in databases {
+            builder.append(CATALOG, d);
+        }
+        let schema = builder.schema();
+        Ok(one(schema, builder.build()))
+    }
+
+    async fn get_flight_info_tables(
+        &self,
+        query: CommandGetTables,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let schema = query.clone().into_builder().schema();
+        info(
+            &schema,
+            query.as_any().encode_to_vec(),
+            request.into_inner(),
+        )
+    }
+
+    async fn do_get_tables(
+        &self,
+        query: CommandGetTables,
+        _request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        let client = self.engine.client();
+        let with_schemas = query.include_schema;
+        let mut builder = query.into_builder();
+        let databases = client
+            .list_databases()
+            .await
+            .map_err(|e| status(crate::client_error(e)))?;
+        for d in databases {
+            let Ok(tables) = client.list_tables(&d).await else {
+                continue; // dropped meanwhile
+            };
+            for t in tables {
+                let schema = if with_schemas {
+                    match client.schema(&d, &t).await {
+                        Ok(s) => s,
+                        Err(e) if e.code() == Some(ErrorCode::NotFound) => continue,
+                        Err(e) => return Err(status(crate::client_error(e))),
+                    }
+                } else {
+                    Schema::empty()
+                };
+                builder
+                    .append(CATALOG, &d, &t, "TABLE", &schema)
+                    .map_err(|e| Status::internal(e.to_string()))?;
+            }
+        }
+        let schema = builder.schema();
+        Ok(one(schema, builder.build()))
+    }
+
+    async fn get_flight_info_table_types(
+        &self,
+        query: CommandGetTableTypes,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let schema = query.into_builder().schema();
+        info(
+            &schema,
+            query.as_any().encode_to_vec(),
+            request.into_inner(),
+        )
+    }
+
+    async fn do_get_table_types(
+        &self,
+        query: CommandGetTableTypes,
+        _request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        let mut builder = query.into_builder();
+        builder.append("TABLE");
+        let schema = builder.schema();
+        Ok(one(schema, builder.build()))
+    }
+
+    async fn get_flight_info_primary_keys(
+        &self,
+        query: CommandGetPrimaryKeys,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        info(
+            &primary_keys_schema(),
+            query.as_any().encode_to_vec(),
+            request.into_inner(),
+        )
+    }
+
+    async fn do_get_primary_keys(
+        &self,
+        query: CommandGetPrimaryKeys,
+        _request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        let schema = Arc::new(primary_keys_schema());
+        let database = query
+            .db_schema
+            .clone()
+            .ok_or_else(|| Status::invalid_argument("GetPrimaryKeys needs the db_schema"))?;
+        let key = match query.catalog.as_deref() {
+            Some(c) if c != CATALOG => vec![],
+            _ => match self
+                .engine
+                .client()
+                .describe_table(&database, &query.table)
+                .await
+            {
+                Ok(d) => d.primary_key,
+                Err(e) if e.code() == Some(ErrorCode::NotFound) => vec![],
+                Err(e) => return Err(status(crate::client_error(e))),
+            },
+        };
+        let n = key.len();
+        let constant = |v: &str| -> ArrayRef { Arc::new(StringArray::from(vec![v; n])) };
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![
+                constant(CATALOG),
+                constant(&database),
+                constant(&query.table),
+                Arc::new(StringArray::from(key)),
+                Arc::new(StringArray::from(vec![None::<&str>; n])),
+                Arc::new(Int32Array::from_iter_values(
+                    (1..=n).map(|i| i32::try_from(i).unwrap_or(i32::MAX)),
+                )),
+            ],
+        );
+        Ok(one(schema, batch.map_err(FlightError::from)))
+    }
+
+    async fn do_action_cancel_query(
+        &self,
+        _query: ActionCancelQueryRequest,
+        _request: Request<arrow_flight::Action>,
+    ) -> Result<ActionCancelQueryResult, Status> {
+        // A statement runs while its DoGet streams: dropping the stream cancels it. A
+        // statement planned and not fetched is forgotten after PLAN_TTL.
+        Ok(ActionCancelQueryResult {
+            // CANCEL_RESULT_NOT_CANCELLABLE
+            result: 3,
+        })
+    }
+
+    async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}
+}
+
+/// The result schema of `GetPrimaryKeys` (Flight SQL's).
+fn primary_keys_schema() -> Schema {
+    Schema::new(vec![
+        Field::new("catalog_name", DataType::Utf8, true),
+        Field::new("db_schema_name", DataType::Utf8, true),
+        Field::new("table_name", DataType::Utf8, false),
+        Field::new("column_name", DataType::Utf8, false),
+        Field::new("key_name", DataType::Utf8, true),
+        Field::new("key_sequence", DataType::Int32, false),
+    ])
+}

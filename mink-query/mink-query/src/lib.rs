@@ -1,0 +1,72 @@
+//! Mink's SQL engine: DataFusion over Mink tables.
+//!
+//! - [`catalog`]: databases as schemas of the `mink` catalog, tables as [`table::MinkTable`]
+//!   providers, from the cluster's metadata (through any node).
+//! - [`table`] and [`scan`]: a table's read as a DataFusion plan, one partition per bucket,
+//!   with projection, filter and limit pushed down to the nodes; the cut (each bucket's high
+//!   watermark) is fixed when the statement is planned.
+//! - [`flight_sql`]: the Flight SQL service over a [`QueryEngine`].
+
+pub mod catalog;
+pub mod filter;
+pub mod flight_sql;
+pub mod insert;
+pub mod scan;
+pub mod table;
+
+use std::sync::Arc;
+
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::context::SQLOptions;
+use datafusion::prelude::{DataFrame, SessionConfig, SessionContext};
+use mink_client::Client;
+
+/// The name of Mink's catalog (the default one of every session).
+pub const CATALOG: &str = "mink";
+
+/// A client error as a DataFusion error (its message kept, the structure behind it).
+pub(crate) fn client_error(e: mink_client::ClientError) -> DataFusionError {
+    DataFusionError::External(Box::new(e))
+}
+
+/// Plans and runs SQL over a Mink cluster, reached through one node (`client`).
+#[derive(Clone, Debug)]
+pub struct QueryEngine {
+    client: Client,
+    catalog: Arc<catalog::MinkCatalog>,
+}
+
+impl QueryEngine {
+    pub fn new(client: Client) -> Self {
+        let catalog = Arc::new(catalog::MinkCatalog::new(client.clone()));
+        QueryEngine { client, catalog }
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// A session over the catalog as the cluster's metadata has it now: unqualified names
+    /// resolve in database `default`.
+    pub async fn session(&self) -> Result<SessionContext> {
+        self.catalog.refresh().await?;
+        let config = SessionConfig::new()
+            .with_create_default_catalog_and_schema(false)
+            .with_default_catalog_and_schema(CATALOG, "default")
+            .with_information_schema(true);
+        let ctx = SessionContext::new_with_config(config);
+        ctx.register_catalog(CATALOG, Arc::clone(&self.catalog) as _);
+        Ok(ctx)
+    }
+
+    /// Plans one statement in a fresh session: queries and `INSERT INTO`; DDL and `SET` are
+    /// refused with DataFusion's error naming what is not supported, as are `UPDATE` and
+    /// `DELETE` (by the tables).
+    pub async fn sql(&self, sql: &str) -> Result<DataFrame> {
+        let options = SQLOptions::new()
+            .with_allow_ddl(false)
+            .with_allow_dml(true)
+            .with_allow_statements(false);
+        self.session().await?.sql_with_options(sql, options).await
+    }
+}

@@ -1,0 +1,143 @@
+//! The physical scan of a Mink table: one partition per split (a bucket's read, as a Flight
+//! ticket a node serves), each streamed from the cluster when executed.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{RecordBatch, RecordBatchOptions};
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::EquivalenceProperties;
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+};
+use futures::{StreamExt as _, TryStreamExt as _};
+use mink_client::{Client, Scan, Ticket};
+
+use crate::client_error;
+
+/// Reads `splits` (one per partition) from the cluster as batches of `schema`.
+#[derive(Debug)]
+pub struct MinkScanExec {
+    client: Client,
+    table: String,
+    schema: SchemaRef,
+    splits: Vec<Ticket>,
+    properties: Arc<PlanProperties>,
+}
+
+impl MinkScanExec {
+    pub fn new(client: Client, table: String, schema: SchemaRef, splits: Vec<Ticket>) -> Self {
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(Arc::clone(&schema)),
+            Partitioning::UnknownPartitioning(splits.len().max(1)),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        ));
+        MinkScanExec {
+            client,
+            table,
+            schema,
+            splits,
+            properties,
+        }
+    }
+
+    pub fn splits(&self) -> &[Ticket] {
+        &self.splits
+    }
+}
+
+impl DisplayAs for MinkScanExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let filter = self
+            .splits
+            .first()
+            .map(|s| serde_json::to_string(&s.filter).unwrap_or_default())
+            .unwrap_or_default();
+        match t {
+            DisplayFormatType::Default | DisplayFormatType::Verbose => write!(
+                f,
+                "MinkScanExec: table={}, splits={}, filter={filter}",
+                self.table,
+                self.splits.len()
+            ),
+            DisplayFormatType::TreeRender => {
+                writeln!(f, "table={}", self.table)?;
+                write!(f, "splits={}", self.splits.len())
+            }
+        }
+    }
+}
+
+impl ExecutionPlan for MinkScanExec {
+    fn name(&self) -> &str {
+        "MinkScanExec"
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if children.is_empty() {
+            Ok(self)
+        } else {
+            Err(DataFusionError::Internal(
+                "MinkScanExec has no children".into(),
+            ))
+        }
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        _context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let schema = Arc::clone(&self.schema);
+        let Some(ticket) = self.splits.get(partition).cloned() else {
+            return Ok(Box::pin(RecordBatchStreamAdapter::new(
+                schema,
+                futures::stream::empty(),
+            )));
+        };
+        let client = self.client.clone();
+        let out = Arc::clone(&schema);
+        let batches =
+            futures::stream::once(
+                async move { client.scan(&Scan(ticket)).await.map_err(client_error) },
+            )
+            .map_ok(|s| s.map_err(client_error))
+            .try_flatten()
+            .map(move |r| {
+                let r = r?;
+                // As the plan's schema (no columns: only the row count).
+                let columns = if out.fields().is_empty() {
+                    vec![]
+                } else {
+                    r.batch.columns().to_vec()
+                };
+                Ok(RecordBatch::try_new_with_options(
+                    Arc::clone(&out),
+                    columns,
+                    &RecordBatchOptions::new().with_row_count(Some(r.batch.num_rows())),
+                )?)
+            });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, batches)))
+    }
+}

@@ -1,0 +1,50 @@
+"""The ADBC Flight SQL driver and Polars over mink-query's Flight SQL service: metadata calls,
+queries, errors. Argument: the service's grpc:// URI. Prints "ok"."""
+
+import sys
+
+import adbc_driver_flightsql.dbapi as flight_sql
+import polars as pl
+
+uri = sys.argv[1]
+# Mink has no transactions: autocommit (ADBC warns when it cannot turn autocommit off).
+conn = flight_sql.connect(uri, autocommit=True)
+cur = conn.cursor()
+
+cur.execute("SELECT id, name FROM app.users ORDER BY id")
+table = cur.fetch_arrow_table()
+assert table.to_pylist() == [
+    {"id": 1, "name": "ann"},
+    {"id": 2, "name": "bo"},
+    {"id": 4, "name": "dan"},
+], table.to_pylist()
+
+cur.execute("SELECT kind, count(*) AS n FROM app.events WHERE id < 30 GROUP BY kind ORDER BY kind")
+assert cur.fetchall() == [("buy", 9), ("click", 9), ("view", 9), (None, 3)], cur.fetchall()
+
+# Metadata: catalogs, databases as schemas, tables with their columns, primary keys.
+objects = conn.adbc_get_objects(depth="all").read_all().to_pylist()
+assert [c["catalog_name"] for c in objects] == ["mink"], objects
+schemas = {s["db_schema_name"]: s for s in objects[0]["catalog_db_schemas"]}
+tables = {t["table_name"]: t for t in schemas["app"]["db_schema_tables"]}
+assert set(tables) == {"events", "users"}, tables
+assert [c["column_name"] for c in tables["events"]["table_columns"]] == ["id", "kind", "amount"]
+schema = conn.adbc_get_table_schema("users", db_schema_filter="app")
+assert schema.names == ["id", "name"], schema
+assert conn.adbc_get_table_types() == ["TABLE"], conn.adbc_get_table_types()
+info = conn.adbc_get_info()
+assert info["vendor_name"] == "Mink", info
+
+# Polars reads a query through the same connection.
+frame = pl.read_database("SELECT id, amount FROM app.events WHERE id >= 95 ORDER BY id", connection=conn)
+assert frame["amount"].to_list() == [950, 960, 970, 980, 990], frame
+
+# Errors carry DataFusion's message.
+try:
+    cur.execute("SELECT * FROM app.nope")
+    raise AssertionError("an unknown table was not refused")
+except flight_sql.ProgrammingError as e:
+    assert "table 'mink.app.nope' not found" in str(e), e
+
+conn.close()
+print("ok")

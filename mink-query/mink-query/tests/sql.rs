@@ -1,0 +1,330 @@
+//! SQL over a node: log and primary-key tables, projection, filters and limits pushed to the
+//! nodes, the cut a statement reads, and errors; the sqllogictest files under `tests/slt`;
+//! the ADBC Flight SQL driver and Polars over the Flight SQL server.
+
+mod common;
+
+use std::path::PathBuf;
+
+use arrow_flight::sql::client::FlightSqlServiceClient;
+use common::Cluster;
+use futures::TryStreamExt as _;
+
+fn strings(rows: &[&[&str]]) -> Vec<Vec<String>> {
+    rows.iter()
+        .map(|r| r.iter().map(ToString::to_string).collect())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queries_read_log_and_primary_key_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path()).await;
+    c.load().await;
+    assert_eq!(
+        c.rows("SELECT count(*), sum(amount), min(id), max(id) FROM app.events")
+            .await,
+        strings(&[&["100", "49500", "0", "99"]])
+    );
+    assert_eq!(
+        c.rows("SELECT kind, count(*) FROM app.events GROUP BY kind ORDER BY kind NULLS FIRST")
+            .await,
+        strings(&[
+            &["NULL", "10"],
+            &["buy", "30"],
+            &["click", "30"],
+            &["view", "30"]
+        ])
+    );
+    // A primary-key table reads its current rows: updates applied, deletes gone.
+    assert_eq!(
+        c.rows("SELECT id, name FROM app.users ORDER BY id").await,
+        strings(&[&["1", "ann"], &["2", "bo"], &["4", "dan"]])
+    );
+    // Joins across both.
+    assert_eq!(
+        c.rows(
+            "SELECT u.name, e.amount FROM app.users u JOIN app.events e ON e.id = u.id ORDER BY u.id"
+        )
+        .await,
+        strings(&[&["ann", "10"], &["bo", "20"], &["dan", "40"]])
+    );
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filters_and_limits_go_to_the_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path()).await;
+    c.load().await;
+    let plan = c
+        .rows("EXPLAIN SELECT amount FROM app.events WHERE id >= 90 AND kind IN ('buy', 'view')")
+        .await;
+    let physical = &plan.last().unwrap()[1];
+    assert!(
+        physical.contains(r#"MinkScanExec: table=app.events, splits=3"#)
+            && physical.contains(r#"{"column":"id","op":">=","value":90}"#)
+            && physical.contains(r#"{"column":"kind","op":"in","values":["buy","view"]}"#),
+        "{physical}"
+    );
+    assert_eq!(
+        c.rows(
+            "SELECT id, amount FROM app.events WHERE id >= 90 AND kind IN ('buy', 'view') ORDER BY id"
+        )
+        .await,
+        strings(&[
+            &["90", "900"],
+            &["92", "920"],
+            &["93", "930"],
+            &["95", "950"],
+            &["96", "960"],
+            &["98", "980"]
+        ])
+    );
+    // What a node cannot test stays with DataFusion, and the answer is the same.
+    assert_eq!(
+        c.rows("SELECT count(*) FROM app.events WHERE id % 7 = 0 OR kind IS NULL")
+            .await,
+        strings(&[&["24"]])
+    );
+    // Reversed comparisons, dates as text, nulls.
+    assert_eq!(
+        c.rows("SELECT count(*) FROM app.events WHERE 10 > id AND kind IS NOT NULL")
+            .await,
+        strings(&[&["9"]])
+    );
+    assert_eq!(
+        c.rows("SELECT id FROM app.users WHERE name = 'bo'").await,
+        strings(&[&["2"]])
+    );
+    // A limit bounds what each bucket sends.
+    assert_eq!(c.rows("SELECT * FROM app.events LIMIT 5").await.len(), 5);
+    c.stop().await;
+}
+
+/// A statement reads the cut fixed when it was planned: rows written between `GetFlightInfo`
+/// and `DoGet` are not in it; the next statement sees them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_reads_the_cut_it_was_planned_at() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path()).await;
+    c.load().await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", c.sql_address))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut sql = FlightSqlServiceClient::new(channel);
+    let count = |sql: &mut FlightSqlServiceClient<tonic::transport::Channel>| {
+        let mut sql = sql.clone();
+        async move {
+            let info = sql
+                .execute("SELECT count(*) FROM app.events".into(), None)
+                .await
+                .unwrap();
+            info.endpoint[0].ticket.clone().unwrap()
+        }
+    };
+    let fetch = |sql: &FlightSqlServiceClient<tonic::transport::Channel>,
+                 ticket: arrow_flight::Ticket| {
+        let mut sql = sql.clone();
+        async move {
+            let batches: Vec<_> = sql
+                .do_get(ticket)
+                .await
+                .unwrap()
+                .try_collect()
+                .await
+                .unwrap();
+            common::text_rows(&batches)
+        }
+    };
+    let planned = count(&mut sql).await;
+    let more = arrow::array::RecordBatch::try_from_iter(vec![
+        (
+            "id",
+            std::sync::Arc::new(arrow::array::Int64Array::from(vec![500, 501]))
+                as arrow::array::ArrayRef,
+        ),
+        (
+            "kind",
+            std::sync::Arc::new(arrow::array::StringArray::from(vec![None::<&str>; 2])),
+        ),
+        (
+            "amount",
+            std::sync::Arc::new(arrow::array::Int64Array::from(vec![None; 2])),
+        ),
+    ])
+    .unwrap();
+    c.client.writer("app", "events").write(&more).await.unwrap();
+    assert_eq!(fetch(&sql, planned.clone()).await, strings(&[&["100"]]));
+    // A plan runs once.
+    let again = sql.do_get(planned).await;
+    assert!(
+        matches!(&again, Err(e) if e.to_string().contains("ran already or expired")),
+        "{again:?}"
+    );
+    let next = count(&mut sql).await;
+    assert_eq!(fetch(&sql, next).await, strings(&[&["102"]]));
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_name_what_is_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path()).await;
+    c.load().await;
+    let err = |sql: &'static str| {
+        let engine = c.engine.clone();
+        async move {
+            match engine.sql(sql).await {
+                Ok(df) => df.collect().await.map(|_| ()).unwrap_err().to_string(),
+                Err(e) => e.to_string(),
+            }
+        }
+    };
+    assert!(
+        err("SELECT * FROM app.nope")
+            .await
+            .contains("table 'mink.app.nope' not found")
+    );
+    assert!(err("SELECT nope FROM app.events").await.contains("nope"));
+    assert!(err("SELEC 1").await.contains("SELEC"));
+    // Over Flight SQL: the gRPC status says who can act; the node keeps serving.
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", c.sql_address))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut sql = FlightSqlServiceClient::new(channel);
+    let missing = sql.execute("SELECT * FROM app.nope".into(), None).await;
+    assert!(
+        matches!(&missing, Err(arrow_flight::error::FlightError::Tonic(s)) if s.code() == tonic::Code::InvalidArgument && s.message().contains("table 'mink.app.nope' not found")),
+        "{missing:?}"
+    );
+    let ddl = sql.execute("CREATE TABLE app.t (a INT)".into(), None).await;
+    assert!(
+        matches!(&ddl, Err(arrow_flight::error::FlightError::Tonic(s)) if s.code() == tonic::Code::InvalidArgument && s.message().contains("DDL not supported")),
+        "{ddl:?}"
+    );
+    assert_eq!(
+        c.rows("SELECT count(*) FROM app.users").await,
+        strings(&[&["3"]])
+    );
+    c.stop().await;
+}
+
+/// `INSERT INTO` appends to a log table and upserts into a primary-key table, through the
+/// nodes; what cannot be written is refused with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn insert_into_log_and_primary_key_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path()).await;
+    c.load().await;
+    assert_eq!(
+        c.rows("INSERT INTO app.events VALUES (1000, 'x', 5), (1001, NULL, NULL)")
+            .await,
+        strings(&[&["2"]])
+    );
+    assert_eq!(
+        c.rows("SELECT id, kind, amount FROM app.events WHERE id >= 1000 ORDER BY id")
+            .await,
+        strings(&[&["1000", "x", "5"], &["1001", "NULL", "NULL"]])
+    );
+    // From a query, with columns named (the others null).
+    assert_eq!(
+        c.rows("INSERT INTO app.events (id, amount) SELECT id + 2000, amount FROM app.events WHERE id < 3")
+            .await,
+        strings(&[&["3"]])
+    );
+    assert_eq!(
+        c.rows("SELECT count(*), sum(amount) FROM app.events WHERE id >= 2000")
+            .await,
+        strings(&[&["3", "30"]])
+    );
+    // A primary-key table: an insert of an existing key replaces its row.
+    c.rows("INSERT INTO app.users VALUES (1, 'anna'), (5, 'eve')")
+        .await;
+    assert_eq!(
+        c.rows("SELECT id, name FROM app.users ORDER BY id").await,
+        strings(&[&["1", "anna"], &["2", "bo"], &["4", "dan"], &["5", "eve"]])
+    );
+    let err = |sql: &'static str| {
+        let engine = c.engine.clone();
+        async move {
+            match engine.sql(sql).await {
+                Ok(df) => df.collect().await.map(|_| ()).unwrap_err().to_string(),
+                Err(e) => e.to_string(),
+            }
+        }
+    };
+    let null_key = err("INSERT INTO app.events VALUES (NULL, 'x', 1)").await;
+    assert!(null_key.contains("id"), "{null_key}");
+    let update = err("UPDATE app.users SET name = 'x' WHERE id = 1").await;
+    assert!(update.contains("UPDATE not supported"), "{update}");
+    let delete = err("DELETE FROM app.users WHERE id = 1").await;
+    assert!(delete.contains("DELETE not supported"), "{delete}");
+    let overwrite = err("INSERT OVERWRITE app.events VALUES (1, 'x', 1)").await;
+    assert!(overwrite.contains("not supported"), "{overwrite}");
+    // Nothing of the refused statements was stored.
+    assert_eq!(
+        c.rows("SELECT count(*) FROM app.events").await,
+        strings(&[&["105"]])
+    );
+    c.stop().await;
+}
+
+/// Every file under `tests/slt` run against the loaded cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqllogictest_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path()).await;
+    c.load().await;
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/slt");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "slt"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty());
+    for file in files {
+        let engine = c.engine.clone();
+        let mut runner = sqllogictest::Runner::new(move || {
+            let engine = engine.clone();
+            async move { Ok(common::Slt(engine)) }
+        });
+        runner
+            .run_file_async(&file)
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    }
+    c.stop().await;
+}
+
+/// The ADBC Flight SQL driver (as a BI tool or notebook uses it) and Polars over it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adbc_and_polars_over_flight_sql() {
+    let Some(python) = common::python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path()).await;
+    c.load().await;
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/adbc_flight_sql.py");
+    let uri = format!("grpc://{}", c.sql_address);
+    let out = tokio::process::Command::new(python)
+        .arg(&script)
+        .arg(&uri)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ok"));
+    c.stop().await;
+}
