@@ -14,19 +14,21 @@ use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_server::FlightServiceServer;
 use arrow_flight::sql::metadata::{SqlInfoData, SqlInfoDataBuilder};
-use arrow_flight::sql::server::FlightSqlService;
+use arrow_flight::sql::server::{FlightSqlService, PeekableFlightDataStream};
 use arrow_flight::sql::{
     ActionCancelQueryRequest, ActionCancelQueryResult, CommandGetCatalogs, CommandGetDbSchemas,
     CommandGetPrimaryKeys, CommandGetSqlInfo, CommandGetTableTypes, CommandGetTables,
-    CommandStatementQuery, ProstMessageExt, SqlInfo, SqlSupportedTransaction, TicketStatementQuery,
+    CommandStatementQuery, CommandStatementUpdate, ProstMessageExt, SqlInfo,
+    SqlSupportedTransaction, TicketStatementQuery,
 };
 use arrow_flight::{FlightData, FlightDescriptor, FlightEndpoint, FlightInfo, Ticket};
+use datafusion::arrow::array::AsArray as _;
 use datafusion::arrow::array::{ArrayRef, Int32Array, RecordBatch, StringArray};
-use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt64Type};
 use datafusion::error::DataFusionError;
 use datafusion::prelude::DataFrame;
 use futures::{Stream, TryStreamExt as _};
-use mink_client::ErrorCode;
+use mink_client::{ErrorCode, protocol};
 use prost::Message as _;
 use tonic::{Request, Response, Status};
 
@@ -67,9 +69,30 @@ impl MinkFlightSql {
         FlightServiceServer::new(self)
     }
 
-    /// Plans a statement (refusing what the engine cannot run yet).
-    async fn plan(&self, sql: &str) -> Result<DataFrame, Status> {
-        self.engine.sql(sql).await.map_err(status)
+    /// Plans a statement of `request` (refusing what the engine cannot run yet) on an engine
+    /// of its own, whose reads wait for the request's `mink-min-applied-index`.
+    async fn plan<T>(
+        &self,
+        request: &Request<T>,
+        sql: &str,
+    ) -> Result<(QueryEngine, DataFrame), Status> {
+        let floor = match request.metadata().get(protocol::MIN_APPLIED_INDEX_HEADER) {
+            None => None,
+            Some(v) => Some(
+                v.to_str()
+                    .ok()
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .ok_or_else(|| {
+                        Status::invalid_argument(format!(
+                            "{} must be an unsigned integer",
+                            protocol::MIN_APPLIED_INDEX_HEADER
+                        ))
+                    })?,
+            ),
+        };
+        let engine = self.engine.fork(floor);
+        let plan = engine.sql(sql).await.map_err(status)?;
+        Ok((engine, plan))
     }
 
     fn keep(&self, plan: DataFrame) -> String {
@@ -92,6 +115,16 @@ impl MinkFlightSql {
                 )
             })
     }
+}
+
+/// `response` with the highest metadata index `engine` has seen (`mink-applied-index`): a
+/// client passing it on to a node (or back here) reads at least what the statement read.
+fn stamp<T>(mut response: Response<T>, engine: &QueryEngine) -> Response<T> {
+    response.metadata_mut().insert(
+        protocol::APPLIED_INDEX_HEADER,
+        engine.client().applied_index().into(),
+    );
+    response
 }
 
 /// What the server answers `GetSqlInfo` with (ADBC asks for the transaction capabilities).
@@ -181,7 +214,7 @@ impl FlightSqlService for MinkFlightSql {
         query: CommandStatementQuery,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let plan = self.plan(&query.query).await?;
+        let (engine, plan) = self.plan(&request, &query.query).await?;
         let schema = plan.schema().as_arrow().clone();
         let handle = self.keep(plan);
         let ticket = TicketStatementQuery {
@@ -192,6 +225,31 @@ impl FlightSqlService for MinkFlightSql {
             ticket.as_any().encode_to_vec(),
             request.into_inner(),
         )
+        .map(|r| stamp(r, &engine))
+    }
+
+    /// A statement that returns no rows (`INSERT INTO`): the number of rows it wrote.
+    async fn do_put_statement_update(
+        &self,
+        command: CommandStatementUpdate,
+        request: Request<PeekableFlightDataStream>,
+    ) -> Result<i64, Status> {
+        let (_, plan) = self.plan(&request, &command.query).await?;
+        let batches = plan.collect().await.map_err(status)?;
+        // DML answers one row with the count; anything else counts its rows.
+        let count = match batches.first() {
+            Some(b)
+                if b.num_columns() == 1
+                    && b.num_rows() == 1
+                    && b.schema().field(0).name() == "count" =>
+            {
+                b.column(0)
+                    .as_primitive_opt::<UInt64Type>()
+                    .map_or(0, |c| c.value(0))
+            }
+            _ => batches.iter().map(|b| b.num_rows() as u64).sum(),
+        };
+        Ok(i64::try_from(count).unwrap_or(i64::MAX))
     }
 
     async fn do_get_statement(

@@ -46,6 +46,17 @@ impl QueryEngine {
         &self.client
     }
 
+    /// An engine for one request: its reads wait for the nodes to have applied
+    /// `min_applied_index` (read-your-writes for a client that wrote elsewhere), without
+    /// holding other requests to it.
+    pub fn fork(&self, min_applied_index: Option<u64>) -> QueryEngine {
+        let client = self.client.fork();
+        if let Some(index) = min_applied_index {
+            client.observe_index(index);
+        }
+        QueryEngine::new(client)
+    }
+
     /// A session over the catalog as the cluster's metadata has it now: unqualified names
     /// resolve in database `default`.
     pub async fn session(&self) -> Result<SessionContext> {

@@ -39,6 +39,15 @@ assert info["vendor_name"] == "Mink", info
 frame = pl.read_database("SELECT id, amount FROM app.events WHERE id >= 95 ORDER BY id", connection=conn)
 assert frame["amount"].to_list() == [950, 960, 970, 980, 990], frame
 
+# Writes: INSERT as a query (its count as the row) and as an update (DoPut).
+cur.execute("INSERT INTO app.events VALUES (5000, 'py', 1), (5001, 'py', 2)")
+assert cur.fetchall() == [(2,)]
+stmt = cur.adbc_statement
+stmt.set_sql_query("INSERT INTO app.events (id, kind) VALUES (5002, 'py')")
+assert stmt.execute_update() == 1
+cur.execute("SELECT id, amount FROM app.events WHERE kind = 'py' ORDER BY id")
+assert cur.fetchall() == [(5000, 1), (5001, 2), (5002, None)]
+
 # Errors carry DataFusion's message.
 try:
     cur.execute("SELECT * FROM app.nope")

@@ -169,6 +169,101 @@ async fn a_statement_reads_the_cut_it_was_planned_at() {
     c.stop().await;
 }
 
+/// Read-your-writes across processes: a statement carrying `mink-min-applied-index` (what a
+/// writer's node answered) reads at least that index, and answers with the index it read at.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_read_the_writes_a_client_has_seen() {
+    use arrow_flight::sql::{CommandStatementQuery, ProstMessageExt as _};
+    use prost::Message as _;
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path()).await;
+    c.load().await;
+    // Another client writes; the engine's own client has not seen its index.
+    let writer = mink_client::Client::connect(&c.address).await.unwrap();
+    writer
+        .writer("app", "users")
+        .write(
+            &arrow::array::RecordBatch::try_from_iter(vec![
+                (
+                    "id",
+                    std::sync::Arc::new(arrow::array::Int64Array::from(vec![9]))
+                        as arrow::array::ArrayRef,
+                ),
+                (
+                    "name",
+                    std::sync::Arc::new(arrow::array::StringArray::from(vec!["ida"])),
+                ),
+            ])
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let written = writer.applied_index();
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", c.sql_address))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut flight = arrow_flight::flight_service_client::FlightServiceClient::new(channel);
+    let command = CommandStatementQuery {
+        query: "SELECT name FROM app.users WHERE id = 9".into(),
+        transaction_id: None,
+    };
+    let mut request = tonic::Request::new(arrow_flight::FlightDescriptor::new_cmd(
+        command.as_any().encode_to_vec(),
+    ));
+    request
+        .metadata_mut()
+        .insert("mink-min-applied-index", written.into());
+    let response = flight.get_flight_info(request).await.unwrap();
+    let seen: u64 = response
+        .metadata()
+        .get("mink-applied-index")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        seen >= written,
+        "answered {seen}, the write was at {written}"
+    );
+    let ticket = response.into_inner().endpoint[0].ticket.clone().unwrap();
+    let mut sql = FlightSqlServiceClient::new(
+        tonic::transport::Endpoint::from_shared(format!("http://{}", c.sql_address))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let batches: Vec<_> = sql
+        .do_get(ticket)
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(common::text_rows(&batches), strings(&[&["ida"]]));
+    // An index no node has reached: the statement waits for it, then fails saying so; other
+    // statements are not held to it.
+    let mut ahead = tonic::Request::new(arrow_flight::FlightDescriptor::new_cmd(
+        command.as_any().encode_to_vec(),
+    ));
+    ahead
+        .metadata_mut()
+        .insert("mink-min-applied-index", (written + 1_000_000).into());
+    let refused = flight.get_flight_info(ahead).await;
+    assert!(
+        matches!(&refused, Err(s) if s.code() == tonic::Code::Unavailable),
+        "{refused:?}"
+    );
+    assert_eq!(
+        c.rows("SELECT name FROM app.users WHERE id = 9").await,
+        strings(&[&["ida"]])
+    );
+    c.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errors_name_what_is_wrong() {
     let dir = tempfile::tempdir().unwrap();

@@ -195,7 +195,8 @@ struct Inner {
     /// The node this client was pointed at (`host:port`).
     address: String,
     config: ClientConfig,
-    channels: Mutex<HashMap<String, Channel>>,
+    /// Shared by forks ([`Client::fork`]).
+    channels: Arc<Mutex<HashMap<String, Channel>>>,
     /// Highest `mink-applied-index` seen from any node.
     applied: AtomicU64,
 }
@@ -238,12 +239,26 @@ impl Client {
             inner: Arc::new(Inner {
                 address: normalize(address),
                 config,
-                channels: Mutex::new(HashMap::new()),
+                channels: Arc::default(),
                 applied: AtomicU64::new(0),
             }),
         };
         client.channel(&client.inner.address.clone()).await?;
         Ok(client)
+    }
+
+    /// A client on this one's connections with a read-your-writes position of its own,
+    /// starting at this one's: what one request (a SQL statement) raises with
+    /// [`Client::observe_index`] holds only for it.
+    pub fn fork(&self) -> Client {
+        Client {
+            inner: Arc::new(Inner {
+                address: self.inner.address.clone(),
+                config: self.inner.config.clone(),
+                channels: Arc::clone(&self.inner.channels),
+                applied: AtomicU64::new(self.applied_index()),
+            }),
+        }
     }
 
     /// The node this client talks to for everything but writes.
@@ -314,8 +329,9 @@ impl Client {
         request
     }
 
-    /// Remembers a metadata index a node reported in a response body.
-    pub(crate) fn observe_index(&self, index: u64) {
+    /// Remembers a metadata index (one a node reported, or one a caller of this client must
+    /// see): every later request waits for a node to have applied it (read-your-writes).
+    pub fn observe_index(&self, index: u64) {
         self.inner.applied.fetch_max(index, Ordering::Relaxed);
     }
 

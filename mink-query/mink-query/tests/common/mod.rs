@@ -43,7 +43,7 @@ impl Cluster {
         let node = Node::start(c).await.unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let flight = tokio::spawn(
-            mink_flight::serve(node.clone(), Default::default(), listener, async {
+            mink_flight::serve(node.clone(), server_config(), listener, async {
                 let _ = stopped.await;
             })
             .map(|r| r.unwrap()),
@@ -173,6 +173,15 @@ async fn create(c: &Client, name: &str, schema: &Schema, key: &[&str], buckets: 
     })
     .await
     .unwrap();
+}
+
+/// The node's Flight settings: a request for a metadata index the node has not applied fails
+/// after a short wait.
+fn server_config() -> mink_flight::ServerConfig {
+    mink_flight::ServerConfig {
+        max_applied_wait: Duration::from_millis(300),
+        ..Default::default()
+    }
 }
 
 /// Each row of `batches` as the text of its values (`NULL` for nulls).
