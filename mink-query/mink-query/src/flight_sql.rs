@@ -189,6 +189,19 @@ fn info(
     Ok(Response::new(info))
 }
 
+/// The `FlightInfo` of a metadata command: one endpoint whose ticket is the command itself.
+fn command_info(
+    schema: &Schema,
+    command: &impl ProstMessageExt,
+    request: Request<FlightDescriptor>,
+) -> Result<Response<FlightInfo>, Status> {
+    info(
+        schema,
+        command.as_any().encode_to_vec(),
+        request.into_inner(),
+    )
+}
+
 /// `batches` (of `schema`) as a `DoGet` answer.
 fn answer(
     schema: SchemaRef,
@@ -274,11 +287,7 @@ impl FlightSqlService for MinkFlightSql {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let schema = query.clone().into_builder(&self.info).schema();
-        info(
-            &schema,
-            query.as_any().encode_to_vec(),
-            request.into_inner(),
-        )
+        command_info(&schema, &query, request)
     }
 
     async fn do_get_sql_info(
@@ -297,11 +306,7 @@ impl FlightSqlService for MinkFlightSql {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let schema = query.into_builder().schema();
-        info(
-            &schema,
-            query.as_any().encode_to_vec(),
-            request.into_inner(),
-        )
+        command_info(&schema, &query, request)
     }
 
     async fn do_get_catalogs(
@@ -321,11 +326,7 @@ impl FlightSqlService for MinkFlightSql {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let schema = query.clone().into_builder().schema();
-        info(
-            &schema,
-            query.as_any().encode_to_vec(),
-            request.into_inner(),
-        )
+        command_info(&schema, &query, request)
     }
 
     async fn do_get_schemas(
@@ -353,11 +354,7 @@ impl FlightSqlService for MinkFlightSql {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let schema = query.clone().into_builder().schema();
-        info(
-            &schema,
-            query.as_any().encode_to_vec(),
-            request.into_inner(),
-        )
+        command_info(&schema, &query, request)
     }
 
     async fn do_get_tables(
@@ -401,11 +398,7 @@ impl FlightSqlService for MinkFlightSql {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let schema = query.into_builder().schema();
-        info(
-            &schema,
-            query.as_any().encode_to_vec(),
-            request.into_inner(),
-        )
+        command_info(&schema, &query, request)
     }
 
     async fn do_get_table_types(
@@ -424,11 +417,7 @@ impl FlightSqlService for MinkFlightSql {
         query: CommandGetPrimaryKeys,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        info(
-            &primary_keys_schema(),
-            query.as_any().encode_to_vec(),
-            request.into_inner(),
-        )
+        command_info(&primary_keys_schema(), &query, request)
     }
 
     async fn do_get_primary_keys(

@@ -8,6 +8,7 @@
 //! - [`flight_sql`]: the Flight SQL service over a [`QueryEngine`].
 
 pub mod catalog;
+pub mod ddl;
 pub mod filter;
 pub mod flight_sql;
 pub mod insert;
@@ -61,23 +62,34 @@ impl QueryEngine {
     /// resolve in database `default`.
     pub async fn session(&self) -> Result<SessionContext> {
         self.catalog.refresh().await?;
-        let config = SessionConfig::new()
+        let mut config = SessionConfig::new()
             .with_create_default_catalog_and_schema(false)
             .with_default_catalog_and_schema(CATALOG, "default")
             .with_information_schema(true);
+        // Mink's string columns are Utf8: `VARCHAR` in DDL and casts means that.
+        config.options_mut().sql_parser.map_string_types_to_utf8view = false;
         let ctx = SessionContext::new_with_config(config);
         ctx.register_catalog(CATALOG, Arc::clone(&self.catalog) as _);
         Ok(ctx)
     }
 
-    /// Plans one statement in a fresh session: queries and `INSERT INTO`; DDL and `SET` are
-    /// refused with DataFusion's error naming what is not supported, as are `UPDATE` and
-    /// `DELETE` (by the tables).
+    /// Plans one statement in a fresh session: queries, `INSERT INTO`, and `CREATE TABLE` /
+    /// `DROP TABLE` (carried out now, answering no rows). Other DDL and `SET` are refused with
+    /// DataFusion's error naming what is not supported, as are `UPDATE` and `DELETE` (by the
+    /// tables).
     pub async fn sql(&self, sql: &str) -> Result<DataFrame> {
+        let ctx = self.session().await?;
+        let dialect = ctx.state().config().options().sql_parser.dialect;
+        let statement = ctx.state().sql_to_statement(sql, &dialect)?;
+        if ddl::run(&ctx, &self.client, &statement).await? {
+            return ctx.read_empty();
+        }
         let options = SQLOptions::new()
             .with_allow_ddl(false)
             .with_allow_dml(true)
             .with_allow_statements(false);
-        self.session().await?.sql_with_options(sql, options).await
+        let plan = ctx.state().statement_to_plan(statement).await?;
+        options.verify_plan(&plan)?;
+        ctx.execute_logical_plan(plan).await
     }
 }

@@ -109,12 +109,7 @@ async fn a_statement_reads_the_cut_it_was_planned_at() {
     let dir = tempfile::tempdir().unwrap();
     let c = Cluster::start(dir.path()).await;
     c.load().await;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", c.sql_address))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut sql = FlightSqlServiceClient::new(channel);
+    let mut sql = c.flight_sql().await;
     let count = |sql: &mut FlightSqlServiceClient<tonic::transport::Channel>| {
         let mut sql = sql.clone();
         async move {
@@ -199,12 +194,8 @@ async fn statements_read_the_writes_a_client_has_seen() {
         .await
         .unwrap();
     let written = writer.applied_index();
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", c.sql_address))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut flight = arrow_flight::flight_service_client::FlightServiceClient::new(channel);
+    let mut flight =
+        arrow_flight::flight_service_client::FlightServiceClient::new(c.channel().await);
     let command = CommandStatementQuery {
         query: "SELECT name FROM app.users WHERE id = 9".into(),
         transaction_id: None,
@@ -229,13 +220,7 @@ async fn statements_read_the_writes_a_client_has_seen() {
         "answered {seen}, the write was at {written}"
     );
     let ticket = response.into_inner().endpoint[0].ticket.clone().unwrap();
-    let mut sql = FlightSqlServiceClient::new(
-        tonic::transport::Endpoint::from_shared(format!("http://{}", c.sql_address))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap(),
-    );
+    let mut sql = c.flight_sql().await;
     let batches: Vec<_> = sql
         .do_get(ticket)
         .await
@@ -269,35 +254,27 @@ async fn errors_name_what_is_wrong() {
     let dir = tempfile::tempdir().unwrap();
     let c = Cluster::start(dir.path()).await;
     c.load().await;
-    let err = |sql: &'static str| {
-        let engine = c.engine.clone();
-        async move {
-            match engine.sql(sql).await {
-                Ok(df) => df.collect().await.map(|_| ()).unwrap_err().to_string(),
-                Err(e) => e.to_string(),
-            }
-        }
-    };
     assert!(
-        err("SELECT * FROM app.nope")
+        c.error("SELECT * FROM app.nope")
             .await
             .contains("table 'mink.app.nope' not found")
     );
-    assert!(err("SELECT nope FROM app.events").await.contains("nope"));
-    assert!(err("SELEC 1").await.contains("SELEC"));
+    assert!(
+        c.error("SELECT nope FROM app.events")
+            .await
+            .contains("nope")
+    );
+    assert!(c.error("SELEC 1").await.contains("SELEC"));
     // Over Flight SQL: the gRPC status says who can act; the node keeps serving.
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", c.sql_address))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut sql = FlightSqlServiceClient::new(channel);
+    let mut sql = c.flight_sql().await;
     let missing = sql.execute("SELECT * FROM app.nope".into(), None).await;
     assert!(
         matches!(&missing, Err(arrow_flight::error::FlightError::Tonic(s)) if s.code() == tonic::Code::InvalidArgument && s.message().contains("table 'mink.app.nope' not found")),
         "{missing:?}"
     );
-    let ddl = sql.execute("CREATE TABLE app.t (a INT)".into(), None).await;
+    let ddl = sql
+        .execute("CREATE VIEW app.v AS SELECT 1".into(), None)
+        .await;
     assert!(
         matches!(&ddl, Err(arrow_flight::error::FlightError::Tonic(s)) if s.code() == tonic::Code::InvalidArgument && s.message().contains("DDL not supported")),
         "{ddl:?}"
@@ -344,22 +321,19 @@ async fn insert_into_log_and_primary_key_tables() {
         c.rows("SELECT id, name FROM app.users ORDER BY id").await,
         strings(&[&["1", "anna"], &["2", "bo"], &["4", "dan"], &["5", "eve"]])
     );
-    let err = |sql: &'static str| {
-        let engine = c.engine.clone();
-        async move {
-            match engine.sql(sql).await {
-                Ok(df) => df.collect().await.map(|_| ()).unwrap_err().to_string(),
-                Err(e) => e.to_string(),
-            }
-        }
-    };
-    let null_key = err("INSERT INTO app.events VALUES (NULL, 'x', 1)").await;
+    let null_key = c
+        .error("INSERT INTO app.events VALUES (NULL, 'x', 1)")
+        .await;
     assert!(null_key.contains("id"), "{null_key}");
-    let update = err("UPDATE app.users SET name = 'x' WHERE id = 1").await;
+    let update = c
+        .error("UPDATE app.users SET name = 'x' WHERE id = 1")
+        .await;
     assert!(update.contains("UPDATE not supported"), "{update}");
-    let delete = err("DELETE FROM app.users WHERE id = 1").await;
+    let delete = c.error("DELETE FROM app.users WHERE id = 1").await;
     assert!(delete.contains("DELETE not supported"), "{delete}");
-    let overwrite = err("INSERT OVERWRITE app.events VALUES (1, 'x', 1)").await;
+    let overwrite = c
+        .error("INSERT OVERWRITE app.events VALUES (1, 'x', 1)")
+        .await;
     assert!(overwrite.contains("not supported"), "{overwrite}");
     // Nothing of the refused statements was stored.
     assert_eq!(

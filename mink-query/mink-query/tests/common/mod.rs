@@ -98,6 +98,33 @@ impl Cluster {
         text_rows(&batches)
     }
 
+    /// The error `sql` fails with, when planned or when run.
+    pub async fn error(&self, sql: &str) -> String {
+        match self.engine.sql(sql).await {
+            Ok(df) => match df.collect().await {
+                Ok(_) => panic!("{sql} did not fail"),
+                Err(e) => e.to_string(),
+            },
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// A Flight SQL client of the service.
+    pub async fn flight_sql(
+        &self,
+    ) -> arrow_flight::sql::client::FlightSqlServiceClient<tonic::transport::Channel> {
+        arrow_flight::sql::client::FlightSqlServiceClient::new(self.channel().await)
+    }
+
+    /// A connection to the Flight SQL service.
+    pub async fn channel(&self) -> tonic::transport::Channel {
+        tonic::transport::Endpoint::from_shared(format!("http://{}", self.sql_address))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap()
+    }
+
     /// The data the tests query: `app.events` (a log table, 3 buckets) and `app.users` (a
     /// primary-key table, 2 buckets, some rows updated and deleted).
     pub async fn load(&self) {

@@ -1,0 +1,202 @@
+//! DDL on Mink tables: `CREATE TABLE` (with a `PRIMARY KEY` and `WITH ('bucket.num' = '4',
+//! ...)` options named as in Apache Fluss), `DROP TABLE`, and `CREATE SCHEMA` / `DROP SCHEMA`
+//! for databases, carried out by the cluster's metadata when the statement is planned.
+//!
+//! DataFusion turns the column definitions into an Arrow schema and the key into a
+//! constraint; the options (which DataFusion's planner refuses) are taken off the statement
+//! first and sent to Mink as they are, so a Mink table option is checked by the nodes and a
+//! wrong one refused there with its name.
+
+use std::collections::BTreeMap;
+
+use datafusion::common::Constraint;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::logical_expr::{DdlStatement, LogicalPlan};
+use datafusion::prelude::SessionContext;
+use datafusion::sql::parser::Statement as DfStatement;
+use datafusion::sql::sqlparser::ast::{
+    CreateTableOptions, Expr, ObjectName, ObjectType, SchemaName, SqlOption, Statement, Value,
+};
+use mink_client::{Client, protocol};
+
+use crate::client_error;
+
+/// Carries out `statement` if it is DDL on Mink tables (returning `true`); leaves anything
+/// else to DataFusion (`false`).
+pub async fn run(ctx: &SessionContext, client: &Client, statement: &DfStatement) -> Result<bool> {
+    let DfStatement::Statement(s) = statement else {
+        return Ok(false);
+    };
+    match s.as_ref() {
+        Statement::CreateTable(create) => {
+            let mut stripped = create.clone();
+            let options = match std::mem::take(&mut stripped.table_options) {
+                CreateTableOptions::None => BTreeMap::new(),
+                CreateTableOptions::With(options) | CreateTableOptions::Options(options) => {
+                    table_options(&options)?
+                }
+                other => {
+                    return Err(DataFusionError::NotImplemented(format!(
+                        "table options as {other}: give them as WITH ('bucket.num' = '4', ...)"
+                    )));
+                }
+            };
+            if stripped.query.is_some() {
+                return Err(DataFusionError::NotImplemented(
+                    "CREATE TABLE ... AS SELECT is not supported: create the table, then INSERT INTO it".into(),
+                ));
+            }
+            let (database, table) = names(&create.name)?;
+            let plan = ctx
+                .state()
+                .statement_to_plan(DfStatement::Statement(Box::new(Statement::CreateTable(
+                    stripped,
+                ))))
+                .await?;
+            let LogicalPlan::Ddl(DdlStatement::CreateMemoryTable(c)) = plan else {
+                return Err(DataFusionError::Internal(format!(
+                    "CREATE TABLE planned as {}",
+                    plan.display()
+                )));
+            };
+            let schema = c.input.schema().as_arrow().clone();
+            let primary_key: Vec<String> = c
+                .constraints
+                .iter()
+                .find_map(|k| match k {
+                    Constraint::PrimaryKey(columns) => Some(
+                        columns
+                            .iter()
+                            .map(|&i| schema.field(i).name().clone())
+                            .collect(),
+                    ),
+                    Constraint::Unique(_) => None,
+                })
+                .unwrap_or_default();
+            client
+                .create_table_with(&protocol::CreateTable {
+                    database,
+                    table,
+                    schema: protocol::encode_schema(&schema)
+                        .map_err(|e| DataFusionError::External(Box::new(e)))?,
+                    options,
+                    partition_keys: vec![],
+                    primary_key,
+                    comment: String::new(),
+                    if_not_exists: c.if_not_exists,
+                })
+                .await
+                .map_err(client_error)?;
+            Ok(true)
+        }
+        // A database is a schema of catalog `mink`.
+        Statement::CreateSchema {
+            schema_name: SchemaName::Simple(name),
+            if_not_exists,
+            ..
+        } => {
+            client
+                .create_database(&database_name(name)?, *if_not_exists)
+                .await
+                .map_err(client_error)?;
+            Ok(true)
+        }
+        Statement::Drop {
+            object_type: ObjectType::Schema,
+            if_exists,
+            cascade,
+            names: databases,
+            ..
+        } => {
+            for name in databases {
+                client
+                    .drop_database(&database_name(name)?, *cascade, *if_exists)
+                    .await
+                    .map_err(client_error)?;
+            }
+            Ok(true)
+        }
+        Statement::Drop {
+            object_type: ObjectType::Table,
+            if_exists,
+            names: tables,
+            ..
+        } => {
+            for name in tables {
+                let (database, table) = names(name)?;
+                client
+                    .drop_table(&database, &table, *if_exists)
+                    .await
+                    .map_err(client_error)?;
+            }
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
+}
+
+/// A database's name (`name`, or `mink.name`).
+fn database_name(name: &ObjectName) -> Result<String> {
+    let parts: Vec<String> = name
+        .0
+        .iter()
+        .filter_map(|p| p.as_ident().map(|i| i.value.clone()))
+        .collect();
+    match parts.as_slice() {
+        [database] => Ok(database.clone()),
+        [catalog, database] if catalog == crate::CATALOG => Ok(database.clone()),
+        _ => Err(DataFusionError::Plan(format!(
+            "{name}: a database is a schema of catalog {}",
+            crate::CATALOG
+        ))),
+    }
+}
+
+/// `database.table` (or a table of database `default`).
+fn names(name: &ObjectName) -> Result<(String, String)> {
+    let parts: Vec<String> = name
+        .0
+        .iter()
+        .map(|p| {
+            p.as_ident()
+                .map(|i| i.value.clone())
+                .ok_or_else(|| DataFusionError::Plan(format!("{name} is not a table name")))
+        })
+        .collect::<Result<_>>()?;
+    match parts.as_slice() {
+        [table] => Ok(("default".into(), table.clone())),
+        [database, table] => Ok((database.clone(), table.clone())),
+        [catalog, database, table] if catalog == crate::CATALOG => {
+            Ok((database.clone(), table.clone()))
+        }
+        _ => Err(DataFusionError::Plan(format!(
+            "{name}: name a table as database.table (catalog {})",
+            crate::CATALOG
+        ))),
+    }
+}
+
+/// `WITH ('key' = 'value', ...)` as Mink table options (values as their text).
+fn table_options(options: &[SqlOption]) -> Result<BTreeMap<String, String>> {
+    options
+        .iter()
+        .map(|o| match o {
+            SqlOption::KeyValue { key, value } => {
+                let value = match value {
+                    Expr::Value(v) => match &v.value {
+                        Value::SingleQuotedString(s) | Value::DoubleQuotedString(s) => s.clone(),
+                        Value::Number(n, _) => n.clone(),
+                        Value::Boolean(b) => b.to_string(),
+                        other => other.to_string(),
+                    },
+                    Expr::Identifier(i) => i.value.clone(),
+                    other => other.to_string(),
+                };
+                Ok((key.value.clone(), value))
+            }
+            other => Err(DataFusionError::Plan(format!(
+                "table option {other}: expected 'key' = 'value'"
+            ))),
+        })
+        .collect()
+}
