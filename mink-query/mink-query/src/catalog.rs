@@ -10,11 +10,11 @@ use std::sync::{Arc, RwLock};
 
 use async_trait::async_trait;
 use datafusion::catalog::{CatalogProvider, SchemaProvider, TableProvider};
-use datafusion::error::Result;
+use datafusion::error::{DataFusionError, Result};
 use mink_client::{Client, ErrorCode};
 
 use crate::client_error;
-use crate::table::MinkTable;
+use crate::table::{MinkTable, TableView};
 
 /// The databases and tables of a cluster.
 #[derive(Debug)]
@@ -101,11 +101,25 @@ impl SchemaProvider for MinkDatabase {
             .unwrap_or_default()
     }
 
+    /// A table, or one of its virtual tables (`t$changelog`, `t$log`, `t$lake`).
     async fn table(&self, name: &str) -> Result<Option<Arc<dyn TableProvider>>> {
-        match self.client.describe_table(&self.database, name).await {
-            Ok(description) => Ok(Some(Arc::new(MinkTable::new(
+        let (table, view) = match name.rsplit_once('$') {
+            None => (name, TableView::Rows),
+            Some((table, suffix)) => match TableView::from_suffix(suffix) {
+                Some(view) => (table, view),
+                None => {
+                    return Err(DataFusionError::Plan(format!(
+                        "{}.{name}: no virtual table ${suffix} (there are $changelog, $log and $lake)",
+                        self.database
+                    )));
+                }
+            },
+        };
+        match self.client.describe_table(&self.database, table).await {
+            Ok(description) => Ok(Some(Arc::new(MinkTable::view(
                 self.client.clone(),
                 description,
+                view,
             )?))),
             Err(e) if e.code() == Some(ErrorCode::NotFound) => Ok(None),
             Err(e) => Err(client_error(e)),
@@ -113,6 +127,7 @@ impl SchemaProvider for MinkDatabase {
     }
 
     fn table_exist(&self, name: &str) -> bool {
-        self.table_names().iter().any(|t| t == name)
+        let table = name.rsplit_once('$').map_or(name, |(t, _)| t);
+        self.table_names().iter().any(|t| t == table)
     }
 }

@@ -20,33 +20,94 @@ use crate::filter::to_predicates;
 use crate::insert::MinkSink;
 use crate::scan::MinkScanExec;
 
+/// Which rows of a table a provider reads: the table's, or one of its virtual tables
+/// (named as in Fluss: `t$changelog`, `t$log`, `t$lake`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TableView {
+    /// A log table's rows (its union read), a primary-key table's current rows.
+    Rows,
+    /// A primary-key table's changes: `_change_type`, `_log_offset`, `_commit_timestamp`,
+    /// then the columns.
+    Changelog,
+    /// A log table's rows in its log only (no lake history).
+    Log,
+    /// A lake table's rows in its lake snapshot only.
+    Lake,
+}
+
+impl TableView {
+    /// The view a suffix names (`changelog`, `log`, `lake`).
+    pub fn from_suffix(suffix: &str) -> Option<TableView> {
+        match suffix {
+            "changelog" => Some(TableView::Changelog),
+            "log" => Some(TableView::Log),
+            "lake" => Some(TableView::Lake),
+            _ => None,
+        }
+    }
+}
+
 /// A table as described when the statement was planned: that description fixes the cut
 /// (each bucket's high watermark) every scan of the statement reads.
 #[derive(Debug)]
 pub struct MinkTable {
     client: Client,
     description: TableDescription,
+    view: TableView,
     schema: SchemaRef,
     constraints: Option<Constraints>,
 }
 
 impl MinkTable {
     pub fn new(client: Client, description: TableDescription) -> Result<Self> {
-        let schema = Arc::new(
-            description
-                .arrow_schema()
-                .map_err(|e| DataFusionError::External(Box::new(e)))?,
-        );
+        Self::view(client, description, TableView::Rows)
+    }
+
+    /// `view` of the table `description` describes; a view the table does not have is
+    /// refused, saying which tables have it.
+    pub fn view(client: Client, description: TableDescription, view: TableView) -> Result<Self> {
+        let name = format!("{}.{}", description.database, description.table);
+        let primary = !description.primary_key.is_empty();
+        let lake = description
+            .options
+            .get("table.datalake.enabled")
+            .is_some_and(|v| v == "true");
+        let refuse = |why: &str| Err(DataFusionError::Plan(format!("{name}: {why}")));
+        match view {
+            TableView::Changelog if !primary => {
+                return refuse(
+                    "$changelog is a primary-key table's changes; a log table's rows are its log",
+                );
+            }
+            TableView::Log if primary => {
+                return refuse(
+                    "$log reads a log table; a primary-key table's changes are its $changelog",
+                );
+            }
+            TableView::Lake if !lake => {
+                return refuse("$lake reads a table tiered into the lake (table.datalake.enabled)");
+            }
+            _ => {}
+        }
+        let table_schema = description
+            .arrow_schema()
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        let schema = match view {
+            TableView::Changelog => mink_log::changelog::view_schema(&table_schema),
+            _ => Arc::new(table_schema),
+        };
         let key: Vec<usize> = description
             .primary_key
             .iter()
             .filter_map(|k| schema.index_of(k).ok())
             .collect();
-        let constraints = (!key.is_empty())
+        // A changelog holds each key many times.
+        let constraints = (!key.is_empty() && view != TableView::Changelog)
             .then(|| Constraints::new_unverified(vec![Constraint::PrimaryKey(key)]));
         Ok(MinkTable {
             client,
             description,
+            view,
             schema,
             constraints,
         })
@@ -99,6 +160,12 @@ impl TableProvider for MinkTable {
         input: Arc<dyn ExecutionPlan>,
         insert_op: InsertOp,
     ) -> Result<Arc<dyn ExecutionPlan>> {
+        if self.view != TableView::Rows {
+            return Err(DataFusionError::Plan(format!(
+                "{}.{}: a virtual table is read-only; insert into the table",
+                self.description.database, self.description.table
+            )));
+        }
         if insert_op != InsertOp::Append {
             return Err(DataFusionError::NotImplemented(format!(
                 "{insert_op} is not supported: Mink tables take INSERT INTO (appends to a log table, upserts into a primary-key table)"
@@ -136,21 +203,38 @@ impl TableProvider for MinkTable {
         };
         let filter = Filter(filters.iter().filter_map(to_predicates).flatten().collect());
         let d = &self.description;
+        let lake = d
+            .options
+            .get("table.datalake.enabled")
+            .is_some_and(|v| v == "true");
+        // What each bucket's read is: positioned up to the planned high watermark for reads
+        // of offsets (a log table's rows, any changelog); a snapshot for current rows.
+        let (positioned, changelog, source) = match self.view {
+            TableView::Rows => (!self.is_primary_key_table(), false, None),
+            TableView::Changelog => (true, true, None),
+            TableView::Log => (true, false, lake.then(|| "log".to_string())),
+            TableView::Lake => (
+                !self.is_primary_key_table(),
+                false,
+                Some("lake".to_string()),
+            ),
+        };
         let splits: Vec<Ticket> = d
             .buckets
             .iter()
-            // A log table's bucket nothing was written to has nothing to read.
-            .filter(|b| self.is_primary_key_table() || b.end_offset > 0)
+            // A bucket nothing was written to has no offsets to read.
+            .filter(|b| !positioned || b.end_offset > 0)
             .map(|b| Ticket {
                 database: d.database.clone(),
                 table: d.table.clone(),
                 partition: b.partition.clone(),
                 bucket: Some(b.bucket),
-                // Log tables: up to the high watermark the statement was planned at.
-                end_offset: (!self.is_primary_key_table()).then_some(b.end_offset),
+                end_offset: positioned.then_some(b.end_offset),
                 columns: columns.clone(),
                 filter: filter.clone(),
                 max_rows: limit.map(|l| l as u64),
+                changelog,
+                source: source.clone(),
                 ..Default::default()
             })
             .collect();

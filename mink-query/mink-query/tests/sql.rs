@@ -343,6 +343,60 @@ async fn insert_into_log_and_primary_key_tables() {
     c.stop().await;
 }
 
+/// A table tiered into the lake: the table is the union of lake and log, `t$lake` its lake
+/// snapshot, `t$log` its log; filters prune the lake's side too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lake_tables_read_as_union_lake_and_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path()).await;
+    c.load().await;
+    c.rows(
+        "CREATE TABLE app.lk (id BIGINT NOT NULL, v VARCHAR) WITH ('bucket.num' = '2', \
+         'table.datalake.enabled' = 'true', 'table.datalake.freshness' = '1h')",
+    )
+    .await;
+    c.rows("INSERT INTO app.lk SELECT id, kind FROM app.events WHERE id < 50")
+        .await;
+    // One tiering round, on the lease holder (once this node holds the lease).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        match c.node.tier_now("app", "lk").await {
+            Ok(true) => break,
+            Ok(false) => panic!("the round tiered nothing"),
+            Err(mink_node::NodeError::Unavailable(why)) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "waited for the lease to tier: {why}"
+                );
+                c.client
+                    .wait_for_change(std::time::Duration::from_millis(500))
+                    .await
+                    .unwrap();
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    c.rows("INSERT INTO app.lk SELECT id, kind FROM app.events WHERE id >= 50 AND id < 60")
+        .await;
+    assert_eq!(
+        c.rows("SELECT count(*), min(id), max(id) FROM app.lk").await,
+        strings(&[&["60", "0", "59"]])
+    );
+    assert_eq!(
+        c.rows("SELECT count(*), max(id) FROM app.lk$lake").await,
+        strings(&[&["50", "49"]])
+    );
+    assert_eq!(
+        c.rows("SELECT count(*) FROM app.lk$log").await,
+        strings(&[&["60"]])
+    );
+    assert_eq!(
+        c.rows("SELECT id FROM app.lk$lake WHERE id >= 47 ORDER BY id").await,
+        strings(&[&["47"], &["48"], &["49"]])
+    );
+    c.stop().await;
+}
+
 /// Every file under `tests/slt` run against the loaded cluster.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqllogictest_files() {

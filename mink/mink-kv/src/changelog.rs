@@ -11,14 +11,12 @@ use arrow::array::{
     ArrayRef, AsArray, Int8Array, Int64Array, RecordBatch, StringArray, TimestampMillisecondArray,
 };
 use arrow::compute::filter_record_batch;
-use arrow::datatypes::{DataType, Field, Int8Type, Schema, SchemaRef, TimeUnit};
+use arrow::datatypes::{DataType, Field, Int8Type, Schema, SchemaRef};
 
 use crate::rows::RowCodec;
 use crate::{KeyChange, KvError, KvResult};
 
-pub const CHANGE_TYPE: &str = "_change_type";
-pub const LOG_OFFSET: &str = "_log_offset";
-pub const COMMIT_TIMESTAMP: &str = "_commit_timestamp";
+pub use mink_log::changelog::{CHANGE_TYPE, COMMIT_TIMESTAMP, LOG_OFFSET, view_schema};
 
 /// What a changelog row says about its key (the values of Fluss and Flink's row kinds).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -58,7 +56,7 @@ impl ChangeType {
 }
 
 fn timestamp_type() -> DataType {
-    DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into()))
+    mink_log::changelog::commit_timestamp_type()
 }
 
 /// The schema of stored changelog batches.
@@ -89,18 +87,6 @@ pub fn change_types(stored: &RecordBatch) -> &Int8Array {
     stored
         .column(stored.num_columns() - 2)
         .as_primitive::<Int8Type>()
-}
-
-/// The schema of the changelog view of a table: `_change_type`, `_log_offset`,
-/// `_commit_timestamp`, then the table's columns.
-pub fn view_schema(table: &Schema) -> SchemaRef {
-    let mut fields = vec![
-        Field::new(CHANGE_TYPE, DataType::Utf8, false),
-        Field::new(LOG_OFFSET, DataType::Int64, false),
-        Field::new(COMMIT_TIMESTAMP, timestamp_type(), false),
-    ];
-    fields.extend(table.fields().iter().map(|f| f.as_ref().clone()));
-    Arc::new(Schema::new_with_metadata(fields, table.metadata().clone()))
 }
 
 /// A stored batch read from `base_offset` as changelog view rows (markers left out).

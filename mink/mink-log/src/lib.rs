@@ -6,6 +6,7 @@
 //! - [`routing`]: which bucket a row belongs to — the same function in clients and servers.
 //! - [`LogTablet`]: append and read one bucket.
 
+pub mod changelog;
 pub mod codec;
 pub mod filter;
 pub mod options;
