@@ -9,6 +9,7 @@
 
 pub mod catalog;
 pub mod ddl;
+mod dml;
 pub mod filter;
 pub mod flight_sql;
 pub mod insert;
@@ -73,10 +74,10 @@ impl QueryEngine {
         Ok(ctx)
     }
 
-    /// Plans one statement in a fresh session: queries, `INSERT INTO`, and `CREATE TABLE` /
-    /// `DROP TABLE` (carried out now, answering no rows). Other DDL and `SET` are refused with
-    /// DataFusion's error naming what is not supported, as are `UPDATE` and `DELETE` (by the
-    /// tables).
+    /// Plans one statement in a fresh session: queries, `INSERT INTO`, `UPDATE` and `DELETE`
+    /// (primary-key tables), and `CREATE`/`DROP` `TABLE`/`SCHEMA` (carried out now, answering no
+    /// rows). Other DDL and `SET` are refused with DataFusion's error naming what is not
+    /// supported.
     pub async fn sql(&self, sql: &str) -> Result<DataFrame> {
         let ctx = self.session().await?;
         let dialect = ctx.state().config().options().sql_parser.dialect;

@@ -18,7 +18,44 @@ use mink_client::{Client, Filter, TableDescription, Ticket};
 
 use crate::filter::to_predicates;
 use crate::insert::MinkSink;
-use crate::scan::MinkScanExec;
+use crate::scan::{MinkLookupExec, MinkScanExec};
+
+/// Keys a point lookup takes at most; more are read by scanning.
+const MAX_LOOKUP_KEYS: usize = 1024;
+
+/// The keys `filter` pins the whole primary key `key` to (an equality or an `in` list on each
+/// key column), as lookup keys; `None` if it does not, or pins too many.
+fn point_keys(
+    key: &[String],
+    filter: &Filter,
+) -> Option<Vec<serde_json::Map<String, serde_json::Value>>> {
+    if key.is_empty() {
+        return None;
+    }
+    let mut keys = vec![serde_json::Map::new()];
+    for column in key {
+        let values = filter.0.iter().find_map(|p| match &p.op {
+            _ if &p.column != column => None,
+            mink_client::Op::Eq { value } => Some(vec![value.clone()]),
+            mink_client::Op::In { values } => Some(values.clone()),
+            _ => None,
+        })?;
+        if keys.len() * values.len() > MAX_LOOKUP_KEYS {
+            return None;
+        }
+        keys = keys
+            .iter()
+            .flat_map(|k| {
+                values.iter().filter(|v| !v.is_null()).map(move |v| {
+                    let mut k = k.clone();
+                    k.insert(column.clone(), v.clone());
+                    k
+                })
+            })
+            .collect();
+    }
+    Some(keys)
+}
 
 /// Which rows of a table a provider reads: the table's, or one of its virtual tables
 /// (named as in Fluss: `t$changelog`, `t$log`, `t$lake`).
@@ -117,6 +154,24 @@ impl MinkTable {
         &self.description
     }
 
+    /// Refuses `statement` (`UPDATE`, `DELETE`) on what it cannot change.
+    fn writable(&self, statement: &str) -> Result<()> {
+        let d = &self.description;
+        if self.view != TableView::Rows {
+            return Err(DataFusionError::Plan(format!(
+                "{}.{}: a virtual table is read-only",
+                d.database, d.table
+            )));
+        }
+        if !self.is_primary_key_table() {
+            return Err(DataFusionError::Plan(format!(
+                "{statement} changes rows by key: {}.{} is a log table (append-only)",
+                d.database, d.table
+            )));
+        }
+        Ok(())
+    }
+
     fn is_primary_key_table(&self) -> bool {
         !self.description.primary_key.is_empty()
     }
@@ -181,6 +236,47 @@ impl TableProvider for MinkTable {
         Ok(Arc::new(DataSinkExec::new(input, Arc::new(sink), None)))
     }
 
+    /// `DELETE`: a primary-key table's rows the filters select, deleted by key.
+    async fn delete_from(
+        &self,
+        state: &dyn Session,
+        filters: Vec<Expr>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        self.writable("DELETE")?;
+        let current = self.scan(state, None, &filters, None).await?;
+        let d = &self.description;
+        crate::dml::delete(
+            state,
+            &self.client,
+            (&d.database, &d.table),
+            (current, Arc::clone(&self.schema)),
+            filters,
+        )
+        .await
+    }
+
+    /// `UPDATE`: a primary-key table's rows the filters select, with the assignments applied.
+    async fn update(
+        &self,
+        state: &dyn Session,
+        assignments: Vec<(String, Expr)>,
+        filters: Vec<Expr>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        self.writable("UPDATE")?;
+        let current = self.scan(state, None, &filters, None).await?;
+        let d = &self.description;
+        crate::dml::update(
+            state,
+            &self.client,
+            (&d.database, &d.table),
+            (current, Arc::clone(&self.schema)),
+            &d.primary_key,
+            assignments,
+            filters,
+        )
+        .await
+    }
+
     async fn scan(
         &self,
         _state: &dyn Session,
@@ -203,6 +299,18 @@ impl TableProvider for MinkTable {
         };
         let filter = Filter(filters.iter().filter_map(to_predicates).flatten().collect());
         let d = &self.description;
+        // Equality on the whole primary key: a point lookup at the keys' leaders.
+        if self.view == TableView::Rows
+            && let Some(keys) = point_keys(&d.primary_key, &filter)
+        {
+            return Ok(Arc::new(MinkLookupExec::new(
+                self.client.clone(),
+                (d.database.clone(), d.table.clone()),
+                keys,
+                columns,
+                projected,
+            )));
+        }
         let lake = d
             .options
             .get("table.datalake.enabled")

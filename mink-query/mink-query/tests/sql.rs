@@ -97,6 +97,34 @@ async fn filters_and_limits_go_to_the_nodes() {
         c.rows("SELECT id FROM app.users WHERE name = 'bo'").await,
         strings(&[&["2"]])
     );
+    // Equality on the whole primary key is a point lookup at the keys' leaders.
+    let plan = c
+        .rows("EXPLAIN SELECT name FROM app.users WHERE id IN (1, 3, 4) AND name <> 'x'")
+        .await;
+    let physical = &plan.last().unwrap()[1];
+    assert!(
+        physical.contains("MinkLookupExec: table=app.users, keys=3"),
+        "{physical}"
+    );
+    assert_eq!(
+        c.rows("SELECT id, name FROM app.users WHERE id IN (1, 3, 4) AND name <> 'x' ORDER BY id")
+            .await,
+        strings(&[&["1", "ann"], &["4", "dan"]])
+    );
+    assert_eq!(
+        c.rows("SELECT count(*) FROM app.users WHERE id = 2").await,
+        strings(&[&["1"]])
+    );
+    assert_eq!(
+        c.rows("SELECT name FROM app.users WHERE id = 2 AND name = 'bob'")
+            .await,
+        Vec::<Vec<String>>::new()
+    );
+    // Not the whole key, or a range: a scan.
+    let plan = c
+        .rows("EXPLAIN SELECT name FROM app.users WHERE id > 2")
+        .await;
+    assert!(plan.last().unwrap()[1].contains("MinkScanExec"), "{plan:?}");
     // A limit bounds what each bucket sends.
     assert_eq!(c.rows("SELECT * FROM app.events LIMIT 5").await.len(), 5);
     c.stop().await;
@@ -325,12 +353,6 @@ async fn insert_into_log_and_primary_key_tables() {
         .error("INSERT INTO app.events VALUES (NULL, 'x', 1)")
         .await;
     assert!(null_key.contains("id"), "{null_key}");
-    let update = c
-        .error("UPDATE app.users SET name = 'x' WHERE id = 1")
-        .await;
-    assert!(update.contains("UPDATE not supported"), "{update}");
-    let delete = c.error("DELETE FROM app.users WHERE id = 1").await;
-    assert!(delete.contains("DELETE not supported"), "{delete}");
     let overwrite = c
         .error("INSERT OVERWRITE app.events VALUES (1, 'x', 1)")
         .await;
@@ -379,7 +401,8 @@ async fn lake_tables_read_as_union_lake_and_log() {
     c.rows("INSERT INTO app.lk SELECT id, kind FROM app.events WHERE id >= 50 AND id < 60")
         .await;
     assert_eq!(
-        c.rows("SELECT count(*), min(id), max(id) FROM app.lk").await,
+        c.rows("SELECT count(*), min(id), max(id) FROM app.lk")
+            .await,
         strings(&[&["60", "0", "59"]])
     );
     assert_eq!(
@@ -391,8 +414,65 @@ async fn lake_tables_read_as_union_lake_and_log() {
         strings(&[&["60"]])
     );
     assert_eq!(
-        c.rows("SELECT id FROM app.lk$lake WHERE id >= 47 ORDER BY id").await,
+        c.rows("SELECT id FROM app.lk$lake WHERE id >= 47 ORDER BY id")
+            .await,
         strings(&[&["47"], &["48"], &["49"]])
+    );
+    c.stop().await;
+}
+
+/// `UPDATE` and `DELETE` change a primary-key table's rows by key: the rows their filters
+/// select, read at the statement's cut, written back as upserts or deletes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn update_and_delete_change_primary_key_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path()).await;
+    c.load().await;
+    assert_eq!(
+        c.rows("UPDATE app.users SET name = upper(name) WHERE id >= 2")
+            .await,
+        strings(&[&["2"]])
+    );
+    assert_eq!(
+        c.rows("SELECT id, name FROM app.users ORDER BY id").await,
+        strings(&[&["1", "ann"], &["2", "BO"], &["4", "DAN"]])
+    );
+    assert_eq!(
+        c.rows("DELETE FROM app.users WHERE name = 'DAN'").await,
+        strings(&[&["1"]])
+    );
+    assert_eq!(
+        c.rows("SELECT id, name FROM app.users ORDER BY id").await,
+        strings(&[&["1", "ann"], &["2", "BO"]])
+    );
+    // The changes are in the changelog, as any write's.
+    assert_eq!(
+        c.rows(
+            "SELECT _change_type, name FROM app.users$changelog WHERE id = 4 ORDER BY _log_offset"
+        )
+        .await,
+        strings(&[
+            &["insert", "dan"],
+            &["update_before", "dan"],
+            &["update_after", "DAN"],
+            &["delete", "DAN"]
+        ])
+    );
+    let key = c.error("UPDATE app.users SET id = 7 WHERE id = 1").await;
+    assert!(key.contains("id is part of the primary key"), "{key}");
+    let log = c.error("DELETE FROM app.events WHERE id = 1").await;
+    assert!(log.contains("app.events is a log table"), "{log}");
+    let view = c.error("DELETE FROM app.users$changelog").await;
+    assert!(view.contains("read-only"), "{view}");
+    // Without a filter: every row.
+    assert_eq!(
+        c.rows("UPDATE app.users SET name = 'x'").await,
+        strings(&[&["2"]])
+    );
+    assert_eq!(c.rows("DELETE FROM app.users").await, strings(&[&["2"]]));
+    assert_eq!(
+        c.rows("SELECT count(*) FROM app.users").await,
+        strings(&[&["0"]])
     );
     c.stop().await;
 }
