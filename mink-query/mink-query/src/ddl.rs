@@ -21,6 +21,20 @@ use mink_client::{Client, protocol};
 
 use crate::client_error;
 
+/// Whether `sql` is a statement [`run`] carries out (DDL on Mink tables and databases).
+pub fn is_ddl(sql: &str) -> bool {
+    let Ok(mut statements) = datafusion::sql::parser::DFParser::parse_sql(sql) else {
+        return false;
+    };
+    matches!(
+        statements.pop_front(),
+        Some(DfStatement::Statement(s)) if matches!(
+            s.as_ref(),
+            Statement::CreateTable(_) | Statement::CreateSchema { .. } | Statement::Drop { .. }
+        )
+    )
+}
+
 /// Carries out `statement` if it is DDL on Mink tables (returning `true`); leaves anything
 /// else to DataFusion (`false`).
 pub async fn run(ctx: &SessionContext, client: &Client, statement: &DfStatement) -> Result<bool> {

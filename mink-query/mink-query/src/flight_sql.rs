@@ -16,15 +16,21 @@ use arrow_flight::flight_service_server::FlightServiceServer;
 use arrow_flight::sql::metadata::{SqlInfoData, SqlInfoDataBuilder};
 use arrow_flight::sql::server::{FlightSqlService, PeekableFlightDataStream};
 use arrow_flight::sql::{
-    ActionCancelQueryRequest, ActionCancelQueryResult, CommandGetCatalogs, CommandGetDbSchemas,
-    CommandGetPrimaryKeys, CommandGetSqlInfo, CommandGetTableTypes, CommandGetTables,
-    CommandStatementQuery, CommandStatementUpdate, ProstMessageExt, SqlInfo,
-    SqlSupportedTransaction, TicketStatementQuery,
+    ActionCancelQueryRequest, ActionCancelQueryResult, ActionClosePreparedStatementRequest,
+    ActionCreatePreparedStatementRequest, ActionCreatePreparedStatementResult, CommandGetCatalogs,
+    CommandGetDbSchemas, CommandGetPrimaryKeys, CommandGetSqlInfo, CommandGetTableTypes,
+    CommandGetTables, CommandPreparedStatementQuery, CommandPreparedStatementUpdate,
+    CommandStatementQuery, CommandStatementUpdate, DoPutPreparedStatementResult, ProstMessageExt,
+    SqlInfo, SqlSupportedTransaction, TicketStatementQuery,
 };
-use arrow_flight::{FlightData, FlightDescriptor, FlightEndpoint, FlightInfo, Ticket};
+use arrow_flight::{
+    FlightData, FlightDescriptor, FlightEndpoint, FlightInfo, IpcMessage, SchemaAsIpc, Ticket,
+};
 use datafusion::arrow::array::AsArray as _;
 use datafusion::arrow::array::{ArrayRef, Int32Array, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt64Type};
+use datafusion::arrow::ipc::writer::IpcWriteOptions;
+use datafusion::common::{ParamValues, ScalarValue};
 use datafusion::error::DataFusionError;
 use datafusion::prelude::DataFrame;
 use futures::{Stream, TryStreamExt as _};
@@ -44,7 +50,16 @@ type DoGetStream = Pin<Box<dyn Stream<Item = Result<FlightData, Status>> + Send 
 pub struct MinkFlightSql {
     engine: QueryEngine,
     plans: Arc<Mutex<HashMap<String, (Instant, DataFrame)>>>,
+    prepared: Arc<Mutex<HashMap<String, Prepared>>>,
     info: Arc<SqlInfoData>,
+}
+
+/// A prepared statement: its text and the parameter rows bound last (each row one execution).
+#[derive(Clone, Debug)]
+struct Prepared {
+    sql: String,
+    parameters: Vec<RecordBatch>,
+    at: Instant,
 }
 
 impl std::fmt::Debug for MinkFlightSql {
@@ -60,6 +75,7 @@ impl MinkFlightSql {
         MinkFlightSql {
             engine,
             plans: Arc::default(),
+            prepared: Arc::default(),
             info: Arc::new(sql_info()),
         }
     }
@@ -103,6 +119,15 @@ impl MinkFlightSql {
         handle
     }
 
+    fn prepared(&self, handle: &[u8]) -> Result<Prepared, Status> {
+        std::str::from_utf8(handle)
+            .ok()
+            .and_then(|h| self.prepared.lock().expect("prepared").get(h).cloned())
+            .ok_or_else(|| {
+                Status::not_found("no prepared statement under this handle: it was closed or expired; prepare it again")
+            })
+    }
+
     fn take(&self, handle: &str) -> Result<DataFrame, Status> {
         self.plans
             .lock()
@@ -115,6 +140,59 @@ impl MinkFlightSql {
                 )
             })
     }
+}
+
+/// The rows a statement changed: DML answers one row with the `count`; anything else counts
+/// its rows.
+fn updated(batches: &[RecordBatch]) -> i64 {
+    let count = match batches.first() {
+        Some(b)
+            if b.num_columns() == 1
+                && b.num_rows() == 1
+                && b.schema().field(0).name() == "count" =>
+        {
+            b.column(0)
+                .as_primitive_opt::<UInt64Type>()
+                .map_or(0, |c| c.value(0))
+        }
+        _ => batches.iter().map(|b| b.num_rows() as u64).sum(),
+    };
+    i64::try_from(count).unwrap_or(i64::MAX)
+}
+
+/// `schema` as the IPC message Flight SQL carries schemas in.
+fn ipc_schema(schema: &Schema) -> Result<bytes::Bytes, Status> {
+    let message: IpcMessage = SchemaAsIpc::new(schema, &IpcWriteOptions::default())
+        .try_into()
+        .map_err(|e: arrow::error::ArrowError| Status::internal(e.to_string()))?;
+    Ok(message.0)
+}
+
+/// The record batches of a `DoPut` (bound parameters).
+async fn parameter_rows(stream: PeekableFlightDataStream) -> Result<Vec<RecordBatch>, Status> {
+    arrow_flight::decode::FlightRecordBatchStream::new_from_flight_data(
+        stream.map_err(FlightError::from),
+    )
+    .try_collect()
+    .await
+    .map_err(|e| Status::invalid_argument(format!("the bound parameters: {e}")))
+}
+
+/// Each row of `batches` as positional parameter values (`$1` is the first column).
+fn parameters(batches: &[RecordBatch]) -> Result<Vec<ParamValues>, Status> {
+    let mut rows = Vec::new();
+    for b in batches {
+        for r in 0..b.num_rows() {
+            let values = b
+                .columns()
+                .iter()
+                .map(|c| ScalarValue::try_from_array(c, r))
+                .collect::<datafusion::error::Result<Vec<_>>>()
+                .map_err(status)?;
+            rows.push(ParamValues::from(values));
+        }
+    }
+    Ok(rows)
 }
 
 /// `response` with the highest metadata index `engine` has seen (`mink-applied-index`): a
@@ -248,21 +326,7 @@ impl FlightSqlService for MinkFlightSql {
         request: Request<PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
         let (_, plan) = self.plan(&request, &command.query).await?;
-        let batches = plan.collect().await.map_err(status)?;
-        // DML answers one row with the count; anything else counts its rows.
-        let count = match batches.first() {
-            Some(b)
-                if b.num_columns() == 1
-                    && b.num_rows() == 1
-                    && b.schema().field(0).name() == "count" =>
-            {
-                b.column(0)
-                    .as_primitive_opt::<UInt64Type>()
-                    .map_or(0, |c| c.value(0))
-            }
-            _ => batches.iter().map(|b| b.num_rows() as u64).sum(),
-        };
-        Ok(i64::try_from(count).unwrap_or(i64::MAX))
+        Ok(updated(&plan.collect().await.map_err(status)?))
     }
 
     async fn do_get_statement(
@@ -472,6 +536,145 @@ impl FlightSqlService for MinkFlightSql {
             // CANCEL_RESULT_NOT_CANCELLABLE
             result: 3,
         })
+    }
+
+    async fn do_action_create_prepared_statement(
+        &self,
+        query: ActionCreatePreparedStatementRequest,
+        request: Request<arrow_flight::Action>,
+    ) -> Result<ActionCreatePreparedStatementResult, Status> {
+        if crate::ddl::is_ddl(&query.query) {
+            return Err(Status::invalid_argument(
+                "DDL is not prepared: run it as a statement",
+            ));
+        }
+        let (_, plan) = self.plan(&request, &query.query).await?;
+        let dataset = plan.schema().as_arrow().clone();
+        let mut parameters: Vec<(String, Option<DataType>)> = plan
+            .logical_plan()
+            .get_parameter_types()
+            .map_err(status)?
+            .into_iter()
+            .collect();
+        parameters.sort_by_key(|(name, _)| {
+            name.trim_start_matches('$')
+                .parse::<u64>()
+                .unwrap_or(u64::MAX)
+        });
+        let parameter_schema = Schema::new(
+            parameters
+                .into_iter()
+                .map(|(name, t)| Field::new(name, t.unwrap_or(DataType::Null), true))
+                .collect::<Vec<_>>(),
+        );
+        let handle = uuid::Uuid::now_v7().to_string();
+        {
+            let mut prepared = self.prepared.lock().expect("prepared");
+            prepared.retain(|_, p| p.at.elapsed() < PLAN_TTL * 6);
+            prepared.insert(
+                handle.clone(),
+                Prepared {
+                    sql: query.query,
+                    parameters: vec![],
+                    at: Instant::now(),
+                },
+            );
+        }
+        Ok(ActionCreatePreparedStatementResult {
+            prepared_statement_handle: handle.into_bytes().into(),
+            dataset_schema: ipc_schema(&dataset)?,
+            parameter_schema: ipc_schema(&parameter_schema)?,
+        })
+    }
+
+    async fn do_put_prepared_statement_query(
+        &self,
+        query: CommandPreparedStatementQuery,
+        request: Request<PeekableFlightDataStream>,
+    ) -> Result<DoPutPreparedStatementResult, Status> {
+        let handle = query.prepared_statement_handle;
+        self.prepared(&handle)?;
+        let parameters = parameter_rows(request.into_inner()).await?;
+        let key = String::from_utf8_lossy(&handle).into_owned();
+        if let Some(p) = self.prepared.lock().expect("prepared").get_mut(&key) {
+            p.parameters = parameters;
+            p.at = Instant::now();
+        }
+        Ok(DoPutPreparedStatementResult {
+            prepared_statement_handle: Some(handle),
+        })
+    }
+
+    async fn get_flight_info_prepared_statement(
+        &self,
+        query: CommandPreparedStatementQuery,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let prepared = self.prepared(&query.prepared_statement_handle)?;
+        let (engine, plan) = self.plan(&request, &prepared.sql).await?;
+        let rows = parameters(&prepared.parameters)?;
+        if rows.len() > 1 {
+            return Err(Status::invalid_argument(
+                "a query runs with one row of parameters; bind one",
+            ));
+        }
+        let plan = match rows.into_iter().next() {
+            Some(values) => plan.with_param_values(values).map_err(status)?,
+            None => plan,
+        };
+        let schema = plan.schema().as_arrow().clone();
+        let handle = self.keep(plan);
+        let ticket = TicketStatementQuery {
+            statement_handle: handle.into_bytes().into(),
+        };
+        info(
+            &schema,
+            ticket.as_any().encode_to_vec(),
+            request.into_inner(),
+        )
+        .map(|r| stamp(r, &engine))
+    }
+
+    /// A prepared `INSERT`, `UPDATE` or `DELETE`: run once per bound row of parameters (once
+    /// without); answers the rows written in all.
+    async fn do_put_prepared_statement_update(
+        &self,
+        query: CommandPreparedStatementUpdate,
+        request: Request<PeekableFlightDataStream>,
+    ) -> Result<i64, Status> {
+        let prepared = self.prepared(&query.prepared_statement_handle)?;
+        let metadata = request.metadata().clone();
+        let mut rows = parameters(&parameter_rows(request.into_inner()).await?)?;
+        if rows.is_empty() {
+            rows = parameters(&prepared.parameters)?;
+        }
+        let runs: Vec<Option<ParamValues>> = if rows.is_empty() {
+            vec![None]
+        } else {
+            rows.into_iter().map(Some).collect()
+        };
+        let mut total = 0i64;
+        for values in runs {
+            let mut r = Request::new(());
+            *r.metadata_mut() = metadata.clone();
+            let (_, plan) = self.plan(&r, &prepared.sql).await?;
+            let plan = match values {
+                Some(v) => plan.with_param_values(v).map_err(status)?,
+                None => plan,
+            };
+            total = total.saturating_add(updated(&plan.collect().await.map_err(status)?));
+        }
+        Ok(total)
+    }
+
+    async fn do_action_close_prepared_statement(
+        &self,
+        query: ActionClosePreparedStatementRequest,
+        _request: Request<arrow_flight::Action>,
+    ) -> Result<(), Status> {
+        let key = String::from_utf8_lossy(&query.prepared_statement_handle).into_owned();
+        self.prepared.lock().expect("prepared").remove(&key);
+        Ok(())
     }
 
     async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}

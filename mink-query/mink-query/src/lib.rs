@@ -81,7 +81,8 @@ impl QueryEngine {
     pub async fn sql(&self, sql: &str) -> Result<DataFrame> {
         let ctx = self.session().await?;
         let dialect = ctx.state().config().options().sql_parser.dialect;
-        let statement = ctx.state().sql_to_statement(sql, &dialect)?;
+        let sql = numbered_placeholders(sql);
+        let statement = ctx.state().sql_to_statement(&sql, &dialect)?;
         if ddl::run(&ctx, &self.client, &statement).await? {
             return ctx.read_empty();
         }
@@ -92,5 +93,38 @@ impl QueryEngine {
         let plan = ctx.state().statement_to_plan(statement).await?;
         options.verify_plan(&plan)?;
         ctx.execute_logical_plan(plan).await
+    }
+}
+
+/// `sql` with its `?` placeholders (JDBC's and ADBC's) numbered as DataFusion's `$1`, `$2`, ...;
+/// a `?` inside quotes is left alone.
+pub fn numbered_placeholders(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut quote: Option<char> = None;
+    let mut n = 0;
+    for c in sql.chars() {
+        match (quote, c) {
+            (None, '\'' | '"') => quote = Some(c),
+            (Some(q), c) if c == q => quote = None,
+            (None, '?') => {
+                n += 1;
+                out.push_str(&format!("${n}"));
+                continue;
+            }
+            _ => {}
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn question_marks_become_numbered_placeholders() {
+        assert_eq!(
+            super::numbered_placeholders("SELECT '?' AS q, a FROM t WHERE a = ? AND b IN (?, ?)"),
+            "SELECT '?' AS q, a FROM t WHERE a = $1 AND b IN ($2, $3)"
+        );
     }
 }

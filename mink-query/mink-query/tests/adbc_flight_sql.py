@@ -48,6 +48,15 @@ assert stmt.execute_update() == 1
 cur.execute("SELECT id, amount FROM app.events WHERE kind = 'py' ORDER BY id")
 assert cur.fetchall() == [(5000, 1), (5001, 2), (5002, None)]
 
+# Prepared statements with parameters: queries (? and $n), and an insert run once per row.
+cur.execute("SELECT name FROM app.users WHERE id = ?", parameters=(2,))
+assert cur.fetchall() == [("bo",)]
+cur.execute("SELECT count(*) FROM app.events WHERE id >= $1 AND kind = $2", parameters=(90, "buy"))
+assert cur.fetchall() == [(3,)]
+cur.executemany("INSERT INTO app.events VALUES (?, ?, ?)", [(6000, "pp", 1), (6001, "pp", 2)])
+cur.execute("SELECT sum(amount) FROM app.events WHERE kind = 'pp'")
+assert cur.fetchall() == [(3,)]
+
 # Errors carry DataFusion's message.
 try:
     cur.execute("SELECT * FROM app.nope")
