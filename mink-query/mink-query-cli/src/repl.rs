@@ -103,7 +103,7 @@ pub(crate) async fn run(engine: &QueryEngine, format: Format) -> anyhow::Result<
                     report(
                         run_statement(
                             engine,
-                            "SELECT table_schema AS database, table_name AS table FROM information_schema.tables WHERE table_catalog = 'mink' AND table_schema <> 'information_schema' ORDER BY 1, 2",
+                            "SELECT table_schema AS database, table_name AS table FROM information_schema.tables WHERE table_catalog = 'mink' AND table_schema NOT IN ('information_schema', 'system') ORDER BY 1, 2",
                             format,
                             false,
                         )

@@ -14,6 +14,7 @@ use datafusion::error::{DataFusionError, Result};
 use mink_client::{Client, ErrorCode};
 
 use crate::client_error;
+use crate::system::{SYSTEM, SystemTables};
 use crate::table::{MinkTable, TableView};
 
 /// The databases and tables of a cluster.
@@ -55,15 +56,23 @@ impl CatalogProvider for MinkCatalog {
     }
 
     fn schema_names(&self) -> Vec<String> {
-        self.names
+        let mut names: Vec<String> = self
+            .names
             .read()
             .expect("catalog names")
             .keys()
+            .filter(|d| d.as_str() != SYSTEM)
             .cloned()
-            .collect()
+            .collect();
+        names.push(SYSTEM.to_string());
+        names
     }
 
+    /// A database, or `system` (the system tables; a database of that name is hidden).
     fn schema(&self, name: &str) -> Option<Arc<dyn SchemaProvider>> {
+        if name == SYSTEM {
+            return Some(Arc::new(SystemTables::new(self.client.clone())));
+        }
         self.names
             .read()
             .expect("catalog names")

@@ -109,8 +109,14 @@ pub async fn run(ctx: &SessionContext, client: &Client, statement: &DfStatement)
             if_not_exists,
             ..
         } => {
+            let database = database_name(name)?;
+            if database == crate::system::SYSTEM {
+                return Err(DataFusionError::Plan(
+                    "system is the schema of the system tables: name the database otherwise".into(),
+                ));
+            }
             client
-                .create_database(&database_name(name)?, *if_not_exists)
+                .create_database(&database, *if_not_exists)
                 .await
                 .map_err(client_error)?;
             Ok(true)

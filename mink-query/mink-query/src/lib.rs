@@ -14,6 +14,7 @@ pub mod filter;
 pub mod flight_sql;
 pub mod insert;
 pub mod scan;
+pub mod system;
 pub mod table;
 
 use std::sync::Arc;

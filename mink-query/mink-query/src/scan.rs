@@ -7,6 +7,8 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{RecordBatch, RecordBatchOptions};
 use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::Statistics;
+use datafusion::common::stats::Precision;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::EquivalenceProperties;
@@ -27,11 +29,20 @@ pub struct MinkScanExec {
     table: String,
     schema: SchemaRef,
     splits: Vec<Ticket>,
+    /// Rows each split holds, where the cut says (offsets count rows of log tables).
+    rows: Vec<Option<u64>>,
     properties: Arc<PlanProperties>,
 }
 
 impl MinkScanExec {
-    pub fn new(client: Client, table: String, schema: SchemaRef, splits: Vec<Ticket>) -> Self {
+    /// `splits` and, per split, how many rows it reads at most, when known.
+    pub fn new(
+        client: Client,
+        table: String,
+        schema: SchemaRef,
+        splits: Vec<(Ticket, Option<u64>)>,
+    ) -> Self {
+        let (splits, rows): (Vec<Ticket>, Vec<Option<u64>>) = splits.into_iter().unzip();
         let properties = Arc::new(PlanProperties::new(
             EquivalenceProperties::new(Arc::clone(&schema)),
             Partitioning::UnknownPartitioning(splits.len().max(1)),
@@ -43,6 +54,7 @@ impl MinkScanExec {
             table,
             schema,
             splits,
+            rows,
             properties,
         }
     }
@@ -102,6 +114,25 @@ impl ExecutionPlan for MinkScanExec {
                 "MinkScanExec has no children".into(),
             ))
         }
+    }
+
+    /// Row counts from the cut, inexact (filters and limits read fewer, retention may trim).
+    fn partition_statistics(&self, partition: Option<usize>) -> Result<Statistics> {
+        let rows: Option<u64> = match partition {
+            Some(p) => self.rows.get(p).copied().flatten(),
+            None => self.rows.iter().copied().sum(),
+        };
+        let limit = self.splits.first().and_then(|t| t.max_rows);
+        let rows = rows.map(|r| match (partition, limit) {
+            (Some(_), Some(l)) => r.min(l),
+            (None, Some(l)) => r.min(l.saturating_mul(self.splits.len() as u64)),
+            _ => r,
+        });
+        let mut stats = Statistics::new_unknown(&self.schema);
+        if let Some(r) = rows.and_then(|r| usize::try_from(r).ok()) {
+            stats = stats.with_num_rows(Precision::Inexact(r));
+        }
+        Ok(stats)
     }
 
     fn execute(

@@ -327,23 +327,36 @@ impl TableProvider for MinkTable {
                 Some("lake".to_string()),
             ),
         };
-        let splits: Vec<Ticket> = d
+        // Rows per split where offsets count them: a log table's (from 0 when its history is
+        // in the lake), a changelog's changes.
+        let rows = |b: &mink_client::BucketDescription| match self.view {
+            TableView::Rows | TableView::Lake if self.is_primary_key_table() => None,
+            TableView::Lake => b.tiered_offset,
+            TableView::Rows if lake => Some(b.end_offset),
+            _ => Some(b.end_offset.saturating_sub(b.start_offset)),
+        };
+        let splits: Vec<(Ticket, Option<u64>)> = d
             .buckets
             .iter()
             // A bucket nothing was written to has no offsets to read.
             .filter(|b| !positioned || b.end_offset > 0)
-            .map(|b| Ticket {
-                database: d.database.clone(),
-                table: d.table.clone(),
-                partition: b.partition.clone(),
-                bucket: Some(b.bucket),
-                end_offset: positioned.then_some(b.end_offset),
-                columns: columns.clone(),
-                filter: filter.clone(),
-                max_rows: limit.map(|l| l as u64),
-                changelog,
-                source: source.clone(),
-                ..Default::default()
+            .map(|b| {
+                (
+                    Ticket {
+                        database: d.database.clone(),
+                        table: d.table.clone(),
+                        partition: b.partition.clone(),
+                        bucket: Some(b.bucket),
+                        end_offset: positioned.then_some(b.end_offset),
+                        columns: columns.clone(),
+                        filter: filter.clone(),
+                        max_rows: limit.map(|l| l as u64),
+                        changelog,
+                        source: source.clone(),
+                        ..Default::default()
+                    },
+                    rows(b),
+                )
             })
             .collect();
         Ok(Arc::new(MinkScanExec::new(

@@ -130,6 +130,50 @@ async fn filters_and_limits_go_to_the_nodes() {
     c.stop().await;
 }
 
+/// The scans report the rows the cut holds (offsets count a log table's rows), for the
+/// planner's join order; a primary-key table's count lives with its leaders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scans_report_row_counts() {
+    use datafusion::common::stats::Precision;
+    use datafusion::physical_plan::ExecutionPlan;
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path()).await;
+    c.load().await;
+    fn scan(plan: &std::sync::Arc<dyn ExecutionPlan>) -> Option<std::sync::Arc<dyn ExecutionPlan>> {
+        if plan.name() == "MinkScanExec" {
+            return Some(std::sync::Arc::clone(plan));
+        }
+        plan.children().into_iter().find_map(scan)
+    }
+    let rows = |sql: &'static str| {
+        let engine = c.engine.clone();
+        async move {
+            let plan = engine
+                .sql(sql)
+                .await
+                .unwrap()
+                .create_physical_plan()
+                .await
+                .unwrap();
+            scan(&plan)
+                .unwrap()
+                .partition_statistics(None)
+                .unwrap()
+                .num_rows
+        }
+    };
+    assert_eq!(
+        rows("SELECT * FROM app.events").await,
+        Precision::Inexact(100)
+    );
+    assert_eq!(
+        rows("SELECT * FROM app.events LIMIT 2").await,
+        Precision::Inexact(6)
+    );
+    assert_eq!(rows("SELECT * FROM app.users").await, Precision::Absent);
+    c.stop().await;
+}
+
 /// A statement reads the cut fixed when it was planned: rows written between `GetFlightInfo`
 /// and `DoGet` are not in it; the next statement sees them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -269,9 +269,18 @@ impl sqllogictest::AsyncDB for Slt {
         let df = self.0.sql(sql).await?;
         let columns = df.schema().fields().len();
         let batches = df.collect().await?;
+        // sqllogictest's convention for an empty string.
+        let rows = text_rows(&batches)
+            .into_iter()
+            .map(|r| {
+                r.into_iter()
+                    .map(|v| if v.is_empty() { "(empty)".into() } else { v })
+                    .collect()
+            })
+            .collect();
         Ok(sqllogictest::DBOutput::Rows {
             types: vec![sqllogictest::DefaultColumnType::Any; columns],
-            rows: text_rows(&batches),
+            rows,
         })
     }
 

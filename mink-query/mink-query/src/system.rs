@@ -1,0 +1,248 @@
+//! The system tables, schema `system` of catalog `mink`: `nodes`, `tables` and `buckets`, read
+//! from the cluster's metadata when a statement names them.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::array::{
+    ArrayRef, BooleanArray, Int64Array, RecordBatch, StringArray, UInt32Array, UInt64Array,
+};
+use datafusion::catalog::{SchemaProvider, TableProvider};
+use datafusion::datasource::MemTable;
+use datafusion::error::Result;
+use mink_client::{Client, ErrorCode, TableDescription};
+
+use crate::client_error;
+
+/// The schema's name.
+pub const SYSTEM: &str = "system";
+
+const TABLES: [&str; 3] = ["buckets", "nodes", "tables"];
+
+#[derive(Debug)]
+pub struct SystemTables {
+    client: Client,
+}
+
+impl SystemTables {
+    pub fn new(client: Client) -> Self {
+        SystemTables { client }
+    }
+
+    /// Every table's description (tables dropped meanwhile left out).
+    async fn descriptions(&self) -> Result<Vec<TableDescription>> {
+        let mut out = Vec::new();
+        for database in self.client.list_databases().await.map_err(client_error)? {
+            let Ok(tables) = self.client.list_tables(&database).await else {
+                continue;
+            };
+            for t in tables {
+                match self.client.describe_table(&database, &t).await {
+                    Ok(d) => out.push(d),
+                    Err(e) if e.code() == Some(ErrorCode::NotFound) => {}
+                    Err(e) => return Err(client_error(e)),
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn nodes(&self) -> Result<RecordBatch> {
+        let cluster = self.client.describe_cluster().await.map_err(client_error)?;
+        let n = &cluster.nodes;
+        let coordinator = cluster.coordinator_node_id;
+        Ok(RecordBatch::try_from_iter(vec![
+            (
+                "node_id",
+                col(UInt64Array::from_iter_values(n.iter().map(|x| x.node_id))),
+            ),
+            (
+                "address",
+                col(StringArray::from_iter_values(n.iter().map(|x| &x.address))),
+            ),
+            (
+                "live",
+                col(BooleanArray::from_iter(n.iter().map(|x| Some(x.live)))),
+            ),
+            (
+                "coordinator",
+                col(BooleanArray::from_iter(
+                    n.iter().map(|x| Some(coordinator == Some(x.node_id))),
+                )),
+            ),
+            (
+                "drained",
+                col(BooleanArray::from_iter(n.iter().map(|x| Some(x.drained)))),
+            ),
+            (
+                "buckets",
+                col(UInt64Array::from_iter_values(n.iter().map(|x| x.buckets))),
+            ),
+            (
+                "heartbeat_age_ms",
+                col(Int64Array::from_iter(n.iter().map(|x| x.heartbeat_age_ms))),
+            ),
+        ])?)
+    }
+
+    async fn tables(&self) -> Result<RecordBatch> {
+        let d = self.descriptions().await?;
+        let lake = |t: &TableDescription| {
+            t.options
+                .get("table.datalake.enabled")
+                .is_some_and(|v| v == "true")
+        };
+        Ok(RecordBatch::try_from_iter(vec![
+            (
+                "database",
+                col(StringArray::from_iter_values(d.iter().map(|t| &t.database))),
+            ),
+            (
+                "table",
+                col(StringArray::from_iter_values(d.iter().map(|t| &t.table))),
+            ),
+            (
+                "kind",
+                col(StringArray::from_iter_values(d.iter().map(|t| {
+                    if t.primary_key.is_empty() {
+                        "log"
+                    } else {
+                        "primary key"
+                    }
+                }))),
+            ),
+            (
+                "primary_key",
+                col(StringArray::from_iter_values(
+                    d.iter().map(|t| t.primary_key.join(", ")),
+                )),
+            ),
+            (
+                "buckets",
+                col(UInt32Array::from_iter_values(
+                    d.iter().map(|t| t.bucket_count),
+                )),
+            ),
+            (
+                "partitions",
+                col(UInt64Array::from_iter_values(
+                    d.iter().map(|t| t.partitions.len() as u64),
+                )),
+            ),
+            (
+                "lake",
+                col(BooleanArray::from_iter(d.iter().map(|t| Some(lake(t))))),
+            ),
+            (
+                "lake_lag_ms",
+                col(UInt64Array::from_iter(
+                    d.iter().map(|t| t.lake.as_ref().map(|l| l.lag_ms)),
+                )),
+            ),
+        ])?)
+    }
+
+    async fn buckets(&self) -> Result<RecordBatch> {
+        let d = self.descriptions().await?;
+        let rows: Vec<(&TableDescription, &mink_client::BucketDescription)> = d
+            .iter()
+            .flat_map(|t| t.buckets.iter().map(move |b| (t, b)))
+            .collect();
+        Ok(RecordBatch::try_from_iter(vec![
+            (
+                "database",
+                col(StringArray::from_iter_values(
+                    rows.iter().map(|(t, _)| &t.database),
+                )),
+            ),
+            (
+                "table",
+                col(StringArray::from_iter_values(
+                    rows.iter().map(|(t, _)| &t.table),
+                )),
+            ),
+            (
+                "partition",
+                col(StringArray::from_iter(
+                    rows.iter().map(|(_, b)| b.partition.as_deref()),
+                )),
+            ),
+            (
+                "bucket",
+                col(UInt32Array::from_iter_values(
+                    rows.iter().map(|(_, b)| b.bucket),
+                )),
+            ),
+            (
+                "leader",
+                col(UInt64Array::from_iter(rows.iter().map(|(_, b)| {
+                    (b.leader_node_id != 0).then_some(b.leader_node_id)
+                }))),
+            ),
+            (
+                "leader_epoch",
+                col(UInt64Array::from_iter_values(
+                    rows.iter().map(|(_, b)| b.leader_epoch),
+                )),
+            ),
+            (
+                "start_offset",
+                col(UInt64Array::from_iter_values(
+                    rows.iter().map(|(_, b)| b.start_offset),
+                )),
+            ),
+            (
+                "high_watermark",
+                col(UInt64Array::from_iter_values(
+                    rows.iter().map(|(_, b)| b.end_offset),
+                )),
+            ),
+            (
+                "tiered_offset",
+                col(UInt64Array::from_iter(
+                    rows.iter().map(|(_, b)| b.tiered_offset),
+                )),
+            ),
+            (
+                "lake_lag_ms",
+                col(UInt64Array::from_iter(
+                    rows.iter().map(|(t, _)| t.lake.as_ref().map(|l| l.lag_ms)),
+                )),
+            ),
+        ])?)
+    }
+}
+
+fn col(a: impl arrow::array::Array + 'static) -> ArrayRef {
+    Arc::new(a)
+}
+
+#[async_trait]
+impl SchemaProvider for SystemTables {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn table_names(&self) -> Vec<String> {
+        TABLES.iter().map(ToString::to_string).collect()
+    }
+
+    async fn table(&self, name: &str) -> Result<Option<Arc<dyn TableProvider>>> {
+        let batch = match name {
+            "nodes" => self.nodes().await?,
+            "tables" => self.tables().await?,
+            "buckets" => self.buckets().await?,
+            _ => return Ok(None),
+        };
+        let schema = batch.schema();
+        Ok(Some(Arc::new(MemTable::try_new(
+            schema,
+            vec![vec![batch]],
+        )?)))
+    }
+
+    fn table_exist(&self, name: &str) -> bool {
+        TABLES.contains(&name)
+    }
+}
