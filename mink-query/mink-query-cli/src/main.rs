@@ -36,6 +36,14 @@ struct Cli {
     /// Run the statements of this file and exit.
     #[arg(short = 'f', long = "file", value_name = "FILE")]
     files: Vec<PathBuf>,
+    /// The cluster's metadata database (`postgres://...`, `sqlite://...`), with
+    /// --object-store: read lake snapshots straight from object storage (through the nodes
+    /// without).
+    #[arg(long, global = true, env = "MINK_METADATA", requires = "object_store")]
+    metadata: Option<String>,
+    /// The cluster's object store (`s3://bucket/prefix?...`, `file:///path`).
+    #[arg(long, global = true, env = "MINK_OBJECT_STORE", requires = "metadata")]
+    object_store: Option<String>,
     /// How rows are printed.
     #[arg(long, value_enum, default_value = "table", env = "MINK_QUERY_FORMAT")]
     format: Format,
@@ -81,7 +89,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             cli.server
         )
     })?;
-    let engine = QueryEngine::new(client);
+    let lake = match (&cli.metadata, &cli.object_store) {
+        (Some(m), Some(o)) => Some(std::sync::Arc::new(
+            mink_query::open_lake(m, o).await.with_context(|| {
+                format!("cannot open the lake's catalog in {m} and files in {o}")
+            })?,
+        )),
+        _ => None,
+    };
+    let engine = QueryEngine::with_lake(client, lake);
     if let Some(Command::Serve { listen }) = cli.command {
         tracing_subscriber::fmt()
             .with_env_filter(

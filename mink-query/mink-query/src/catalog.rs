@@ -21,14 +21,16 @@ use crate::table::{MinkTable, TableView};
 #[derive(Debug)]
 pub struct MinkCatalog {
     client: Client,
+    lake: Option<Arc<mink_lake::Lake>>,
     /// Database → its tables, as last fetched.
     names: Arc<RwLock<BTreeMap<String, Vec<String>>>>,
 }
 
 impl MinkCatalog {
-    pub fn new(client: Client) -> Self {
+    pub fn new(client: Client, lake: Option<Arc<mink_lake::Lake>>) -> Self {
         MinkCatalog {
             client,
+            lake,
             names: Arc::default(),
         }
     }
@@ -80,6 +82,7 @@ impl CatalogProvider for MinkCatalog {
             .then(|| {
                 Arc::new(MinkDatabase {
                     client: self.client.clone(),
+                    lake: self.lake.clone(),
                     database: name.to_string(),
                     names: Arc::clone(&self.names),
                 }) as _
@@ -91,6 +94,7 @@ impl CatalogProvider for MinkCatalog {
 #[derive(Debug)]
 pub struct MinkDatabase {
     client: Client,
+    lake: Option<Arc<mink_lake::Lake>>,
     database: String,
     names: Arc<RwLock<BTreeMap<String, Vec<String>>>>,
 }
@@ -125,11 +129,10 @@ impl SchemaProvider for MinkDatabase {
             },
         };
         match self.client.describe_table(&self.database, table).await {
-            Ok(description) => Ok(Some(Arc::new(MinkTable::view(
-                self.client.clone(),
-                description,
-                view,
-            )?))),
+            Ok(description) => Ok(Some(Arc::new(
+                MinkTable::view(self.client.clone(), description, view)?
+                    .reading_lake(self.lake.clone()),
+            ))),
             Err(e) if e.code() == Some(ErrorCode::NotFound) => Ok(None),
             Err(e) => Err(client_error(e)),
         }

@@ -543,30 +543,31 @@ impl FlightSqlService for MinkFlightSql {
         query: ActionCreatePreparedStatementRequest,
         request: Request<arrow_flight::Action>,
     ) -> Result<ActionCreatePreparedStatementResult, Status> {
-        if crate::ddl::is_ddl(&query.query) {
-            return Err(Status::invalid_argument(
-                "DDL is not prepared: run it as a statement",
-            ));
-        }
-        let (_, plan) = self.plan(&request, &query.query).await?;
-        let dataset = plan.schema().as_arrow().clone();
-        let mut parameters: Vec<(String, Option<DataType>)> = plan
-            .logical_plan()
-            .get_parameter_types()
-            .map_err(status)?
-            .into_iter()
-            .collect();
-        parameters.sort_by_key(|(name, _)| {
-            name.trim_start_matches('$')
-                .parse::<u64>()
-                .unwrap_or(u64::MAX)
-        });
-        let parameter_schema = Schema::new(
-            parameters
+        // DDL is carried out when the prepared statement runs (ADBC prepares every
+        // statement), not when it is prepared: it has no rows and no parameters.
+        let (dataset, parameter_schema) = if crate::ddl::is_ddl(&query.query) {
+            (Schema::empty(), Schema::empty())
+        } else {
+            let (_, plan) = self.plan(&request, &query.query).await?;
+            let mut parameters: Vec<(String, Option<DataType>)> = plan
+                .logical_plan()
+                .get_parameter_types()
+                .map_err(status)?
                 .into_iter()
-                .map(|(name, t)| Field::new(name, t.unwrap_or(DataType::Null), true))
-                .collect::<Vec<_>>(),
-        );
+                .collect();
+            parameters.sort_by_key(|(name, _)| {
+                name.trim_start_matches('$')
+                    .parse::<u64>()
+                    .unwrap_or(u64::MAX)
+            });
+            let parameter_schema = Schema::new(
+                parameters
+                    .into_iter()
+                    .map(|(name, t)| Field::new(name, t.unwrap_or(DataType::Null), true))
+                    .collect::<Vec<_>>(),
+            );
+            (plan.schema().as_arrow().clone(), parameter_schema)
+        };
         let handle = uuid::Uuid::now_v7().to_string();
         {
             let mut prepared = self.prepared.lock().expect("prepared");

@@ -13,6 +13,7 @@ mod dml;
 pub mod filter;
 pub mod flight_sql;
 pub mod insert;
+pub mod lake;
 pub mod scan;
 pub mod system;
 pub mod table;
@@ -36,13 +37,25 @@ pub(crate) fn client_error(e: mink_client::ClientError) -> DataFusionError {
 #[derive(Clone, Debug)]
 pub struct QueryEngine {
     client: Client,
+    lake: Option<Arc<mink_lake::Lake>>,
     catalog: Arc<catalog::MinkCatalog>,
 }
 
 impl QueryEngine {
+    /// An engine reading everything through the nodes.
     pub fn new(client: Client) -> Self {
-        let catalog = Arc::new(catalog::MinkCatalog::new(client.clone()));
-        QueryEngine { client, catalog }
+        Self::with_lake(client, None)
+    }
+
+    /// An engine reading lake snapshots straight from object storage through `lake` (the
+    /// cluster's catalog and object store), the log tails through the nodes.
+    pub fn with_lake(client: Client, lake: Option<Arc<mink_lake::Lake>>) -> Self {
+        let catalog = Arc::new(catalog::MinkCatalog::new(client.clone(), lake.clone()));
+        QueryEngine {
+            client,
+            lake,
+            catalog,
+        }
     }
 
     pub fn client(&self) -> &Client {
@@ -57,7 +70,7 @@ impl QueryEngine {
         if let Some(index) = min_applied_index {
             client.observe_index(index);
         }
-        QueryEngine::new(client)
+        QueryEngine::with_lake(client, self.lake.clone())
     }
 
     /// A session over the catalog as the cluster's metadata has it now: unqualified names
@@ -95,6 +108,17 @@ impl QueryEngine {
         options.verify_plan(&plan)?;
         ctx.execute_logical_plan(plan).await
     }
+}
+
+/// The cluster's lake (its Iceberg catalog in the metadata database `metadata`, its files in
+/// the object store `objects`: the nodes' own settings), for an engine that reads lake
+/// snapshots straight from object storage.
+pub async fn open_lake(metadata: &str, objects: &str) -> Result<mink_lake::Lake> {
+    let store =
+        s3stream::store::open(objects).map_err(|e| DataFusionError::External(Box::new(e)))?;
+    mink_lake::Lake::open(metadata, objects, store)
+        .await
+        .map_err(lake::lake_error)
 }
 
 /// `sql` with its `?` placeholders (JDBC's and ADBC's) numbered as DataFusion's `$1`, `$2`, ...;

@@ -89,6 +89,9 @@ impl TableView {
 #[derive(Debug)]
 pub struct MinkTable {
     client: Client,
+    /// Where lake snapshots are read straight from object storage (through the nodes when
+    /// `None`).
+    lake: Option<Arc<mink_lake::Lake>>,
     description: TableDescription,
     view: TableView,
     schema: SchemaRef,
@@ -143,11 +146,18 @@ impl MinkTable {
             .then(|| Constraints::new_unverified(vec![Constraint::PrimaryKey(key)]));
         Ok(MinkTable {
             client,
+            lake: None,
             description,
             view,
             schema,
             constraints,
         })
+    }
+
+    /// Reads lake snapshots through `lake` (straight from object storage).
+    pub fn reading_lake(mut self, lake: Option<Arc<mink_lake::Lake>>) -> Self {
+        self.lake = lake;
+        self
     }
 
     pub fn description(&self) -> &TableDescription {
@@ -170,6 +180,102 @@ impl MinkTable {
             )));
         }
         Ok(())
+    }
+
+    /// The scan with the lake's side read straight from object storage, when this engine can
+    /// (it has the lake, and the cut names a lake snapshot): the snapshot's files (pruned by
+    /// the filter) for `t$lake` and a primary-key table's lake state; for a log table's rows,
+    /// those files and, per bucket, the log from its tiered offset to the high watermark
+    /// (served by the nodes, which read from the lake anything retention removed meanwhile).
+    async fn scan_lake_directly(
+        &self,
+        state: &dyn Session,
+        projected: &SchemaRef,
+        columns: &[String],
+        filter: &Filter,
+        limit: Option<usize>,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        let d = &self.description;
+        let (Some(lake), Some(snapshot)) =
+            (&self.lake, d.lake.as_ref().and_then(|l| l.snapshot_id))
+        else {
+            return Ok(None);
+        };
+        let log_too = match self.view {
+            TableView::Lake => false,
+            TableView::Rows if !self.is_primary_key_table() => true,
+            _ => return Ok(None),
+        };
+        let table_schema = d
+            .arrow_schema()
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        let bound = filter
+            .bind(
+                &table_schema,
+                &[mink_log::filter::BUCKET, mink_log::filter::OFFSET],
+            )
+            .map_err(|e| DataFusionError::Plan(e.to_string()))?;
+        let read_schema = Arc::new(
+            table_schema.project(
+                &columns
+                    .iter()
+                    .map(|c| table_schema.index_of(c))
+                    .collect::<std::result::Result<Vec<_>, _>>()?,
+            )?,
+        );
+        let prune = mink_read::prune::LakePrune(&bound);
+        let splits = lake
+            .plan_splits(
+                &d.database,
+                &d.table,
+                snapshot,
+                &read_schema,
+                (!bound.is_empty()).then_some(&prune as &dyn mink_lake::Prune),
+            )
+            .await
+            .map_err(crate::lake::lake_error)?;
+        let name = format!("{}.{}", d.database, d.table);
+        let lake_side: Arc<dyn ExecutionPlan> = Arc::new(crate::lake::MinkLakeExec::new(
+            name.clone(),
+            splits,
+            state.config().target_partitions(),
+            read_schema,
+            Arc::clone(projected),
+        ));
+        if !log_too {
+            return Ok(Some(lake_side));
+        }
+        let tails: Vec<(Ticket, Option<u64>)> = d
+            .buckets
+            .iter()
+            .filter(|b| b.end_offset > b.tiered_offset.unwrap_or(0))
+            .map(|b| {
+                (
+                    Ticket {
+                        database: d.database.clone(),
+                        table: d.table.clone(),
+                        partition: b.partition.clone(),
+                        bucket: Some(b.bucket),
+                        offset: b.tiered_offset,
+                        end_offset: Some(b.end_offset),
+                        columns: columns.to_vec(),
+                        filter: filter.clone(),
+                        max_rows: limit.map(|l| l as u64),
+                        ..Default::default()
+                    },
+                    Some(b.end_offset - b.tiered_offset.unwrap_or(b.start_offset)),
+                )
+            })
+            .collect();
+        let log_side: Arc<dyn ExecutionPlan> = Arc::new(MinkScanExec::new(
+            self.client.clone(),
+            name,
+            Arc::clone(projected),
+            tails,
+        ));
+        Ok(Some(datafusion::physical_plan::union::UnionExec::try_new(
+            vec![lake_side, log_side],
+        )?))
     }
 
     fn is_primary_key_table(&self) -> bool {
@@ -279,7 +385,7 @@ impl TableProvider for MinkTable {
 
     async fn scan(
         &self,
-        _state: &dyn Session,
+        state: &dyn Session,
         projection: Option<&Vec<usize>>,
         filters: &[Expr],
         limit: Option<usize>,
@@ -315,6 +421,12 @@ impl TableProvider for MinkTable {
             .options
             .get("table.datalake.enabled")
             .is_some_and(|v| v == "true");
+        if let Some(plan) = self
+            .scan_lake_directly(state, &projected, &columns, &filter, limit)
+            .await?
+        {
+            return Ok(plan);
+        }
         // What each bucket's read is: positioned up to the planned high watermark for reads
         // of offsets (a log table's rows, any changelog); a snapshot for current rows.
         let (positioned, changelog, source) = match self.view {

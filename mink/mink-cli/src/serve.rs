@@ -269,7 +269,11 @@ pub(crate) async fn run(args: NodeArgs, dev: bool) -> anyhow::Result<()> {
                 format!("cannot listen for Flight SQL on {a} (use --sql-listen none to disable)")
             })?;
             let address = l.local_addr()?;
-            tokio::spawn(serve_sql(l, advertised.clone()));
+            tokio::spawn(serve_sql(
+                l,
+                advertised.clone(),
+                (metadata.clone(), objects.clone()),
+            ));
             Some(address)
         }
     };
@@ -310,8 +314,13 @@ pub(crate) async fn run(args: NodeArgs, dev: bool) -> anyhow::Result<()> {
 }
 
 /// Serves Flight SQL on `listener` over the cluster, reached through this node (`node`, its
-/// Flight address), until the process ends.
-async fn serve_sql(listener: tokio::net::TcpListener, node: String) {
+/// Flight address), until the process ends; lake snapshots are read straight from the node's
+/// catalog and object store (`metadata`, `objects`).
+async fn serve_sql(
+    listener: tokio::net::TcpListener,
+    node: String,
+    (metadata, objects): (String, String),
+) {
     let client = match mink_client::Client::connect(&node).await {
         Ok(c) => c,
         Err(e) => {
@@ -319,7 +328,16 @@ async fn serve_sql(listener: tokio::net::TcpListener, node: String) {
             return;
         }
     };
-    let service = mink_query::flight_sql::MinkFlightSql::new(mink_query::QueryEngine::new(client));
+    let lake = match mink_query::open_lake(&metadata, &objects).await {
+        Ok(l) => Some(std::sync::Arc::new(l)),
+        Err(e) => {
+            tracing::warn!(error = %e, "Flight SQL reads the lake through the node");
+            None
+        }
+    };
+    let service = mink_query::flight_sql::MinkFlightSql::new(mink_query::QueryEngine::with_lake(
+        client, lake,
+    ));
     let incoming = futures::stream::unfold(listener, |l| async move {
         Some((l.accept().await.map(|(s, _)| s), l))
     });

@@ -167,6 +167,37 @@ fn run_pyarrow_script(script: &str) {
     );
 }
 
+/// `mink dev` serves SQL: DDL, writes, the system tables, and a lake table whose snapshot the
+/// engine reads from object storage itself (ADBC Flight SQL driver).
+#[test]
+fn dev_serves_sql_over_its_tables_and_lake() {
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let dev = Dev::start(&dir.path().join("data"), "127.0.0.1:0", &[]);
+    let ready = Command::new(&python)
+        .args(["-c", "import adbc_driver_flightsql"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ready {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true but the ADBC Flight SQL driver is not installed (scripts/test.sh installs it)"
+        );
+        return;
+    }
+    let out = Command::new(python)
+        .arg(manifest_dir().join("tests").join("adbc_dev_sql.py"))
+        .arg(format!("grpc://{}", dev.sql))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("ok"),
+        "adbc_dev_sql.py failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn pyarrow_flight_creates_writes_scans_tails_and_gets_precise_errors() {
     run_pyarrow_script("pyarrow_flight.py");

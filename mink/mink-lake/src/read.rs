@@ -348,3 +348,64 @@ fn gather(
     }
     Ok(rows.into_iter().map(|(_, b, r)| (b, r)).collect())
 }
+
+/// A read of one lake snapshot split into its data files: what an engine reading the lake
+/// straight from object storage runs, a group of files per task, in parallel.
+#[derive(Clone, Debug)]
+pub struct LakeSplits {
+    table: iceberg::table::Table,
+    /// One task per data file the filter may match (deletes attached).
+    pub tasks: Vec<iceberg::scan::FileScanTask>,
+}
+
+impl Lake {
+    /// The data files of snapshot `snapshot_id` of `database.table` that may hold rows meeting
+    /// `prune` (all of them without), reading the lake columns of `schema` (the Mink table's
+    /// columns the reader wants).
+    pub async fn plan_splits(
+        &self,
+        database: &str,
+        table: &str,
+        snapshot_id: i64,
+        schema: &SchemaRef,
+        prune: Option<&dyn Prune>,
+    ) -> LakeResult<LakeSplits> {
+        let t = self
+            .table_with_snapshot(database, table, snapshot_id)
+            .await?;
+        let lake_schema = t.metadata().current_schema();
+        let columns: Vec<&str> = schema
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .filter(|n| lake_schema.field_by_name(n).is_some())
+            .collect();
+        let mut scan = t.scan().snapshot_id(snapshot_id).select(columns);
+        if let Some(p) = prune.and_then(|p| p.predicate(lake_schema)) {
+            scan = scan.with_filter(p);
+        }
+        let tasks = scan.build()?.plan_files().await?.try_collect().await?;
+        Ok(LakeSplits { table: t, tasks })
+    }
+}
+
+impl LakeSplits {
+    /// The rows of `tasks` (some of [`LakeSplits::tasks`]) as batches of `schema` (a column the
+    /// lake lacks reads as null), files read concurrently.
+    pub fn read(
+        &self,
+        tasks: Vec<iceberg::scan::FileScanTask>,
+        schema: SchemaRef,
+    ) -> LakeResult<futures::stream::BoxStream<'static, LakeResult<RecordBatch>>> {
+        use futures::StreamExt as _;
+        let tasks: iceberg::scan::FileScanTaskStream =
+            futures::stream::iter(tasks.into_iter().map(Ok)).boxed();
+        let batches = self.table.reader_builder().build().read(tasks)?.stream();
+        Ok(batches
+            .map(move |b| {
+                let b = b?;
+                as_table_rows(&schema, &[&b], None, b.num_rows())
+            })
+            .boxed())
+    }
+}

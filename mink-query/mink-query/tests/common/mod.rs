@@ -49,7 +49,16 @@ impl Cluster {
             .map(|r| r.unwrap()),
         );
         let client = Client::connect(&address).await.unwrap();
-        let engine = QueryEngine::new(client.clone());
+        // The engine reads lake snapshots itself, from the node's catalog and object store.
+        let objects = dir.join("objects");
+        let lake = mink_lake::Lake::open(
+            &format!("sqlite://{}", dir.join("meta.db").display()),
+            objects.to_str().unwrap(),
+            s3stream::store::open(objects.to_str().unwrap()).unwrap(),
+        )
+        .await
+        .unwrap();
+        let engine = QueryEngine::with_lake(client.clone(), Some(Arc::new(lake)));
         let sql_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let sql_address = sql_listener.local_addr().unwrap().to_string();
         let (sql_stop, sql_stopped) = tokio::sync::oneshot::channel::<()>();

@@ -23,6 +23,8 @@ pub struct Dev {
     pub child: Child,
     pub flight: String,
     pub metrics: String,
+    /// The Flight SQL listener (`host:port`).
+    pub sql: String,
 }
 
 impl Dev {
@@ -43,8 +45,8 @@ impl Dev {
             .spawn()
             .unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let (mut flight, mut metrics) = (None, None);
-        while flight.is_none() || metrics.is_none() {
+        let (mut flight, mut metrics, mut sql) = (None, None, None);
+        while flight.is_none() || metrics.is_none() || sql.is_none() {
             let Some(Ok(line)) = lines.next() else {
                 panic!(
                     "mink dev exited before serving; see {}",
@@ -57,6 +59,10 @@ impl Dev {
             if let Some(a) = line.trim().strip_prefix("Metrics:") {
                 metrics = Some(a.trim().to_string());
             }
+            if let Some(a) = line.trim().strip_prefix("SQL:") {
+                let a = a.trim().trim_start_matches("grpc://");
+                sql = Some(a.split_whitespace().next().unwrap_or(a).to_string());
+            }
         }
         // Keep draining stdout so the node never blocks on it.
         std::thread::spawn(move || for _ in lines {});
@@ -64,6 +70,7 @@ impl Dev {
             child,
             flight: flight.unwrap(),
             metrics: metrics.unwrap(),
+            sql: sql.unwrap(),
         }
     }
 

@@ -1,0 +1,175 @@
+//! The lake's side of a scan, read straight from object storage: the data files of the lake
+//! snapshot the statement's cut names, split across partitions and read in parallel by this
+//! process (not through a node).
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{RecordBatch, RecordBatchOptions};
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::Statistics;
+use datafusion::common::stats::Precision;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::EquivalenceProperties;
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+};
+use futures::{StreamExt as _, TryStreamExt as _};
+use mink_lake::LakeSplits;
+
+pub(crate) fn lake_error(e: mink_lake::LakeError) -> DataFusionError {
+    DataFusionError::External(Box::new(e))
+}
+
+/// Reads groups of a lake snapshot's data files, one group per partition, as batches of
+/// `schema` (read as `read_schema`: no columns asked for reads the first, for row counts).
+#[derive(Debug)]
+pub struct MinkLakeExec {
+    table: String,
+    splits: LakeSplits,
+    groups: Vec<Vec<usize>>,
+    read_schema: SchemaRef,
+    schema: SchemaRef,
+    properties: Arc<PlanProperties>,
+}
+
+impl MinkLakeExec {
+    pub fn new(
+        table: String,
+        splits: LakeSplits,
+        partitions: usize,
+        read_schema: SchemaRef,
+        schema: SchemaRef,
+    ) -> Self {
+        let n = partitions.clamp(1, splits.tasks.len().max(1));
+        let mut groups: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for i in 0..splits.tasks.len() {
+            groups[i % n].push(i);
+        }
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(Arc::clone(&schema)),
+            Partitioning::UnknownPartitioning(n),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        ));
+        MinkLakeExec {
+            table,
+            splits,
+            groups,
+            read_schema,
+            schema,
+            properties,
+        }
+    }
+}
+
+impl DisplayAs for MinkLakeExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match t {
+            DisplayFormatType::Default | DisplayFormatType::Verbose => write!(
+                f,
+                "MinkLakeExec: table={}, files={}, partitions={}",
+                self.table,
+                self.splits.tasks.len(),
+                self.groups.len()
+            ),
+            DisplayFormatType::TreeRender => {
+                writeln!(f, "table={}", self.table)?;
+                write!(f, "files={}", self.splits.tasks.len())
+            }
+        }
+    }
+}
+
+impl ExecutionPlan for MinkLakeExec {
+    fn name(&self) -> &str {
+        "MinkLakeExec"
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if children.is_empty() {
+            Ok(self)
+        } else {
+            Err(DataFusionError::Internal(
+                "MinkLakeExec has no children".into(),
+            ))
+        }
+    }
+
+    /// The files' record counts (from the manifests), inexact: filters read fewer.
+    fn partition_statistics(&self, partition: Option<usize>) -> Result<Statistics> {
+        let files: Vec<usize> = match partition {
+            Some(p) => self.groups.get(p).cloned().unwrap_or_default(),
+            None => (0..self.splits.tasks.len()).collect(),
+        };
+        let rows: Option<u64> = files
+            .iter()
+            .map(|&i| self.splits.tasks[i].record_count)
+            .sum();
+        let mut stats = Statistics::new_unknown(&self.schema);
+        if let Some(r) = rows.and_then(|r| usize::try_from(r).ok()) {
+            stats = stats.with_num_rows(Precision::Inexact(r));
+        }
+        Ok(stats)
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        _context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let schema = Arc::clone(&self.schema);
+        let tasks: Vec<_> = self
+            .groups
+            .get(partition)
+            .map(|g| g.iter().map(|&i| self.splits.tasks[i].clone()).collect())
+            .unwrap_or_default();
+        if tasks.is_empty() {
+            return Ok(Box::pin(RecordBatchStreamAdapter::new(
+                schema,
+                futures::stream::empty(),
+            )));
+        }
+        let rows = self
+            .splits
+            .read(tasks, Arc::clone(&self.read_schema))
+            .map_err(lake_error)?;
+        let out = Arc::clone(&schema);
+        let batches = rows.map_err(lake_error).map(move |b| {
+            let b = b?;
+            let columns = if out.fields().is_empty() {
+                vec![]
+            } else {
+                b.columns().to_vec()
+            };
+            Ok(RecordBatch::try_new_with_options(
+                Arc::clone(&out),
+                columns,
+                &RecordBatchOptions::new().with_row_count(Some(b.num_rows())),
+            )?)
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            schema,
+            batches.boxed(),
+        )))
+    }
+}
