@@ -30,7 +30,10 @@ pub fn is_ddl(sql: &str) -> bool {
         statements.pop_front(),
         Some(DfStatement::Statement(s)) if matches!(
             s.as_ref(),
-            Statement::CreateTable(_) | Statement::CreateSchema { .. } | Statement::Drop { .. }
+            Statement::CreateTable(_)
+                | Statement::CreateSchema { .. }
+                | Statement::Drop { .. }
+                | Statement::AlterTable(_)
         )
     )
 }
@@ -103,6 +106,10 @@ pub async fn run(ctx: &SessionContext, client: &Client, statement: &DfStatement)
                 .map_err(client_error)?;
             Ok(true)
         }
+        Statement::AlterTable(alter) => {
+            alter_table(ctx, client, alter).await?;
+            Ok(true)
+        }
         // A database is a schema of catalog `mink`.
         Statement::CreateSchema {
             schema_name: SchemaName::Simple(name),
@@ -153,6 +160,82 @@ pub async fn run(ctx: &SessionContext, client: &Client, statement: &DfStatement)
         }
         _ => Ok(false),
     }
+}
+
+/// `ALTER TABLE t ADD COLUMN c type` (nullable, at the end, as Mink's schema evolution
+/// allows) and `ALTER TABLE t SET ('k' = 'v', ...)` (table options).
+async fn alter_table(
+    ctx: &SessionContext,
+    client: &Client,
+    alter: &datafusion::sql::sqlparser::ast::AlterTable,
+) -> Result<()> {
+    use datafusion::sql::sqlparser::ast::AlterTableOperation as Op;
+    let (database, table) = names(&alter.name)?;
+    let mut change = protocol::AlterTable {
+        database: database.clone(),
+        table: table.clone(),
+        ..Default::default()
+    };
+    let mut added = Vec::new();
+    for op in &alter.operations {
+        match op {
+            Op::AddColumn { column_def, .. } => added.push(column_def.clone()),
+            Op::SetOptionsParens { options }
+            | Op::SetTblProperties {
+                table_properties: options,
+            } => {
+                change.set_options.extend(table_options(options)?);
+            }
+            other => {
+                return Err(DataFusionError::NotImplemented(format!(
+                    "ALTER TABLE ... {other} is not supported: Mink adds nullable columns at the end (ADD COLUMN) and sets options (SET ('k' = 'v'))"
+                )));
+            }
+        }
+    }
+    if !added.is_empty() {
+        let current = client
+            .schema(&database, &table)
+            .await
+            .map_err(client_error)?;
+        // The new columns' Arrow types, as DataFusion plans them.
+        let probe = format!(
+            "CREATE TABLE mink_alter_probe ({})",
+            added
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let plan = ctx.state().create_logical_plan(&probe).await?;
+        let LogicalPlan::Ddl(DdlStatement::CreateMemoryTable(c)) = plan else {
+            return Err(DataFusionError::Internal(
+                "ADD COLUMN planned otherwise".into(),
+            ));
+        };
+        let mut fields: Vec<_> = current
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        fields.extend(
+            c.input
+                .schema()
+                .as_arrow()
+                .fields()
+                .iter()
+                .map(|f| f.as_ref().clone()),
+        );
+        let schema = arrow::datatypes::Schema::new_with_metadata(
+            fields,
+            current.metadata().clone(),
+        );
+        change.schema = Some(
+            protocol::encode_schema(&schema).map_err(|e| DataFusionError::External(Box::new(e)))?,
+        );
+    }
+    client.alter_table(&change).await.map_err(client_error)?;
+    Ok(())
 }
 
 /// A database's name (`name`, or `mink.name`).
