@@ -158,6 +158,7 @@ pub(crate) async fn run_statement(
     timing: bool,
 ) -> anyhow::Result<()> {
     let started = Instant::now();
+    let _running = engine.queries().track(sql, "cli", None, None);
     let df = engine.sql(sql).await?;
     let schema = df.schema().as_arrow().clone();
     let batches = df.collect().await?;

@@ -22,15 +22,21 @@ use crate::table::{MinkTable, TableView};
 pub struct MinkCatalog {
     client: Client,
     lake: Option<Arc<mink_lake::Lake>>,
+    queries: Arc<crate::queries::Queries>,
     /// Database → its tables, as last fetched.
     names: Arc<RwLock<BTreeMap<String, Vec<String>>>>,
 }
 
 impl MinkCatalog {
-    pub fn new(client: Client, lake: Option<Arc<mink_lake::Lake>>) -> Self {
+    pub fn new(
+        client: Client,
+        lake: Option<Arc<mink_lake::Lake>>,
+        queries: Arc<crate::queries::Queries>,
+    ) -> Self {
         MinkCatalog {
             client,
             lake,
+            queries,
             names: Arc::default(),
         }
     }
@@ -73,7 +79,10 @@ impl CatalogProvider for MinkCatalog {
     /// A database, or `system` (the system tables; a database of that name is hidden).
     fn schema(&self, name: &str) -> Option<Arc<dyn SchemaProvider>> {
         if name == SYSTEM {
-            return Some(Arc::new(SystemTables::new(self.client.clone())));
+            return Some(Arc::new(SystemTables::new(
+                self.client.clone(),
+                Arc::clone(&self.queries),
+            )));
         }
         self.names
             .read()

@@ -226,10 +226,8 @@ async fn alter_table(
                 .iter()
                 .map(|f| f.as_ref().clone()),
         );
-        let schema = arrow::datatypes::Schema::new_with_metadata(
-            fields,
-            current.metadata().clone(),
-        );
+        let schema =
+            arrow::datatypes::Schema::new_with_metadata(fields, current.metadata().clone());
         change.schema = Some(
             protocol::encode_schema(&schema).map_err(|e| DataFusionError::External(Box::new(e)))?,
         );

@@ -33,7 +33,7 @@ use datafusion::arrow::ipc::writer::IpcWriteOptions;
 use datafusion::common::{ParamValues, ScalarValue};
 use datafusion::error::DataFusionError;
 use datafusion::prelude::DataFrame;
-use futures::{Stream, TryStreamExt as _};
+use futures::{Stream, StreamExt as _, TryStreamExt as _};
 use mink_client::{ErrorCode, protocol};
 use prost::Message as _;
 use tonic::{Request, Response, Status};
@@ -49,10 +49,13 @@ type DoGetStream = Pin<Box<dyn Stream<Item = Result<FlightData, Status>> + Send 
 #[derive(Clone)]
 pub struct MinkFlightSql {
     engine: QueryEngine,
-    plans: Arc<Mutex<HashMap<String, (Instant, DataFrame)>>>,
+    plans: Arc<Mutex<HashMap<String, Planned>>>,
     prepared: Arc<Mutex<HashMap<String, Prepared>>>,
     info: Arc<SqlInfoData>,
 }
+
+/// A statement planned, waiting for its `DoGet`: when, its text, its plan.
+type Planned = (Instant, String, DataFrame);
 
 /// A prepared statement: its text and the parameter rows bound last (each row one execution).
 #[derive(Clone, Debug)]
@@ -111,11 +114,11 @@ impl MinkFlightSql {
         Ok((engine, plan))
     }
 
-    fn keep(&self, plan: DataFrame) -> String {
+    fn keep(&self, sql: &str, plan: DataFrame) -> String {
         let handle = uuid::Uuid::now_v7().to_string();
         let mut plans = self.plans.lock().expect("plans");
-        plans.retain(|_, (at, _)| at.elapsed() < PLAN_TTL);
-        plans.insert(handle.clone(), (Instant::now(), plan));
+        plans.retain(|_, (at, _, _)| at.elapsed() < PLAN_TTL);
+        plans.insert(handle.clone(), (Instant::now(), sql.to_string(), plan));
         handle
     }
 
@@ -128,12 +131,12 @@ impl MinkFlightSql {
             })
     }
 
-    fn take(&self, handle: &str) -> Result<DataFrame, Status> {
+    fn take(&self, handle: &str) -> Result<(String, DataFrame), Status> {
         self.plans
             .lock()
             .expect("plans")
             .remove(handle)
-            .map(|(_, plan)| plan)
+            .map(|(_, sql, plan)| (sql, plan))
             .ok_or_else(|| {
                 Status::not_found(
                     "no statement under this handle: it ran already or expired; run the statement again",
@@ -307,7 +310,7 @@ impl FlightSqlService for MinkFlightSql {
     ) -> Result<Response<FlightInfo>, Status> {
         let (engine, plan) = self.plan(&request, &query.query).await?;
         let schema = plan.schema().as_arrow().clone();
-        let handle = self.keep(plan);
+        let handle = self.keep(&query.query, plan);
         let ticket = TicketStatementQuery {
             statement_handle: handle.into_bytes().into(),
         };
@@ -336,12 +339,31 @@ impl FlightSqlService for MinkFlightSql {
     ) -> Result<Response<DoGetStream>, Status> {
         let handle = std::str::from_utf8(&ticket.statement_handle)
             .map_err(|_| Status::invalid_argument("a statement handle is not UTF-8"))?;
-        let plan = self.take(handle)?;
+        let (sql, plan) = self.take(handle)?;
         let schema = Arc::new(plan.schema().as_arrow().clone());
         let batches = plan.execute_stream().await.map_err(status)?;
+        // Running until its stream ends or is dropped; CancelFlightInfo stops it.
+        let (batches, cancel) = futures::stream::abortable(batches);
+        let guard = self.engine.queries().track(
+            &sql,
+            "flight sql",
+            Some(handle.to_string()),
+            Some(cancel.clone()),
+        );
+        let ended = futures::stream::once(async move {
+            drop(guard);
+            cancel.is_aborted().then(|| {
+                Err(FlightError::Tonic(Box::new(Status::cancelled(
+                    "the statement was cancelled (CancelFlightInfo)",
+                ))))
+            })
+        })
+        .filter_map(|e| async move { e });
         Ok(answer(
             schema,
-            batches.map_err(|e| FlightError::Tonic(Box::new(status(e)))),
+            batches
+                .map_err(|e| FlightError::Tonic(Box::new(status(e))))
+                .chain(ended),
         ))
     }
 
@@ -525,16 +547,16 @@ impl FlightSqlService for MinkFlightSql {
         Ok(one(schema, batch.map_err(FlightError::from)))
     }
 
+    /// The deprecated `CancelQuery`: as `CancelFlightInfo` (their result codes agree).
     async fn do_action_cancel_query(
         &self,
-        _query: ActionCancelQueryRequest,
+        query: ActionCancelQueryRequest,
         _request: Request<arrow_flight::Action>,
     ) -> Result<ActionCancelQueryResult, Status> {
-        // A statement runs while its DoGet streams: dropping the stream cancels it. A
-        // statement planned and not fetched is forgotten after PLAN_TTL.
+        let info = FlightInfo::decode(query.info)
+            .map_err(|e| Status::invalid_argument(format!("CancelQuery's FlightInfo: {e}")))?;
         Ok(ActionCancelQueryResult {
-            // CANCEL_RESULT_NOT_CANCELLABLE
-            result: 3,
+            result: self.cancel(info) as i32,
         })
     }
 
@@ -624,7 +646,7 @@ impl FlightSqlService for MinkFlightSql {
             None => plan,
         };
         let schema = plan.schema().as_arrow().clone();
-        let handle = self.keep(plan);
+        let handle = self.keep(&prepared.sql, plan);
         let ticket = TicketStatementQuery {
             statement_handle: handle.into_bytes().into(),
         };
@@ -678,7 +700,56 @@ impl FlightSqlService for MinkFlightSql {
         Ok(())
     }
 
+    /// `CancelFlightInfo`: a statement planned and not yet fetched is forgotten; one running
+    /// stops (its `DoGet` ends with `CANCELLED`).
+    async fn do_action_fallback(
+        &self,
+        request: Request<arrow_flight::Action>,
+    ) -> Result<
+        Response<<Self as arrow_flight::flight_service_server::FlightService>::DoActionStream>,
+        Status,
+    > {
+        if request.get_ref().r#type != "CancelFlightInfo" {
+            return Err(Status::invalid_argument(format!(
+                "unknown action {:?}",
+                request.get_ref().r#type
+            )));
+        }
+        let cancel = arrow_flight::CancelFlightInfoRequest::decode(request.get_ref().body.clone())
+            .map_err(|e| Status::invalid_argument(format!("CancelFlightInfoRequest: {e}")))?;
+        let result = self.cancel(cancel.info.unwrap_or_default());
+        let body = arrow_flight::CancelFlightInfoResult::new(result).encode_to_vec();
+        Ok(Response::new(Box::pin(futures::stream::once(async move {
+            Ok(arrow_flight::Result { body: body.into() })
+        }))))
+    }
+
     async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}
+}
+
+impl MinkFlightSql {
+    /// Cancels the statements of `info`'s endpoints: one planned and not yet fetched is
+    /// forgotten, one running stops.
+    fn cancel(&self, info: FlightInfo) -> arrow_flight::CancelStatus {
+        let mut result = arrow_flight::CancelStatus::Unspecified;
+        for endpoint in info.endpoint {
+            let Some(handle) = endpoint
+                .ticket
+                .and_then(|t| arrow_flight::sql::Any::decode(t.ticket).ok())
+                .and_then(|any| any.unpack::<TicketStatementQuery>().ok().flatten())
+                .and_then(|t| String::from_utf8(t.statement_handle.to_vec()).ok())
+            else {
+                continue;
+            };
+            let planned = self.plans.lock().expect("plans").remove(&handle).is_some();
+            if planned || self.engine.queries().cancel(&handle) {
+                result = arrow_flight::CancelStatus::Cancelled;
+            } else if result == arrow_flight::CancelStatus::Unspecified {
+                result = arrow_flight::CancelStatus::NotCancellable;
+            }
+        }
+        result
+    }
 }
 
 /// The result schema of `GetPrimaryKeys` (Flight SQL's).

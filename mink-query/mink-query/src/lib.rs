@@ -14,6 +14,7 @@ pub mod filter;
 pub mod flight_sql;
 pub mod insert;
 pub mod lake;
+pub mod queries;
 pub mod scan;
 pub mod system;
 pub mod table;
@@ -38,6 +39,7 @@ pub(crate) fn client_error(e: mink_client::ClientError) -> DataFusionError {
 pub struct QueryEngine {
     client: Client,
     lake: Option<Arc<mink_lake::Lake>>,
+    queries: Arc<queries::Queries>,
     catalog: Arc<catalog::MinkCatalog>,
 }
 
@@ -50,12 +52,30 @@ impl QueryEngine {
     /// An engine reading lake snapshots straight from object storage through `lake` (the
     /// cluster's catalog and object store), the log tails through the nodes.
     pub fn with_lake(client: Client, lake: Option<Arc<mink_lake::Lake>>) -> Self {
-        let catalog = Arc::new(catalog::MinkCatalog::new(client.clone(), lake.clone()));
+        Self::build(client, lake, Arc::default())
+    }
+
+    fn build(
+        client: Client,
+        lake: Option<Arc<mink_lake::Lake>>,
+        queries: Arc<queries::Queries>,
+    ) -> Self {
+        let catalog = Arc::new(catalog::MinkCatalog::new(
+            client.clone(),
+            lake.clone(),
+            Arc::clone(&queries),
+        ));
         QueryEngine {
             client,
             lake,
+            queries,
             catalog,
         }
+    }
+
+    /// The statements running on this engine (and its forks).
+    pub fn queries(&self) -> &Arc<queries::Queries> {
+        &self.queries
     }
 
     pub fn client(&self) -> &Client {
@@ -70,7 +90,7 @@ impl QueryEngine {
         if let Some(index) = min_applied_index {
             client.observe_index(index);
         }
-        QueryEngine::with_lake(client, self.lake.clone())
+        QueryEngine::build(client, self.lake.clone(), Arc::clone(&self.queries))
     }
 
     /// A session over the catalog as the cluster's metadata has it now: unqualified names

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::arrow::array::{
-    ArrayRef, BooleanArray, Int64Array, RecordBatch, StringArray, UInt32Array, UInt64Array,
+    ArrayRef, BooleanArray, Int64Array, RecordBatch, StringArray, TimestampMillisecondArray,
+    UInt32Array, UInt64Array,
 };
 use datafusion::catalog::{SchemaProvider, TableProvider};
 use datafusion::datasource::MemTable;
@@ -18,16 +19,49 @@ use crate::client_error;
 /// The schema's name.
 pub const SYSTEM: &str = "system";
 
-const TABLES: [&str; 3] = ["buckets", "nodes", "tables"];
+const TABLES: [&str; 4] = ["buckets", "nodes", "queries", "tables"];
 
 #[derive(Debug)]
 pub struct SystemTables {
     client: Client,
+    queries: Arc<crate::queries::Queries>,
 }
 
 impl SystemTables {
-    pub fn new(client: Client) -> Self {
-        SystemTables { client }
+    pub fn new(client: Client, queries: Arc<crate::queries::Queries>) -> Self {
+        SystemTables { client, queries }
+    }
+
+    /// The statements running on this engine.
+    fn queries(&self) -> Result<RecordBatch> {
+        let q = self.queries.running();
+        Ok(RecordBatch::try_from_iter(vec![
+            (
+                "query_id",
+                col(UInt64Array::from_iter_values(q.iter().map(|x| x.id))),
+            ),
+            (
+                "sql",
+                col(StringArray::from_iter_values(q.iter().map(|x| &x.sql))),
+            ),
+            (
+                "source",
+                col(StringArray::from_iter_values(q.iter().map(|x| x.source))),
+            ),
+            (
+                "started_at",
+                col(
+                    TimestampMillisecondArray::from_iter_values(q.iter().map(|x| x.started_at_ms))
+                        .with_timezone("UTC"),
+                ),
+            ),
+            (
+                "elapsed_ms",
+                col(UInt64Array::from_iter_values(q.iter().map(|x| {
+                    u64::try_from(x.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+                }))),
+            ),
+        ])?)
     }
 
     /// Every table's description (tables dropped meanwhile left out).
@@ -233,6 +267,7 @@ impl SchemaProvider for SystemTables {
             "nodes" => self.nodes().await?,
             "tables" => self.tables().await?,
             "buckets" => self.buckets().await?,
+            "queries" => self.queries()?,
             _ => return Ok(None),
         };
         let schema = batch.schema();

@@ -521,6 +521,82 @@ async fn update_and_delete_change_primary_key_tables() {
     c.stop().await;
 }
 
+/// A statement running over Flight SQL is listed in `system.queries` while its `DoGet`
+/// streams; `CancelFlightInfo` stops it (its stream ends with CANCELLED) or forgets one planned
+/// and not yet fetched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn running_statements_are_listed_and_cancelled() {
+    use arrow_flight::flight_service_client::FlightServiceClient;
+    use futures::StreamExt as _;
+    use prost::Message as _;
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path()).await;
+    c.load().await;
+    let mut sql = c.flight_sql().await;
+    // A million rows: more than the connection buffers, so the statement runs until read.
+    let big = "SELECT a.id, b.id, c.id FROM app.events a, app.events b, app.events c";
+    let info = sql.execute(big.into(), None).await.unwrap();
+    let ticket = info.endpoint[0].ticket.clone().unwrap();
+    let mut stream = sql.do_get(ticket).await.unwrap();
+    assert!(stream.next().await.unwrap().unwrap().num_rows() > 0);
+    let listed = {
+        let mut other = c.flight_sql().await;
+        let i = other
+            .execute("SELECT sql, source FROM system.queries".into(), None)
+            .await
+            .unwrap();
+        let batches: Vec<_> = other
+            .do_get(i.endpoint[0].ticket.clone().unwrap())
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        common::text_rows(&batches)
+    };
+    assert!(
+        listed.contains(&vec![big.to_string(), "flight sql".to_string()]),
+        "{listed:?}"
+    );
+    let cancel = |info: arrow_flight::FlightInfo| {
+        let channel = c.channel();
+        async move {
+            let mut flight = FlightServiceClient::new(channel.await);
+            let body = arrow_flight::CancelFlightInfoRequest::new(info).encode_to_vec();
+            let mut results = flight
+                .do_action(arrow_flight::Action::new("CancelFlightInfo", body))
+                .await
+                .unwrap()
+                .into_inner();
+            let r = results.message().await.unwrap().unwrap();
+            arrow_flight::CancelFlightInfoResult::decode(r.body)
+                .unwrap()
+                .status()
+        }
+    };
+    assert_eq!(cancel(info).await, arrow_flight::CancelStatus::Cancelled);
+    let mut ended = None;
+    while let Some(item) = stream.next().await {
+        if let Err(e) = item {
+            ended = Some(e);
+            break;
+        }
+    }
+    assert!(
+        matches!(&ended, Some(arrow_flight::error::FlightError::Tonic(s)) if s.code() == tonic::Code::Cancelled),
+        "{ended:?}"
+    );
+    // Planned, not fetched: forgotten.
+    let info = sql
+        .execute("SELECT count(*) FROM app.events".into(), None)
+        .await
+        .unwrap();
+    let ticket = info.endpoint[0].ticket.clone().unwrap();
+    assert_eq!(cancel(info).await, arrow_flight::CancelStatus::Cancelled);
+    assert!(sql.do_get(ticket).await.is_err());
+    c.stop().await;
+}
+
 /// Every file under `tests/slt` run against the loaded cluster.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqllogictest_files() {
