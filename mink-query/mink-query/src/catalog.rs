@@ -23,6 +23,7 @@ pub struct MinkCatalog {
     client: Client,
     lake: Option<Arc<mink_lake::Lake>>,
     queries: Arc<crate::queries::Queries>,
+    freshness: Arc<std::sync::Mutex<crate::settings::Freshness>>,
     /// Database → its tables, as last fetched.
     names: Arc<RwLock<BTreeMap<String, Vec<String>>>>,
 }
@@ -32,11 +33,13 @@ impl MinkCatalog {
         client: Client,
         lake: Option<Arc<mink_lake::Lake>>,
         queries: Arc<crate::queries::Queries>,
+        freshness: Arc<std::sync::Mutex<crate::settings::Freshness>>,
     ) -> Self {
         MinkCatalog {
             client,
             lake,
             queries,
+            freshness,
             names: Arc::default(),
         }
     }
@@ -92,6 +95,7 @@ impl CatalogProvider for MinkCatalog {
                 Arc::new(MinkDatabase {
                     client: self.client.clone(),
                     lake: self.lake.clone(),
+                    freshness: Arc::clone(&self.freshness),
                     database: name.to_string(),
                     names: Arc::clone(&self.names),
                 }) as _
@@ -104,6 +108,7 @@ impl CatalogProvider for MinkCatalog {
 pub struct MinkDatabase {
     client: Client,
     lake: Option<Arc<mink_lake::Lake>>,
+    freshness: Arc<std::sync::Mutex<crate::settings::Freshness>>,
     database: String,
     names: Arc<RwLock<BTreeMap<String, Vec<String>>>>,
 }
@@ -140,7 +145,8 @@ impl SchemaProvider for MinkDatabase {
         match self.client.describe_table(&self.database, table).await {
             Ok(description) => Ok(Some(Arc::new(
                 MinkTable::view(self.client.clone(), description, view)?
-                    .reading_lake(self.lake.clone()),
+                    .reading_lake(self.lake.clone())
+                    .at_freshness(*self.freshness.lock().expect("freshness")),
             ))),
             Err(e) if e.code() == Some(ErrorCode::NotFound) => Ok(None),
             Err(e) => Err(client_error(e)),

@@ -110,6 +110,15 @@ impl MinkFlightSql {
             ),
         };
         let engine = self.engine.fork(floor);
+        if let Some(v) = request.metadata().get(crate::settings::FRESHNESS_HEADER) {
+            let v = v.to_str().map_err(|_| {
+                Status::invalid_argument(format!(
+                    "{} must be text",
+                    crate::settings::FRESHNESS_HEADER
+                ))
+            })?;
+            engine.set_freshness(crate::settings::Freshness::parse(v).map_err(status)?);
+        }
         let plan = engine.sql(sql).await.map_err(status)?;
         Ok((engine, plan))
     }

@@ -16,6 +16,7 @@ pub mod insert;
 pub mod lake;
 pub mod queries;
 pub mod scan;
+pub mod settings;
 pub mod system;
 pub mod table;
 
@@ -40,6 +41,8 @@ pub struct QueryEngine {
     client: Client,
     lake: Option<Arc<mink_lake::Lake>>,
     queries: Arc<queries::Queries>,
+    /// `SET mink.freshness`: this engine's (a fork starts from its parent's).
+    freshness: Arc<std::sync::Mutex<settings::Freshness>>,
     catalog: Arc<catalog::MinkCatalog>,
 }
 
@@ -52,25 +55,39 @@ impl QueryEngine {
     /// An engine reading lake snapshots straight from object storage through `lake` (the
     /// cluster's catalog and object store), the log tails through the nodes.
     pub fn with_lake(client: Client, lake: Option<Arc<mink_lake::Lake>>) -> Self {
-        Self::build(client, lake, Arc::default())
+        Self::build(client, lake, Arc::default(), settings::Freshness::default())
     }
 
     fn build(
         client: Client,
         lake: Option<Arc<mink_lake::Lake>>,
         queries: Arc<queries::Queries>,
+        freshness: settings::Freshness,
     ) -> Self {
+        let freshness = Arc::new(std::sync::Mutex::new(freshness));
         let catalog = Arc::new(catalog::MinkCatalog::new(
             client.clone(),
             lake.clone(),
             Arc::clone(&queries),
+            Arc::clone(&freshness),
         ));
         QueryEngine {
             client,
             lake,
             queries,
+            freshness,
             catalog,
         }
+    }
+
+    /// The freshness this engine's statements read lake tables at.
+    pub fn freshness(&self) -> settings::Freshness {
+        *self.freshness.lock().expect("freshness")
+    }
+
+    /// Sets the freshness this engine's statements read lake tables at.
+    pub fn set_freshness(&self, freshness: settings::Freshness) {
+        *self.freshness.lock().expect("freshness") = freshness;
     }
 
     /// The statements running on this engine (and its forks).
@@ -90,7 +107,12 @@ impl QueryEngine {
         if let Some(index) = min_applied_index {
             client.observe_index(index);
         }
-        QueryEngine::build(client, self.lake.clone(), Arc::clone(&self.queries))
+        QueryEngine::build(
+            client,
+            self.lake.clone(),
+            Arc::clone(&self.queries),
+            self.freshness(),
+        )
     }
 
     /// A session over the catalog as the cluster's metadata has it now: unqualified names
@@ -118,6 +140,10 @@ impl QueryEngine {
         let sql = numbered_placeholders(sql);
         let statement = ctx.state().sql_to_statement(&sql, &dialect)?;
         if ddl::run(&ctx, &self.client, &statement).await? {
+            return ctx.read_empty();
+        }
+        if let Some(freshness) = settings::set_statement(&statement)? {
+            self.set_freshness(freshness);
             return ctx.read_empty();
         }
         let options = SQLOptions::new()

@@ -92,6 +92,8 @@ pub struct MinkTable {
     /// Where lake snapshots are read straight from object storage (through the nodes when
     /// `None`).
     lake: Option<Arc<mink_lake::Lake>>,
+    /// How fresh a lake table's rows must be (`SET mink.freshness`).
+    freshness: crate::settings::Freshness,
     description: TableDescription,
     view: TableView,
     schema: SchemaRef,
@@ -147,6 +149,7 @@ impl MinkTable {
         Ok(MinkTable {
             client,
             lake: None,
+            freshness: crate::settings::Freshness::default(),
             description,
             view,
             schema,
@@ -158,6 +161,32 @@ impl MinkTable {
     pub fn reading_lake(mut self, lake: Option<Arc<mink_lake::Lake>>) -> Self {
         self.lake = lake;
         self
+    }
+
+    /// Reads a lake table at `freshness`: its lake snapshot alone when that is fresh enough.
+    pub fn at_freshness(mut self, freshness: crate::settings::Freshness) -> Self {
+        self.freshness = freshness;
+        self
+    }
+
+    /// The rows this scan reads: a lake table's snapshot alone when the statement's freshness
+    /// allows it (no log tail to read).
+    fn effective_view(&self) -> TableView {
+        let d = &self.description;
+        let lake = d
+            .options
+            .get("table.datalake.enabled")
+            .is_some_and(|v| v == "true");
+        let snapshot = d.lake.as_ref().and_then(|l| l.snapshot_id).is_some();
+        if self.view == TableView::Rows
+            && lake
+            && snapshot
+            && self.freshness.lake_only(d.lake.as_ref().map(|l| l.lag_ms))
+        {
+            TableView::Lake
+        } else {
+            self.view
+        }
     }
 
     pub fn description(&self) -> &TableDescription {
@@ -201,7 +230,7 @@ impl MinkTable {
         else {
             return Ok(None);
         };
-        let log_too = match self.view {
+        let log_too = match self.effective_view() {
             TableView::Lake => false,
             TableView::Rows if !self.is_primary_key_table() => true,
             _ => return Ok(None),
@@ -405,8 +434,9 @@ impl TableProvider for MinkTable {
         };
         let filter = Filter(filters.iter().filter_map(to_predicates).flatten().collect());
         let d = &self.description;
+        let view = self.effective_view();
         // Equality on the whole primary key: a point lookup at the keys' leaders.
-        if self.view == TableView::Rows
+        if view == TableView::Rows
             && let Some(keys) = point_keys(&d.primary_key, &filter)
         {
             return Ok(Arc::new(MinkLookupExec::new(
@@ -429,7 +459,7 @@ impl TableProvider for MinkTable {
         }
         // What each bucket's read is: positioned up to the planned high watermark for reads
         // of offsets (a log table's rows, any changelog); a snapshot for current rows.
-        let (positioned, changelog, source) = match self.view {
+        let (positioned, changelog, source) = match view {
             TableView::Rows => (!self.is_primary_key_table(), false, None),
             TableView::Changelog => (true, true, None),
             TableView::Log => (true, false, lake.then(|| "log".to_string())),
@@ -441,7 +471,7 @@ impl TableProvider for MinkTable {
         };
         // Rows per split where offsets count them: a log table's (from 0 when its history is
         // in the lake), a changelog's changes.
-        let rows = |b: &mink_client::BucketDescription| match self.view {
+        let rows = |b: &mink_client::BucketDescription| match view {
             TableView::Rows | TableView::Lake if self.is_primary_key_table() => None,
             TableView::Lake => b.tiered_offset,
             TableView::Rows if lake => Some(b.end_offset),

@@ -462,6 +462,79 @@ async fn lake_tables_read_as_union_lake_and_log() {
             .await,
         strings(&[&["47"], &["48"], &["49"]])
     );
+    // The lake's side is read by the engine from object storage, the log's from the nodes.
+    let plan = c
+        .rows("EXPLAIN SELECT count(*) FROM app.lk WHERE v = 'buy'")
+        .await;
+    let physical = &plan.last().unwrap()[1];
+    assert!(
+        physical.contains("MinkLakeExec: table=app.lk, files=")
+            && physical.contains("MinkScanExec: table=app.lk, splits=2"),
+        "{physical}"
+    );
+    assert_eq!(
+        c.rows("SELECT count(*) FROM app.lk WHERE v = 'buy'").await,
+        c.rows("SELECT count(*) FROM app.events WHERE id < 60 AND kind = 'buy'")
+            .await
+    );
+    // Freshness: the lake alone when the statement allows it (no log tail read).
+    c.rows("SET mink.freshness = 'lake'").await;
+    assert_eq!(
+        c.rows("SELECT count(*) FROM app.lk").await,
+        strings(&[&["50"]])
+    );
+    let plan = c.rows("EXPLAIN SELECT count(*) FROM app.lk").await;
+    assert!(
+        !plan.last().unwrap()[1].contains("MinkScanExec"),
+        "{plan:?}"
+    );
+    c.rows("SET mink.freshness = '1h'").await;
+    assert_eq!(
+        c.rows("SELECT count(*) FROM app.lk").await,
+        strings(&[&["50"]])
+    );
+    c.rows("SET mink.freshness = '0s'").await;
+    assert_eq!(
+        c.rows("SELECT count(*) FROM app.lk").await,
+        strings(&[&["60"]])
+    );
+    c.rows("SET mink.freshness = latest").await;
+    assert_eq!(
+        c.rows("SELECT count(*) FROM app.lk").await,
+        strings(&[&["60"]])
+    );
+    let bad = c.error("SET mink.freshness = 'soon'").await;
+    assert!(
+        bad.contains("expected 'latest', 'lake' or a duration"),
+        "{bad}"
+    );
+    // Over Flight SQL, a request's mink-freshness header.
+    {
+        use arrow_flight::sql::{CommandStatementQuery, ProstMessageExt as _};
+        use prost::Message as _;
+        let mut flight =
+            arrow_flight::flight_service_client::FlightServiceClient::new(c.channel().await);
+        let command = CommandStatementQuery {
+            query: "SELECT count(*) FROM app.lk".into(),
+            transaction_id: None,
+        };
+        let mut request = tonic::Request::new(arrow_flight::FlightDescriptor::new_cmd(
+            command.as_any().encode_to_vec(),
+        ));
+        request
+            .metadata_mut()
+            .insert("mink-freshness", "lake".parse().unwrap());
+        let info = flight.get_flight_info(request).await.unwrap().into_inner();
+        let mut sql = c.flight_sql().await;
+        let batches: Vec<_> = sql
+            .do_get(info.endpoint[0].ticket.clone().unwrap())
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        assert_eq!(common::text_rows(&batches), strings(&[&["50"]]));
+    }
     c.stop().await;
 }
 

@@ -122,8 +122,9 @@ impl TableOptions {
     }
 }
 
-/// `Some(None)` for "forever", `None` for unparsable.
-fn parse_ttl(v: &str) -> Option<Option<Duration>> {
+/// A duration as Mink's options write them (`30s`, `3min`, `1h`, `7d`): `Some(None)` for
+/// "forever" (`-1`, `inf`), `None` for unparsable.
+pub fn parse_ttl(v: &str) -> Option<Option<Duration>> {
     let v = v.trim().to_ascii_lowercase();
     if v == "-1" || v == "inf" || v == "infinite" {
         return Some(None);

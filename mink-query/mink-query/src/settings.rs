@@ -1,0 +1,102 @@
+//! Per-session settings a statement can change: `SET mink.freshness = 'latest' | 'lake' |
+//! '30s'` (over Flight SQL, the `mink-freshness` header of a request).
+
+use std::time::Duration;
+
+use datafusion::error::{DataFusionError, Result};
+
+/// The setting's name in `SET`.
+pub const FRESHNESS: &str = "mink.freshness";
+/// The Flight SQL request header carrying it.
+pub const FRESHNESS_HEADER: &str = "mink-freshness";
+
+/// How fresh the rows of a lake table a statement reads must be.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Freshness {
+    /// Every row written up to the cut: the lake snapshot and the log tail (the default).
+    #[default]
+    Latest,
+    /// The lake snapshot only, however old: no log tail is read.
+    Lake,
+    /// The lake snapshot only when its lag is at most this long; else as `Latest`.
+    Within(Duration),
+}
+
+impl Freshness {
+    /// `latest`, `lake`, or a duration (`30s`, `5min`, `1h`).
+    pub fn parse(value: &str) -> Result<Freshness> {
+        let v = value.trim().trim_matches('\'').to_ascii_lowercase();
+        match v.as_str() {
+            "latest" => Ok(Freshness::Latest),
+            "lake" => Ok(Freshness::Lake),
+            _ => mink_log::options::parse_ttl(&v)
+                .flatten()
+                .map(Freshness::Within)
+                .ok_or_else(|| {
+                    DataFusionError::Plan(format!(
+                        "{FRESHNESS} = {value:?}: expected 'latest', 'lake' or a duration such as '30s', '5min', '1h'"
+                    ))
+                }),
+        }
+    }
+
+    /// Whether a statement reads only the lake of a table whose lake is `lag_ms` behind.
+    pub fn lake_only(self, lag_ms: Option<u64>) -> bool {
+        match self {
+            Freshness::Latest => false,
+            Freshness::Lake => true,
+            Freshness::Within(d) => lag_ms.is_some_and(|lag| u128::from(lag) <= d.as_millis()),
+        }
+    }
+}
+
+/// The freshness a `SET mink.freshness = ...` statement sets; `None` for any other
+/// statement.
+pub fn set_statement(statement: &datafusion::sql::parser::Statement) -> Result<Option<Freshness>> {
+    use datafusion::sql::parser::Statement as S;
+    use datafusion::sql::sqlparser::ast::{Expr, Set, Statement, Value};
+    let S::Statement(s) = statement else {
+        return Ok(None);
+    };
+    let Statement::Set(Set::SingleAssignment {
+        variable, values, ..
+    }) = s.as_ref()
+    else {
+        return Ok(None);
+    };
+    if !variable.to_string().eq_ignore_ascii_case(FRESHNESS) {
+        return Ok(None);
+    }
+    let value = match values.as_slice() {
+        [Expr::Value(v)] => match &v.value {
+            Value::SingleQuotedString(s) | Value::DoubleQuotedString(s) => s.clone(),
+            other => other.to_string(),
+        },
+        [Expr::Identifier(i)] => i.value.clone(),
+        _ => {
+            return Err(DataFusionError::Plan(format!(
+                "SET {FRESHNESS} takes one value: 'latest', 'lake' or a duration"
+            )));
+        }
+    };
+    Freshness::parse(&value).map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn freshness_values() {
+        assert_eq!(Freshness::parse("latest").unwrap(), Freshness::Latest);
+        assert_eq!(Freshness::parse("'LAKE'").unwrap(), Freshness::Lake);
+        assert_eq!(
+            Freshness::parse("30s").unwrap(),
+            Freshness::Within(Duration::from_secs(30))
+        );
+        assert!(Freshness::parse("soon").is_err());
+        assert!(Freshness::Within(Duration::from_secs(30)).lake_only(Some(30_000)));
+        assert!(!Freshness::Within(Duration::from_secs(30)).lake_only(Some(30_001)));
+        assert!(!Freshness::Within(Duration::from_secs(30)).lake_only(None));
+    }
+}
