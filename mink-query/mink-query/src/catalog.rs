@@ -20,6 +20,8 @@ use crate::table::{MinkTable, TableView};
 /// The databases and tables of a cluster.
 #[derive(Debug)]
 pub struct MinkCatalog {
+    /// Scans report the log-tail rows they read (see [`crate::QueryEngine::report_tail_scans`]).
+    pub report_tails: Arc<std::sync::atomic::AtomicBool>,
     client: Client,
     lake: Option<Arc<mink_lake::Lake>>,
     queries: Arc<crate::queries::Queries>,
@@ -36,6 +38,7 @@ impl MinkCatalog {
         freshness: Arc<std::sync::Mutex<crate::settings::Freshness>>,
     ) -> Self {
         MinkCatalog {
+            report_tails: Arc::new(std::sync::atomic::AtomicBool::new(true)),
             client,
             lake,
             queries,
@@ -93,6 +96,7 @@ impl CatalogProvider for MinkCatalog {
             .contains_key(name)
             .then(|| {
                 Arc::new(MinkDatabase {
+                    report_tails: Arc::clone(&self.report_tails),
                     client: self.client.clone(),
                     lake: self.lake.clone(),
                     freshness: Arc::clone(&self.freshness),
@@ -106,6 +110,7 @@ impl CatalogProvider for MinkCatalog {
 /// One database's tables.
 #[derive(Debug)]
 pub struct MinkDatabase {
+    report_tails: Arc<std::sync::atomic::AtomicBool>,
     client: Client,
     lake: Option<Arc<mink_lake::Lake>>,
     freshness: Arc<std::sync::Mutex<crate::settings::Freshness>>,
@@ -146,7 +151,8 @@ impl SchemaProvider for MinkDatabase {
             Ok(description) => Ok(Some(Arc::new(
                 MinkTable::view(self.client.clone(), description, view)?
                     .reading_lake(self.lake.clone())
-                    .at_freshness(*self.freshness.lock().expect("freshness")),
+                    .at_freshness(*self.freshness.lock().expect("freshness"))
+                    .reporting_tails(self.report_tails.load(std::sync::atomic::Ordering::Relaxed)),
             ))),
             Err(e) if e.code() == Some(ErrorCode::NotFound) => Ok(None),
             Err(e) => Err(client_error(e)),

@@ -80,6 +80,15 @@ impl QueryEngine {
         }
     }
 
+    /// Whether scans report the log-tail rows they read of lake tables to the nodes tiering
+    /// them, which tier a table sooner once queries have read enough of its tail (on by
+    /// default; off to measure without the feedback).
+    pub fn report_tail_scans(&self, report: bool) {
+        self.catalog
+            .report_tails
+            .store(report, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// The freshness this engine's statements read lake tables at.
     pub fn freshness(&self) -> settings::Freshness {
         *self.freshness.lock().expect("freshness")
@@ -107,12 +116,18 @@ impl QueryEngine {
         if let Some(index) = min_applied_index {
             client.observe_index(index);
         }
-        QueryEngine::build(
+        let fork = QueryEngine::build(
             client,
             self.lake.clone(),
             Arc::clone(&self.queries),
             self.freshness(),
-        )
+        );
+        fork.report_tail_scans(
+            self.catalog
+                .report_tails
+                .load(std::sync::atomic::Ordering::Relaxed),
+        );
+        fork
     }
 
     /// A session over the catalog as the cluster's metadata has it now: unqualified names

@@ -4,6 +4,7 @@
 use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use datafusion::arrow::array::{RecordBatch, RecordBatchOptions};
 use datafusion::arrow::datatypes::SchemaRef;
@@ -29,6 +30,8 @@ pub struct MinkScanExec {
     table: String,
     schema: SchemaRef,
     splits: Vec<Ticket>,
+    /// Where to report the rows read once every split is done (a lake table's log tails).
+    report: Option<Arc<TailReport>>,
     /// Rows each split holds, where the cut says (offsets count rows of log tables).
     rows: Vec<Option<u64>>,
     properties: Arc<PlanProperties>,
@@ -54,9 +57,24 @@ impl MinkScanExec {
             table,
             schema,
             splits,
+            report: None,
             rows,
             properties,
         }
+    }
+
+    /// Reports the log-tail rows this scan read to the node at `address` (the table's tiering
+    /// node) once every split has ended: the feedback that tiers a queried table sooner.
+    pub fn reporting_to(mut self, address: String, database: String, table: String) -> Self {
+        self.report = Some(Arc::new(TailReport {
+            client: self.client.clone(),
+            address,
+            database,
+            table,
+            rows: AtomicU64::new(0),
+            pending: AtomicUsize::new(self.splits.len()),
+        }));
+        self
     }
 
     pub fn splits(&self) -> &[Ticket] {
@@ -149,6 +167,7 @@ impl ExecutionPlan for MinkScanExec {
         };
         let client = self.client.clone();
         let out = Arc::clone(&schema);
+        let report = self.report.clone().map(SplitDone);
         let batches =
             futures::stream::once(
                 async move { client.scan(&Scan(ticket)).await.map_err(client_error) },
@@ -157,6 +176,11 @@ impl ExecutionPlan for MinkScanExec {
             .try_flatten()
             .map(move |r| {
                 let r = r?;
+                if let Some(SplitDone(report)) = &report {
+                    report
+                        .rows
+                        .fetch_add(r.batch.num_rows() as u64, Ordering::Relaxed);
+                }
                 // As the plan's schema (no columns: only the row count).
                 let columns = if out.fields().is_empty() {
                     vec![]
@@ -170,6 +194,47 @@ impl ExecutionPlan for MinkScanExec {
                 )?)
             });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, batches)))
+    }
+}
+
+/// The rows a scan's splits read, reported once the last split is done.
+#[derive(Debug)]
+struct TailReport {
+    client: Client,
+    address: String,
+    database: String,
+    table: String,
+    rows: AtomicU64,
+    pending: AtomicUsize,
+}
+
+/// Held by a split's stream: when the last one is dropped, the rows go to the tiering node
+/// (fire and forget: the report is advisory).
+#[derive(Debug)]
+struct SplitDone(Arc<TailReport>);
+
+impl Drop for SplitDone {
+    fn drop(&mut self) {
+        let r = &self.0;
+        if r.pending.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        let rows = r.rows.load(Ordering::Relaxed);
+        if rows == 0 {
+            return;
+        }
+        let r = Arc::clone(r);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(e) = r
+                    .client
+                    .report_tail_scan_at(&r.address, &r.database, &r.table, rows)
+                    .await
+                {
+                    tracing::debug!(error = %e, table = %r.table, "tail scan report not delivered");
+                }
+            });
+        }
     }
 }
 

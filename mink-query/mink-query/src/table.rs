@@ -94,6 +94,8 @@ pub struct MinkTable {
     lake: Option<Arc<mink_lake::Lake>>,
     /// How fresh a lake table's rows must be (`SET mink.freshness`).
     freshness: crate::settings::Freshness,
+    /// Report the log-tail rows scans read to the tiering node.
+    report_tails: bool,
     description: TableDescription,
     view: TableView,
     schema: SchemaRef,
@@ -150,6 +152,7 @@ impl MinkTable {
             client,
             lake: None,
             freshness: crate::settings::Freshness::default(),
+            report_tails: true,
             description,
             view,
             schema,
@@ -166,6 +169,12 @@ impl MinkTable {
     /// Reads a lake table at `freshness`: its lake snapshot alone when that is fresh enough.
     pub fn at_freshness(mut self, freshness: crate::settings::Freshness) -> Self {
         self.freshness = freshness;
+        self
+    }
+
+    /// Whether scans report the log-tail rows they read, so the table is tiered sooner.
+    pub fn reporting_tails(mut self, report: bool) -> Self {
+        self.report_tails = report;
         self
     }
 
@@ -296,12 +305,19 @@ impl MinkTable {
                 )
             })
             .collect();
-        let log_side: Arc<dyn ExecutionPlan> = Arc::new(MinkScanExec::new(
-            self.client.clone(),
-            name,
-            Arc::clone(projected),
-            tails,
-        ));
+        let mut log_side =
+            MinkScanExec::new(self.client.clone(), name, Arc::clone(projected), tails);
+        // The tail's rows go to the node tiering the table (its first bucket's leader).
+        if self.report_tails
+            && let Some(first) = d.buckets.first().filter(|b| !b.leader_address.is_empty())
+        {
+            log_side = log_side.reporting_to(
+                first.leader_address.clone(),
+                d.database.clone(),
+                d.table.clone(),
+            );
+        }
+        let log_side: Arc<dyn ExecutionPlan> = Arc::new(log_side);
         Ok(Some(datafusion::physical_plan::union::UnionExec::try_new(
             vec![lake_side, log_side],
         )?))

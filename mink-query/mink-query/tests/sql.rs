@@ -423,25 +423,7 @@ async fn lake_tables_read_as_union_lake_and_log() {
     .await;
     c.rows("INSERT INTO app.lk SELECT id, kind FROM app.events WHERE id < 50")
         .await;
-    // One tiering round, on the lease holder (once this node holds the lease).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        match c.node.tier_now("app", "lk").await {
-            Ok(true) => break,
-            Ok(false) => panic!("the round tiered nothing"),
-            Err(mink_node::NodeError::Unavailable(why)) => {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "waited for the lease to tier: {why}"
-                );
-                c.client
-                    .wait_for_change(std::time::Duration::from_millis(500))
-                    .await
-                    .unwrap();
-            }
-            Err(e) => panic!("{e}"),
-        }
-    }
+    tier_now(&c, "lk").await;
     c.rows("INSERT INTO app.lk SELECT id, kind FROM app.events WHERE id >= 50 AND id < 60")
         .await;
     assert_eq!(
@@ -535,6 +517,82 @@ async fn lake_tables_read_as_union_lake_and_log() {
             .unwrap();
         assert_eq!(common::text_rows(&batches), strings(&[&["50"]]));
     }
+    c.stop().await;
+}
+
+/// A tiering round of `app.<table>` now, on the lease holder: retried until this node holds
+/// the lease and no scheduled round races it (a conflicting commit is refused, not merged).
+async fn tier_now(c: &Cluster, table: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        match c.node.tier_now("app", table).await {
+            Ok(_) => return,
+            Err(e) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "waited to tier app.{table}: {e}"
+                );
+                c.client
+                    .wait_for_change(std::time::Duration::from_millis(200))
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+}
+
+/// Waits (at most `within`) until `rows` rows of `app.<table>` are tiered.
+async fn until_tiered(c: &Cluster, table: &str, rows: u64, within: std::time::Duration) {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let t: u64 = c
+            .rows(&format!(
+                "SELECT coalesce(sum(tiered_offset), 0) FROM system.buckets WHERE \"table\" = '{table}'"
+            ))
+            .await[0][0]
+            .parse()
+            .unwrap();
+        if t == rows {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "waited {within:?} for {rows} tiered rows of app.{table}; {t} are"
+        );
+        c.client
+            .wait_for_change(std::time::Duration::from_millis(500))
+            .await
+            .unwrap();
+    }
+}
+
+/// Queries that read a long log tail of a lake table tier it sooner: the engine reports the
+/// tail rows its scans read to the tiering node, which runs the next round as soon as they
+/// add up, long before the table's freshness would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queries_reading_a_long_tail_tier_the_table_sooner() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start_with(dir.path(), |n| n.tail_rows_for_a_round = 20).await;
+    c.load().await;
+    // Freshness 60 s: without queries, a round every 30 s.
+    c.rows(
+        "CREATE TABLE app.hot (id BIGINT NOT NULL, v VARCHAR) WITH ('bucket.num' = '2', \
+         'table.datalake.enabled' = 'true', 'table.datalake.freshness' = '60s')",
+    )
+    .await;
+    c.rows("INSERT INTO app.hot SELECT id, kind FROM app.events WHERE id < 50")
+        .await;
+    tier_now(&c, "hot").await;
+    until_tiered(&c, "hot", 50, std::time::Duration::from_secs(20)).await;
+    c.rows("INSERT INTO app.hot SELECT id, kind FROM app.events WHERE id >= 50 AND id < 80")
+        .await;
+    // A query reads the 30-row tail (more than 20): the next round comes within seconds,
+    // not at the 30 s the freshness gives.
+    assert_eq!(
+        c.rows("SELECT count(*) FROM app.hot").await,
+        strings(&[&["80"]])
+    );
+    until_tiered(&c, "hot", 80, std::time::Duration::from_secs(20)).await;
     c.stop().await;
 }
 

@@ -398,7 +398,18 @@ impl Client {
         kind: &str,
         body: &impl serde::Serialize,
     ) -> ClientResult<T> {
-        let address = self.inner.address.clone();
+        self.action_at(&self.inner.address.clone(), kind, body)
+            .await
+    }
+
+    /// An action at the node at `address`.
+    async fn action_at<T: serde::de::DeserializeOwned>(
+        &self,
+        address: &str,
+        kind: &str,
+        body: &impl serde::Serialize,
+    ) -> ClientResult<T> {
+        let address = address.to_string();
         let mut flight = self.channel(&address).await?;
         let request = self.request(Action::new(kind, protocol::to_json(body)));
         let response = flight
@@ -413,6 +424,30 @@ impl Client {
             .map_err(|s| self.status_error(&address, &s))?
             .ok_or_else(|| ClientError::Protocol(format!("{kind} returned no result")))?;
         protocol::parse(kind, &first.body).map_err(|e| ClientError::Protocol(e.0))
+    }
+
+    /// Tells the node at `address` (the one tiering `database.table`: the leader of its first
+    /// bucket) that a query's scan read `rows` rows of the table's log tail, so that it tiers
+    /// the table sooner.
+    pub async fn report_tail_scan_at(
+        &self,
+        address: &str,
+        database: &str,
+        table: &str,
+        rows: u64,
+    ) -> ClientResult<()> {
+        let _: serde_json::Value = self
+            .action_at(
+                address,
+                action::REPORT_TAIL_SCAN,
+                &protocol::TailScan {
+                    database: database.to_string(),
+                    table: table.to_string(),
+                    rows,
+                },
+            )
+            .await?;
+        Ok(())
     }
 
     pub async fn create_database(&self, name: &str, if_not_exists: bool) -> ClientResult<()> {

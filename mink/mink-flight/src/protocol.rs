@@ -64,6 +64,9 @@ pub mod action {
     pub const REBALANCE: &str = "rebalance";
     /// [`super::DrainNode`] → `{}`
     pub const DRAIN_NODE: &str = "drain_node";
+    /// [`super::TailScan`] → `{}`: a query's scan read this many log-tail rows of a lake
+    /// table (sent to the node tiering it: the leader of its first bucket).
+    pub const REPORT_TAIL_SCAN: &str = "report_tail_scan";
 
     /// Every action with a one-line description (`ListActions`).
     pub const ALL: &[(&str, &str)] = &[
@@ -104,6 +107,10 @@ pub mod action {
         (
             DRAIN_NODE,
             "move every bucket off a node and give it none (undo: give it buckets again): {node_id, undo}",
+        ),
+        (
+            REPORT_TAIL_SCAN,
+            "a query read log-tail rows of a lake table (tiers it sooner): {database, table, rows}",
         ),
     ];
 }
@@ -534,6 +541,15 @@ pub struct PutAck {
     /// (The `mink-applied-index` header of a `DoPut` is sent before any batch is stored.)
     #[serde(default)]
     pub applied_index: u64,
+}
+
+/// `report_tail_scan`: a query's scan of `database.table` read `rows` rows of its log tail.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TailScan {
+    pub database: String,
+    pub table: String,
+    pub rows: u64,
 }
 
 /// `DoGet` ticket: a table, one partition, or one bucket.

@@ -45,6 +45,9 @@ pub struct NodeConfig {
     /// Wall-clock time for everything this node stamps or compares (rows of the metadata log,
     /// prepared objects, retention, the changelog).
     pub clock: Arc<dyn mink_metadata::Clock>,
+    /// Log-tail rows the SQL engine's scans of a lake table may read (as they report them)
+    /// before its next round is due, sooner than its freshness says.
+    pub tail_rows_for_a_round: u64,
 }
 
 impl NodeConfig {
@@ -78,6 +81,7 @@ impl NodeConfig {
             kv_snapshot_interval: Duration::from_secs(600),
             kv_snapshots_retained: 1,
             clock: mink_metadata::system_clock(),
+            tail_rows_for_a_round: 100_000,
         }
     }
 }
@@ -310,6 +314,8 @@ pub(crate) struct Inner {
     pub(crate) forwarder: RwLock<Option<Arc<dyn crate::Forwarder>>>,
     /// Tiering rounds run here (`Node::lake_rounds`).
     pub(crate) lake_rounds: AtomicU64,
+    /// Table id → log-tail rows queries reported scanning since its last round here.
+    pub(crate) tail_demand: Mutex<HashMap<u64, u64>>,
     /// Serialises KV tablet opens (each replays its changelog).
     pub(crate) kv_opening: tokio::sync::Mutex<()>,
     pub(crate) round_robin: AtomicU64,
@@ -368,6 +374,7 @@ impl Node {
                 described: RwLock::new(HashMap::new()),
                 forwarder: RwLock::new(None),
                 lake_rounds: AtomicU64::new(0),
+                tail_demand: Default::default(),
                 kv_opening: tokio::sync::Mutex::new(()),
                 round_robin: AtomicU64::new(0),
                 opening: tokio::sync::Mutex::new(()),

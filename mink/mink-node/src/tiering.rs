@@ -12,6 +12,13 @@
 //! starts from the older offsets in the metadata, the lake drops the rows it already holds,
 //! and the summary's offsets are recorded.
 //!
+//! Queries move rounds forward: the SQL engine reports how many log-tail rows its scans of a
+//! lake table read ([`Node::note_tail_scan`], sent to the tiering node), and once they add up
+//! to `tail_rows_for_a_round` since the table's last round, the next round is due at once —
+//! but no sooner than [`MIN_ROUND_INTERVAL`] (or a twentieth of the freshness, if longer)
+//! after the last one. A table queried often with a long tail is tiered sooner; never later
+//! than its freshness says.
+//!
 //! `__timestamp` is the time the round read the rows: the log keeps no per-batch append time
 //! yet, so it is at most a freshness later than the append.
 
@@ -27,6 +34,8 @@ use crate::{BucketRef, Node, NodeError, NodeResult};
 
 /// How often a node looks for tables due a round (and the lease holder for rounds to record).
 const TIERING_TICK: Duration = Duration::from_millis(500);
+/// Rounds that queries' tail scans bring forward come at most this often per table.
+const MIN_ROUND_INTERVAL: Duration = Duration::from_secs(1);
 /// Log bytes read per bucket and round at most (the rest waits for the next round).
 const ROUND_BYTES_PER_BUCKET: usize = 64 << 20;
 
@@ -60,10 +69,27 @@ pub(crate) async fn run(node: Node) {
                 .map_or(table.created_at_ms, |r| r.committed_at_ms)
                 .max(ran.get(&table.table_id).copied().unwrap_or(0));
             let due_ms = u64::try_from((freshness / 2).as_millis()).unwrap_or(u64::MAX);
-            if now_ms.saturating_sub(last_ms) < due_ms && record.is_some() {
+            let soonest_ms = u64::try_from(MIN_ROUND_INTERVAL.max(freshness / 20).as_millis())
+                .unwrap_or(u64::MAX);
+            let demand = node
+                .inner
+                .tail_demand
+                .lock()
+                .expect("tail demand")
+                .get(&table.table_id)
+                .copied()
+                .unwrap_or(0);
+            let elapsed = now_ms.saturating_sub(last_ms);
+            let wanted = demand >= node.inner.config.tail_rows_for_a_round && elapsed >= soonest_ms;
+            if elapsed < due_ms && record.is_some() && !wanted {
                 continue;
             }
             ran.insert(table.table_id, now_ms);
+            node.inner
+                .tail_demand
+                .lock()
+                .expect("tail demand")
+                .remove(&table.table_id);
             if let Err(e) = tier_round(&node, table, record).await {
                 tracing::warn!(error = %e, table = %table.name, "tiering round failed");
             }
@@ -126,6 +152,22 @@ impl Node {
         self.inner
             .lake_rounds
             .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Records that a query's scan of `database.table` read `rows` rows of its log tail (past
+    /// the lake snapshot): enough of them since its last round bring the next one forward on
+    /// this node, if it tiers the table. Advisory: a report that reaches another node changes
+    /// nothing, and the freshness bound holds regardless.
+    pub fn note_tail_scan(&self, database: &str, table: &str, rows: u64) -> NodeResult<()> {
+        let record = self.table_record(database, table)?;
+        *self
+            .inner
+            .tail_demand
+            .lock()
+            .expect("tail demand")
+            .entry(record.table_id)
+            .or_insert(0) += rows;
+        Ok(())
     }
 
     /// Tiers a round of `database.table` now rather than when its freshness says, on the node

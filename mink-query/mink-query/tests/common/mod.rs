@@ -29,6 +29,11 @@ pub struct Cluster {
 
 impl Cluster {
     pub async fn start(dir: &std::path::Path) -> Cluster {
+        Self::start_with(dir, |_| {}).await
+    }
+
+    /// A cluster whose node's settings `tune` changes.
+    pub async fn start_with(dir: &std::path::Path, tune: impl FnOnce(&mut NodeConfig)) -> Cluster {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap().to_string();
         let mut c = NodeConfig::new(
@@ -40,6 +45,7 @@ impl Cluster {
         c.lease_ttl = Duration::from_millis(1000);
         c.engine.flush_delay = Duration::from_millis(5);
         c.leadership_interval = Duration::from_millis(20);
+        tune(&mut c);
         let node = Node::start(c).await.unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let flight = tokio::spawn(

@@ -120,6 +120,13 @@ impl MinkFlight {
                     .map_err(err)?;
                 empty()
             }
+            action::REPORT_TAIL_SCAN => {
+                let a: protocol::TailScan =
+                    protocol::parse(action::REPORT_TAIL_SCAN, body).map_err(bad)?;
+                node.note_tail_scan(&a.database, &a.table, a.rows)
+                    .map_err(err)?;
+                empty()
+            }
             action::ALLOCATE_WRITER => {
                 let w = node.allocate_writer().await.map_err(err)?;
                 protocol::to_json(&protocol::Writer {
