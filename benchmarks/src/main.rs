@@ -7,6 +7,7 @@ mod kv;
 mod lake;
 mod metadata;
 mod s3stream;
+mod sql_tail;
 
 use clap::{Parser, Subcommand};
 
@@ -34,6 +35,9 @@ enum Suite {
     Cluster(cluster::Args),
     /// The lake: tiering beside plain Parquet writes, reading back beside an iceberg-rust scan.
     Lake(lake::Args),
+    /// Tiering driven by queries: the log tail SQL scans read, and their time, with and
+    /// without the engine reporting it.
+    SqlTail(sql_tail::Args),
 }
 
 #[tokio::main]
@@ -45,5 +49,6 @@ async fn main() -> anyhow::Result<()> {
         Suite::Kv(args) => kv::run(args).await,
         Suite::Cluster(args) => cluster::run(args).await,
         Suite::Lake(args) => lake::run(args).await,
+        Suite::SqlTail(args) => sql_tail::run(args).await,
     }
 }

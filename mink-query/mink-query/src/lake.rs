@@ -6,20 +6,17 @@ use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{RecordBatch, RecordBatchOptions};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::Statistics;
 use datafusion::common::stats::Precision;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::EquivalenceProperties;
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
-};
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::{StreamExt as _, TryStreamExt as _};
 use mink_lake::LakeSplits;
+
+use crate::exec::{as_plan_batch, empty_stream, leaf_properties, leaf_with_new_children};
 
 pub(crate) fn lake_error(e: mink_lake::LakeError) -> DataFusionError {
     DataFusionError::External(Box::new(e))
@@ -50,12 +47,7 @@ impl MinkLakeExec {
         for i in 0..splits.tasks.len() {
             groups[i % n].push(i);
         }
-        let properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(Arc::clone(&schema)),
-            Partitioning::UnknownPartitioning(n),
-            EmissionType::Incremental,
-            Boundedness::Bounded,
-        ));
+        let properties = leaf_properties(&schema, n);
         MinkLakeExec {
             table,
             splits,
@@ -106,13 +98,7 @@ impl ExecutionPlan for MinkLakeExec {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        if children.is_empty() {
-            Ok(self)
-        } else {
-            Err(DataFusionError::Internal(
-                "MinkLakeExec has no children".into(),
-            ))
-        }
+        leaf_with_new_children(self, &children)
     }
 
     /// The files' record counts (from the manifests), inexact: filters read fewer.
@@ -144,29 +130,16 @@ impl ExecutionPlan for MinkLakeExec {
             .map(|g| g.iter().map(|&i| self.splits.tasks[i].clone()).collect())
             .unwrap_or_default();
         if tasks.is_empty() {
-            return Ok(Box::pin(RecordBatchStreamAdapter::new(
-                schema,
-                futures::stream::empty(),
-            )));
+            return Ok(empty_stream(schema));
         }
         let rows = self
             .splits
             .read(tasks, Arc::clone(&self.read_schema))
             .map_err(lake_error)?;
         let out = Arc::clone(&schema);
-        let batches = rows.map_err(lake_error).map(move |b| {
-            let b = b?;
-            let columns = if out.fields().is_empty() {
-                vec![]
-            } else {
-                b.columns().to_vec()
-            };
-            Ok(RecordBatch::try_new_with_options(
-                Arc::clone(&out),
-                columns,
-                &RecordBatchOptions::new().with_row_count(Some(b.num_rows())),
-            )?)
-        });
+        let batches = rows
+            .map_err(lake_error)
+            .map(move |b| as_plan_batch(&out, &b?));
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             schema,
             batches.boxed(),

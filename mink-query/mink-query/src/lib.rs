@@ -10,6 +10,7 @@
 pub mod catalog;
 pub mod ddl;
 mod dml;
+mod exec;
 pub mod filter;
 pub mod flight_sql;
 pub mod insert;

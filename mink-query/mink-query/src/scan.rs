@@ -6,22 +6,18 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use datafusion::arrow::array::{RecordBatch, RecordBatchOptions};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::Statistics;
 use datafusion::common::stats::Precision;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::error::Result;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::EquivalenceProperties;
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
-};
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::{StreamExt as _, TryStreamExt as _};
 use mink_client::{Client, Scan, Ticket};
 
 use crate::client_error;
+use crate::exec::{as_plan_batch, empty_stream, leaf_properties, leaf_with_new_children};
 
 /// Reads `splits` (one per partition) from the cluster as batches of `schema`.
 #[derive(Debug)]
@@ -46,12 +42,7 @@ impl MinkScanExec {
         splits: Vec<(Ticket, Option<u64>)>,
     ) -> Self {
         let (splits, rows): (Vec<Ticket>, Vec<Option<u64>>) = splits.into_iter().unzip();
-        let properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(Arc::clone(&schema)),
-            Partitioning::UnknownPartitioning(splits.len().max(1)),
-            EmissionType::Incremental,
-            Boundedness::Bounded,
-        ));
+        let properties = leaf_properties(&schema, splits.len().max(1));
         MinkScanExec {
             client,
             table,
@@ -125,13 +116,7 @@ impl ExecutionPlan for MinkScanExec {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        if children.is_empty() {
-            Ok(self)
-        } else {
-            Err(DataFusionError::Internal(
-                "MinkScanExec has no children".into(),
-            ))
-        }
+        leaf_with_new_children(self, &children)
     }
 
     /// Row counts from the cut, inexact (filters and limits read fewer, retention may trim).
@@ -160,10 +145,7 @@ impl ExecutionPlan for MinkScanExec {
     ) -> Result<SendableRecordBatchStream> {
         let schema = Arc::clone(&self.schema);
         let Some(ticket) = self.splits.get(partition).cloned() else {
-            return Ok(Box::pin(RecordBatchStreamAdapter::new(
-                schema,
-                futures::stream::empty(),
-            )));
+            return Ok(empty_stream(schema));
         };
         let client = self.client.clone();
         let out = Arc::clone(&schema);
@@ -181,17 +163,7 @@ impl ExecutionPlan for MinkScanExec {
                         .rows
                         .fetch_add(r.batch.num_rows() as u64, Ordering::Relaxed);
                 }
-                // As the plan's schema (no columns: only the row count).
-                let columns = if out.fields().is_empty() {
-                    vec![]
-                } else {
-                    r.batch.columns().to_vec()
-                };
-                Ok(RecordBatch::try_new_with_options(
-                    Arc::clone(&out),
-                    columns,
-                    &RecordBatchOptions::new().with_row_count(Some(r.batch.num_rows())),
-                )?)
+                as_plan_batch(&out, &r.batch)
             });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, batches)))
     }
@@ -259,12 +231,7 @@ impl MinkLookupExec {
         columns: Vec<String>,
         schema: SchemaRef,
     ) -> Self {
-        let properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(Arc::clone(&schema)),
-            Partitioning::UnknownPartitioning(1),
-            EmissionType::Incremental,
-            Boundedness::Bounded,
-        ));
+        let properties = leaf_properties(&schema, 1);
         MinkLookupExec {
             client,
             database,
@@ -320,13 +287,7 @@ impl ExecutionPlan for MinkLookupExec {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        if children.is_empty() {
-            Ok(self)
-        } else {
-            Err(DataFusionError::Internal(
-                "MinkLookupExec has no children".into(),
-            ))
-        }
+        leaf_with_new_children(self, &children)
     }
 
     fn execute(
@@ -336,10 +297,7 @@ impl ExecutionPlan for MinkLookupExec {
     ) -> Result<SendableRecordBatchStream> {
         let schema = Arc::clone(&self.schema);
         if partition > 0 || self.keys.is_empty() {
-            return Ok(Box::pin(RecordBatchStreamAdapter::new(
-                schema,
-                futures::stream::empty(),
-            )));
+            return Ok(empty_stream(schema));
         }
         let (client, keys, columns) =
             (self.client.clone(), self.keys.clone(), self.columns.clone());
@@ -350,16 +308,7 @@ impl ExecutionPlan for MinkLookupExec {
                 .lookup(&database, &table, keys, &columns)
                 .await
                 .map_err(client_error)?;
-            let columns = if out.fields().is_empty() {
-                vec![]
-            } else {
-                found.columns().to_vec()
-            };
-            Ok(RecordBatch::try_new_with_options(
-                out,
-                columns,
-                &RecordBatchOptions::new().with_row_count(Some(found.num_rows())),
-            )?)
+            as_plan_batch(&out, &found)
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, batch)))
     }

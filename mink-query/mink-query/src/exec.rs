@@ -1,0 +1,60 @@
+//! What Mink's leaf plans (scans, lookups, lake files) share.
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{RecordBatch, RecordBatchOptions};
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::physical_expr::EquivalenceProperties;
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{ExecutionPlan, Partitioning, PlanProperties};
+
+/// A bounded leaf of `partitions` partitions producing `schema`.
+pub(crate) fn leaf_properties(schema: &SchemaRef, partitions: usize) -> Arc<PlanProperties> {
+    Arc::new(PlanProperties::new(
+        EquivalenceProperties::new(Arc::clone(schema)),
+        Partitioning::UnknownPartitioning(partitions),
+        EmissionType::Incremental,
+        Boundedness::Bounded,
+    ))
+}
+
+/// `with_new_children` of a leaf: itself, or an error if given children.
+pub(crate) fn leaf_with_new_children(
+    leaf: Arc<dyn ExecutionPlan>,
+    children: &[Arc<dyn ExecutionPlan>],
+) -> Result<Arc<dyn ExecutionPlan>> {
+    if children.is_empty() {
+        Ok(leaf)
+    } else {
+        Err(DataFusionError::Internal(format!(
+            "{} has no children",
+            leaf.name()
+        )))
+    }
+}
+
+/// A stream of no batches.
+pub(crate) fn empty_stream(schema: SchemaRef) -> SendableRecordBatchStream {
+    Box::pin(RecordBatchStreamAdapter::new(
+        schema,
+        futures::stream::empty(),
+    ))
+}
+
+/// `batch` as a batch of the plan's `schema`: its columns, or none (only its row count) when
+/// the plan asks for no columns (`count(*)`, which reads one column for the counts).
+pub(crate) fn as_plan_batch(schema: &SchemaRef, batch: &RecordBatch) -> Result<RecordBatch> {
+    let columns = if schema.fields().is_empty() {
+        vec![]
+    } else {
+        batch.columns().to_vec()
+    };
+    Ok(RecordBatch::try_new_with_options(
+        Arc::clone(schema),
+        columns,
+        &RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
+    )?)
+}
