@@ -476,13 +476,7 @@ async fn writes_follow_redirects_and_reads_see_them_on_any_node() {
     // Both nodes live before the table exists, so buckets spread.
     until_live(&client, 2).await;
     events_table(&client, 4).await;
-    let d = loop {
-        let d = client.describe_table("app", "events").await.unwrap();
-        if d.buckets.iter().all(|x| x.leader_node_id != 0) {
-            break d;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let d = until_led(&client, "events").await;
     let leaders: std::collections::BTreeSet<u64> =
         d.buckets.iter().map(|x| x.leader_node_id).collect();
     assert_eq!(leaders.len(), 2, "{d:?}");
@@ -604,7 +598,29 @@ async fn until_live(client: &Client, n: usize) {
             tokio::time::Instant::now() < deadline,
             "{n} live nodes: {c:?}"
         );
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        client
+            .wait_for_change(Duration::from_millis(200))
+            .await
+            .unwrap();
+    }
+}
+
+/// Waits until every bucket of `app.<table>` has a leader; its description then.
+async fn until_led(client: &Client, table: &str) -> protocol::TableDescription {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let d = client.describe_table("app", table).await.unwrap();
+        if d.buckets.iter().all(|x| x.leader_node_id != 0) {
+            return d;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a leader for every bucket of app.{table}: {d:?}"
+        );
+        client
+            .wait_for_change(Duration::from_millis(200))
+            .await
+            .unwrap();
     }
 }
 
@@ -1028,13 +1044,7 @@ async fn lookups_go_to_each_buckets_leader_across_nodes() {
     client.create_database("app", false).await.unwrap();
     until_live(&client, 2).await;
     pk_table(&client, "kv", 4).await;
-    let d = loop {
-        let d = client.describe_table("app", "kv").await.unwrap();
-        if d.buckets.iter().all(|x| x.leader_node_id != 0) {
-            break d;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let d = until_led(&client, "kv").await;
     let leaders: std::collections::BTreeSet<u64> =
         d.buckets.iter().map(|x| x.leader_node_id).collect();
     assert_eq!(leaders.len(), 2, "{d:?}");
