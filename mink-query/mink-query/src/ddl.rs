@@ -15,7 +15,8 @@ use datafusion::logical_expr::{DdlStatement, LogicalPlan};
 use datafusion::prelude::SessionContext;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::{
-    CreateTableOptions, Expr, ObjectName, ObjectType, SchemaName, SqlOption, Statement, Value,
+    CreateTableOptions, Expr, HiveDistributionStyle, ObjectName, ObjectType, SchemaName, SqlOption,
+    Statement, Value,
 };
 use mink_client::{Client, protocol};
 
@@ -63,6 +64,27 @@ pub async fn run(ctx: &SessionContext, client: &Client, statement: &DfStatement)
                     "CREATE TABLE ... AS SELECT is not supported: create the table, then INSERT INTO it".into(),
                 ));
             }
+            // Hive's `PARTITIONED BY (day VARCHAR)`: partition columns follow the others and
+            // are the partition keys.
+            let mut partition_keys = Vec::new();
+            if let HiveDistributionStyle::PARTITIONED { columns } =
+                std::mem::replace(&mut stripped.hive_distribution, HiveDistributionStyle::NONE)
+            {
+                for c in columns {
+                    if stripped
+                        .columns
+                        .iter()
+                        .any(|x| x.name.value == c.name.value)
+                    {
+                        return Err(DataFusionError::Plan(format!(
+                            "partition column {} is declared twice: in PARTITIONED BY, name it only there (with its type)",
+                            c.name.value
+                        )));
+                    }
+                    partition_keys.push(c.name.value.clone());
+                    stripped.columns.push(c);
+                }
+            }
             let (database, table) = names(&create.name)?;
             let plan = ctx
                 .state()
@@ -97,7 +119,7 @@ pub async fn run(ctx: &SessionContext, client: &Client, statement: &DfStatement)
                     schema: protocol::encode_schema(&schema)
                         .map_err(|e| DataFusionError::External(Box::new(e)))?,
                     options,
-                    partition_keys: vec![],
+                    partition_keys,
                     primary_key,
                     comment: String::new(),
                     if_not_exists: c.if_not_exists,
