@@ -74,14 +74,14 @@ pub async fn run(ctx: &SessionContext, client: &Client, statement: &DfStatement)
                     if stripped
                         .columns
                         .iter()
-                        .any(|x| x.name.value == c.name.value)
+                        .any(|x| normalized(&x.name) == normalized(&c.name))
                     {
                         return Err(DataFusionError::Plan(format!(
                             "partition column {} is declared twice: in PARTITIONED BY, name it only there (with its type)",
                             c.name.value
                         )));
                     }
-                    partition_keys.push(c.name.value.clone());
+                    partition_keys.push(normalized(&c.name));
                     stripped.columns.push(c);
                 }
             }
@@ -258,12 +258,21 @@ async fn alter_table(
     Ok(())
 }
 
+/// An identifier as DataFusion resolves it: unquoted names are lowercase.
+fn normalized(i: &datafusion::sql::sqlparser::ast::Ident) -> String {
+    if i.quote_style.is_some() {
+        i.value.clone()
+    } else {
+        i.value.to_lowercase()
+    }
+}
+
 /// A database's name (`name`, or `mink.name`).
 fn database_name(name: &ObjectName) -> Result<String> {
     let parts: Vec<String> = name
         .0
         .iter()
-        .filter_map(|p| p.as_ident().map(|i| i.value.clone()))
+        .filter_map(|p| p.as_ident().map(normalized))
         .collect();
     match parts.as_slice() {
         [database] => Ok(database.clone()),
@@ -282,7 +291,7 @@ fn names(name: &ObjectName) -> Result<(String, String)> {
         .iter()
         .map(|p| {
             p.as_ident()
-                .map(|i| i.value.clone())
+                .map(normalized)
                 .ok_or_else(|| DataFusionError::Plan(format!("{name} is not a table name")))
         })
         .collect::<Result<_>>()?;

@@ -651,7 +651,10 @@ impl FlightSqlService for MinkFlightSql {
             ));
         }
         let plan = match rows.into_iter().next() {
-            Some(values) => plan.with_param_values(values).map_err(status)?,
+            Some(values) => plan
+                .with_param_values(values)
+                .and_then(crate::bound_dml)
+                .map_err(status)?,
             None => plan,
         };
         let schema = plan.schema().as_arrow().clone();
@@ -691,7 +694,10 @@ impl FlightSqlService for MinkFlightSql {
             *r.metadata_mut() = metadata.clone();
             let (_, plan) = self.plan(&r, &prepared.sql).await?;
             let plan = match values {
-                Some(v) => plan.with_param_values(v).map_err(status)?,
+                Some(v) => plan
+                    .with_param_values(v)
+                    .and_then(crate::bound_dml)
+                    .map_err(status)?,
                 None => plan,
             };
             total = total.saturating_add(updated(&plan.collect().await.map_err(status)?));

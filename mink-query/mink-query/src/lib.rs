@@ -168,8 +168,58 @@ impl QueryEngine {
             .with_allow_statements(false);
         let plan = ctx.state().statement_to_plan(statement).await?;
         options.verify_plan(&plan)?;
-        ctx.execute_logical_plan(plan).await
+        let planned = ctx.execute_logical_plan(plan).await?;
+        // With parameters, the check waits until they are bound (`bound_dml`).
+        if planned.logical_plan().get_parameter_types()?.is_empty() {
+            bound_dml(planned)
+        } else {
+            Ok(planned)
+        }
     }
+}
+
+/// `DELETE` and `UPDATE` checked before they run, their parameters bound. DataFusion hands a
+/// table the filters of their `WHERE` as optimized: a `WHERE` that folds to false or null
+/// (`id = NULL`, `1 = 0`, a parameter bound to null) leaves none, which a table cannot tell
+/// from no `WHERE` at all, and a subquery becomes a join the table never sees. So a statement
+/// whose rows the optimizer proves empty changes nothing (count 0) here, and one with a
+/// subquery in its `WHERE` is refused.
+pub fn bound_dml(df: DataFrame) -> Result<DataFrame> {
+    use datafusion::common::tree_node::{TreeNode as _, TreeNodeRecursion};
+    use datafusion::logical_expr::{LogicalPlan, LogicalPlanBuilder, WriteOp};
+    let LogicalPlan::Dml(dml) = df.logical_plan() else {
+        return Ok(df);
+    };
+    if !matches!(dml.op, WriteOp::Delete | WriteOp::Update) {
+        return Ok(df);
+    }
+    let optimized = df.clone().into_optimized_plan()?;
+    let (mut empty, mut joined) = (false, false);
+    optimized.apply(|p| {
+        match p {
+            LogicalPlan::EmptyRelation(e) if !e.produce_one_row => empty = true,
+            LogicalPlan::Join(_) | LogicalPlan::Subquery(_) | LogicalPlan::SubqueryAlias(_) => {
+                joined = true;
+            }
+            _ => {}
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    if joined {
+        return Err(DataFusionError::NotImplemented(
+            "UPDATE and DELETE with a subquery in WHERE are not supported: select the keys first, then name them".into(),
+        ));
+    }
+    if !empty {
+        return Ok(df);
+    }
+    let (state, _) = df.into_parts();
+    let nothing = LogicalPlanBuilder::values(vec![vec![datafusion::prelude::lit(
+        datafusion::common::ScalarValue::UInt64(Some(0)),
+    )]])?
+    .project(vec![datafusion::prelude::col("column1").alias("count")])?
+    .build()?;
+    Ok(DataFrame::new(state, nothing))
 }
 
 /// The cluster's lake (its Iceberg catalog in the metadata database `metadata`, its files in

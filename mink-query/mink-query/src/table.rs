@@ -54,6 +54,9 @@ fn point_keys(
             })
             .collect();
     }
+    // A key asked for twice (`id IN (1, 1)`) is one row.
+    let mut seen = std::collections::HashSet::new();
+    keys.retain(|k| seen.insert(serde_json::Value::Object(k.clone()).to_string()));
     Some(keys)
 }
 
@@ -200,6 +203,21 @@ impl MinkTable {
 
     pub fn description(&self) -> &TableDescription {
         &self.description
+    }
+
+    /// The table as its current rows, whatever the statement's freshness: what `UPDATE` and
+    /// `DELETE` read.
+    fn now(&self) -> MinkTable {
+        MinkTable {
+            client: self.client.clone(),
+            lake: self.lake.clone(),
+            freshness: crate::settings::Freshness::Latest,
+            report_tails: self.report_tails,
+            description: self.description.clone(),
+            view: TableView::Rows,
+            schema: Arc::clone(&self.schema),
+            constraints: self.constraints.clone(),
+        }
     }
 
     /// Refuses `statement` (`UPDATE`, `DELETE`) on what it cannot change.
@@ -394,7 +412,7 @@ impl TableProvider for MinkTable {
         filters: Vec<Expr>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         self.writable("DELETE")?;
-        let current = self.scan(state, None, &filters, None).await?;
+        let current = self.now().scan(state, None, &filters, None).await?;
         let d = &self.description;
         crate::dml::delete(
             state,
@@ -414,7 +432,7 @@ impl TableProvider for MinkTable {
         filters: Vec<Expr>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         self.writable("UPDATE")?;
-        let current = self.scan(state, None, &filters, None).await?;
+        let current = self.now().scan(state, None, &filters, None).await?;
         let d = &self.description;
         crate::dml::update(
             state,

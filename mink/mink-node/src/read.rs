@@ -472,7 +472,10 @@ impl Node {
                     continue;
                 }
                 if kind == ReadKind::Log {
-                    b.to = Some(b.to.map_or(offsets.end, |to| to.min(offsets.end)));
+                    // A tail (no end) keeps none unless `__offset` bounds it.
+                    if offsets.end != u64::MAX {
+                        b.to = Some(b.to.map_or(offsets.end, |to| to.min(offsets.end)));
+                    }
                     b.from = b.from.max(offsets.start).min(b.to.unwrap_or(u64::MAX));
                 }
                 kept.push(b);

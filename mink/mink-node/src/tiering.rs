@@ -160,13 +160,13 @@ impl Node {
     /// nothing, and the freshness bound holds regardless.
     pub fn note_tail_scan(&self, database: &str, table: &str, rows: u64) -> NodeResult<()> {
         let record = self.table_record(database, table)?;
-        *self
-            .inner
+        self.inner
             .tail_demand
             .lock()
             .expect("tail demand")
             .entry(record.table_id)
-            .or_insert(0) += rows;
+            .and_modify(|r| *r = r.saturating_add(rows))
+            .or_insert(rows);
         Ok(())
     }
 
