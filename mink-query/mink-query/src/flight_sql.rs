@@ -140,6 +140,28 @@ impl MinkFlightSql {
             })
     }
 
+    /// The `FlightInfo` of a planned statement: its schema, one endpoint whose ticket is the
+    /// handle the plan waits under, the index the planning read at.
+    fn planned(
+        &self,
+        sql: &str,
+        plan: DataFrame,
+        engine: &QueryEngine,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let schema = plan.schema().as_arrow().clone();
+        let handle = self.keep(sql, plan);
+        let ticket = TicketStatementQuery {
+            statement_handle: handle.into_bytes().into(),
+        };
+        info(
+            &schema,
+            ticket.as_any().encode_to_vec(),
+            request.into_inner(),
+        )
+        .map(|r| stamp(r, engine))
+    }
+
     fn take(&self, handle: &str) -> Result<(String, DataFrame), Status> {
         self.plans
             .lock()
@@ -318,17 +340,7 @@ impl FlightSqlService for MinkFlightSql {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let (engine, plan) = self.plan(&request, &query.query).await?;
-        let schema = plan.schema().as_arrow().clone();
-        let handle = self.keep(&query.query, plan);
-        let ticket = TicketStatementQuery {
-            statement_handle: handle.into_bytes().into(),
-        };
-        info(
-            &schema,
-            ticket.as_any().encode_to_vec(),
-            request.into_inner(),
-        )
-        .map(|r| stamp(r, &engine))
+        self.planned(&query.query, plan, &engine, request)
     }
 
     /// A statement that returns no rows (`INSERT INTO`): the number of rows it wrote.
@@ -657,17 +669,7 @@ impl FlightSqlService for MinkFlightSql {
                 .map_err(status)?,
             None => plan,
         };
-        let schema = plan.schema().as_arrow().clone();
-        let handle = self.keep(&prepared.sql, plan);
-        let ticket = TicketStatementQuery {
-            statement_handle: handle.into_bytes().into(),
-        };
-        info(
-            &schema,
-            ticket.as_any().encode_to_vec(),
-            request.into_inner(),
-        )
-        .map(|r| stamp(r, &engine))
+        self.planned(&prepared.sql, plan, &engine, request)
     }
 
     /// A prepared `INSERT`, `UPDATE` or `DELETE`: run once per bound row of parameters (once
