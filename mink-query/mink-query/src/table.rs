@@ -280,6 +280,10 @@ impl MinkTable {
             )?,
         );
         let prune = mink_read::prune::LakePrune(&bound);
+        // A partitioned table reads the lake files of the partitions that exist at the cut.
+        let partitions: Option<Vec<std::collections::BTreeMap<String, String>>> =
+            (!d.partition_keys.is_empty())
+                .then(|| d.partitions.iter().map(|p| p.values.clone()).collect());
         let splits = lake
             .plan_splits(
                 &d.database,
@@ -287,6 +291,7 @@ impl MinkTable {
                 snapshot,
                 &read_schema,
                 (!bound.is_empty()).then_some(&prune as &dyn mink_lake::Prune),
+                partitions.as_deref(),
             )
             .await
             .map_err(crate::lake::lake_error)?;

@@ -566,6 +566,47 @@ async fn until_tiered(c: &Cluster, table: &str, rows: u64, within: std::time::Du
     }
 }
 
+/// A partitioned lake table read directly: each partition's lake files and log tails; a
+/// dropped partition's rows are gone at once, even while the lake snapshot recorded before the
+/// drop still holds its files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_lake_table_reads_its_live_partitions() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path()).await;
+    c.load().await;
+    c.rows(
+        "CREATE TABLE app.daily (id BIGINT NOT NULL, v VARCHAR) PARTITIONED BY (day VARCHAR) \
+         WITH ('bucket.num' = '2', 'table.datalake.enabled' = 'true', 'table.datalake.freshness' = '1h')",
+    )
+    .await;
+    c.rows(
+        "INSERT INTO app.daily SELECT id, kind, CASE WHEN id % 2 = 0 THEN '2026-12-01' ELSE '2026-12-02' END FROM app.events WHERE id < 40",
+    )
+    .await;
+    tier_now(&c, "daily").await;
+    until_tiered(&c, "daily", 40, std::time::Duration::from_secs(20)).await;
+    assert_eq!(
+        c.rows("SELECT day, count(*) FROM app.daily GROUP BY day ORDER BY day")
+            .await,
+        strings(&[&["2026-12-01", "20"], &["2026-12-02", "20"]])
+    );
+    assert_eq!(
+        c.rows("SELECT count(*) FROM app.daily$lake WHERE day = '2026-12-02'")
+            .await,
+        strings(&[&["20"]])
+    );
+    c.client
+        .drop_partition("app", "daily", "2026-12-02", false)
+        .await
+        .unwrap();
+    assert_eq!(
+        c.rows("SELECT day, count(*) FROM app.daily GROUP BY day")
+            .await,
+        strings(&[&["2026-12-01", "20"]])
+    );
+    c.stop().await;
+}
+
 /// Queries that read a long log tail of a lake table tier it sooner: the engine reports the
 /// tail rows its scans read to the tiering node, which runs the next round as soon as they
 /// add up, long before the table's freshness would.

@@ -361,7 +361,9 @@ pub struct LakeSplits {
 impl Lake {
     /// The data files of snapshot `snapshot_id` of `database.table` that may hold rows meeting
     /// `prune` (all of them without), reading the lake columns of `schema` (the Mink table's
-    /// columns the reader wants).
+    /// columns the reader wants). For a partitioned table, only the files of `partitions` (each
+    /// partition's key values, as Mink names them): the partitions that exist at the reader's
+    /// cut, so a dropped one's files, until its removal from the lake is recorded, are not read.
     pub async fn plan_splits(
         &self,
         database: &str,
@@ -369,6 +371,7 @@ impl Lake {
         snapshot_id: i64,
         schema: &SchemaRef,
         prune: Option<&dyn Prune>,
+        partitions: Option<&[BTreeMap<String, String>]>,
     ) -> LakeResult<LakeSplits> {
         let t = self
             .table_with_snapshot(database, table, snapshot_id)
@@ -384,7 +387,47 @@ impl Lake {
         if let Some(p) = prune.and_then(|p| p.predicate(lake_schema)) {
             scan = scan.with_filter(p);
         }
-        let tasks = scan.build()?.plan_files().await?.try_collect().await?;
+        let mut tasks: Vec<iceberg::scan::FileScanTask> =
+            scan.build()?.plan_files().await?.try_collect().await?;
+        if let Some(partitions) = partitions {
+            // Each live partition as the lake's partition tuple (identity on the keys, in
+            // the spec's order).
+            let spec = t.metadata().default_partition_spec();
+            let mut live = Vec::with_capacity(partitions.len());
+            for values in partitions {
+                let tuple = spec
+                    .fields()
+                    .iter()
+                    .map(|f| {
+                        let column = lake_schema
+                            .field_by_id(f.source_id)
+                            .map(|c| c.name.clone())
+                            .unwrap_or_default();
+                        let text = values.get(&column).ok_or_else(|| LakeError::Incompatible {
+                            column: column.clone(),
+                            reason: "a partition without a value for this key".into(),
+                        })?;
+                        Ok(partition_datum(lake_schema, &column, text)?
+                            .literal()
+                            .clone())
+                    })
+                    .collect::<LakeResult<Vec<_>>>()?;
+                live.push(tuple);
+            }
+            tasks.retain(|task| {
+                let Some(p) = &task.partition else {
+                    return true;
+                };
+                let tuple: Vec<Option<iceberg::spec::PrimitiveLiteral>> = p
+                    .iter()
+                    .map(|l| l.and_then(iceberg::spec::Literal::as_primitive_literal))
+                    .collect();
+                live.iter().any(|l| {
+                    l.len() == tuple.len()
+                        && l.iter().zip(&tuple).all(|(a, b)| b.as_ref() == Some(a))
+                })
+            });
+        }
         Ok(LakeSplits { table: t, tasks })
     }
 }
