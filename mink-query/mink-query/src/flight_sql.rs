@@ -131,10 +131,16 @@ impl MinkFlightSql {
         handle
     }
 
+    /// The prepared statement under `handle`, kept another while (it is in use).
     fn prepared(&self, handle: &[u8]) -> Result<Prepared, Status> {
         std::str::from_utf8(handle)
             .ok()
-            .and_then(|h| self.prepared.lock().expect("prepared").get(h).cloned())
+            .and_then(|h| {
+                let mut prepared = self.prepared.lock().expect("prepared");
+                let p = prepared.get_mut(h)?;
+                p.at = Instant::now();
+                Some(p.clone())
+            })
             .ok_or_else(|| {
                 Status::not_found("no prepared statement under this handle: it was closed or expired; prepare it again")
             })

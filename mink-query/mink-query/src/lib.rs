@@ -234,16 +234,33 @@ pub async fn open_lake(metadata: &str, objects: &str) -> Result<mink_lake::Lake>
 }
 
 /// `sql` with its `?` placeholders (JDBC's and ADBC's) numbered as DataFusion's `$1`, `$2`, ...;
-/// a `?` inside quotes is left alone.
+/// a `?` inside quotes or comments (`-- ...`, `/* ... */`) is left alone.
 pub fn numbered_placeholders(sql: &str) -> String {
+    #[derive(Clone, Copy, PartialEq)]
+    enum In {
+        Code,
+        Quote(char),
+        LineComment,
+        BlockComment,
+    }
     let mut out = String::with_capacity(sql.len());
-    let mut quote: Option<char> = None;
+    let mut state = In::Code;
     let mut n = 0;
-    for c in sql.chars() {
-        match (quote, c) {
-            (None, '\'' | '"') => quote = Some(c),
-            (Some(q), c) if c == q => quote = None,
-            (None, '?') => {
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        match (state, c) {
+            (In::Code, '\'' | '"') => state = In::Quote(c),
+            (In::Quote(q), c) if c == q => state = In::Code,
+            (In::Code, '-') if chars.peek() == Some(&'-') => state = In::LineComment,
+            (In::Code, '/') if chars.peek() == Some(&'*') => state = In::BlockComment,
+            (In::LineComment, '\n') => state = In::Code,
+            (In::BlockComment, '*') if chars.peek() == Some(&'/') => {
+                out.push(c);
+                out.extend(chars.next());
+                state = In::Code;
+                continue;
+            }
+            (In::Code, '?') => {
                 n += 1;
                 out.push_str(&format!("${n}"));
                 continue;
@@ -262,6 +279,10 @@ mod tests {
         assert_eq!(
             super::numbered_placeholders("SELECT '?' AS q, a FROM t WHERE a = ? AND b IN (?, ?)"),
             "SELECT '?' AS q, a FROM t WHERE a = $1 AND b IN ($2, $3)"
+        );
+        assert_eq!(
+            super::numbered_placeholders("-- don't ask?\nSELECT ? /* why? */ + ?"),
+            "-- don't ask?\nSELECT $1 /* why? */ + $2"
         );
     }
 }

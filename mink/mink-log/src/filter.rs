@@ -175,8 +175,19 @@ fn literal(value: &serde_json::Value, data_type: &DataType) -> Result<ArrayRef, 
         safe: false,
         ..Default::default()
     };
-    cast_with_options(&raw, data_type, &options)
-        .map_err(|e| format!("{value} does not fit the column's type {data_type}: {e}"))
+    let cast = cast_with_options(&raw, data_type, &options)
+        .map_err(|e| format!("{value} does not fit the column's type {data_type}: {e}"))?;
+    // A number the column's type would round (0.125 as Float32 is exact, as Decimal(10, 2) it
+    // is not) changes what the comparison selects: refused.
+    if matches!(value, J::Number(_)) && raw.data_type() != data_type {
+        let back = cast_with_options(&cast, raw.data_type(), &options).ok();
+        if back.as_ref().is_none_or(|b| b.to_data() != raw.to_data()) {
+            return Err(format!(
+                "{value} is not exactly a value of the column's type {data_type}"
+            ));
+        }
+    }
+    Ok(cast)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -493,6 +504,18 @@ mod tests {
         let (column, reason) = err(json!([{"column": "id", "op": ">", "value": 1.5}]), &[]);
         assert_eq!(column, "id");
         assert!(reason.contains("not a whole number"), "{reason}");
+        let (_, reason) = err(json!([{"column": "day", "op": ">", "value": "soon"}]), &[]);
+        assert!(reason.contains("does not fit"), "{reason}");
+        let price = Schema::new(vec![Field::new("p", DataType::Decimal128(10, 2), true)]);
+        let rounded = parse(json!([{"column": "p", "op": ">", "value": 0.125}]))
+            .bind(&price, &[])
+            .unwrap_err();
+        assert!(rounded.reason.contains("not exactly"), "{}", rounded.reason);
+        assert!(
+            parse(json!([{"column": "p", "op": ">", "value": 0.5}]))
+                .bind(&price, &[])
+                .is_ok()
+        );
         let (_, reason) = err(json!([{"column": "day", "op": ">", "value": "soon"}]), &[]);
         assert!(reason.contains("does not fit"), "{reason}");
         let (_, reason) = err(json!([{"column": "id", "op": "in", "values": []}]), &[]);
