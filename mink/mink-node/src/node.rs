@@ -46,7 +46,7 @@ pub struct NodeConfig {
     /// prepared objects, retention, the changelog).
     pub clock: Arc<dyn mink_metadata::Clock>,
     /// Log-tail rows the SQL engine's scans of a lake table may read (as they report them)
-    /// before its next round is due, sooner than its freshness says.
+    /// before its next round is due, sooner than its freshness says; 0 ignores the reports.
     pub tail_rows_for_a_round: u64,
 }
 

@@ -80,7 +80,9 @@ pub(crate) async fn run(node: Node) {
                 .copied()
                 .unwrap_or(0);
             let elapsed = now_ms.saturating_sub(last_ms);
-            let wanted = demand >= node.inner.config.tail_rows_for_a_round && elapsed >= soonest_ms;
+            // 0 turns the feedback off.
+            let threshold = node.inner.config.tail_rows_for_a_round;
+            let wanted = threshold > 0 && demand >= threshold && elapsed >= soonest_ms;
             if elapsed < due_ms && record.is_some() && !wanted {
                 continue;
             }
