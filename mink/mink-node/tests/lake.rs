@@ -1430,7 +1430,9 @@ async fn the_lake_enabled_after_trimming_begins_at_the_logs_start() {
         write(&node, chunk * 20..chunk * 20 + 20).await;
     }
     until_trimmed(&node, "clicks").await;
-    let starts: BTreeMap<u32, u64> = node
+    // Retention goes on trimming until the lake is enabled: where each log starts then is at
+    // or past what is observed here.
+    let observed: BTreeMap<u32, u64> = node
         .describe_table("app", "clicks")
         .unwrap()
         .buckets
@@ -1479,6 +1481,25 @@ async fn the_lake_enabled_after_trimming_begins_at_the_logs_start() {
         }
     })
     .await;
+    // Where the metadata records each bucket's lake beginning: its log's start then.
+    let starts: BTreeMap<u32, u64> = {
+        let view = node.view();
+        let t = view
+            .state
+            .tables
+            .values()
+            .find(|t| t.name == "clicks")
+            .unwrap();
+        let r = view.state.lake_snapshots.get(&t.table_id).unwrap();
+        observed.keys().map(|&b| (b, r.lake_start(0, b))).collect()
+    };
+    for (b, start) in &starts {
+        assert!(
+            *start >= observed[b] && *start > 0,
+            "bucket {b}: the lake begins at {start}, the log started at {} before",
+            observed[b]
+        );
+    }
     until_trimmed_past(&node, &starts).await;
     let info = node.describe_table("app", "clicks").unwrap();
     let mut ids = Vec::new();
