@@ -197,7 +197,11 @@ async fn the_prompt_in_a_terminal() {
             );
             String::from_utf8_lossy(&out.stdout).into_owned()
         };
-        let command = format!("HOME={} {MINK_QUERY} --server {address}", home.display());
+        // The prompt starts once the pane's output is piped to us (`read` holds it till then).
+        let command = format!(
+            "read _; HOME={} exec {MINK_QUERY} --server {address}",
+            home.display()
+        );
         tmux(&[
             "new-session",
             "-d",
@@ -209,7 +213,40 @@ async fn the_prompt_in_a_terminal() {
             "50",
             &command,
         ]);
+        // Every output of the pane is an event (through a FIFO); the end of the pane closes it.
+        let fifo = home.join("pane.fifo");
+        assert!(
+            Command::new("mkfifo")
+                .arg(&fifo)
+                .status()
+                .unwrap()
+                .success()
+        );
+        let (output, events) = std::sync::mpsc::channel::<()>();
+        let reader = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || {
+                use std::io::Read as _;
+                let mut pipe = std::fs::File::open(&fifo).unwrap();
+                let mut buf = [0u8; 4096];
+                while pipe.read(&mut buf).is_ok_and(|n| n > 0) {
+                    if output.send(()).is_err() {
+                        return;
+                    }
+                }
+            })
+        };
+        tmux(&[
+            "pipe-pane",
+            "-t",
+            &session,
+            "-o",
+            &format!("cat >> {}", fifo.display()),
+        ]);
+        tmux(&["send-keys", "-t", &session, "Enter"]);
         let screen = || tmux(&["capture-pane", "-p", "-t", &session, "-S", "-200"]);
+        // Checks the screen on each output until `seen` holds, failing at the deadline with
+        // what it waited for and the screen.
         let until = |what: &str, seen: &dyn Fn(&str) -> bool| {
             let deadline = Instant::now() + Duration::from_secs(30);
             loop {
@@ -217,11 +254,10 @@ async fn the_prompt_in_a_terminal() {
                 if seen(&s) {
                     return s;
                 }
-                assert!(
-                    Instant::now() < deadline,
-                    "waited for {what}; the screen:\n{s}"
-                );
-                std::thread::sleep(Duration::from_millis(50));
+                let left = deadline.saturating_duration_since(Instant::now());
+                if events.recv_timeout(left).is_err() {
+                    panic!("waited for {what}; the screen:\n{}", screen());
+                }
             }
         };
         // Text goes literally (`-l`); a trailing `;` is escaped, as tmux takes it for its own
@@ -261,22 +297,19 @@ async fn the_prompt_in_a_terminal() {
             s.contains("| 3 ") && s.contains("Time: ")
         });
         typed("\\q");
+        // The prompt ends, its pane with it, and the pipe closes.
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let alive = Command::new("tmux")
-                .arg("-S")
-                .arg(&socket)
-                .args(["has-session", "-t", &session])
-                .output()
-                .unwrap()
-                .status
-                .success();
-            if !alive {
-                break;
+            let left = deadline.saturating_duration_since(Instant::now());
+            match events.recv_timeout(left) {
+                Ok(()) => {}
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    panic!("\\q did not end the prompt; the screen:\n{}", screen())
+                }
             }
-            assert!(Instant::now() < deadline, "\\q did not end the prompt");
-            std::thread::sleep(Duration::from_millis(50));
         }
+        reader.join().unwrap();
         let _ = Command::new("tmux")
             .arg("-S")
             .arg(&socket)

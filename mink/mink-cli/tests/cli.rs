@@ -188,6 +188,7 @@ fn dev_serves_sql_over_its_tables_and_lake() {
     let out = Command::new(python)
         .arg(manifest_dir().join("tests").join("adbc_dev_sql.py"))
         .arg(format!("grpc://{}", dev.sql))
+        .arg(&dev.flight)
         .output()
         .unwrap();
     assert!(
