@@ -122,11 +122,7 @@ impl SystemTables {
 
     async fn tables(&self) -> Result<RecordBatch> {
         let d = self.descriptions().await?;
-        let lake = |t: &TableDescription| {
-            t.options
-                .get("table.datalake.enabled")
-                .is_some_and(|v| v == "true")
-        };
+        let lake = crate::table::tiered;
         Ok(RecordBatch::try_from_iter(vec![
             (
                 "database",

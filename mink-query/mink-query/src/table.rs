@@ -20,6 +20,11 @@ use crate::filter::to_predicates;
 use crate::insert::MinkSink;
 use crate::scan::{MinkLookupExec, MinkScanExec};
 
+/// Whether the table `d` describes is tiered into the lake (its options, as the nodes read them).
+pub(crate) fn tiered(d: &TableDescription) -> bool {
+    mink_log::options::TableOptions::parse(&d.options).is_ok_and(|o| o.lake_freshness.is_some())
+}
+
 /// Keys a point lookup takes at most; more are read by scanning.
 const MAX_LOOKUP_KEYS: usize = 1024;
 
@@ -115,10 +120,7 @@ impl MinkTable {
     pub fn view(client: Client, description: TableDescription, view: TableView) -> Result<Self> {
         let name = format!("{}.{}", description.database, description.table);
         let primary = !description.primary_key.is_empty();
-        let lake = description
-            .options
-            .get("table.datalake.enabled")
-            .is_some_and(|v| v == "true");
+        let lake = tiered(&description);
         let refuse = |why: &str| Err(DataFusionError::Plan(format!("{name}: {why}")));
         match view {
             TableView::Changelog if !primary => {
@@ -185,10 +187,7 @@ impl MinkTable {
     /// allows it (no log tail to read).
     fn effective_view(&self) -> TableView {
         let d = &self.description;
-        let lake = d
-            .options
-            .get("table.datalake.enabled")
-            .is_some_and(|v| v == "true");
+        let lake = tiered(d);
         let snapshot = d.lake.as_ref().and_then(|l| l.snapshot_id).is_some();
         if self.view == TableView::Rows
             && lake
@@ -486,10 +485,7 @@ impl TableProvider for MinkTable {
                 projected,
             )));
         }
-        let lake = d
-            .options
-            .get("table.datalake.enabled")
-            .is_some_and(|v| v == "true");
+        let lake = tiered(d);
         if let Some(plan) = self
             .scan_lake_directly(state, &projected, &columns, &filter, limit)
             .await?
