@@ -377,9 +377,9 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
                     .max_decoding_message_size(256 << 20)
                     .max_encoding_message_size(256 << 20),
             )
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(
-                echo_listener,
-            )),
+            .serve_with_incoming(
+                tonic::transport::server::TcpIncoming::from(echo_listener).with_nodelay(Some(true)),
+            ),
     );
 
     node.create_database("bench", false).await?;

@@ -112,9 +112,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             "mink-query serves Flight SQL on grpc://{addr} (cluster: {})",
             cli.server
         ));
-        tonic::transport::Server::builder()
-            .add_service(MinkFlightSql::new(engine).into_service())
-            .serve_with_incoming_shutdown(tokio_stream_incoming(listener), async {
+        MinkFlightSql::new(engine)
+            .serve(listener, async {
                 let _ = tokio::signal::ctrl_c().await;
             })
             .await?;
@@ -133,15 +132,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         run_statement(&engine, &sql, cli.format, false).await?;
     }
     Ok(())
-}
-
-fn tokio_stream_incoming(
-    listener: tokio::net::TcpListener,
-) -> impl futures::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    futures::stream::unfold(listener, |l| async move {
-        let next = l.accept().await.map(|(s, _)| s);
-        Some((next, l))
-    })
 }
 
 /// Prints a line on standard output.

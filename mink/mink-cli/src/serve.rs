@@ -338,14 +338,7 @@ async fn serve_sql(
     let service = mink_query::flight_sql::MinkFlightSql::new(mink_query::QueryEngine::with_lake(
         client, lake,
     ));
-    let incoming = futures::stream::unfold(listener, |l| async move {
-        Some((l.accept().await.map(|(s, _)| s), l))
-    });
-    if let Err(e) = tonic::transport::Server::builder()
-        .add_service(service.into_service())
-        .serve_with_incoming(incoming)
-        .await
-    {
+    if let Err(e) = service.serve(listener, std::future::pending()).await {
         tracing::error!(error = %e, "the Flight SQL server stopped");
     }
 }

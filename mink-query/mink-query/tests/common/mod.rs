@@ -68,13 +68,9 @@ impl Cluster {
         let sql_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let sql_address = sql_listener.local_addr().unwrap().to_string();
         let (sql_stop, sql_stopped) = tokio::sync::oneshot::channel::<()>();
-        let incoming = futures::stream::unfold(sql_listener, |l| async move {
-            Some((l.accept().await.map(|(s, _)| s), l))
-        });
         let sql = tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(MinkFlightSql::new(engine.clone()).into_service())
-                .serve_with_incoming_shutdown(incoming, async {
+            MinkFlightSql::new(engine.clone())
+                .serve(sql_listener, async {
                     let _ = sql_stopped.await;
                 })
                 .map(|r| r.unwrap()),

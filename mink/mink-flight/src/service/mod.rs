@@ -605,7 +605,8 @@ pub async fn serve(
         .initial_connection_window_size(crate::CONNECTION_WINDOW)
         .add_service(MinkFlight::new(node, config).into_server())
         .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            // Small requests (lookups, tails, actions) must not wait out a delayed ACK.
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
             shutdown,
         )
         .await
