@@ -121,7 +121,7 @@ impl ExecutionPlan for MinkLakeExec {
     fn execute(
         &self,
         partition: usize,
-        _context: Arc<TaskContext>,
+        context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
         let schema = Arc::clone(&self.schema);
         let tasks: Vec<_> = self
@@ -134,7 +134,11 @@ impl ExecutionPlan for MinkLakeExec {
         }
         let rows = self
             .splits
-            .read(tasks, Arc::clone(&self.read_schema))
+            .read(
+                tasks,
+                Arc::clone(&self.read_schema),
+                context.session_config().batch_size(),
+            )
             .map_err(lake_error)?;
         let out = Arc::clone(&schema);
         let batches = rows

@@ -14,6 +14,10 @@ use iceberg::spec::Datum;
 use crate::table::{BUCKET_COLUMN, OFFSET_COLUMN};
 use crate::{Lake, LakeError, LakeResult};
 
+/// Rows per batch a lake read yields (the Parquet reader's own default is 1 024: small
+/// batches cost every operator above the scan per batch).
+const BATCH_ROWS: usize = 8192;
+
 /// A read's filter, as far as the lake can prune with it.
 ///
 /// Contract: [`Prune::predicate`] returns a predicate over the lake table of schema `lake`
@@ -95,6 +99,7 @@ impl Lake {
             .snapshot_id(snapshot_id)
             .select(columns)
             .with_filter(filter)
+            .with_batch_size(Some(BATCH_ROWS))
             .build()?
             .to_arrow()
             .await?
@@ -196,6 +201,7 @@ impl Lake {
             .scan()
             .snapshot_id(snapshot_id)
             .with_filter(filter)
+            .with_batch_size(Some(BATCH_ROWS))
             .build()?
             .to_arrow()
             .await?
@@ -434,16 +440,23 @@ impl Lake {
 
 impl LakeSplits {
     /// The rows of `tasks` (some of [`LakeSplits::tasks`]) as batches of `schema` (a column the
-    /// lake lacks reads as null), files read concurrently.
+    /// lake lacks reads as null) of up to `batch_rows` rows, files read concurrently.
     pub fn read(
         &self,
         tasks: Vec<iceberg::scan::FileScanTask>,
         schema: SchemaRef,
+        batch_rows: usize,
     ) -> LakeResult<futures::stream::BoxStream<'static, LakeResult<RecordBatch>>> {
         use futures::StreamExt as _;
         let tasks: iceberg::scan::FileScanTaskStream =
             futures::stream::iter(tasks.into_iter().map(Ok)).boxed();
-        let batches = self.table.reader_builder().build().read(tasks)?.stream();
+        let batches = self
+            .table
+            .reader_builder()
+            .with_batch_size(batch_rows)
+            .build()
+            .read(tasks)?
+            .stream();
         Ok(batches
             .map(move |b| {
                 let b = b?;
