@@ -346,6 +346,59 @@ pub fn decode_batch(bytes: &[u8]) -> LogResult<RecordBatch> {
     Ok(batch)
 }
 
+/// The named `columns` of a stored batch (every column when empty), in the order given, as
+/// the table's current `schema` has them: a column added after the batch was written reads as
+/// nulls (see [`evolve`]). Only the named columns' buffers are decompressed and decoded, so a
+/// narrow read of a wide table costs what its columns hold. Unknown names are an error.
+pub fn decode_columns(
+    bytes: &[u8],
+    schema: &SchemaRef,
+    columns: &[String],
+) -> LogResult<RecordBatch> {
+    if columns.is_empty() {
+        return evolve(schema, &decode_batch(bytes)?);
+    }
+    let indices = columns
+        .iter()
+        .map(|c| {
+            schema
+                .index_of(c)
+                .map_err(|_| LogError::Invalid(format!("no column {c:?} in {schema}")))
+        })
+        .collect::<LogResult<Vec<_>>>()?;
+    check_framing(bytes)?;
+    // Stored columns are a prefix of the table's (evolution appends), so a column's stored
+    // index is its index in the table, if the batch has it.
+    let stored = StreamReader::try_new(Cursor::new(bytes), None)?
+        .schema()
+        .fields()
+        .len();
+    let mut wanted: Vec<usize> = indices.iter().copied().filter(|&i| i < stored).collect();
+    wanted.sort_unstable();
+    wanted.dedup();
+    if wanted.is_empty() && stored > 0 {
+        wanted.push(0); // for the row count
+    }
+    let batch = StreamReader::try_new(Cursor::new(bytes), Some(wanted))?
+        .next()
+        .ok_or_else(|| LogError::Invalid("a stored batch holds no records".into()))??;
+    let read = batch.schema();
+    let arrays = indices
+        .iter()
+        .map(|&i| {
+            let name = schema.field(i).name();
+            match read.index_of(name) {
+                Ok(at) if i < stored => Arc::clone(batch.column(at)),
+                _ => arrow::array::new_null_array(schema.field(i).data_type(), batch.num_rows()),
+            }
+        })
+        .collect();
+    Ok(RecordBatch::try_new(
+        Arc::new(schema.project(&indices)?),
+        arrays,
+    )?)
+}
+
 /// Keeps the named columns, in the order given. Unknown names are an error.
 pub fn project(batch: &RecordBatch, columns: &[String]) -> LogResult<RecordBatch> {
     if columns.is_empty() {

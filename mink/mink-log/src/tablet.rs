@@ -147,7 +147,7 @@ impl LogTablet {
         offset: u64,
         columns: &[String],
     ) -> LogResult<Option<ReadBatch>> {
-        let mut batch = codec::evolve(&self.schema, &codec::decode_batch(&s.payload)?)?;
+        let mut batch = codec::decode_columns(&s.payload, &self.schema, columns)?;
         let mut base_offset = s.base_offset;
         if base_offset < offset {
             let skip = usize::try_from(offset - base_offset).unwrap_or(usize::MAX);
@@ -163,7 +163,7 @@ impl LogTablet {
         Ok(Some(ReadBatch {
             base_offset,
             end_offset: s.end_offset,
-            batch: codec::project(&batch, columns)?,
+            batch,
         }))
     }
 }

@@ -425,6 +425,54 @@ fn a_log_table_schema_only_grows_by_nullable_columns_at_the_end() {
 }
 
 #[test]
+fn a_narrow_read_decodes_the_named_columns_in_the_table_schema() {
+    let written = RecordBatch::try_from_iter(vec![
+        ("a", Arc::new(Int64Array::from(vec![1, 2, 3])) as ArrayRef),
+        (
+            "s",
+            Arc::new(StringArray::from(vec!["x", "y", "z"])) as ArrayRef,
+        ),
+        ("c", Arc::new(Int64Array::from(vec![7, 8, 9])) as ArrayRef),
+    ])
+    .unwrap();
+    // The table grew a column since the batch was stored.
+    let mut fields: Vec<Field> = written
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    fields.push(Field::new("late", DataType::Utf8, true));
+    let table = Arc::new(Schema::new(fields));
+    for compression in [Compression::Zstd, Compression::None] {
+        let stored = codec::encode_batch(&written, compression).unwrap();
+        let names = |n: &[&str]| n.iter().map(|c| c.to_string()).collect::<Vec<_>>();
+        // Named order, not stored order; a repeated name twice; a late column as nulls.
+        let read =
+            codec::decode_columns(&stored, &table, &names(&["c", "late", "a", "c"])).unwrap();
+        let got: Vec<String> = read
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        assert_eq!(got, ["c", "late", "a", "c"]);
+        assert_eq!(read.num_rows(), 3);
+        assert_eq!(read.column(0).as_ref(), written.column(2).as_ref());
+        assert_eq!(read.column(1).null_count(), 3);
+        assert_eq!(read.column(2).as_ref(), written.column(0).as_ref());
+        // Only a late column: the row count still comes from the batch.
+        let late = codec::decode_columns(&stored, &table, &names(&["late"])).unwrap();
+        assert_eq!((late.num_rows(), late.num_columns()), (3, 1));
+        // Every column when none are named, as `evolve` gives them.
+        let all = codec::decode_columns(&stored, &table, &[]).unwrap();
+        assert_eq!(all, codec::evolve(&table, &written).unwrap());
+        let e = codec::decode_columns(&stored, &table, &names(&["nope"])).unwrap_err();
+        assert!(e.to_string().contains("no column \"nope\""), "{e}");
+    }
+}
+
+#[test]
 fn crafted_ipc_messages_are_refused_before_the_reader_sees_them() {
     let batch = RecordBatch::try_from_iter(vec![(
         "v",
