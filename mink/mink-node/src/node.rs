@@ -316,6 +316,9 @@ pub(crate) struct Inner {
     pub(crate) lake_rounds: AtomicU64,
     /// Table id → log-tail rows queries reported scanning since its last round here.
     pub(crate) tail_demand: Mutex<HashMap<u64, u64>>,
+    /// Held through a tiering round: the scheduler's and `tier_now`'s rounds of a table would
+    /// otherwise build on the same lake snapshot and all but one fail to commit.
+    pub(crate) tiering: tokio::sync::Mutex<()>,
     /// Serialises KV tablet opens (each replays its changelog).
     pub(crate) kv_opening: tokio::sync::Mutex<()>,
     pub(crate) round_robin: AtomicU64,
@@ -375,6 +378,7 @@ impl Node {
                 forwarder: RwLock::new(None),
                 lake_rounds: AtomicU64::new(0),
                 tail_demand: Default::default(),
+                tiering: Default::default(),
                 kv_opening: tokio::sync::Mutex::new(()),
                 round_robin: AtomicU64::new(0),
                 opening: tokio::sync::Mutex::new(()),

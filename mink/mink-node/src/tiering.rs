@@ -232,6 +232,7 @@ pub(crate) async fn tier_round(
     table: &TableRecord,
     record: Option<&LakeSnapshotRecord>,
 ) -> NodeResult<()> {
+    let _round = node.inner.tiering.lock().await;
     let view = node.view();
     let now_us = i64::try_from(node.inner.config.clock.now_ms())
         .unwrap_or(i64::MAX)
