@@ -241,7 +241,9 @@ impl Transcript {
     }
 
     fn finish(self, name: &str) {
-        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        // At run time: a shared target directory may hold a binary built from another checkout.
+        let path = std::env::var_os("CARGO_MANIFEST_DIR")
+            .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
             .join("tests/golden")
             .join(format!("{name}.txt"));
         if std::env::var_os("MINK_BLESS").is_some() {

@@ -149,7 +149,7 @@ pub(crate) fn pyiceberg_read(
     table: &str,
 ) -> serde_json::Value {
     let out = std::process::Command::new(interpreter)
-        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pyiceberg_read.py"))
+        .arg(manifest_dir().join("tests/pyiceberg_read.py"))
         .arg(format!("sqlite:///{}", db.display()))
         .arg(lake.warehouse())
         .args(["app", table])
@@ -188,7 +188,7 @@ pub(crate) fn s3_url() -> Option<(String, String)> {
 /// (tests/duckdb_read.py).
 pub(crate) fn duckdb_read(interpreter: &std::path::Path, metadata: &str) -> serde_json::Value {
     let out = std::process::Command::new(interpreter)
-        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/duckdb_read.py"))
+        .arg(manifest_dir().join("tests/duckdb_read.py"))
         .arg(metadata.trim_start_matches("file://"))
         .output()
         .unwrap();
@@ -222,4 +222,13 @@ pub(crate) async fn outside_readers_see(
         serde_json::json!(offsets),
         "duckdb: {seen}"
     );
+}
+
+/// This package's directory, at run time: a shared target directory may hold a binary built
+/// from another checkout.
+fn manifest_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(
+        || std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")),
+        std::path::PathBuf::from,
+    )
 }
