@@ -8,6 +8,7 @@ mod lake;
 mod metadata;
 mod s3stream;
 mod sql_tail;
+mod tpch;
 
 use clap::{Parser, Subcommand};
 
@@ -38,6 +39,9 @@ enum Suite {
     /// Tiering driven by queries: the log tail SQL scans read, and their time, with and
     /// without the engine reporting it.
     SqlTail(sql_tail::Args),
+    /// TPC-H's 22 queries through Mink's Flight SQL (lake snapshot and log tail) beside
+    /// DataFusion over the same rows as plain Parquet files; the load rate.
+    Tpch(tpch::Args),
 }
 
 #[tokio::main]
@@ -50,5 +54,6 @@ async fn main() -> anyhow::Result<()> {
         Suite::Cluster(args) => cluster::run(args).await,
         Suite::Lake(args) => lake::run(args).await,
         Suite::SqlTail(args) => sql_tail::run(args).await,
+        Suite::Tpch(args) => tpch::run(args).await,
     }
 }
