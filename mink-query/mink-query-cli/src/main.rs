@@ -2,19 +2,23 @@
 //!
 //! - `mink-query` opens a prompt (line editing, history, multi-line statements ending in `;`,
 //!   `\d`, `\dt`, `\d table`, `\timing`, `\q`);
-//! - `mink-query -c "SQL"` and `mink-query -f file.sql` run statements and print their rows;
+//! - `mink-query -c "SQL"` and `mink-query -f file.sql` run statements and print their rows
+//!   (as a table, CSV, JSON lines or Parquet; to standard output or `--output FILE`);
 //! - `mink-query serve` serves Flight SQL (stateless: run any number beside the nodes).
 
 mod repl;
 
-use std::io::Write as _;
+use std::io::{IsTerminal as _, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use arrow::array::RecordBatch;
 use clap::{Parser, Subcommand, ValueEnum};
+use datafusion::prelude::DataFrame;
+use futures::StreamExt as _;
+use indicatif::{ProgressBar, ProgressFinish, ProgressStyle};
 use mink_client::Client;
 use mink_query::QueryEngine;
 use mink_query::flight_sql::MinkFlightSql;
@@ -44,9 +48,12 @@ struct Cli {
     /// The cluster's object store (`s3://bucket/prefix?...`, `file:///path`).
     #[arg(long, global = true, env = "MINK_OBJECT_STORE", requires = "metadata")]
     object_store: Option<String>,
-    /// How rows are printed.
+    /// How rows are printed (`parquet`: one statement's rows, with --output or into a pipe).
     #[arg(long, value_enum, default_value = "table", env = "MINK_QUERY_FORMAT")]
     format: Format,
+    /// Write the rows of -c and -f statements to FILE instead of standard output.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    output: Option<PathBuf>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -65,6 +72,7 @@ pub(crate) enum Format {
     Table,
     Csv,
     Json,
+    Parquet,
 }
 
 #[tokio::main]
@@ -120,6 +128,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         return Ok(());
     }
     if cli.commands.is_empty() && cli.files.is_empty() {
+        anyhow::ensure!(
+            cli.format != Format::Parquet && cli.output.is_none(),
+            "--format parquet and --output apply to statements given with -c or -f, not to the prompt"
+        );
         return repl::run(&engine, cli.format).await;
     }
     let mut statements: Vec<String> = cli.commands.clone();
@@ -128,9 +140,27 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
         statements.extend(repl::split_statements(&text));
     }
-    for sql in statements {
-        run_statement(&engine, &sql, cli.format, false).await?;
+    if cli.format == Format::Parquet {
+        anyhow::ensure!(
+            statements.len() == 1,
+            "--format parquet writes one statement's rows as one file; {} statements were given",
+            statements.len()
+        );
+        anyhow::ensure!(
+            cli.output.is_some() || !std::io::stdout().is_terminal(),
+            "Parquet is binary: write it to a file with --output FILE, or redirect standard output"
+        );
     }
+    let mut out: Box<dyn Write + Send> = match &cli.output {
+        Some(path) => Box::new(std::io::BufWriter::new(
+            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
+        )),
+        None => Box::new(std::io::stdout()),
+    };
+    for sql in statements {
+        run_statement(&engine, &sql, cli.format, false, &mut out).await?;
+    }
+    out.flush()?;
     Ok(())
 }
 
@@ -140,19 +170,21 @@ pub(crate) fn say(line: &str) {
     let _ = writeln!(out, "{line}");
 }
 
-/// Plans and runs one statement, printing its rows (and the time it took, with `timing`).
+/// Plans and runs one statement, writing its rows to `out` (and the time it took, with
+/// `timing`, to standard output).
 pub(crate) async fn run_statement(
     engine: &QueryEngine,
     sql: &str,
     format: Format,
     timing: bool,
+    out: &mut (dyn Write + Send),
 ) -> anyhow::Result<()> {
     let started = Instant::now();
     let _running = engine.queries().track(sql, "cli", None, None);
     let df = engine.sql(sql).await?;
     let schema = df.schema().as_arrow().clone();
-    let batches = df.collect().await?;
-    print_batches(&schema, &batches, format)?;
+    let batches = collect_with_progress(df).await?;
+    print_batches(&schema, &batches, format, out)?;
     if timing {
         let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
         say(&format!(
@@ -164,12 +196,71 @@ pub(crate) async fn run_statement(
     Ok(())
 }
 
+/// How long a statement runs before a spinner shows its progress on standard error (when that
+/// is a terminal): `MINK_QUERY_PROGRESS_AFTER_MS`, 500 ms by default.
+fn progress_after() -> Duration {
+    std::env::var("MINK_QUERY_PROGRESS_AFTER_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(Duration::from_millis(500), Duration::from_millis)
+}
+
+/// Runs `df` and collects its batches; once it has run [`progress_after`], a spinner on
+/// standard error counts the rows so far (drawn only on a terminal, cleared at the end).
+async fn collect_with_progress(df: DataFrame) -> anyhow::Result<Vec<RecordBatch>> {
+    let mut stream = df.execute_stream().await?;
+    let show_at = tokio::time::Instant::now() + progress_after();
+    let mut bar: Option<ProgressBar> = None;
+    let mut batches = Vec::new();
+    let mut rows = 0u64;
+    loop {
+        let next = if bar.is_some() {
+            stream.next().await
+        } else {
+            tokio::select! {
+                // The deadline first: a statement past it shows the spinner even if its
+                // next batch is ready too.
+                biased;
+                () = tokio::time::sleep_until(show_at) => {
+                    bar = Some(spinner());
+                    continue;
+                }
+                next = stream.next() => next,
+            }
+        };
+        let Some(batch) = next else { break };
+        let batch = batch?;
+        rows += batch.num_rows() as u64;
+        if let Some(bar) = &bar {
+            bar.set_position(rows);
+        }
+        batches.push(batch);
+    }
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    Ok(batches)
+}
+
+fn spinner() -> ProgressBar {
+    let bar = ProgressBar::new_spinner()
+        .with_style(
+            ProgressStyle::with_template("{spinner} running {elapsed}: {human_pos} rows")
+                .expect("valid template"),
+        )
+        // A statement that fails drops its spinner: clear it then too.
+        .with_finish(ProgressFinish::AndClear);
+    bar.enable_steady_tick(Duration::from_millis(100));
+    bar.tick();
+    bar
+}
+
 pub(crate) fn print_batches(
     schema: &arrow::datatypes::Schema,
     batches: &[RecordBatch],
     format: Format,
+    mut out: &mut (dyn Write + Send),
 ) -> anyhow::Result<()> {
-    let mut out = std::io::stdout().lock();
     match format {
         Format::Table => {
             let shown = if batches.is_empty() {
@@ -195,6 +286,17 @@ pub(crate) fn print_batches(
                 w.write(b)?;
             }
             w.finish()?;
+        }
+        Format::Parquet => {
+            let mut w = parquet::arrow::ArrowWriter::try_new(
+                &mut out,
+                std::sync::Arc::new(schema.clone()),
+                None,
+            )?;
+            for b in batches {
+                w.write(b)?;
+            }
+            w.close()?;
         }
     }
     Ok(())

@@ -106,6 +106,7 @@ pub(crate) async fn run(engine: &QueryEngine, format: Format) -> anyhow::Result<
                             "SELECT table_schema AS database, table_name AS table FROM information_schema.tables WHERE table_catalog = 'mink' AND table_schema NOT IN ('information_schema', 'system') ORDER BY 1, 2",
                             format,
                             false,
+                            &mut std::io::stdout(),
                         )
                         .await,
                     );
@@ -127,7 +128,7 @@ pub(crate) async fn run(engine: &QueryEngine, format: Format) -> anyhow::Result<
         let _ = editor.add_history_entry(text.trim());
         for sql in split_statements(&text) {
             let started = Instant::now();
-            report(run_statement(engine, &sql, format, false).await);
+            report(run_statement(engine, &sql, format, false, &mut std::io::stdout()).await);
             if timing {
                 say(&format!("Time: {:.3}s", started.elapsed().as_secs_f64()));
             }
@@ -154,7 +155,7 @@ async fn describe(engine: &QueryEngine, table: &str, format: Format) -> anyhow::
     if batches.iter().all(|b| b.num_rows() == 0) {
         anyhow::bail!("no table {database}.{name}");
     }
-    print_batches(&schema, &batches, format)
+    print_batches(&schema, &batches, format, &mut std::io::stdout())
 }
 
 /// Prints a statement's error; the prompt goes on.

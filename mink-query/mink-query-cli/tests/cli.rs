@@ -160,6 +160,83 @@ async fn statements_from_the_command_line_and_files() {
     s.stop().await;
 }
 
+/// Parquet output: into a file with --output, or into a pipe; one statement only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_as_parquet() {
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve(dir.path()).await;
+    let file = dir.path().join("people.parquet");
+    let (a, f) = (s.address.clone(), file.to_str().unwrap().to_string());
+    let (ok, out, err) = tokio::task::spawn_blocking(move || {
+        mink_query(
+            &a,
+            &[
+                "--format",
+                "parquet",
+                "-o",
+                &f,
+                "-c",
+                "SELECT id, name FROM app.people ORDER BY id",
+            ],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(ok && out.is_empty(), "{err}");
+    let read = |bytes: bytes::Bytes| {
+        let batches: Vec<RecordBatch> = ParquetRecordBatchReaderBuilder::try_new(bytes)
+            .unwrap()
+            .build()
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        arrow::compute::concat_batches(&batches[0].schema(), &batches).unwrap()
+    };
+    let rows = read(std::fs::read(&file).unwrap().into());
+    assert_eq!(rows.num_rows(), 3);
+    assert_eq!(
+        rows.column(0).as_ref(),
+        &Int64Array::from(vec![1, 2, 3]) as &dyn arrow::array::Array
+    );
+    assert_eq!(
+        rows.column(1).as_ref(),
+        &StringArray::from(vec![Some("ann"), None, Some("cid")]) as &dyn arrow::array::Array
+    );
+    // Standard output is a pipe here: the file goes there.
+    let a = s.address.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(MINK_QUERY)
+            .args(["--server", &a, "--format", "parquet", "-c"])
+            .arg("SELECT count(*) AS n FROM app.people")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(out.status.success());
+    assert!(out.stdout.starts_with(b"PAR1") && out.stdout.ends_with(b"PAR1"));
+    assert_eq!(read(out.stdout.into()).num_rows(), 1);
+    // One file holds one statement's rows; the prompt writes no Parquet.
+    let a = s.address.clone();
+    let (ok, _, err) = tokio::task::spawn_blocking(move || {
+        mink_query(
+            &a,
+            &["--format", "parquet", "-c", "SELECT 1", "-c", "SELECT 2"],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(!ok && err.contains("one statement's rows"), "{err}");
+    let a = s.address.clone();
+    let (ok, _, err) =
+        tokio::task::spawn_blocking(move || mink_query(&a, &["--format", "parquet"]))
+            .await
+            .unwrap();
+    assert!(!ok && err.contains("not to the prompt"), "{err}");
+    s.stop().await;
+}
+
 /// The prompt in a tmux pane: a multi-line statement, `\d`, `\d table`, `\timing`, an error
 /// that does not end the session, history (the up arrow), `\q`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -198,8 +275,9 @@ async fn the_prompt_in_a_terminal() {
             String::from_utf8_lossy(&out.stdout).into_owned()
         };
         // The prompt starts once the pane's output is piped to us (`read` holds it till then).
+        // The progress spinner shows at once, so every statement draws it.
         let command = format!(
-            "read _; HOME={} exec {MINK_QUERY} --server {address}",
+            "read _; HOME={} MINK_QUERY_PROGRESS_AFTER_MS=0 exec {MINK_QUERY} --server {address}",
             home.display()
         );
         tmux(&[
@@ -223,13 +301,19 @@ async fn the_prompt_in_a_terminal() {
                 .success()
         );
         let (output, events) = std::sync::mpsc::channel::<()>();
+        // Everything the pane printed, including what was drawn and cleared since.
+        let printed = Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
         let reader = {
             let fifo = fifo.clone();
+            let printed = Arc::clone(&printed);
             std::thread::spawn(move || {
                 use std::io::Read as _;
                 let mut pipe = std::fs::File::open(&fifo).unwrap();
                 let mut buf = [0u8; 4096];
-                while pipe.read(&mut buf).is_ok_and(|n| n > 0) {
+                while let Ok(n) = pipe.read(&mut buf)
+                    && n > 0
+                {
+                    printed.lock().unwrap().extend_from_slice(&buf[..n]);
                     if output.send(()).is_err() {
                         return;
                     }
@@ -293,9 +377,13 @@ async fn the_prompt_in_a_terminal() {
         });
         key("C-u");
         typed("SELECT count(*) FROM app.people;");
-        until("the count and its time", &|s| {
+        let shown = until("the count and its time", &|s| {
             s.contains("| 3 ") && s.contains("Time: ")
         });
+        // The spinner was drawn while the statement ran, and cleared before its rows.
+        let drawn = String::from_utf8_lossy(&printed.lock().unwrap()).into_owned();
+        assert!(drawn.contains("running"), "no progress was drawn:\n{drawn}");
+        assert!(!shown.contains("running"), "the spinner stayed:\n{shown}");
         typed("\\q");
         // The prompt ends, its pane with it, and the pipe closes.
         let deadline = Instant::now() + Duration::from_secs(10);
