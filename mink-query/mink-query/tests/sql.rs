@@ -523,14 +523,19 @@ async fn lake_tables_read_as_union_lake_and_log() {
 /// A tiering round of `app.<table>` now, on the lease holder: retried until this node holds
 /// the lease and no scheduled round races it (a conflicting commit is refused, not merged).
 async fn tier_now(c: &Cluster, table: &str) {
+    tier_now_in(c, "app", table).await;
+}
+
+/// [`tier_now`] of `database.table`.
+async fn tier_now_in(c: &Cluster, database: &str, table: &str) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
-        match c.node.tier_now("app", table).await {
+        match c.node.tier_now(database, table).await {
             Ok(_) => return,
             Err(e) => {
                 assert!(
                     std::time::Instant::now() < deadline,
-                    "waited to tier app.{table}: {e}"
+                    "waited to tier {database}.{table}: {e}"
                 );
                 c.client
                     .wait_for_change(std::time::Duration::from_millis(200))
@@ -798,6 +803,28 @@ async fn sqllogictest_files() {
     let dir = tempfile::tempdir().unwrap();
     let c = Cluster::start(dir.path()).await;
     c.load().await;
+    // For tiered.slt: a log and a primary-key table of database `lake`, each with its first
+    // rows tiered into the lake and later changes in the log.
+    for sql in [
+        "CREATE SCHEMA lake",
+        "CREATE TABLE lake.clicks (id BIGINT NOT NULL, kind VARCHAR) WITH ('bucket.num' = '2', \
+         'table.datalake.enabled' = 'true', 'table.datalake.freshness' = '1h')",
+        "INSERT INTO lake.clicks SELECT id, kind FROM app.events WHERE id < 60",
+        "CREATE TABLE lake.balances (id BIGINT NOT NULL, amount BIGINT, PRIMARY KEY (id)) WITH \
+         ('bucket.num' = '2', 'table.datalake.enabled' = 'true', 'table.datalake.freshness' = '1h')",
+        "INSERT INTO lake.balances VALUES (1, 10), (2, 20), (3, 30), (4, 40)",
+    ] {
+        c.rows(sql).await;
+    }
+    tier_now_in(&c, "lake", "clicks").await;
+    tier_now_in(&c, "lake", "balances").await;
+    for sql in [
+        "INSERT INTO lake.clicks SELECT id, kind FROM app.events WHERE id >= 60",
+        "INSERT INTO lake.balances VALUES (2, 21), (5, 50)",
+        "DELETE FROM lake.balances WHERE id = 3",
+    ] {
+        c.rows(sql).await;
+    }
     let root = manifest_dir().join("tests/slt");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&root)
         .unwrap()
