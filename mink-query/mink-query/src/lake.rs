@@ -31,6 +31,8 @@ pub struct MinkLakeExec {
     groups: Vec<Vec<usize>>,
     read_schema: SchemaRef,
     schema: SchemaRef,
+    /// Whether the files' record counts are the rows read (see [`MinkLakeExec::exact_rows`]).
+    exact: bool,
     properties: Arc<PlanProperties>,
 }
 
@@ -54,8 +56,16 @@ impl MinkLakeExec {
             groups,
             read_schema,
             schema,
+            exact: false,
             properties,
         }
+    }
+
+    /// Declares the files' record counts the rows read: an unpruned read of a log table's lake
+    /// (no deletes apply). The planner may then answer `count(*)` from the manifests.
+    pub fn exact_rows(mut self) -> Self {
+        self.exact = true;
+        self
     }
 }
 
@@ -101,7 +111,8 @@ impl ExecutionPlan for MinkLakeExec {
         leaf_with_new_children(self, &children)
     }
 
-    /// The files' record counts (from the manifests), inexact: filters read fewer.
+    /// The files' record counts (from the manifests): exact where [`MinkLakeExec::exact_rows`]
+    /// says, otherwise an upper bound (filters read fewer, deletes remove rows).
     fn partition_statistics(&self, partition: Option<usize>) -> Result<Statistics> {
         let files: Vec<usize> = match partition {
             Some(p) => self.groups.get(p).cloned().unwrap_or_default(),
@@ -113,7 +124,11 @@ impl ExecutionPlan for MinkLakeExec {
             .sum();
         let mut stats = Statistics::new_unknown(&self.schema);
         if let Some(r) = rows.and_then(|r| usize::try_from(r).ok()) {
-            stats = stats.with_num_rows(Precision::Inexact(r));
+            stats = stats.with_num_rows(if self.exact {
+                Precision::Exact(r)
+            } else {
+                Precision::Inexact(r)
+            });
         }
         Ok(stats)
     }

@@ -30,6 +30,8 @@ pub struct MinkScanExec {
     report: Option<Arc<TailReport>>,
     /// Rows each split holds, where the cut says (offsets count rows of log tables).
     rows: Vec<Option<u64>>,
+    /// Whether `rows` are exactly the rows the splits read (see [`MinkScanExec::exact_rows`]).
+    exact: bool,
     properties: Arc<PlanProperties>,
 }
 
@@ -50,8 +52,20 @@ impl MinkScanExec {
             splits,
             report: None,
             rows,
+            exact: false,
             properties,
         }
+    }
+
+    /// Declares the splits' row counts exact: unfiltered, unlimited reads of a log table's
+    /// offsets at the cut, one row per offset. The planner may then answer `count(*)` from
+    /// them without reading.
+    pub fn exact_rows(mut self) -> Self {
+        self.exact = self
+            .splits
+            .iter()
+            .all(|t| t.filter.is_empty() && t.max_rows.is_none());
+        self
     }
 
     /// Reports the log-tail rows this scan read to the node at `address` (the table's tiering
@@ -119,7 +133,8 @@ impl ExecutionPlan for MinkScanExec {
         leaf_with_new_children(self, &children)
     }
 
-    /// Row counts from the cut, inexact (filters and limits read fewer, retention may trim).
+    /// Row counts from the cut: exact where [`MinkScanExec::exact_rows`] says, otherwise an
+    /// upper bound (filters and limits read fewer).
     fn partition_statistics(&self, partition: Option<usize>) -> Result<Statistics> {
         let rows: Option<u64> = match partition {
             Some(p) => self.rows.get(p).copied().flatten(),
@@ -133,7 +148,11 @@ impl ExecutionPlan for MinkScanExec {
         });
         let mut stats = Statistics::new_unknown(&self.schema);
         if let Some(r) = rows.and_then(|r| usize::try_from(r).ok()) {
-            stats = stats.with_num_rows(Precision::Inexact(r));
+            stats = stats.with_num_rows(if self.exact {
+                Precision::Exact(r)
+            } else {
+                Precision::Inexact(r)
+            });
         }
         Ok(stats)
     }

@@ -295,13 +295,17 @@ impl MinkTable {
             .await
             .map_err(crate::lake::lake_error)?;
         let name = format!("{}.{}", d.database, d.table);
-        let lake_side: Arc<dyn ExecutionPlan> = Arc::new(crate::lake::MinkLakeExec::new(
+        let mut lake_side = crate::lake::MinkLakeExec::new(
             name.clone(),
             splits,
             state.config().target_partitions(),
             read_schema,
             Arc::clone(projected),
-        ));
+        );
+        if bound.is_empty() && !self.is_primary_key_table() {
+            lake_side = lake_side.exact_rows();
+        }
+        let lake_side: Arc<dyn ExecutionPlan> = Arc::new(lake_side);
         if !log_too {
             return Ok(Some(lake_side));
         }
@@ -327,8 +331,9 @@ impl MinkTable {
                 )
             })
             .collect();
+        // The tail's offsets are its rows: the lake holds everything below them.
         let mut log_side =
-            MinkScanExec::new(self.client.clone(), name, Arc::clone(projected), tails);
+            MinkScanExec::new(self.client.clone(), name, Arc::clone(projected), tails).exact_rows();
         // The tail's rows go to the node tiering the table (its first bucket's leader).
         if self.report_tails
             && let Some(first) = d.buckets.first().filter(|b| !b.leader_address.is_empty())
@@ -536,11 +541,17 @@ impl TableProvider for MinkTable {
                 )
             })
             .collect();
-        Ok(Arc::new(MinkScanExec::new(
+        let scan = MinkScanExec::new(
             self.client.clone(),
             format!("{}.{}", d.database, d.table),
             projected,
             splits,
-        )))
+        );
+        // A log table's offsets from its start are its rows (not a lake table's: its lake may
+        // begin past offset 0; not a changelog's: writers' markers take offsets too).
+        let exact = !self.is_primary_key_table()
+            && !lake
+            && matches!(view, TableView::Rows | TableView::Log);
+        Ok(Arc::new(if exact { scan.exact_rows() } else { scan }))
     }
 }

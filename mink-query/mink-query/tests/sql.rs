@@ -162,8 +162,13 @@ async fn scans_report_row_counts() {
                 .num_rows
         }
     };
+    // Unfiltered and unlimited: exactly the cut's rows; otherwise at most that.
     assert_eq!(
         rows("SELECT * FROM app.events").await,
+        Precision::Exact(100)
+    );
+    assert_eq!(
+        rows("SELECT * FROM app.events WHERE id < 10").await,
         Precision::Inexact(100)
     );
     assert_eq!(
@@ -171,6 +176,35 @@ async fn scans_report_row_counts() {
         Precision::Inexact(6)
     );
     assert_eq!(rows("SELECT * FROM app.users").await, Precision::Absent);
+    // An exact count answers count(*) without a scan, for a lake table too (lake files'
+    // record counts and the tail's offsets).
+    let plan = c.rows("EXPLAIN SELECT count(*) FROM app.events").await;
+    assert!(!format!("{plan:?}").contains("MinkScanExec"), "{plan:?}");
+    c.rows(
+        "CREATE TABLE app.lk (id BIGINT NOT NULL, v VARCHAR) WITH ('bucket.num' = '2', \
+         'table.datalake.enabled' = 'true', 'table.datalake.freshness' = '1h')",
+    )
+    .await;
+    c.rows("INSERT INTO app.lk SELECT id, kind FROM app.events WHERE id < 50")
+        .await;
+    tier_now(&c, "lk").await;
+    c.rows("INSERT INTO app.lk SELECT id, kind FROM app.events WHERE id >= 50 AND id < 60")
+        .await;
+    let plan = c.rows("EXPLAIN SELECT count(*) FROM app.lk").await;
+    let plan = format!("{plan:?}");
+    assert!(
+        !plan.contains("MinkScanExec") && !plan.contains("MinkLakeExec"),
+        "{plan}"
+    );
+    assert_eq!(
+        c.rows("SELECT count(*) FROM app.lk").await,
+        strings(&[&["60"]])
+    );
+    // Filtered: counted by reading.
+    let plan = c
+        .rows("EXPLAIN SELECT count(*) FROM app.lk WHERE v = 'buy'")
+        .await;
+    assert!(format!("{plan:?}").contains("MinkLakeExec"), "{plan:?}");
     c.stop().await;
 }
 
@@ -633,10 +667,11 @@ async fn queries_reading_a_long_tail_tier_the_table_sooner() {
     c.rows("INSERT INTO app.hot SELECT id, kind FROM app.events WHERE id >= 50 AND id < 80")
         .await;
     // A query reads the 30-row tail (more than 20): the next round comes within seconds,
-    // not at the 30 s the freshness gives.
+    // not at the 30 s the freshness gives. (`max(id)` reads the rows; `count(*)` alone would
+    // come from the row counts, reading nothing.)
     assert_eq!(
-        c.rows("SELECT count(*) FROM app.hot").await,
-        strings(&[&["80"]])
+        c.rows("SELECT count(*), max(id) FROM app.hot").await,
+        strings(&[&["80", "79"]])
     );
     until_tiered(&c, "hot", 80, std::time::Duration::from_secs(20)).await;
     c.stop().await;
