@@ -61,7 +61,9 @@ assert rows("SELECT count(*) FROM lake.clicks") == [(35,)]
 lake = rows("SELECT count(*) FROM lake.clicks$lake")[0][0]
 assert 30 <= lake <= 35, lake
 assert rows("SELECT count(*) FROM lake.clicks WHERE page = 'p1'") == [(10,)]
-plan = "\n".join(r[1] for r in rows("EXPLAIN SELECT count(*) FROM lake.clicks"))
+# The lake's files are read by mink dev's SQL service itself (count(*) alone would come from
+# the exact row counts, reading nothing).
+plan = "\n".join(r[1] for r in rows("EXPLAIN SELECT max(id) FROM lake.clicks"))
 assert "MinkLakeExec: table=lake.clicks" in plan, plan
 conn.close()
 print("ok")
