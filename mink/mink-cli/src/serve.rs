@@ -40,6 +40,10 @@ pub(crate) struct NodeArgs {
     /// process, as `mink-query serve` gives it. `mink dev` serves it on 127.0.0.1:7272.
     #[arg(long, env = "MINK_SQL_LISTEN")]
     pub(crate) sql_listen: Option<String>,
+    /// Kafka protocol listen address (`none` to disable): Kafka clients produce to and fetch
+    /// from the cluster's log tables here. `mink dev` serves it on 127.0.0.1:9092.
+    #[arg(long, env = "MINK_KAFKA_LISTEN")]
+    pub(crate) kafka_listen: Option<String>,
     /// OTLP/gRPC endpoint for traces and metrics (`http://collector:4317`).
     #[arg(long, env = "MINK_OTLP_ENDPOINT")]
     pub(crate) otlp_endpoint: Option<String>,
@@ -72,6 +76,7 @@ impl NodeArgs {
             advertised_address: self.advertised_address.or(file.advertised_address),
             metrics_listen: self.metrics_listen.or(file.metrics_listen),
             sql_listen: self.sql_listen.or(file.sql_listen),
+            kafka_listen: self.kafka_listen.or(file.kafka_listen),
             otlp_endpoint: self.otlp_endpoint.or(file.otlp_endpoint),
             flush_delay_ms: self.flush_delay_ms.or(file.flush_delay_ms),
             lease_ttl_ms: self.lease_ttl_ms.or(file.lease_ttl_ms),
@@ -118,6 +123,7 @@ pub(crate) fn dev_defaults(args: NodeArgs, data_dir: &Path) -> anyhow::Result<No
                 .unwrap_or_else(|| "127.0.0.1:9464".into()),
         ),
         sql_listen: Some(args.sql_listen.unwrap_or_else(|| "127.0.0.1:7272".into())),
+        kafka_listen: Some(args.kafka_listen.unwrap_or_else(|| "127.0.0.1:9092".into())),
         kv_dir: Some(args.kv_dir.unwrap_or_else(|| data_dir.join("kv"))),
         ..args
     })
@@ -240,6 +246,29 @@ pub(crate) async fn run(args: NodeArgs, dev: bool) -> anyhow::Result<()> {
     if let Some(s) = args.kv_snapshot_interval_s {
         config.kv_snapshot_interval = Duration::from_secs(s.max(1));
     }
+    // The Kafka listener is bound before the node starts: its address is registered with it.
+    let kafka = match args.kafka_listen.as_deref() {
+        None | Some("none" | "") => None,
+        Some(a) => {
+            let l = tokio::net::TcpListener::bind(a).await.with_context(|| {
+                format!("cannot listen for Kafka on {a} (use --kafka-listen none to disable)")
+            })?;
+            let bound = l.local_addr()?;
+            // A wildcard address is reached at the advertised Flight host.
+            let address = if bound.ip().is_unspecified() {
+                let host = advertised
+                    .rsplit_once(':')
+                    .map_or(advertised.as_str(), |(h, _)| h);
+                format!("{host}:{}", bound.port())
+            } else {
+                bound.to_string()
+            };
+            config
+                .listeners
+                .insert(mink_kafka::LISTENER.to_string(), address.clone());
+            Some((l, address))
+        }
+    };
     let node = Node::start(config).await.with_context(|| {
         format!("node {node_id} could not start (metadata {metadata}, objects {objects})")
     })?;
@@ -278,6 +307,22 @@ pub(crate) async fn run(args: NodeArgs, dev: bool) -> anyhow::Result<()> {
         }
     };
 
+    let kafka_address = kafka.map(|(l, address)| {
+        let node = node.clone();
+        let advertised = address.clone();
+        tokio::spawn(async move {
+            let config = mink_kafka::KafkaConfig {
+                advertised: Some(advertised),
+                ..Default::default()
+            };
+            let served = mink_kafka::serve(node, config, l, std::future::pending()).await;
+            if let Err(e) = served {
+                tracing::error!(error = %e, "the Kafka listener stopped");
+            }
+        });
+        address
+    });
+
     let mut server = ServerConfig::default();
     if let Some(m) = args.max_message_bytes {
         server.max_message_bytes = m;
@@ -288,6 +333,11 @@ pub(crate) async fn run(args: NodeArgs, dev: bool) -> anyhow::Result<()> {
     if let Some(q) = sql_address {
         out.push_str(&format!(
             "  SQL:      grpc://{q} (Flight SQL; or mink-query)\n"
+        ));
+    }
+    if let Some(k) = &kafka_address {
+        out.push_str(&format!(
+            "  Kafka:    {k} (topics are the log tables of database kafka)\n"
         ));
     }
     if let Some(m) = metrics_address {

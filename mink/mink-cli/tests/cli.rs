@@ -199,6 +199,52 @@ fn dev_serves_sql_over_its_tables_and_lake() {
     );
 }
 
+/// `mink dev` serves Kafka: a kafka-python producer's records are rows of table
+/// `kafka.<topic>`, which the CLI scans and SQL counts.
+#[test]
+fn dev_serves_kafka_into_the_same_tables() {
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let dev = Dev::start(&dir.path().join("data"), "127.0.0.1:0", &[]);
+    let script = r#"
+import sys
+from kafka import KafkaProducer
+from kafka.admin import KafkaAdminClient, NewTopic
+admin = KafkaAdminClient(bootstrap_servers=sys.argv[1])
+admin.create_topics([NewTopic("events", num_partitions=1, replication_factor=1)])
+p = KafkaProducer(bootstrap_servers=sys.argv[1], enable_idempotence=False)
+for i in range(3):
+    p.send("events", key=b"k", value=f"hello-{i}".encode()).get(timeout=30)
+p.close()
+print("ok")
+"#;
+    let out = Command::new(python)
+        .args(["-c", script, &dev.kafka])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the Kafka producer failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let described = dev.run(&["table", "describe", "kafka.events"], None);
+    assert!(described.contains("timestamp"), "{described}");
+    // Binary columns print as hex in CSV: "hello-0" is 68656c6c6f2d30.
+    let scanned = dev.run(
+        &[
+            "scan",
+            "kafka.events",
+            "--columns",
+            "value",
+            "--format",
+            "csv",
+        ],
+        None,
+    );
+    assert_eq!(scanned.lines().count(), 4, "{scanned}");
+    assert!(scanned.contains("68656c6c6f2d30"), "{scanned}");
+}
+
 #[test]
 fn pyarrow_flight_creates_writes_scans_tails_and_gets_precise_errors() {
     run_pyarrow_script("pyarrow_flight.py");

@@ -25,6 +25,8 @@ pub struct Dev {
     pub metrics: String,
     /// The Flight SQL listener (`host:port`).
     pub sql: String,
+    /// The Kafka listener (`host:port`).
+    pub kafka: String,
 }
 
 impl Dev {
@@ -38,15 +40,20 @@ impl Dev {
             .args(["dev", "--data-dir"])
             .arg(data)
             .args(["--listen", listen, "--metrics-listen", "127.0.0.1:0"])
-            .args(["--sql-listen", "127.0.0.1:0"])
+            .args([
+                "--sql-listen",
+                "127.0.0.1:0",
+                "--kafka-listen",
+                "127.0.0.1:0",
+            ])
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(log)
             .spawn()
             .unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let (mut flight, mut metrics, mut sql) = (None, None, None);
-        while flight.is_none() || metrics.is_none() || sql.is_none() {
+        let (mut flight, mut metrics, mut sql, mut kafka) = (None, None, None, None);
+        while flight.is_none() || metrics.is_none() || sql.is_none() || kafka.is_none() {
             let Some(Ok(line)) = lines.next() else {
                 panic!(
                     "mink dev exited before serving; see {}",
@@ -58,6 +65,9 @@ impl Dev {
             }
             if let Some(a) = line.trim().strip_prefix("Metrics:") {
                 metrics = Some(a.trim().to_string());
+            }
+            if let Some(a) = line.trim().strip_prefix("Kafka:") {
+                kafka = a.split_whitespace().next().map(str::to_string);
             }
             if let Some(a) = line.trim().strip_prefix("SQL:") {
                 let a = a.trim().trim_start_matches("grpc://");
@@ -71,6 +81,7 @@ impl Dev {
             flight: flight.unwrap(),
             metrics: metrics.unwrap(),
             sql: sql.unwrap(),
+            kafka: kafka.unwrap(),
         }
     }
 

@@ -1,0 +1,717 @@
+//! The Kafka APIs this listener answers, each a thin adapter over the node service.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::FutureExt as _;
+use kafka_protocol::ResponseError;
+use kafka_protocol::messages::api_versions_response::ApiVersion;
+use kafka_protocol::messages::create_topics_response::CreatableTopicResult;
+use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::list_offsets_response::{
+    ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
+};
+use kafka_protocol::messages::metadata_response::{
+    MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
+};
+use kafka_protocol::messages::produce_response::{
+    BatchIndexAndErrorMessage, PartitionProduceResponse, TopicProduceResponse,
+};
+use kafka_protocol::messages::{
+    ApiKey, ApiVersionsRequest, ApiVersionsResponse, BrokerId, CreateTopicsRequest,
+    CreateTopicsResponse, FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse,
+    MetadataRequest, MetadataResponse, ProduceRequest, ProduceResponse, RequestHeader, TopicName,
+};
+use kafka_protocol::protocol::{Decodable, StrBytes};
+use mink_node::{BucketRef, NodeError, TableInfo, TableSpec, WriteTarget};
+
+use crate::conn::{Answer, Context};
+use crate::records::{self, RecordError};
+use crate::{error_code, table_of, topic_of};
+
+/// The versions advertised, per API: within what `kafka-protocol` speaks, and what librdkafka,
+/// kafka-python and aiokafka negotiate (see ../shared/FACTS.md). Metadata stops at 9 (topic
+/// ids come with 10), Fetch at 12 and Produce at 9 (before topic ids), ListOffsets at 7.
+const VERSIONS: &[(ApiKey, i16, i16)] = &[
+    (ApiKey::Produce, 3, 9),
+    (ApiKey::Fetch, 4, 12),
+    (ApiKey::ListOffsets, 1, 7),
+    (ApiKey::Metadata, 0, 9),
+    (ApiKey::ApiVersions, 0, 3),
+    (ApiKey::CreateTopics, 2, 7),
+];
+
+/// Whether `version` of `key` is answered here.
+pub(crate) fn supported(key: ApiKey, version: i16) -> bool {
+    VERSIONS
+        .iter()
+        .any(|(k, min, max)| *k == key && (*min..=*max).contains(&version))
+}
+
+type Result<T> = std::result::Result<T, anyhow::Error>;
+
+fn decode<T: Decodable>(body: &mut Bytes, version: i16) -> Result<T> {
+    T::decode(body, version)
+}
+
+pub(crate) async fn handle(cx: Context, mut body: Bytes) -> Result<Answer> {
+    let version = cx.header.request_api_version;
+    Ok(match cx.api_key {
+        ApiKey::ApiVersions => {
+            let _: ApiVersionsRequest = decode(&mut body, version)?;
+            Answer::Now(cx.respond(&api_versions()))
+        }
+        ApiKey::Metadata => {
+            let request: MetadataRequest = decode(&mut body, version)?;
+            Answer::Now(cx.respond(&metadata(&cx, &request)))
+        }
+        ApiKey::CreateTopics => {
+            let request: CreateTopicsRequest = decode(&mut body, version)?;
+            let response = create_topics(&cx, request).await;
+            Answer::Now(cx.respond(&response))
+        }
+        ApiKey::Produce => produce(cx, decode(&mut body, version)?).await?,
+        ApiKey::Fetch => {
+            let request: FetchRequest = decode(&mut body, version)?;
+            let response = fetch(&cx, &request).await;
+            Answer::Now(cx.respond(&response))
+        }
+        ApiKey::ListOffsets => {
+            let request: ListOffsetsRequest = decode(&mut body, version)?;
+            let response = list_offsets(&cx, &request).await;
+            Answer::Now(cx.respond(&response))
+        }
+        other => anyhow::bail!("{other:?} is not answered here"),
+    })
+}
+
+fn api_versions() -> ApiVersionsResponse {
+    ApiVersionsResponse::default().with_api_keys(
+        VERSIONS
+            .iter()
+            .map(|(k, min, max)| {
+                ApiVersion::default()
+                    .with_api_key(*k as i16)
+                    .with_min_version(*min)
+                    .with_max_version(*max)
+            })
+            .collect(),
+    )
+}
+
+/// The answer to an ApiVersions request in a version we do not speak: the error and our list,
+/// in version 0.
+pub(crate) fn api_versions_unsupported(header: &RequestHeader) -> Option<Bytes> {
+    let mut header = header.clone();
+    header.request_api_version = 0;
+    crate::conn::respond(
+        ApiKey::ApiVersions,
+        &header,
+        &api_versions().with_error_code(ResponseError::UnsupportedVersion.code()),
+    )
+}
+
+fn topic_name(name: &str) -> TopicName {
+    TopicName(StrBytes::from_string(name.to_string()))
+}
+
+/// `address` (`host:port`) as Kafka's host and port.
+fn host_port(address: &str) -> Option<(String, i32)> {
+    let (host, port) = address.rsplit_once(':')?;
+    Some((
+        host.trim_matches(['[', ']']).to_string(),
+        port.parse().ok()?,
+    ))
+}
+
+/// Why a table is not a topic, if it is not: primary-key and partitioned tables are not.
+fn not_a_topic(info: &TableInfo) -> Option<&'static str> {
+    if !info.primary_key.is_empty() {
+        Some("a primary-key table is not a topic")
+    } else if !info.partition_keys.is_empty() {
+        Some("a partitioned table is not a topic")
+    } else {
+        None
+    }
+}
+
+/// The log table a topic names, if it is one.
+fn topic_table(cx: &Context, topic: &str) -> std::result::Result<TableInfo, ResponseError> {
+    let (database, table) = table_of(&cx.node, &cx.config, topic);
+    let info = cx
+        .node
+        .describe_table(&database, &table)
+        .map_err(|e| error_code(&e))?;
+    match not_a_topic(&info) {
+        Some(_) => Err(ResponseError::UnknownTopicOrPartition),
+        None => Ok(info),
+    }
+}
+
+fn metadata(cx: &Context, request: &MetadataRequest) -> MetadataResponse {
+    let view = cx.node.view();
+    let mut kafka_nodes: std::collections::BTreeMap<u64, (String, i32)> = view
+        .state
+        .nodes
+        .values()
+        .filter_map(|n| {
+            let address = n.listeners.get(crate::LISTENER)?;
+            Some((n.node_id, host_port(address)?))
+        })
+        .collect();
+    // This node, before its registration with the listener is applied (a fresh cluster).
+    if let Some(me) = cx.config.advertised.as_deref().and_then(host_port) {
+        kafka_nodes.entry(cx.node.node_id()).or_insert(me);
+    }
+    let brokers = kafka_nodes
+        .iter()
+        .map(|(id, (host, port))| {
+            MetadataResponseBroker::default()
+                .with_node_id(broker(*id))
+                .with_host(StrBytes::from_string(host.clone()))
+                .with_port(*port)
+        })
+        .collect();
+    let names: Vec<String> = match &request.topics {
+        Some(topics) => topics
+            .iter()
+            .filter_map(|t| t.name.as_ref().map(|n| n.0.as_str().to_string()))
+            .collect(),
+        None => view
+            .state
+            .tables
+            .values()
+            .filter(|t| t.primary_key.is_empty() && t.partition_keys.is_empty())
+            .map(|t| topic_of(&cx.config, &t.database, &t.name))
+            .collect(),
+    };
+    let topics = names
+        .iter()
+        .map(|name| {
+            let topic = MetadataResponseTopic::default().with_name(Some(topic_name(name)));
+            match topic_table(cx, name) {
+                Err(code) => topic.with_error_code(code.code()),
+                Ok(info) => topic.with_partitions(
+                    info.buckets
+                        .iter()
+                        .map(|b| {
+                            let p = MetadataResponsePartition::default()
+                                .with_partition_index(i32::try_from(b.bucket).unwrap_or(i32::MAX))
+                                .with_leader_epoch(
+                                    i32::try_from(b.leader_epoch).unwrap_or(i32::MAX),
+                                );
+                            if kafka_nodes.contains_key(&b.leader_node_id) {
+                                let leader = broker(b.leader_node_id);
+                                p.with_leader_id(leader)
+                                    .with_replica_nodes(vec![leader])
+                                    .with_isr_nodes(vec![leader])
+                            } else {
+                                p.with_error_code(ResponseError::LeaderNotAvailable.code())
+                                    .with_leader_id(BrokerId(-1))
+                            }
+                        })
+                        .collect(),
+                ),
+            }
+        })
+        .collect();
+    MetadataResponse::default()
+        .with_brokers(brokers)
+        .with_cluster_id(Some(StrBytes::from_static_str("mink")))
+        .with_controller_id(broker(cx.node.node_id()))
+        .with_topics(topics)
+}
+
+fn broker(node_id: u64) -> BrokerId {
+    BrokerId(i32::try_from(node_id).unwrap_or(i32::MAX))
+}
+
+async fn create_topics(cx: &Context, request: CreateTopicsRequest) -> CreateTopicsResponse {
+    let mut results = Vec::with_capacity(request.topics.len());
+    for t in request.topics {
+        let name = t.name.0.as_str().to_string();
+        let result = CreatableTopicResult::default().with_name(t.name.clone());
+        let (database, table) = table_of(&cx.node, &cx.config, &name);
+        let partitions = if t.num_partitions == -1 {
+            1
+        } else {
+            t.num_partitions
+        };
+        let refused = if partitions < 1 {
+            Some((
+                ResponseError::InvalidPartitions,
+                format!("{partitions} partitions: a topic needs at least one"),
+            ))
+        } else if !t.assignments.is_empty() {
+            Some((
+                ResponseError::InvalidReplicaAssignment,
+                "replica assignments are not taken: the cluster places buckets".to_string(),
+            ))
+        } else {
+            t.configs.first().map(|c| {
+                (
+                    ResponseError::InvalidConfig,
+                    format!(
+                        "topic config {} is not supported yet: create the table with its Mink options instead",
+                        c.name.as_str()
+                    ),
+                )
+            })
+        };
+        if let Some((code, message)) = refused {
+            results.push(
+                result
+                    .with_error_code(code.code())
+                    .with_error_message(Some(StrBytes::from_string(message))),
+            );
+            continue;
+        }
+        if request.validate_only {
+            results.push(
+                result
+                    .with_num_partitions(partitions)
+                    .with_replication_factor(1),
+            );
+            continue;
+        }
+        let created = async {
+            if database == cx.config.database {
+                cx.node.create_database(&database, true).await?;
+            }
+            cx.node
+                .create_table(TableSpec {
+                    database: database.clone(),
+                    name: table.clone(),
+                    schema: records::raw_schema(),
+                    primary_key: vec![],
+                    options: [("bucket.num".to_string(), partitions.to_string())].into(),
+                    partition_keys: vec![],
+                    comment: String::new(),
+                    if_not_exists: false,
+                })
+                .await
+        }
+        .await;
+        results.push(match created {
+            Ok(_) => result
+                .with_num_partitions(partitions)
+                .with_replication_factor(1),
+            Err(e) => result
+                .with_error_code(error_code(&e).code())
+                .with_error_message(Some(StrBytes::from_string(e.to_string()))),
+        });
+    }
+    CreateTopicsResponse::default().with_topics(results)
+}
+
+/// One partition's produce outcome, before it is durable.
+struct Produced {
+    index: i32,
+    outcome: std::result::Result<mink_node::PendingWrite, (ResponseError, String)>,
+    batch_errors: Vec<BatchIndexAndErrorMessage>,
+    start: i64,
+}
+
+/// Stores each partition's records in request order (they take their offsets before the next
+/// request is read) and answers once they are durable; acks = 0 answers nothing.
+async fn produce(cx: Context, request: ProduceRequest) -> Result<Answer> {
+    if request.transactional_id.is_some() {
+        // Transactions are out of scope; a transactional producer learns it here.
+        let responses = request
+            .topic_data
+            .iter()
+            .map(|t| {
+                TopicProduceResponse::default()
+                    .with_name(t.name.clone())
+                    .with_partition_responses(
+                        t.partition_data
+                            .iter()
+                            .map(|p| {
+                                PartitionProduceResponse::default()
+                                    .with_index(p.index)
+                                    .with_error_code(
+                                        ResponseError::TransactionalIdAuthorizationFailed.code(),
+                                    )
+                            })
+                            .collect(),
+                    )
+            })
+            .collect();
+        return Ok(Answer::Now(
+            cx.respond(&ProduceResponse::default().with_responses(responses)),
+        ));
+    }
+    let mut topics = Vec::with_capacity(request.topic_data.len());
+    for t in &request.topic_data {
+        let name = t.name.0.as_str();
+        let table = topic_table(&cx, name);
+        let mut partitions = Vec::with_capacity(t.partition_data.len());
+        for p in &t.partition_data {
+            let mut produced = Produced {
+                index: p.index,
+                outcome: Err((ResponseError::UnknownServerError, String::new())),
+                batch_errors: Vec::new(),
+                start: -1,
+            };
+            produced.outcome = match &table {
+                Err(code) => Err((*code, format!("no topic {name}"))),
+                Ok(info) => {
+                    let bucket = u32::try_from(p.index)
+                        .ok()
+                        .filter(|b| *b < info.bucket_count);
+                    match bucket {
+                        None => Err((
+                            ResponseError::UnknownTopicOrPartition,
+                            format!("{name} has no partition {}", p.index),
+                        )),
+                        Some(bucket) => {
+                            if let Some(b) = info.buckets.iter().find(|b| b.bucket == bucket) {
+                                produced.start = i64::try_from(b.start_offset).unwrap_or(-1);
+                            }
+                            match rows_of(info, p.records.as_ref()) {
+                                Err(e) => {
+                                    if let RecordError::Invalid { index, reason } = &e {
+                                        produced.batch_errors.push(
+                                            BatchIndexAndErrorMessage::default()
+                                                .with_batch_index(
+                                                    i32::try_from(*index).unwrap_or(i32::MAX),
+                                                )
+                                                .with_batch_index_error_message(Some(
+                                                    StrBytes::from_string(reason.clone()),
+                                                )),
+                                        );
+                                    }
+                                    let code = match e {
+                                        RecordError::Corrupt { .. } => {
+                                            ResponseError::CorruptMessage
+                                        }
+                                        RecordError::Invalid { .. } => ResponseError::InvalidRecord,
+                                    };
+                                    Err((code, e.to_string()))
+                                }
+                                Ok(rows) => cx
+                                    .node
+                                    .submit_write(
+                                        &info.database,
+                                        &info.name,
+                                        &rows,
+                                        &WriteTarget {
+                                            bucket: Some(bucket),
+                                            ..Default::default()
+                                        },
+                                    )
+                                    .await
+                                    .map_err(|e| (error_code(&e), e.to_string())),
+                            }
+                        }
+                    }
+                }
+            };
+            partitions.push(produced);
+        }
+        topics.push((t.name.clone(), partitions));
+    }
+    if request.acks == 0 {
+        // Nothing is sent back; the writes still complete.
+        tokio::spawn(async move {
+            for (_, partitions) in topics {
+                for p in partitions {
+                    if let Ok(pending) = p.outcome {
+                        let _ = pending.await;
+                    }
+                }
+            }
+        });
+        return Ok(Answer::Now(None));
+    }
+    // acks = 1 and acks = all both mean durable on object storage.
+    Ok(Answer::Later(
+        async move {
+            let mut responses = Vec::with_capacity(topics.len());
+            for (name, partitions) in topics {
+                let mut out = Vec::with_capacity(partitions.len());
+                for p in partitions {
+                    let response = PartitionProduceResponse::default()
+                        .with_index(p.index)
+                        .with_log_append_time_ms(-1)
+                        .with_log_start_offset(p.start)
+                        .with_base_offset(-1)
+                        .with_record_errors(p.batch_errors);
+                    let result = match p.outcome {
+                        Err(e) => Err(e),
+                        Ok(pending) => written(pending.await),
+                    };
+                    out.push(match result {
+                        Ok(base) => response.with_base_offset(base),
+                        Err((code, message)) => response
+                            .with_error_code(code.code())
+                            .with_error_message(Some(StrBytes::from_string(message))),
+                    });
+                }
+                responses.push(
+                    TopicProduceResponse::default()
+                        .with_name(name)
+                        .with_partition_responses(out),
+                );
+            }
+            cx.respond(&ProduceResponse::default().with_responses(responses))
+        }
+        .boxed(),
+    ))
+}
+
+/// The base offset of a one-bucket write, or its error.
+fn written(
+    results: Vec<mink_node::BucketWrite>,
+) -> std::result::Result<i64, (ResponseError, String)> {
+    let mut base = None;
+    for w in results {
+        match w.result {
+            Ok(ack) => base = Some(base.map_or(ack.base_offset, |b: u64| b.min(ack.base_offset))),
+            Err(e) => return Err((error_code(&e), e.to_string())),
+        }
+    }
+    Ok(base.map_or(-1, |b| i64::try_from(b).unwrap_or(i64::MAX)))
+}
+
+/// The rows a partition's records become in `table`: raw rows of a topic with the raw
+/// schema, the JSON values as rows of any other log table.
+fn rows_of(
+    table: &TableInfo,
+    records: Option<&Bytes>,
+) -> std::result::Result<arrow::array::RecordBatch, RecordError> {
+    let Some(records) = records else {
+        return Err(RecordError::Corrupt {
+            index: 0,
+            reason: "no records".into(),
+        });
+    };
+    let batches = records::check_batches(records)?;
+    let mut all = Vec::new();
+    for (i, b) in batches.iter().enumerate() {
+        let decoded = records::decode_batch(i, b)?;
+        if let Some(r) = decoded.iter().find(|r| r.producer_id >= 0) {
+            return Err(RecordError::Corrupt {
+                index: i,
+                reason: format!(
+                    "producer id {}: idempotent producers are not supported yet; turn idempotence off",
+                    r.producer_id
+                ),
+            });
+        }
+        all.extend(decoded);
+    }
+    if records::is_raw(&table.schema) {
+        records::raw_rows(&all).map_err(|e| RecordError::Invalid {
+            index: 0,
+            reason: e.to_string(),
+        })
+    } else {
+        records::json_rows(&table.schema, &all)
+    }
+}
+
+/// One partition's fetch: its records from `offset`, about `max_bytes` (at least one batch).
+async fn fetch_partition(
+    cx: &Context,
+    info: &TableInfo,
+    partition: i32,
+    offset: i64,
+    max_bytes: usize,
+) -> PartitionData {
+    let data = PartitionData::default()
+        .with_partition_index(partition)
+        .with_aborted_transactions(Some(vec![]))
+        .with_preferred_read_replica(BrokerId(-1))
+        .with_records(Some(Bytes::new()));
+    let Some(bucket) = u32::try_from(partition)
+        .ok()
+        .filter(|b| *b < info.bucket_count)
+    else {
+        return data.with_error_code(ResponseError::UnknownTopicOrPartition.code());
+    };
+    let b = BucketRef::new(&info.database, &info.name, None, bucket);
+    let (start, end) = match cx.node.bucket_offsets(&b) {
+        Ok(o) => o,
+        Err(e) => return data.with_error_code(error_code(&e).code()),
+    };
+    let data = data
+        .with_high_watermark(i64::try_from(end).unwrap_or(i64::MAX))
+        .with_last_stable_offset(i64::try_from(end).unwrap_or(i64::MAX))
+        .with_log_start_offset(i64::try_from(start).unwrap_or(i64::MAX));
+    let Some(offset) = u64::try_from(offset)
+        .ok()
+        .filter(|o| (start..=end).contains(o))
+    else {
+        return data.with_error_code(ResponseError::OffsetOutOfRange.code());
+    };
+    if offset == end {
+        return data;
+    }
+    let read = match cx.node.read_bucket(&b, offset, max_bytes.max(1), &[]).await {
+        Ok(r) => r,
+        Err(e) => return data.with_error_code(error_code(&e).code()),
+    };
+    let raw = records::is_raw(&info.schema);
+    let mut out = bytes::BytesMut::new();
+    for r in read {
+        let rows = if raw {
+            records::records_of_raw(&r.batch, r.base_offset)
+        } else {
+            match records::records_of_json(&r.batch, r.base_offset) {
+                Ok(rows) => rows,
+                Err(e) => {
+                    tracing::warn!(error = %e, "encoding rows as JSON failed");
+                    return data.with_error_code(ResponseError::UnknownServerError.code());
+                }
+            }
+        };
+        match records::encode_records(&rows) {
+            Ok(bytes) => out.extend_from_slice(&bytes),
+            Err(e) => {
+                tracing::warn!(error = %e, "encoding a record batch failed");
+                return data.with_error_code(ResponseError::UnknownServerError.code());
+            }
+        }
+        if out.len() >= max_bytes {
+            break;
+        }
+    }
+    data.with_records(Some(out.freeze()))
+}
+
+async fn fetch(cx: &Context, request: &FetchRequest) -> FetchResponse {
+    let wait = Duration::from_millis(u64::try_from(request.max_wait_ms).unwrap_or(0))
+        .min(cx.config.max_fetch_wait);
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let mut responses = Vec::with_capacity(request.topics.len());
+        let mut bytes = 0usize;
+        // Partitions to wait on: read to their end.
+        let mut idle = Vec::new();
+        for t in &request.topics {
+            let name = t.topic.0.as_str();
+            let table = topic_table(cx, name);
+            let mut partitions = Vec::with_capacity(t.partitions.len());
+            for p in &t.partitions {
+                let data = match &table {
+                    Err(code) => PartitionData::default()
+                        .with_partition_index(p.partition)
+                        .with_error_code(code.code()),
+                    Ok(info) => {
+                        let max = usize::try_from(p.partition_max_bytes).unwrap_or(0);
+                        let d = fetch_partition(cx, info, p.partition, p.fetch_offset, max).await;
+                        let got = d.records.as_ref().map_or(0, Bytes::len);
+                        if got == 0
+                            && d.error_code == 0
+                            && let Ok(b) = u32::try_from(p.partition)
+                        {
+                            idle.push((
+                                BucketRef::new(&info.database, &info.name, None, b),
+                                u64::try_from(p.fetch_offset).unwrap_or(0),
+                            ));
+                        }
+                        bytes += got;
+                        d
+                    }
+                };
+                partitions.push(data);
+            }
+            responses.push(
+                FetchableTopicResponse::default()
+                    .with_topic(t.topic.clone())
+                    .with_partitions(partitions),
+            );
+        }
+        let enough = bytes >= usize::try_from(request.min_bytes.max(1)).unwrap_or(1);
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if enough || idle.is_empty() || left.is_zero() {
+            return FetchResponse::default().with_responses(responses);
+        }
+        // Long poll: until any idle partition has data, or the deadline.
+        let waits = idle.iter().map(|(b, offset)| {
+            let node = cx.node.clone();
+            async move { node.wait_for_data(b, *offset, left).await }.boxed()
+        });
+        let (_, _, _) = futures::future::select_all(waits).await;
+    }
+}
+
+async fn list_offsets(cx: &Context, request: &ListOffsetsRequest) -> ListOffsetsResponse {
+    let mut topics = Vec::with_capacity(request.topics.len());
+    for t in &request.topics {
+        let table = topic_table(cx, t.name.0.as_str());
+        let mut partitions = Vec::with_capacity(t.partitions.len());
+        for p in &t.partitions {
+            let response = ListOffsetsPartitionResponse::default()
+                .with_partition_index(p.partition_index)
+                .with_timestamp(-1)
+                .with_offset(-1);
+            let result = match &table {
+                Err(code) => Err(*code),
+                Ok(info) => offset_for(cx, info, p.partition_index, p.timestamp)
+                    .await
+                    .map_err(|e| error_code(&e)),
+            };
+            partitions.push(match result {
+                Ok((offset, timestamp)) => response.with_offset(offset).with_timestamp(timestamp),
+                Err(code) => response.with_error_code(code.code()),
+            });
+        }
+        topics.push(
+            ListOffsetsTopicResponse::default()
+                .with_name(t.name.clone())
+                .with_partitions(partitions),
+        );
+    }
+    ListOffsetsResponse::default().with_topics(topics)
+}
+
+/// Kafka's special timestamps: the log start, the end.
+const EARLIEST: i64 = -2;
+const LATEST: i64 = -1;
+
+/// The offset (and its timestamp) ListOffsets answers for `timestamp`: the start, the end, or
+/// the first record at or after a time (read from the raw topic's timestamp column).
+async fn offset_for(
+    cx: &Context,
+    info: &TableInfo,
+    partition: i32,
+    timestamp: i64,
+) -> std::result::Result<(i64, i64), NodeError> {
+    let bucket = u32::try_from(partition)
+        .ok()
+        .filter(|b| *b < info.bucket_count)
+        .ok_or_else(|| NodeError::NotFound(format!("no partition {partition}")))?;
+    let b = BucketRef::new(&info.database, &info.name, None, bucket);
+    let (start, end) = cx.node.bucket_offsets(&b)?;
+    let as_i64 = |o: u64| i64::try_from(o).unwrap_or(i64::MAX);
+    match timestamp {
+        EARLIEST => Ok((as_i64(start), -1)),
+        LATEST => Ok((as_i64(end), -1)),
+        t if t >= 0 => {
+            if !records::is_raw(&info.schema) {
+                return Err(NodeError::Invalid(
+                    "offsets by time are kept for topics created over Kafka only".into(),
+                ));
+            }
+            let column = vec!["timestamp".to_string()];
+            let mut offset = start;
+            while offset < end {
+                let read = cx.node.read_bucket(&b, offset, 8 << 20, &column).await?;
+                let Some(last) = read.last() else { break };
+                let next = last.end_offset;
+                for r in &read {
+                    if let Some((i, ts)) = records::first_at_or_after(&r.batch, t) {
+                        return Ok((as_i64(r.base_offset + i as u64), ts));
+                    }
+                }
+                offset = next;
+            }
+            Ok((-1, -1))
+        }
+        other => Err(NodeError::Invalid(format!(
+            "timestamp {other}: expected -2 (earliest), -1 (latest) or a time"
+        ))),
+    }
+}

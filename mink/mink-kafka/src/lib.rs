@@ -1,0 +1,132 @@
+//! The Kafka protocol frontend: Kafka clients produce to and fetch from Mink's log tables.
+//!
+//! A topic is a log table, a partition one of its buckets, a Kafka offset the log offset: the
+//! rows a producer writes here are the rows Flight, the union read and SQL see. Topic `t` is
+//! table `t` of database [`KafkaConfig::database`] (`kafka` by default); topic `db.t`, when
+//! database `db` exists, is table `t` of `db`. Topics created over Kafka are log tables with the
+//! raw schema ([`records::raw_schema`]: key, value, headers, timestamp). Primary-key tables and
+//! partitioned log tables are not topics.
+//!
+//! This adapter decodes requests, calls the node service ([`mink_node::Node`]: writes, bucket
+//! reads, long polls, the catalog) and encodes responses; it holds no state of its own beyond a
+//! connection. Requests of one connection are answered in order; a produce request takes its
+//! offsets before the next request is read, and its durability wait overlaps with the next ones.
+
+mod api;
+mod conn;
+pub mod records;
+
+use std::sync::Arc;
+
+use kafka_protocol::ResponseError;
+use mink_node::{Node, NodeError};
+
+/// What a Kafka listener accepts.
+#[derive(Clone, Debug)]
+pub struct KafkaConfig {
+    /// The database of topics named without one (`kafka`); created on the first CreateTopics.
+    pub database: String,
+    /// The largest request frame read; a larger one closes the connection (Kafka's
+    /// `socket.request.max.bytes`).
+    pub max_request_bytes: usize,
+    /// The longest a fetch waits for data, whatever the client asks (`max_wait_ms`).
+    pub max_fetch_wait: std::time::Duration,
+    /// The address this listener is reached at (the one registered as this node's
+    /// [`LISTENER`]): Metadata names it for this node until the registration is applied.
+    pub advertised: Option<String>,
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        KafkaConfig {
+            database: "kafka".to_string(),
+            max_request_bytes: 100 << 20,
+            max_fetch_wait: std::time::Duration::from_secs(30),
+            advertised: None,
+        }
+    }
+}
+
+/// The listener name a node registers its Kafka address under (`NodeConfig::listeners`):
+/// Metadata answers with each node's address for it.
+pub const LISTENER: &str = "kafka";
+
+/// Serves the Kafka protocol on `listener` until `shutdown` resolves; each connection runs on
+/// its own task and ends with the listener.
+pub async fn serve(
+    node: Node,
+    config: KafkaConfig,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> std::io::Result<()> {
+    let config = Arc::new(config);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => {
+                let (socket, peer) = match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accepting a Kafka connection failed");
+                        continue;
+                    }
+                };
+                let _ = socket.set_nodelay(true);
+                let node = node.clone();
+                let config = Arc::clone(&config);
+                let mut stopped = stopped.clone();
+                tokio::spawn(async move {
+                    tokio::select! {
+                        r = conn::run(node, config, socket) => {
+                            if let Err(e) = r {
+                                tracing::debug!(%peer, error = %e, "Kafka connection closed");
+                            }
+                        }
+                        _ = stopped.wait_for(|s| *s) => {}
+                    }
+                });
+            }
+        }
+    }
+    let _ = stop.send(true);
+    Ok(())
+}
+
+/// The Kafka error code of a node error (the frontend's mapping; see docs/kafka.md).
+pub(crate) fn error_code(e: &NodeError) -> ResponseError {
+    match e {
+        NodeError::TableNotFound { .. } | NodeError::NotFound(_) => {
+            ResponseError::UnknownTopicOrPartition
+        }
+        NodeError::NotLeader { .. } => ResponseError::NotLeaderOrFollower,
+        NodeError::OffsetOutOfRange { .. } => ResponseError::OffsetOutOfRange,
+        NodeError::AlreadyExists(_) => ResponseError::TopicAlreadyExists,
+        NodeError::Invalid(_) => ResponseError::InvalidRequest,
+        NodeError::OutOfOrderSequence { .. } => ResponseError::OutOfOrderSequenceNumber,
+        NodeError::WriterFenced { .. } => ResponseError::ProducerFenced,
+        NodeError::Unavailable(_) => ResponseError::RequestTimedOut,
+        _ => ResponseError::UnknownServerError,
+    }
+}
+
+/// The table a topic names: `db.t` when database `db` exists, otherwise `t` in the Kafka
+/// database.
+pub(crate) fn table_of(node: &Node, config: &KafkaConfig, topic: &str) -> (String, String) {
+    if let Some((db, table)) = topic.split_once('.')
+        && node.view().state.databases.contains_key(db)
+    {
+        return (db.to_string(), table.to_string());
+    }
+    (config.database.clone(), topic.to_string())
+}
+
+/// A table's topic name: plain in the Kafka database, `db.t` elsewhere.
+pub(crate) fn topic_of(config: &KafkaConfig, database: &str, table: &str) -> String {
+    if database == config.database {
+        table.to_string()
+    } else {
+        format!("{database}.{table}")
+    }
+}

@@ -1,0 +1,361 @@
+//! Kafka record batches (format v2) and Mink rows: checking what a producer sends before
+//! anything is decoded from it, raw rows from records, records from rows.
+
+use std::sync::Arc;
+
+use arrow::array::{
+    Array, AsArray as _, BinaryBuilder, ListBuilder, RecordBatch, StringBuilder, StructBuilder,
+    TimestampMicrosecondArray,
+};
+use arrow::datatypes::{
+    DataType, Field, Fields, Schema, SchemaRef, TimeUnit, TimestampMicrosecondType,
+};
+use bytes::{Buf as _, Bytes};
+use kafka_protocol::indexmap::IndexMap;
+use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::records::{
+    Compression, NO_PARTITION_LEADER_EPOCH, NO_PRODUCER_EPOCH, NO_PRODUCER_ID, NO_SEQUENCE, Record,
+    RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+};
+
+/// The bytes of a v2 batch header before its records; `batchLength` counts from byte 12.
+const HEADER: usize = 61;
+const LENGTH_BASE: usize = 12;
+/// The fewest bytes an uncompressed record takes (length, attributes, timestamp and offset
+/// deltas, key and value lengths, header count: a byte each).
+const MIN_RECORD: usize = 7;
+/// Records one batch may hold at most: bounds what the decoder allocates from the count on the
+/// wire before it has read a record, compressed batches included.
+pub const MAX_BATCH_RECORDS: i32 = 1 << 20;
+
+/// Why a producer's records were refused (the batch's records are stored all or none).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RecordError {
+    #[error("record batch {index}: {reason}")]
+    Corrupt { index: usize, reason: String },
+    #[error("record {index}: {reason}")]
+    Invalid { index: usize, reason: String },
+}
+
+/// The batches of a produce request's `records`, checked: each batch's length within the
+/// bytes, magic 2, its CRC-32C, and a record count the bytes (or the limit, when compressed)
+/// can hold. Nothing is decoded before every batch passes.
+pub fn check_batches(records: &Bytes) -> Result<Vec<Bytes>, RecordError> {
+    let mut batches = Vec::new();
+    let mut at = 0usize;
+    while at < records.len() {
+        let index = batches.len();
+        let corrupt = |reason: String| RecordError::Corrupt { index, reason };
+        let rest = &records[at..];
+        if rest.len() < HEADER {
+            return Err(corrupt(format!(
+                "{} bytes left, a batch header takes {HEADER}",
+                rest.len()
+            )));
+        }
+        let length = i32::from_be_bytes(rest[8..12].try_into().expect("4 bytes"));
+        let length = usize::try_from(length)
+            .ok()
+            .filter(|l| (HEADER - LENGTH_BASE..=rest.len() - LENGTH_BASE).contains(l))
+            .ok_or_else(|| {
+                corrupt(format!(
+                    "batch length {length} outside [{}, {}]",
+                    HEADER - LENGTH_BASE,
+                    rest.len() - LENGTH_BASE
+                ))
+            })?;
+        let batch = &rest[..LENGTH_BASE + length];
+        if batch[16] != 2 {
+            return Err(corrupt(format!(
+                "magic {} (only record batch v2 is supported)",
+                batch[16]
+            )));
+        }
+        let crc = u32::from_be_bytes(batch[17..21].try_into().expect("4 bytes"));
+        if crc32c::crc32c(&batch[21..]) != crc {
+            return Err(corrupt("CRC mismatch".into()));
+        }
+        let attributes = i16::from_be_bytes(batch[21..23].try_into().expect("2 bytes"));
+        let compressed = attributes & 0x7 != 0;
+        let count = i32::from_be_bytes(batch[57..61].try_into().expect("4 bytes"));
+        let room = (batch.len() - HEADER) / MIN_RECORD;
+        let fits = (0..=MAX_BATCH_RECORDS).contains(&count)
+            && (compressed || usize::try_from(count).is_ok_and(|c| c <= room));
+        if !fits {
+            return Err(corrupt(format!(
+                "{count} records in {} bytes",
+                batch.len() - HEADER
+            )));
+        }
+        if attributes & 0x10 != 0 {
+            return Err(corrupt(
+                "transactional batches are not supported (transactions are out of scope)".into(),
+            ));
+        }
+        if attributes & 0x20 != 0 {
+            return Err(corrupt(
+                "control batches are not accepted from producers".into(),
+            ));
+        }
+        batches.push(records.slice(at..at + batch.len()));
+        at += batch.len();
+    }
+    Ok(batches)
+}
+
+/// The records of one checked batch.
+pub fn decode_batch(index: usize, batch: &Bytes) -> Result<Vec<Record>, RecordError> {
+    let mut buf = batch.clone();
+    let set = RecordBatchDecoder::decode(&mut buf).map_err(|e| RecordError::Corrupt {
+        index,
+        reason: e.to_string(),
+    })?;
+    if buf.has_remaining() {
+        return Err(RecordError::Corrupt {
+            index,
+            reason: format!("{} bytes after its records", buf.remaining()),
+        });
+    }
+    Ok(set.records)
+}
+
+/// The schema of a topic created over Kafka: a record as it is produced.
+pub fn raw_schema() -> Schema {
+    Schema::new(vec![
+        Field::new("key", DataType::Binary, true),
+        Field::new("value", DataType::Binary, true),
+        Field::new(
+            "headers",
+            DataType::List(Arc::new(Field::new("item", header_type(), true))),
+            true,
+        ),
+        // Microseconds, as Iceberg stores timestamps; Kafka's are milliseconds.
+        Field::new(
+            "timestamp",
+            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            false,
+        ),
+    ])
+}
+
+fn header_fields() -> Fields {
+    Fields::from(vec![
+        Field::new("key", DataType::Utf8, false),
+        Field::new("value", DataType::Binary, true),
+    ])
+}
+
+fn header_type() -> DataType {
+    DataType::Struct(header_fields())
+}
+
+/// Whether `schema` is the raw schema (a topic's records stored as they are).
+pub fn is_raw(schema: &Schema) -> bool {
+    schema.fields() == raw_schema().fields()
+}
+
+/// Records as rows of the raw schema.
+pub fn raw_rows(records: &[Record]) -> Result<RecordBatch, arrow::error::ArrowError> {
+    let mut keys = BinaryBuilder::new();
+    let mut values = BinaryBuilder::new();
+    let mut headers = ListBuilder::new(StructBuilder::from_fields(header_fields(), 0))
+        .with_field(Arc::new(Field::new("item", header_type(), true)));
+    let mut timestamps = Vec::with_capacity(records.len());
+    for r in records {
+        keys.append_option(r.key.as_deref());
+        values.append_option(r.value.as_deref());
+        let entries = headers.values();
+        for (k, v) in &r.headers {
+            entries
+                .field_builder::<StringBuilder>(0)
+                .expect("header key")
+                .append_value(k.as_str());
+            entries
+                .field_builder::<BinaryBuilder>(1)
+                .expect("header value")
+                .append_option(v.as_deref());
+            entries.append(true);
+        }
+        headers.append(true);
+        timestamps.push(r.timestamp.saturating_mul(1000));
+    }
+    RecordBatch::try_new(
+        Arc::new(raw_schema()),
+        vec![
+            Arc::new(keys.finish()),
+            Arc::new(values.finish()),
+            Arc::new(headers.finish()),
+            Arc::new(TimestampMicrosecondArray::from(timestamps).with_timezone("UTC")),
+        ],
+    )
+}
+
+/// Raw rows stored from `base_offset` on as records, their offsets the rows'.
+pub fn records_of_raw(batch: &RecordBatch, base_offset: u64) -> Vec<Record> {
+    let schema: SchemaRef = batch.schema();
+    let column = |name: &str| schema.index_of(name).ok().map(|i| batch.column(i));
+    let keys = column("key").map(|c| c.as_binary::<i32>());
+    let values = column("value").map(|c| c.as_binary::<i32>());
+    let headers = column("headers").map(|c| c.as_list::<i32>());
+    let timestamps = column("timestamp").map(|c| c.as_primitive::<TimestampMicrosecondType>());
+    (0..batch.num_rows())
+        .map(|i| {
+            let bytes = |a: Option<&arrow::array::BinaryArray>| {
+                a.filter(|a| a.is_valid(i))
+                    .map(|a| Bytes::copy_from_slice(a.value(i)))
+            };
+            let mut record_headers = IndexMap::new();
+            if let Some(h) = headers.filter(|h| h.is_valid(i)) {
+                let entries = h.value(i);
+                let entries = entries.as_struct();
+                let (k, v) = (
+                    entries.column(0).as_string::<i32>(),
+                    entries.column(1).as_binary::<i32>(),
+                );
+                for j in 0..entries.len() {
+                    record_headers.insert(
+                        StrBytes::from_string(k.value(j).to_string()),
+                        v.is_valid(j).then(|| Bytes::copy_from_slice(v.value(j))),
+                    );
+                }
+            }
+            record(
+                base_offset + i as u64,
+                timestamps.map_or(-1, |t| t.value(i) / 1000),
+                bytes(keys),
+                bytes(values),
+                record_headers,
+            )
+        })
+        .collect()
+}
+
+pub(crate) fn record(
+    offset: u64,
+    timestamp_ms: i64,
+    key: Option<Bytes>,
+    value: Option<Bytes>,
+    headers: IndexMap<StrBytes, Option<Bytes>>,
+) -> Record {
+    Record {
+        transactional: false,
+        control: false,
+        delete_horizon: false,
+        partition_leader_epoch: NO_PARTITION_LEADER_EPOCH,
+        producer_id: NO_PRODUCER_ID,
+        producer_epoch: NO_PRODUCER_EPOCH,
+        timestamp_type: TimestampType::Creation,
+        offset: i64::try_from(offset).unwrap_or(i64::MAX),
+        sequence: NO_SEQUENCE,
+        timestamp: timestamp_ms,
+        key,
+        value,
+        headers,
+    }
+}
+
+/// `records` (consecutive offsets) as one uncompressed v2 record batch.
+pub fn encode_records(records: &[Record]) -> Result<Bytes, RecordError> {
+    let mut buf = bytes::BytesMut::new();
+    RecordBatchEncoder::encode(
+        &mut buf,
+        records,
+        &RecordEncodeOptions {
+            version: 2,
+            compression: Compression::None,
+        },
+    )
+    .map_err(|e| RecordError::Corrupt {
+        index: 0,
+        reason: e.to_string(),
+    })?;
+    Ok(buf.freeze())
+}
+
+/// Records whose values are JSON objects as rows of a typed table (`schema`): a value that is
+/// not an object of the table's columns, with values of their types, fails its record.
+pub fn json_rows(schema: &SchemaRef, records: &[Record]) -> Result<RecordBatch, RecordError> {
+    let decode = |rs: &[(usize, &Record)]| -> Result<RecordBatch, RecordError> {
+        let mut decoder = arrow::json::ReaderBuilder::new(Arc::clone(schema))
+            .with_strict_mode(true)
+            .with_batch_size(rs.len().max(1))
+            .build_decoder()
+            .map_err(|e| RecordError::Invalid {
+                index: 0,
+                reason: e.to_string(),
+            })?;
+        for (index, r) in rs {
+            let invalid = |reason: String| RecordError::Invalid {
+                index: *index,
+                reason,
+            };
+            let value = r
+                .value
+                .as_ref()
+                .ok_or_else(|| invalid("no value: a row of this table is a JSON object".into()))?;
+            if value.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+                return Err(invalid("the value is not a JSON object".into()));
+            }
+            let mut line = value.to_vec();
+            line.push(b'\n');
+            let read = decoder.decode(&line).map_err(|e| invalid(e.to_string()))?;
+            if read != line.len() {
+                return Err(invalid("more than one JSON value".into()));
+            }
+        }
+        let batch = decoder.flush().map_err(|e| RecordError::Invalid {
+            index: rs.first().map_or(0, |(i, _)| *i),
+            reason: e.to_string(),
+        })?;
+        Ok(batch.unwrap_or_else(|| RecordBatch::new_empty(Arc::clone(schema))))
+    };
+    let all: Vec<(usize, &Record)> = records.iter().enumerate().collect();
+    decode(&all).or_else(|e| {
+        // Name the record at fault: a type error shows only when the rows are built.
+        for one in all.chunks(1) {
+            decode(one)?;
+        }
+        Err(e)
+    })
+}
+
+/// Rows of a typed table stored from `base_offset` on as records whose values are the rows as
+/// JSON objects (no key; nulls left out).
+pub fn records_of_json(
+    batch: &RecordBatch,
+    base_offset: u64,
+) -> Result<Vec<Record>, arrow::error::ArrowError> {
+    let mut out = Vec::new();
+    let mut w = arrow::json::LineDelimitedWriter::new(&mut out);
+    w.write(batch)?;
+    w.finish()?;
+    let values = Bytes::from(out);
+    let mut records = Vec::with_capacity(batch.num_rows());
+    let mut at = 0;
+    for (i, line) in values
+        .split(|b| *b == b'\n')
+        .take(batch.num_rows())
+        .enumerate()
+    {
+        let value = values.slice(at..at + line.len());
+        at += line.len() + 1;
+        records.push(record(
+            base_offset + i as u64,
+            -1,
+            None,
+            Some(value),
+            IndexMap::new(),
+        ));
+    }
+    Ok(records)
+}
+
+/// The first row of a batch of raw `timestamp`s (microseconds) at or after `timestamp_ms`: its
+/// index and its time in milliseconds.
+pub fn first_at_or_after(batch: &RecordBatch, timestamp_ms: i64) -> Option<(usize, i64)> {
+    let times = batch.column(0).as_primitive::<TimestampMicrosecondType>();
+    let at = timestamp_ms.saturating_mul(1000);
+    (0..times.len())
+        .find(|&i| times.is_valid(i) && times.value(i) >= at)
+        .map(|i| (i, times.value(i) / 1000))
+}

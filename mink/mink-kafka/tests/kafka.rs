@@ -1,0 +1,346 @@
+//! The Kafka listener against real clients (kafka-python, confluent-kafka) and hostile frames.
+#![allow(clippy::print_stderr)]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use arrow::array::AsArray as _;
+use arrow::datatypes::{DataType, Field, Schema};
+use bytes::{BufMut as _, Bytes, BytesMut};
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::{
+    ApiKey, ProduceRequest, ProduceResponse, RequestHeader, ResponseHeader, TopicName,
+};
+use kafka_protocol::protocol::{Decodable as _, Encodable as _, StrBytes};
+use mink_node::{BucketRef, Node, NodeConfig, TableSpec};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+struct Served {
+    node: Node,
+    kafka: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+async fn serve(dir: &std::path::Path) -> Served {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let kafka = listener.local_addr().unwrap().to_string();
+    let mut c = NodeConfig::new(
+        1,
+        &format!("sqlite://{}", dir.join("meta.db").display()),
+        dir.join("objects").to_str().unwrap(),
+    );
+    c.engine.flush_delay = Duration::from_millis(5);
+    c.leadership_interval = Duration::from_millis(20);
+    c.listeners
+        .insert(mink_kafka::LISTENER.to_string(), kafka.clone());
+    c.lease_ttl = Duration::from_millis(1000);
+    let node = Node::start(c).await.unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn({
+        let node = node.clone();
+        let advertised = kafka.clone();
+        async move {
+            let config = mink_kafka::KafkaConfig {
+                advertised: Some(advertised),
+                ..Default::default()
+            };
+            mink_kafka::serve(node, config, listener, async {
+                let _ = stopped.await;
+            })
+            .await
+            .unwrap();
+        }
+    });
+    Served {
+        node,
+        kafka,
+        stop,
+        task,
+    }
+}
+
+impl Served {
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.task.await;
+        self.node.shutdown().await;
+    }
+
+    /// Every row of bucket `bucket` of `database.table`, read through the node.
+    async fn rows(
+        &self,
+        database: &str,
+        table: &str,
+        bucket: u32,
+    ) -> Vec<arrow::array::RecordBatch> {
+        let b = BucketRef::new(database, table, None, bucket);
+        let (_, end) = self.node.bucket_offsets(&b).unwrap();
+        let mut offset = 0;
+        let mut out = Vec::new();
+        while offset < end {
+            let read = self
+                .node
+                .read_bucket(&b, offset, 1 << 20, &[])
+                .await
+                .unwrap();
+            offset = read.last().unwrap().end_offset;
+            out.extend(read.into_iter().map(|r| r.batch));
+        }
+        out
+    }
+}
+
+/// The test virtualenv's Python with the Kafka clients (`scripts/test.sh` installs them).
+fn python() -> Option<PathBuf> {
+    let venv = std::env::var("MINK_VENV").map_or_else(
+        |_| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/mink/venv"),
+        PathBuf::from,
+    );
+    let python = venv.join("bin/python");
+    let ok = std::process::Command::new(&python)
+        .args(["-c", "import kafka, confluent_kafka"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        return Some(python);
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "CI=true but kafka-python or confluent-kafka is not installed in {}",
+        venv.display()
+    );
+    eprintln!("skipped: no Kafka clients in {}", venv.display());
+    None
+}
+
+fn manifest_dir() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
+}
+
+/// kafka-python and confluent-kafka create a topic, produce (keys, headers, null values,
+/// compressed batches), consume, list offsets; a typed table takes and gives JSON rows. The
+/// rows they wrote are the table's rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_clients_produce_and_consume() {
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve(dir.path()).await;
+    s.node.create_database("kafka", false).await.unwrap();
+    s.node
+        .create_table(TableSpec {
+            database: "kafka".into(),
+            name: "people".into(),
+            schema: Schema::new(vec![
+                Field::new("id", DataType::Int64, false),
+                Field::new("name", DataType::Utf8, true),
+            ]),
+            primary_key: vec![],
+            options: [("bucket.num".to_string(), "1".to_string())].into(),
+            partition_keys: vec![],
+            comment: String::new(),
+            if_not_exists: false,
+        })
+        .await
+        .unwrap();
+    let script = manifest_dir().join("tests/kafka_clients.py");
+    let kafka = s.kafka.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python)
+            .arg(script)
+            .arg(kafka)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "kafka_clients.py failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // What the producers wrote is the table's rows: raw records, and JSON as typed rows.
+    let raw: usize = s
+        .rows("kafka", "raw", 0)
+        .await
+        .iter()
+        .chain(s.rows("kafka", "raw", 1).await.iter())
+        .map(arrow::array::RecordBatch::num_rows)
+        .sum();
+    assert_eq!(raw, 123);
+    let people = s.rows("kafka", "people", 0).await;
+    let people = arrow::compute::concat_batches(&people[0].schema(), &people).unwrap();
+    assert_eq!(people.num_rows(), 2);
+    assert_eq!(
+        people
+            .column(1)
+            .as_string::<i32>()
+            .iter()
+            .collect::<Vec<_>>(),
+        [Some("ann"), None]
+    );
+    s.stop().await;
+}
+
+/// Sends one request frame and reads one response frame.
+async fn exchange(socket: &mut tokio::net::TcpStream, frame: &[u8]) -> std::io::Result<Bytes> {
+    socket.write_all(frame).await?;
+    let size = socket.read_i32().await?;
+    let mut buf = vec![0u8; usize::try_from(size).unwrap()];
+    socket.read_exact(&mut buf).await?;
+    Ok(Bytes::from(buf))
+}
+
+fn produce_frame(records: Bytes) -> Vec<u8> {
+    let version = 7;
+    let header = RequestHeader::default()
+        .with_request_api_key(ApiKey::Produce as i16)
+        .with_request_api_version(version)
+        .with_correlation_id(42)
+        .with_client_id(Some(StrBytes::from_static_str("hostile")));
+    let request = ProduceRequest::default()
+        .with_acks(-1)
+        .with_timeout_ms(5000)
+        .with_topic_data(vec![
+            TopicProduceData::default()
+                .with_name(TopicName(StrBytes::from_static_str("t")))
+                .with_partition_data(vec![
+                    PartitionProduceData::default()
+                        .with_index(0)
+                        .with_records(Some(records)),
+                ]),
+        ]);
+    let mut body = BytesMut::new();
+    header
+        .encode(&mut body, ApiKey::Produce.request_header_version(version))
+        .unwrap();
+    request.encode(&mut body, version).unwrap();
+    let mut frame = BytesMut::new();
+    frame.put_i32(i32::try_from(body.len()).unwrap());
+    frame.extend_from_slice(&body);
+    frame.to_vec()
+}
+
+/// The partition error code of a produce response frame.
+fn produce_error(mut response: Bytes) -> i16 {
+    let header = ResponseHeader::decode(&mut response, 0).unwrap();
+    assert_eq!(header.correlation_id, 42);
+    let r = ProduceResponse::decode(&mut response, 7).unwrap();
+    r.responses[0].partition_responses[0].error_code
+}
+
+/// Hostile frames: a corrupt batch (bad CRC, a record count its bytes cannot hold, a length
+/// past the frame) gets CORRUPT_MESSAGE and stores nothing; an oversized or garbage frame closes
+/// its connection; the listener keeps serving others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_frames_get_errors_and_harm_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve(dir.path()).await;
+    s.node.create_database("kafka", false).await.unwrap();
+    s.node
+        .create_table(TableSpec {
+            database: "kafka".into(),
+            name: "t".into(),
+            schema: mink_kafka::records::raw_schema(),
+            primary_key: vec![],
+            options: [("bucket.num".to_string(), "1".to_string())].into(),
+            partition_keys: vec![],
+            comment: String::new(),
+            if_not_exists: false,
+        })
+        .await
+        .unwrap();
+    // A good batch of three records, to corrupt.
+    let records: Vec<_> = (0..3)
+        .map(|i| kafka_protocol::records::Record {
+            transactional: false,
+            control: false,
+            delete_horizon: false,
+            partition_leader_epoch: -1,
+            producer_id: -1,
+            producer_epoch: -1,
+            timestamp_type: kafka_protocol::records::TimestampType::Creation,
+            offset: i,
+            sequence: -1,
+            timestamp: 1000 + i,
+            key: None,
+            value: Some(Bytes::from(format!("v{i}"))),
+            headers: Default::default(),
+        })
+        .collect();
+    let good = mink_kafka::records::encode_records(&records).unwrap();
+    let mut socket = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
+    let mut bad_crc = good.to_vec();
+    let last = bad_crc.len() - 1;
+    bad_crc[last] ^= 0xff;
+    let mut bad_count = good.to_vec();
+    bad_count[57..61].copy_from_slice(&i32::MAX.to_be_bytes());
+    let mut bad_length = good.to_vec();
+    bad_length[8..12].copy_from_slice(&1_000_000i32.to_be_bytes());
+    for bad in [bad_crc, bad_count, bad_length, b"short".to_vec()] {
+        let response = exchange(&mut socket, &produce_frame(Bytes::from(bad)))
+            .await
+            .unwrap();
+        assert_eq!(
+            produce_error(response),
+            kafka_protocol::ResponseError::CorruptMessage.code()
+        );
+    }
+    assert!(
+        s.rows("kafka", "t", 0).await.is_empty(),
+        "a corrupt batch was stored"
+    );
+    // The good batch on the same connection.
+    let response = exchange(&mut socket, &produce_frame(good)).await.unwrap();
+    assert_eq!(produce_error(response), 0);
+    // A frame claiming 2 GiB closes its connection, nothing read from it.
+    let mut huge = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
+    huge.write_all(&i32::MAX.to_be_bytes()).await.unwrap();
+    let mut buf = [0u8; 1];
+    assert_eq!(
+        huge.read(&mut buf).await.unwrap(),
+        0,
+        "the connection stays open"
+    );
+    // Garbage after a plausible size: an unknown API key closes the connection.
+    let mut garbage = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
+    garbage
+        .write_all(&[0, 0, 0, 8, 0x7f, 0x7f, 0, 0, 0, 0, 0, 1])
+        .await
+        .unwrap();
+    assert_eq!(garbage.read(&mut buf).await.unwrap(), 0);
+    // Others are still served; the good rows are there, once.
+    let response = exchange(&mut socket, &produce_frame(encode_one()))
+        .await
+        .unwrap();
+    assert_eq!(produce_error(response), 0);
+    let stored: usize = s
+        .rows("kafka", "t", 0)
+        .await
+        .iter()
+        .map(arrow::array::RecordBatch::num_rows)
+        .sum();
+    assert_eq!(stored, 4);
+    s.stop().await;
+}
+
+fn encode_one() -> Bytes {
+    let r = kafka_protocol::records::Record {
+        transactional: false,
+        control: false,
+        delete_horizon: false,
+        partition_leader_epoch: -1,
+        producer_id: -1,
+        producer_epoch: -1,
+        timestamp_type: kafka_protocol::records::TimestampType::Creation,
+        offset: 0,
+        sequence: -1,
+        timestamp: 5,
+        key: Some(Bytes::from_static(b"k")),
+        value: None,
+        headers: Default::default(),
+    };
+    mink_kafka::records::encode_records(&[r]).unwrap()
+}

@@ -1,0 +1,119 @@
+"""Real Kafka clients against a Mink node's Kafka listener (run by tests/kafka.rs).
+
+argv: bootstrap address. Topic `raw` is created here (CreateTopics, 2 partitions); table
+`kafka.people` (id BIGINT, name VARCHAR) exists already and is a typed topic.
+"""
+
+import json
+import sys
+import time
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition as KTopicPartition
+from kafka.admin import KafkaAdminClient, NewTopic
+from kafka.errors import TopicAlreadyExistsError
+
+bootstrap = sys.argv[1]
+
+# CreateTopics: a raw topic of two partitions; the same name again is refused.
+admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="mink-test")
+admin.create_topics([NewTopic("raw", num_partitions=2, replication_factor=1)])
+try:
+    admin.create_topics([NewTopic("raw", num_partitions=2, replication_factor=1)])
+    raise AssertionError("a second CreateTopics of raw succeeded")
+except TopicAlreadyExistsError:
+    pass
+assert "raw" in admin.list_topics(), admin.list_topics()
+admin.close()
+
+# kafka-python: keys, values, headers, a null value, explicit partitions, acks=all.
+producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False)
+sent = []
+for i in range(20):
+    partition = i % 2
+    value = None if i == 7 else f"value-{i}".encode()
+    meta = producer.send(
+        "raw",
+        key=f"k{i}".encode(),
+        value=value,
+        headers=[("h", f"{i}".encode())],
+        partition=partition,
+        timestamp_ms=1_700_000_000_000 + i,
+    ).get(timeout=30)
+    sent.append((partition, meta.offset, f"k{i}".encode(), value, 1_700_000_000_000 + i))
+producer.flush()
+producer.close()
+offsets = sorted(o for p, o, *_ in sent if p == 0)
+assert offsets == list(range(10)), offsets
+
+consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+parts = [KTopicPartition("raw", 0), KTopicPartition("raw", 1)]
+consumer.assign(parts)
+consumer.seek_to_beginning()
+got = []
+deadline = time.monotonic() + 30
+while len(got) < 20:
+    assert time.monotonic() < deadline, f"consumed {len(got)} of 20"
+    for tp, records in consumer.poll(timeout_ms=1000).items():
+        for r in records:
+            got.append((tp.partition, r.offset, r.key, r.value, r.timestamp))
+            assert r.headers == [("h", r.key[1:])], r.headers
+assert sorted(got) == sorted(sent), (sorted(got), sorted(sent))
+assert consumer.beginning_offsets(parts) == {parts[0]: 0, parts[1]: 0}
+assert consumer.end_offsets(parts) == {parts[0]: 10, parts[1]: 10}
+# ListOffsets by time: the first record at or after it.
+found = consumer.offsets_for_times({parts[1]: 1_700_000_000_004})[parts[1]]
+assert (found.offset, found.timestamp) == (2, 1_700_000_000_005), found
+consumer.close()
+
+# confluent-kafka (librdkafka): compressed batches, keyed partitioning, delivery reports.
+delivered = []
+p = Producer({"bootstrap.servers": bootstrap, "compression.type": "zstd", "linger.ms": 5})
+for i in range(100):
+    p.produce("raw", key=f"c{i}", value=f"librdkafka-{i}", on_delivery=lambda e, m: delivered.append((e, m.partition(), m.offset())))
+assert p.flush(30) == 0
+assert len(delivered) == 100 and all(e is None for e, _, _ in delivered), delivered[:3]
+for codec in ["lz4", "gzip", "snappy"]:
+    q = Producer({"bootstrap.servers": bootstrap, "compression.type": codec})
+    q.produce("raw", key=codec, value=codec, partition=0)
+    assert q.flush(30) == 0
+c = Consumer({"bootstrap.servers": bootstrap, "group.id": "assign-only", "enable.auto.commit": False})
+c.assign([TopicPartition("raw", 0, 0), TopicPartition("raw", 1, 0)])
+values = []
+deadline = time.monotonic() + 30
+while len(values) < 123:
+    assert time.monotonic() < deadline, f"consumed {len(values)} of 123"
+    m = c.poll(1.0)
+    if m is None:
+        continue
+    assert m.error() is None, m.error()
+    values.append(m.value())
+c.close()
+assert sum(v.startswith(b"librdkafka-") for v in values if v) == 100
+assert {b"lz4", b"gzip", b"snappy"} <= set(values)
+
+# A typed table: values are its rows as JSON objects; a record that is not one fails its batch.
+producer = KafkaProducer(bootstrap_servers=bootstrap, acks=1, enable_idempotence=False, retries=0)
+for row in [{"id": 1, "name": "ann"}, {"id": 2, "name": None}]:
+    producer.send("people", value=json.dumps(row).encode(), partition=0).get(timeout=30)
+for bad in [b"not json", b'{"id": "x"}', b'{"id": 3, "nope": 1}', b"[1]"]:
+    try:
+        producer.send("people", value=bad, partition=0).get(timeout=30)
+        raise AssertionError(f"{bad!r} was stored")
+    except AssertionError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the client's error type for INVALID_RECORD
+        assert "InvalidRecord" in type(e).__name__ or "INVALID_RECORD" in str(e) or "87" in str(e), repr(e)
+producer.close()
+consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
+consumer.assign([KTopicPartition("people", 0)])
+consumer.seek_to_beginning()
+rows = []
+deadline = time.monotonic() + 30
+while len(rows) < 2:
+    assert time.monotonic() < deadline, f"consumed {rows}"
+    for _, records in consumer.poll(timeout_ms=1000).items():
+        rows.extend(json.loads(r.value) for r in records)
+assert rows == [{"id": 1, "name": "ann"}, {"id": 2}], rows
+consumer.close()
+print("ok")
