@@ -19,11 +19,12 @@ use kafka_protocol::messages::produce_response::{
 };
 use kafka_protocol::messages::{
     ApiKey, ApiVersionsRequest, ApiVersionsResponse, BrokerId, CreateTopicsRequest,
-    CreateTopicsResponse, FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse,
-    MetadataRequest, MetadataResponse, ProduceRequest, ProduceResponse, RequestHeader, TopicName,
+    CreateTopicsResponse, FetchRequest, FetchResponse, InitProducerIdRequest,
+    InitProducerIdResponse, ListOffsetsRequest, ListOffsetsResponse, MetadataRequest,
+    MetadataResponse, ProduceRequest, ProduceResponse, ProducerId, RequestHeader, TopicName,
 };
 use kafka_protocol::protocol::{Decodable, StrBytes};
-use mink_node::{BucketRef, NodeError, TableInfo, TableSpec, WriteTarget};
+use mink_node::{BucketRef, NodeError, TableInfo, TableSpec, WriteTarget, WriterBatchId};
 
 use crate::conn::{Answer, Context};
 use crate::records::{self, RecordError};
@@ -39,6 +40,7 @@ const VERSIONS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::Metadata, 0, 9),
     (ApiKey::ApiVersions, 0, 3),
     (ApiKey::CreateTopics, 2, 7),
+    (ApiKey::InitProducerId, 0, 4),
 ];
 
 /// Whether `version` of `key` is answered here.
@@ -74,6 +76,11 @@ pub(crate) async fn handle(cx: Context, mut body: Bytes) -> Result<Answer> {
         ApiKey::Fetch => {
             let request: FetchRequest = decode(&mut body, version)?;
             let response = fetch(&cx, &request).await;
+            Answer::Now(cx.respond(&response))
+        }
+        ApiKey::InitProducerId => {
+            let request: InitProducerIdRequest = decode(&mut body, version)?;
+            let response = init_producer_id(&cx, &request).await;
             Answer::Now(cx.respond(&response))
         }
         ApiKey::ListOffsets => {
@@ -315,7 +322,11 @@ struct Produced {
 /// Stores each partition's records in request order (they take their offsets before the next
 /// request is read) and answers once they are durable; acks = 0 answers nothing.
 async fn produce(cx: Context, request: ProduceRequest) -> Result<Answer> {
-    if request.transactional_id.is_some() {
+    if request
+        .transactional_id
+        .as_ref()
+        .is_some_and(|t| !t.0.is_empty())
+    {
         // Transactions are out of scope; a transactional producer learns it here.
         let responses = request
             .topic_data
@@ -389,7 +400,7 @@ async fn produce(cx: Context, request: ProduceRequest) -> Result<Answer> {
                                     };
                                     Err((code, e.to_string()))
                                 }
-                                Ok(rows) => cx
+                                Ok((rows, writer)) => cx
                                     .node
                                     .submit_write(
                                         &info.database,
@@ -397,6 +408,7 @@ async fn produce(cx: Context, request: ProduceRequest) -> Result<Answer> {
                                         &rows,
                                         &WriteTarget {
                                             bucket: Some(bucket),
+                                            writer,
                                             ..Default::default()
                                         },
                                     )
@@ -474,12 +486,14 @@ fn written(
     Ok(base.map_or(-1, |b| i64::try_from(b).unwrap_or(i64::MAX)))
 }
 
-/// The rows a partition's records become in `table`: raw rows of a topic with the raw
-/// schema, the JSON values as rows of any other log table.
+/// The rows a partition's records become in `table` (raw rows of a topic with the raw schema,
+/// the JSON values as rows of any other log table), and the idempotent producer's batch, if
+/// one sent them: the records' producer id and epoch and their sequence range, which the
+/// stream checks as Kafka does (start at 0, no gaps, duplicates answered with their offsets).
 fn rows_of(
     table: &TableInfo,
     records: Option<&Bytes>,
-) -> std::result::Result<arrow::array::RecordBatch, RecordError> {
+) -> std::result::Result<(arrow::array::RecordBatch, Option<WriterBatchId>), RecordError> {
     let Some(records) = records else {
         return Err(RecordError::Corrupt {
             index: 0,
@@ -489,25 +503,41 @@ fn rows_of(
     let batches = records::check_batches(records)?;
     let mut all = Vec::new();
     for (i, b) in batches.iter().enumerate() {
-        let decoded = records::decode_batch(i, b)?;
-        if let Some(r) = decoded.iter().find(|r| r.producer_id >= 0) {
-            return Err(RecordError::Corrupt {
-                index: i,
-                reason: format!(
-                    "producer id {}: idempotent producers are not supported yet; turn idempotence off",
-                    r.producer_id
-                ),
-            });
-        }
-        all.extend(decoded);
+        all.extend(records::decode_batch(i, b)?);
     }
-    if records::is_raw(&table.schema) {
+    let writer = records::writer_batch(&all)?;
+    let rows = if records::is_raw(&table.schema) {
         records::raw_rows(&all).map_err(|e| RecordError::Invalid {
             index: 0,
             reason: e.to_string(),
-        })
+        })?
     } else {
-        records::json_rows(&table.schema, &all)
+        records::json_rows(&table.schema, &all)?
+    };
+    Ok((rows, writer))
+}
+
+/// A producer id for an idempotent producer: a Mink writer id (at the epoch writers start
+/// at). A transactional id is refused: transactions are out of scope.
+async fn init_producer_id(cx: &Context, request: &InitProducerIdRequest) -> InitProducerIdResponse {
+    let response = InitProducerIdResponse::default()
+        .with_producer_id(ProducerId(-1))
+        .with_producer_epoch(-1);
+    if request
+        .transactional_id
+        .as_ref()
+        .is_some_and(|t| !t.0.is_empty())
+    {
+        return response.with_error_code(ResponseError::TransactionalIdAuthorizationFailed.code());
+    }
+    match cx.node.allocate_writer().await {
+        Ok(w) => match (i64::try_from(w.writer_id), i16::try_from(w.writer_epoch)) {
+            (Ok(id), Ok(epoch)) => response
+                .with_producer_id(ProducerId(id))
+                .with_producer_epoch(epoch),
+            _ => response.with_error_code(ResponseError::UnknownServerError.code()),
+        },
+        Err(e) => response.with_error_code(error_code(&e).code()),
     }
 }
 

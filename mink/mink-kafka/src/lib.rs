@@ -105,7 +105,9 @@ pub(crate) fn error_code(e: &NodeError) -> ResponseError {
         NodeError::AlreadyExists(_) => ResponseError::TopicAlreadyExists,
         NodeError::Invalid(_) => ResponseError::InvalidRequest,
         NodeError::OutOfOrderSequence { .. } => ResponseError::OutOfOrderSequenceNumber,
-        NodeError::WriterFenced { .. } => ResponseError::ProducerFenced,
+        // An idempotent (not transactional) producer at an old epoch.
+        NodeError::WriterFenced { .. } => ResponseError::InvalidProducerEpoch,
+        NodeError::UnknownWriter { .. } => ResponseError::UnknownProducerId,
         NodeError::Unavailable(_) => ResponseError::RequestTimedOut,
         _ => ResponseError::UnknownServerError,
     }

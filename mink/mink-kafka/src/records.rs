@@ -119,6 +119,56 @@ pub fn decode_batch(index: usize, batch: &Bytes) -> Result<Vec<Record>, RecordEr
     Ok(set.records)
 }
 
+/// The idempotent producer's batch `records` make (all of one producer and epoch, sequences
+/// consecutive across the request's batches), `None` for records of no producer.
+pub fn writer_batch(records: &[Record]) -> Result<Option<mink_node::WriterBatchId>, RecordError> {
+    let Some(first) = records.first() else {
+        return Ok(None);
+    };
+    let corrupt = |reason: String| RecordError::Corrupt { index: 0, reason };
+    if first.producer_id < 0 {
+        if let Some(r) = records.iter().find(|r| r.producer_id >= 0) {
+            return Err(corrupt(format!(
+                "records of producer {} after records of none",
+                r.producer_id
+            )));
+        }
+        return Ok(None);
+    }
+    for (i, r) in records.iter().enumerate() {
+        let expected = i64::from(first.sequence) + i as i64;
+        if r.producer_id != first.producer_id
+            || r.producer_epoch != first.producer_epoch
+            || i64::from(r.sequence) != expected
+        {
+            return Err(corrupt(format!(
+                "record {i}: producer {} epoch {} sequence {}, expected producer {} epoch {} sequence {expected}",
+                r.producer_id,
+                r.producer_epoch,
+                r.sequence,
+                first.producer_id,
+                first.producer_epoch
+            )));
+        }
+    }
+    let (Ok(writer_id), Ok(writer_epoch), Ok(first_sequence)) = (
+        u64::try_from(first.producer_id),
+        u64::try_from(first.producer_epoch),
+        u64::try_from(first.sequence),
+    ) else {
+        return Err(corrupt(format!(
+            "producer {} epoch {} sequence {}: negative",
+            first.producer_id, first.producer_epoch, first.sequence
+        )));
+    };
+    Ok(Some(mink_node::WriterBatchId {
+        writer_id,
+        writer_epoch,
+        first_sequence,
+        last_sequence: first_sequence + records.len() as u64 - 1,
+    }))
+}
+
 /// The schema of a topic created over Kafka: a record as it is produced.
 pub fn raw_schema() -> Schema {
     Schema::new(vec![

@@ -169,7 +169,7 @@ async fn real_clients_produce_and_consume() {
         .chain(s.rows("kafka", "raw", 1).await.iter())
         .map(arrow::array::RecordBatch::num_rows)
         .sum();
-    assert_eq!(raw, 123);
+    assert_eq!(raw, 143);
     let people = s.rows("kafka", "people", 0).await;
     let people = arrow::compute::concat_batches(&people[0].schema(), &people).unwrap();
     assert_eq!(people.num_rows(), 2);
@@ -323,6 +323,114 @@ async fn hostile_frames_get_errors_and_harm_nothing() {
         .map(arrow::array::RecordBatch::num_rows)
         .sum();
     assert_eq!(stored, 4);
+    s.stop().await;
+}
+
+/// An idempotent producer at the protocol level: InitProducerId hands out a producer id; a
+/// retried batch is answered with its first offsets and stored once; a gap in the sequence, an
+/// unknown producer id are refused with Kafka's codes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotent_producers_store_a_retried_batch_once() {
+    use kafka_protocol::messages::{InitProducerIdRequest, InitProducerIdResponse};
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve(dir.path()).await;
+    s.node.create_database("kafka", false).await.unwrap();
+    s.node
+        .create_table(TableSpec {
+            database: "kafka".into(),
+            name: "t".into(),
+            schema: mink_kafka::records::raw_schema(),
+            primary_key: vec![],
+            options: [("bucket.num".to_string(), "1".to_string())].into(),
+            partition_keys: vec![],
+            comment: String::new(),
+            if_not_exists: false,
+        })
+        .await
+        .unwrap();
+    let mut socket = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
+    let version = 1;
+    let header = RequestHeader::default()
+        .with_request_api_key(ApiKey::InitProducerId as i16)
+        .with_request_api_version(version)
+        .with_correlation_id(7);
+    let mut body = BytesMut::new();
+    header
+        .encode(
+            &mut body,
+            ApiKey::InitProducerId.request_header_version(version),
+        )
+        .unwrap();
+    InitProducerIdRequest::default()
+        .with_transaction_timeout_ms(60_000)
+        .encode(&mut body, version)
+        .unwrap();
+    let mut frame = BytesMut::new();
+    frame.put_i32(i32::try_from(body.len()).unwrap());
+    frame.extend_from_slice(&body);
+    let mut response = exchange(&mut socket, &frame).await.unwrap();
+    ResponseHeader::decode(&mut response, 0).unwrap();
+    let init = InitProducerIdResponse::decode(&mut response, version).unwrap();
+    assert_eq!(init.error_code, 0);
+    let producer = init.producer_id.0;
+    assert!(producer > 0, "{producer}");
+    let batch = |producer: i64, first_sequence: i32, n: i32| {
+        let records: Vec<_> = (0..n)
+            .map(|i| kafka_protocol::records::Record {
+                transactional: false,
+                control: false,
+                delete_horizon: false,
+                partition_leader_epoch: -1,
+                producer_id: producer,
+                producer_epoch: init.producer_epoch,
+                timestamp_type: kafka_protocol::records::TimestampType::Creation,
+                offset: i64::from(i),
+                sequence: first_sequence + i,
+                timestamp: 1,
+                key: None,
+                value: Some(Bytes::from(format!("s{}", first_sequence + i))),
+                headers: Default::default(),
+            })
+            .collect();
+        mink_kafka::records::encode_records(&records).unwrap()
+    };
+    let base = |mut response: Bytes| {
+        ResponseHeader::decode(&mut response, 0).unwrap();
+        let r = ProduceResponse::decode(&mut response, 7).unwrap();
+        let p = &r.responses[0].partition_responses[0];
+        (p.error_code, p.base_offset)
+    };
+    let first = produce_frame(batch(producer, 0, 3));
+    assert_eq!(base(exchange(&mut socket, &first).await.unwrap()), (0, 0));
+    // The producer retries the batch (its answer was lost): the same offsets, stored once.
+    assert_eq!(base(exchange(&mut socket, &first).await.unwrap()), (0, 0));
+    // The producer state is stored with the rows: after a restart of the node, the retry is
+    // still recognised.
+    drop(socket);
+    s.stop().await;
+    let s = serve(dir.path()).await;
+    let mut socket = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
+    assert_eq!(base(exchange(&mut socket, &first).await.unwrap()), (0, 0));
+    let next = produce_frame(batch(producer, 3, 2));
+    assert_eq!(base(exchange(&mut socket, &next).await.unwrap()), (0, 3));
+    // A gap, and a producer id nobody handed out.
+    let gap = produce_frame(batch(producer, 9, 1));
+    assert_eq!(
+        base(exchange(&mut socket, &gap).await.unwrap()).0,
+        kafka_protocol::ResponseError::OutOfOrderSequenceNumber.code()
+    );
+    let unknown = produce_frame(batch(producer + 1000, 0, 1));
+    assert_eq!(
+        base(exchange(&mut socket, &unknown).await.unwrap()).0,
+        kafka_protocol::ResponseError::UnknownProducerId.code()
+    );
+    let stored: usize = s
+        .rows("kafka", "t", 0)
+        .await
+        .iter()
+        .map(arrow::array::RecordBatch::num_rows)
+        .sum();
+    assert_eq!(stored, 5);
     s.stop().await;
 }
 

@@ -92,6 +92,21 @@ c.close()
 assert sum(v.startswith(b"librdkafka-") for v in values if v) == 100
 assert {b"lz4", b"gzip", b"snappy"} <= set(values)
 
+# Idempotent producers (kafka-python's default once Metadata >= 4; librdkafka's on request):
+# InitProducerId, then sequenced batches.
+before = KafkaConsumer(bootstrap_servers=bootstrap).end_offsets([KTopicPartition("raw", 1)])
+producer = KafkaProducer(bootstrap_servers=bootstrap)
+assert producer.config["enable_idempotence"], producer.config["enable_idempotence"]
+offsets = [producer.send("raw", value=f"idem-{i}".encode(), partition=1).get(timeout=30).offset for i in range(10)]
+producer.close()
+start = before[KTopicPartition("raw", 1)]
+assert offsets == list(range(start, start + 10)), (start, offsets)
+q = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all"})
+errors = []
+for i in range(10):
+    q.produce("raw", value=f"idem-rd-{i}", partition=1, on_delivery=lambda e, m: errors.append(e) if e else None)
+assert q.flush(30) == 0 and not errors, errors
+
 # A typed table: values are its rows as JSON objects; a record that is not one fails its batch.
 producer = KafkaProducer(bootstrap_servers=bootstrap, acks=1, enable_idempotence=False, retries=0)
 for row in [{"id": 1, "name": "ann"}, {"id": 2, "name": None}]:
