@@ -7,21 +7,34 @@ use futures::FutureExt as _;
 use kafka_protocol::ResponseError;
 use kafka_protocol::messages::api_versions_response::ApiVersion;
 use kafka_protocol::messages::create_topics_response::CreatableTopicResult;
+use kafka_protocol::messages::describe_groups_response::{DescribedGroup, DescribedGroupMember};
 use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::leave_group_response::MemberResponse;
+use kafka_protocol::messages::list_groups_response::ListedGroup;
 use kafka_protocol::messages::list_offsets_response::{
     ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
 };
 use kafka_protocol::messages::metadata_response::{
     MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
 };
+use kafka_protocol::messages::offset_commit_response::{
+    OffsetCommitResponsePartition, OffsetCommitResponseTopic,
+};
+use kafka_protocol::messages::offset_fetch_response::{
+    OffsetFetchResponsePartition, OffsetFetchResponseTopic,
+};
 use kafka_protocol::messages::produce_response::{
     BatchIndexAndErrorMessage, PartitionProduceResponse, TopicProduceResponse,
 };
 use kafka_protocol::messages::{
     ApiKey, ApiVersionsRequest, ApiVersionsResponse, BrokerId, CreateTopicsRequest,
-    CreateTopicsResponse, FetchRequest, FetchResponse, InitProducerIdRequest,
-    InitProducerIdResponse, ListOffsetsRequest, ListOffsetsResponse, MetadataRequest,
-    MetadataResponse, ProduceRequest, ProduceResponse, ProducerId, RequestHeader, TopicName,
+    CreateTopicsResponse, DescribeGroupsRequest, DescribeGroupsResponse, FetchRequest,
+    FetchResponse, FindCoordinatorRequest, FindCoordinatorResponse, GroupId, HeartbeatRequest,
+    HeartbeatResponse, InitProducerIdRequest, InitProducerIdResponse, JoinGroupRequest,
+    LeaveGroupRequest, LeaveGroupResponse, ListGroupsRequest, ListGroupsResponse,
+    ListOffsetsRequest, ListOffsetsResponse, MetadataRequest, MetadataResponse,
+    OffsetCommitRequest, OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse,
+    ProduceRequest, ProduceResponse, ProducerId, RequestHeader, SyncGroupRequest, TopicName,
 };
 use kafka_protocol::protocol::{Decodable, StrBytes};
 use mink_node::{BucketRef, NodeError, TableInfo, TableSpec, WriteTarget, WriterBatchId};
@@ -41,6 +54,15 @@ const VERSIONS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ApiVersions, 0, 3),
     (ApiKey::CreateTopics, 2, 7),
     (ApiKey::InitProducerId, 0, 4),
+    (ApiKey::FindCoordinator, 0, 3),
+    (ApiKey::JoinGroup, 0, 5),
+    (ApiKey::SyncGroup, 0, 3),
+    (ApiKey::Heartbeat, 0, 3),
+    (ApiKey::LeaveGroup, 0, 3),
+    (ApiKey::OffsetCommit, 2, 7),
+    (ApiKey::OffsetFetch, 1, 7),
+    (ApiKey::ListGroups, 0, 4),
+    (ApiKey::DescribeGroups, 0, 4),
 ];
 
 /// Whether `version` of `key` is answered here.
@@ -82,6 +104,39 @@ pub(crate) async fn handle(cx: Context, mut body: Bytes) -> Result<Answer> {
             let request: InitProducerIdRequest = decode(&mut body, version)?;
             let response = init_producer_id(&cx, &request).await;
             Answer::Now(cx.respond(&response))
+        }
+        ApiKey::FindCoordinator => {
+            let request: FindCoordinatorRequest = decode(&mut body, version)?;
+            Answer::Now(cx.respond(&find_coordinator(&cx, &request)))
+        }
+        ApiKey::JoinGroup => join_group(cx, &decode(&mut body, version)?),
+        ApiKey::SyncGroup => sync_group(cx, decode(&mut body, version)?),
+        ApiKey::Heartbeat => {
+            let request: HeartbeatRequest = decode(&mut body, version)?;
+            let code = if cx.groups.coordinating() {
+                cx.groups.heartbeat(
+                    request.group_id.0.as_str(),
+                    request.member_id.as_str(),
+                    request.generation_id,
+                )
+            } else {
+                ResponseError::NotCoordinator
+            };
+            Answer::Now(cx.respond(&HeartbeatResponse::default().with_error_code(code.code())))
+        }
+        ApiKey::LeaveGroup => leave_group(cx, decode(&mut body, version)?),
+        ApiKey::OffsetCommit => offset_commit(cx, &decode(&mut body, version)?),
+        ApiKey::OffsetFetch => {
+            let request: OffsetFetchRequest = decode(&mut body, version)?;
+            Answer::Now(cx.respond(&offset_fetch(&cx, &request)))
+        }
+        ApiKey::ListGroups => {
+            let _: ListGroupsRequest = decode(&mut body, version)?;
+            Answer::Now(cx.respond(&list_groups(&cx)))
+        }
+        ApiKey::DescribeGroups => {
+            let request: DescribeGroupsRequest = decode(&mut body, version)?;
+            Answer::Now(cx.respond(&describe_groups(&cx, &request)))
         }
         ApiKey::ListOffsets => {
             let request: ListOffsetsRequest = decode(&mut body, version)?;
@@ -744,4 +799,381 @@ async fn offset_for(
             "timestamp {other}: expected -2 (earliest), -1 (latest) or a time"
         ))),
     }
+}
+
+/// The node coordinating groups and its Kafka address, if it has one.
+fn group_coordinator(cx: &Context) -> Option<(u64, String, i32)> {
+    let id = cx.node.group_coordinator()?;
+    let view = cx.node.view();
+    let address = view
+        .state
+        .nodes
+        .get(&id)
+        .and_then(|n| n.listeners.get(crate::LISTENER).cloned())
+        .or_else(|| {
+            (id == cx.node.node_id())
+                .then(|| cx.config.advertised.clone())
+                .flatten()
+        })?;
+    let (host, port) = host_port(&address)?;
+    Some((id, host, port))
+}
+
+fn find_coordinator(cx: &Context, request: &FindCoordinatorRequest) -> FindCoordinatorResponse {
+    let response = FindCoordinatorResponse::default().with_node_id(BrokerId(-1));
+    if request.key_type != 0 {
+        // Transaction coordinators: transactions are out of scope.
+        return response.with_error_code(ResponseError::CoordinatorNotAvailable.code());
+    }
+    match group_coordinator(cx) {
+        Some((id, host, port)) => response
+            .with_node_id(broker(id))
+            .with_host(StrBytes::from_string(host))
+            .with_port(port),
+        None => response
+            .with_error_code(ResponseError::CoordinatorNotAvailable.code())
+            .with_error_message(Some(StrBytes::from_static_str(
+                "no node holds the lease yet, or it has no Kafka listener",
+            ))),
+    }
+}
+
+fn millis(ms: i32) -> Duration {
+    Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+fn join_group(cx: Context, request: &JoinGroupRequest) -> Answer {
+    let version = cx.header.request_api_version;
+    if !cx.groups.coordinating() {
+        let response = kafka_protocol::messages::JoinGroupResponse::default()
+            .with_error_code(ResponseError::NotCoordinator.code())
+            .with_generation_id(-1);
+        return Answer::Now(cx.respond(&response));
+    }
+    let join = crate::groups::Join {
+        group: request.group_id.0.as_str().to_string(),
+        member_id: request.member_id.as_str().to_string(),
+        client_id: cx
+            .header
+            .client_id
+            .as_ref()
+            .map_or_else(String::new, |c| c.as_str().to_string()),
+        client_host: cx.peer.clone(),
+        session_timeout: millis(request.session_timeout_ms),
+        // Version 0 has one timeout for both.
+        rebalance_timeout: millis(if version == 0 {
+            request.session_timeout_ms
+        } else {
+            request.rebalance_timeout_ms
+        }),
+        protocol_type: request.protocol_type.as_str().to_string(),
+        protocols: request
+            .protocols
+            .iter()
+            .map(|p| (p.name.as_str().to_string(), p.metadata.clone()))
+            .collect(),
+        version,
+    };
+    Answer::Later(
+        async move {
+            let response = cx.groups.join(join).await;
+            cx.respond(&response)
+        }
+        .boxed(),
+    )
+}
+
+fn sync_group(cx: Context, request: SyncGroupRequest) -> Answer {
+    if !cx.groups.coordinating() {
+        let response = kafka_protocol::messages::SyncGroupResponse::default()
+            .with_error_code(ResponseError::NotCoordinator.code());
+        return Answer::Now(cx.respond(&response));
+    }
+    Answer::Later(
+        async move {
+            let response = cx
+                .groups
+                .sync(
+                    request.group_id.0.as_str(),
+                    request.member_id.as_str(),
+                    request.generation_id,
+                    request
+                        .assignments
+                        .iter()
+                        .map(|a| (a.member_id.as_str().to_string(), a.assignment.clone()))
+                        .collect(),
+                )
+                .await;
+            cx.respond(&response)
+        }
+        .boxed(),
+    )
+}
+
+fn leave_group(cx: Context, request: LeaveGroupRequest) -> Answer {
+    if !cx.groups.coordinating() {
+        let response =
+            LeaveGroupResponse::default().with_error_code(ResponseError::NotCoordinator.code());
+        return Answer::Now(cx.respond(&response));
+    }
+    // Versions 0-2 name one member; 3 and later a list.
+    let members: Vec<String> = if cx.header.request_api_version < 3 {
+        vec![request.member_id.as_str().to_string()]
+    } else {
+        request
+            .members
+            .iter()
+            .map(|m| m.member_id.as_str().to_string())
+            .collect()
+    };
+    Answer::Later(
+        async move {
+            let codes = cx.groups.leave(request.group_id.0.as_str(), &members).await;
+            let mut response = LeaveGroupResponse::default().with_members(
+                members
+                    .iter()
+                    .zip(&codes)
+                    .map(|(m, c)| {
+                        MemberResponse::default()
+                            .with_member_id(StrBytes::from_string(m.clone()))
+                            .with_error_code(c.code())
+                    })
+                    .collect(),
+            );
+            if cx.header.request_api_version < 3 {
+                response = response.with_error_code(codes[0].code());
+            }
+            cx.respond(&response)
+        }
+        .boxed(),
+    )
+}
+
+fn offset_commit(cx: Context, request: &OffsetCommitRequest) -> Answer {
+    let group = request.group_id.0.as_str().to_string();
+    let refused = if cx.groups.coordinating() {
+        cx.groups.may_commit(
+            &group,
+            request.member_id.as_str(),
+            request.generation_id_or_member_epoch,
+        )
+    } else {
+        ResponseError::NotCoordinator
+    };
+    // Per partition: its bucket, or why it cannot be committed.
+    let mut entries = Vec::new();
+    let mut topics = Vec::new();
+    for t in &request.topics {
+        let name = t.name.0.as_str();
+        let table = topic_table(&cx, name);
+        let mut partitions = Vec::new();
+        for p in &t.partitions {
+            let code = if refused != crate::groups::NO_ERROR {
+                refused
+            } else {
+                match &table {
+                    Err(code) => *code,
+                    Ok(info) => match (
+                        u32::try_from(p.partition_index)
+                            .ok()
+                            .filter(|b| *b < info.bucket_count),
+                        u64::try_from(p.committed_offset),
+                    ) {
+                        (None, _) => ResponseError::UnknownTopicOrPartition,
+                        (Some(_), Err(_)) => ResponseError::InvalidRequest,
+                        (Some(bucket), Ok(offset)) => {
+                            entries.push((
+                                BucketRef::new(&info.database, &info.name, None, bucket),
+                                offset,
+                                p.committed_leader_epoch,
+                                p.committed_metadata
+                                    .as_ref()
+                                    .map_or_else(String::new, |m| m.as_str().to_string()),
+                            ));
+                            crate::groups::NO_ERROR
+                        }
+                    },
+                }
+            };
+            partitions.push((p.partition_index, code));
+        }
+        topics.push((t.name.clone(), partitions));
+    }
+    Answer::Later(
+        async move {
+            // All of the request's offsets in one command: they are stored together or not.
+            let stored = if entries.is_empty() {
+                Ok(())
+            } else {
+                cx.node.commit_group_offsets(&group, &entries).await
+            };
+            let failed = stored.err().map(|e| error_code(&e));
+            let response = OffsetCommitResponse::default().with_topics(
+                topics
+                    .into_iter()
+                    .map(|(name, partitions)| {
+                        OffsetCommitResponseTopic::default()
+                            .with_name(name)
+                            .with_partitions(
+                                partitions
+                                    .into_iter()
+                                    .map(|(index, code)| {
+                                        let code = match (code, failed) {
+                                            (crate::groups::NO_ERROR, Some(f)) => f,
+                                            (c, _) => c,
+                                        };
+                                        OffsetCommitResponsePartition::default()
+                                            .with_partition_index(index)
+                                            .with_error_code(code.code())
+                                    })
+                                    .collect(),
+                            )
+                    })
+                    .collect(),
+            );
+            cx.respond(&response)
+        }
+        .boxed(),
+    )
+}
+
+fn offset_fetch(cx: &Context, request: &OffsetFetchRequest) -> OffsetFetchResponse {
+    if !cx.groups.coordinating() {
+        return OffsetFetchResponse::default()
+            .with_error_code(ResponseError::NotCoordinator.code());
+    }
+    let committed: std::collections::BTreeMap<(String, u32), (u64, i32, String)> = cx
+        .node
+        .group_offsets(request.group_id.0.as_str())
+        .into_iter()
+        .filter(|c| c.bucket.partition.is_none())
+        .map(|c| {
+            (
+                (
+                    topic_of(&cx.config, &c.bucket.database, &c.bucket.table),
+                    c.bucket.bucket,
+                ),
+                (c.offset, c.leader_epoch, c.metadata),
+            )
+        })
+        .collect();
+    let partition = |topic: &str, index: i32| {
+        let found = u32::try_from(index)
+            .ok()
+            .and_then(|b| committed.get(&(topic.to_string(), b)));
+        let p = OffsetFetchResponsePartition::default().with_partition_index(index);
+        match found {
+            Some((offset, epoch, metadata)) => p
+                .with_committed_offset(i64::try_from(*offset).unwrap_or(i64::MAX))
+                .with_committed_leader_epoch(*epoch)
+                .with_metadata(Some(StrBytes::from_string(metadata.clone()))),
+            None => p
+                .with_committed_offset(-1)
+                .with_committed_leader_epoch(-1)
+                .with_metadata(Some(StrBytes::default())),
+        }
+    };
+    let topics = match &request.topics {
+        Some(topics) => topics
+            .iter()
+            .map(|t| {
+                OffsetFetchResponseTopic::default()
+                    .with_name(t.name.clone())
+                    .with_partitions(
+                        t.partition_indexes
+                            .iter()
+                            .map(|i| partition(t.name.0.as_str(), *i))
+                            .collect(),
+                    )
+            })
+            .collect(),
+        None => {
+            let mut by_topic: std::collections::BTreeMap<&String, Vec<i32>> = Default::default();
+            for (topic, bucket) in committed.keys() {
+                by_topic
+                    .entry(topic)
+                    .or_default()
+                    .push(i32::try_from(*bucket).unwrap_or(i32::MAX));
+            }
+            by_topic
+                .into_iter()
+                .map(|(topic, indexes)| {
+                    OffsetFetchResponseTopic::default()
+                        .with_name(topic_name(topic))
+                        .with_partitions(indexes.into_iter().map(|i| partition(topic, i)).collect())
+                })
+                .collect()
+        }
+    };
+    OffsetFetchResponse::default().with_topics(topics)
+}
+
+fn list_groups(cx: &Context) -> ListGroupsResponse {
+    if !cx.groups.coordinating() {
+        return ListGroupsResponse::default().with_error_code(ResponseError::NotCoordinator.code());
+    }
+    let mut listed: std::collections::BTreeMap<String, (String, &'static str)> = cx
+        .node
+        .groups_with_offsets()
+        .into_iter()
+        .map(|g| (g, ("consumer".to_string(), "Empty")))
+        .collect();
+    for (id, g) in cx.groups.groups.lock().expect("groups").iter() {
+        listed.insert(id.clone(), (g.protocol_type.clone(), g.phase.name()));
+    }
+    ListGroupsResponse::default().with_groups(
+        listed
+            .into_iter()
+            .map(|(id, (protocol_type, state))| {
+                ListedGroup::default()
+                    .with_group_id(GroupId(StrBytes::from_string(id)))
+                    .with_protocol_type(StrBytes::from_string(protocol_type))
+                    .with_group_state(StrBytes::from_static_str(state))
+            })
+            .collect(),
+    )
+}
+
+fn describe_groups(cx: &Context, request: &DescribeGroupsRequest) -> DescribeGroupsResponse {
+    let coordinating = cx.groups.coordinating();
+    let groups = cx.groups.groups.lock().expect("groups");
+    DescribeGroupsResponse::default().with_groups(
+        request
+            .groups
+            .iter()
+            .map(|id| {
+                let described = DescribedGroup::default().with_group_id(id.clone());
+                if !coordinating {
+                    return described.with_error_code(ResponseError::NotCoordinator.code());
+                }
+                let Some(g) = groups.get(id.0.as_str()) else {
+                    return described.with_group_state(StrBytes::from_static_str("Dead"));
+                };
+                let protocol = g.protocol.clone().unwrap_or_default();
+                described
+                    .with_group_state(StrBytes::from_static_str(g.phase.name()))
+                    .with_protocol_type(StrBytes::from_string(g.protocol_type.clone()))
+                    .with_protocol_data(StrBytes::from_string(protocol.clone()))
+                    .with_members(
+                        g.members
+                            .iter()
+                            .map(|(member_id, m)| {
+                                DescribedGroupMember::default()
+                                    .with_member_id(StrBytes::from_string(member_id.clone()))
+                                    .with_client_id(StrBytes::from_string(m.client_id.clone()))
+                                    .with_client_host(StrBytes::from_string(m.client_host.clone()))
+                                    .with_member_metadata(
+                                        m.protocols
+                                            .iter()
+                                            .find(|(n, _)| *n == protocol)
+                                            .map(|(_, meta)| meta.clone())
+                                            .unwrap_or_default(),
+                                    )
+                                    .with_member_assignment(m.assignment.clone())
+                            })
+                            .collect(),
+                    )
+            })
+            .collect(),
+    )
 }

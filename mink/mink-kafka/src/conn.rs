@@ -36,6 +36,9 @@ pub(crate) enum Answer {
 pub(crate) struct Context {
     pub(crate) node: Node,
     pub(crate) config: Arc<KafkaConfig>,
+    pub(crate) groups: Arc<crate::groups::Groups>,
+    /// The client's address (DescribeGroups names it).
+    pub(crate) peer: String,
     pub(crate) header: RequestHeader,
     pub(crate) api_key: ApiKey,
 }
@@ -73,8 +76,13 @@ pub(crate) fn respond(
 pub(crate) async fn run(
     node: Node,
     config: Arc<KafkaConfig>,
+    groups: Arc<crate::groups::Groups>,
     socket: tokio::net::TcpStream,
 ) -> Result<(), ConnError> {
+    let peer = socket
+        .peer_addr()
+        .map(|a| a.ip().to_string())
+        .unwrap_or_default();
     let (mut reader, mut writer) = socket.into_split();
     let (answers, mut pending) = tokio::sync::mpsc::channel::<Answer>(IN_FLIGHT);
     let writing = tokio::spawn(async move {
@@ -104,7 +112,7 @@ pub(crate) async fn run(
             };
             let mut frame = BytesMut::zeroed(size);
             reader.read_exact(&mut frame).await?;
-            let answer = handle(&node, &config, frame.freeze()).await?;
+            let answer = handle(&node, &config, &groups, &peer, frame.freeze()).await?;
             if answers.send(answer).await.is_err() {
                 return Ok(()); // the writer stopped: the client went away
             }
@@ -124,6 +132,8 @@ pub(crate) async fn run(
 async fn handle(
     node: &Node,
     config: &Arc<KafkaConfig>,
+    groups: &Arc<crate::groups::Groups>,
+    peer: &str,
     mut frame: Bytes,
 ) -> Result<Answer, ConnError> {
     let api_key = ApiKey::try_from(frame.clone().get_i16())
@@ -146,6 +156,8 @@ async fn handle(
     let cx = Context {
         node: node.clone(),
         config: Arc::clone(config),
+        groups: Arc::clone(groups),
+        peer: peer.to_string(),
         header,
         api_key,
     };

@@ -14,6 +14,7 @@
 
 mod api;
 mod conn;
+mod groups;
 pub mod records;
 
 use std::sync::Arc;
@@ -34,6 +35,9 @@ pub struct KafkaConfig {
     /// The address this listener is reached at (the one registered as this node's
     /// [`LISTENER`]): Metadata names it for this node until the registration is applied.
     pub advertised: Option<String>,
+    /// How long a group's committed offsets outlive its last commit (Kafka's
+    /// `offsets.retention.minutes`, 7 days).
+    pub offsets_retention: std::time::Duration,
 }
 
 impl Default for KafkaConfig {
@@ -43,6 +47,7 @@ impl Default for KafkaConfig {
             max_request_bytes: 100 << 20,
             max_fetch_wait: std::time::Duration::from_secs(30),
             advertised: None,
+            offsets_retention: std::time::Duration::from_secs(7 * 24 * 3600),
         }
     }
 }
@@ -61,6 +66,30 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let config = Arc::new(config);
     let (stop, stopped) = tokio::sync::watch::channel(false);
+    let groups = Arc::new(groups::Groups::new(node.clone()));
+    // Group sessions and rebalance deadlines; offsets past their retention, on the lease
+    // holder, every minute.
+    let ticking = {
+        let (groups, node, config) = (Arc::clone(&groups), node.clone(), Arc::clone(&config));
+        let mut stopped = stopped.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(groups::TICK);
+            let mut expiry = tokio::time::interval(std::time::Duration::from_secs(60));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => groups.tick().await,
+                    _ = expiry.tick() => {
+                        if groups.coordinating()
+                            && let Err(e) = node.expire_group_offsets(config.offsets_retention).await
+                        {
+                            tracing::debug!(error = %e, "expiring group offsets");
+                        }
+                    }
+                    _ = stopped.changed() => return,
+                }
+            }
+        })
+    };
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -76,10 +105,11 @@ pub async fn serve(
                 let _ = socket.set_nodelay(true);
                 let node = node.clone();
                 let config = Arc::clone(&config);
+                let groups = Arc::clone(&groups);
                 let mut stopped = stopped.clone();
                 tokio::spawn(async move {
                     tokio::select! {
-                        r = conn::run(node, config, socket) => {
+                        r = conn::run(node, config, groups, socket) => {
                             if let Err(e) = r {
                                 tracing::debug!(%peer, error = %e, "Kafka connection closed");
                             }
@@ -91,6 +121,7 @@ pub async fn serve(
         }
     }
     let _ = stop.send(true);
+    let _ = ticking.await;
     Ok(())
 }
 

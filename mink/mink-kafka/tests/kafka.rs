@@ -184,6 +184,37 @@ async fn real_clients_produce_and_consume() {
     s.stop().await;
 }
 
+/// Consumer groups with kafka-python and librdkafka: partitions shared and handed over on a
+/// leave, offsets committed and resumed from, the group listed and described
+/// (tests/kafka_groups.py).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumer_groups_share_hand_over_and_resume() {
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve(dir.path()).await;
+    let script = manifest_dir().join("tests/kafka_groups.py");
+    let kafka = s.kafka.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python)
+            .arg(script)
+            .arg(kafka)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "kafka_groups.py failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The committed offsets are in the command log.
+    let committed: u64 = s.node.group_offsets("g1").iter().map(|c| c.offset).sum();
+    assert_eq!(committed, 52);
+    s.stop().await;
+}
+
 /// Sends one request frame and reads one response frame.
 async fn exchange(socket: &mut tokio::net::TcpStream, frame: &[u8]) -> std::io::Result<Bytes> {
     socket.write_all(frame).await?;

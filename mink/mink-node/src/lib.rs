@@ -12,6 +12,7 @@ mod catalog;
 mod cluster;
 mod error;
 mod forward;
+mod groups;
 mod kv;
 mod lake_maintenance;
 mod leadership;
@@ -38,6 +39,7 @@ pub use node::{
 
 pub use error::{NodeError, NodeResult};
 pub use forward::Forwarder;
+pub use groups::CommittedOffset;
 pub use read::{
     BucketRead, Filter, ReadData, ReadItem, ReadKind, ReadOptions, ReadPlan, ReadRequest,
     ReadSource, ReadStart, ReadStop,

@@ -1,0 +1,491 @@
+//! Consumer groups, Kafka's classic protocol: members join, the leader assigns partitions
+//! (with the clients' own assignors, range or roundrobin), everyone syncs and heartbeats; a
+//! member that stops heartbeating or leaves starts a rebalance.
+//!
+//! The coordinator of every group is the node holding the cluster's lease (it is in every
+//! node's view; FindCoordinator names it, and other nodes answer NOT_COORDINATOR). Membership
+//! lives in its memory; a group's generation and committed offsets go through the command log
+//! ([`mink_node::Node::set_group_generation`], [`mink_node::Node::commit_group_offsets`]), so
+//! after a failover the next lease holder continues past the last generation, the members
+//! rejoin there, and no committed offset is lost.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use bytes::Bytes;
+use kafka_protocol::ResponseError;
+use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
+use kafka_protocol::messages::{JoinGroupResponse, SyncGroupResponse};
+use kafka_protocol::protocol::StrBytes;
+use mink_node::Node;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+/// How often sessions and rebalance deadlines are checked.
+pub(crate) const TICK: Duration = Duration::from_millis(100);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Phase {
+    Empty,
+    PreparingRebalance,
+    CompletingRebalance,
+    Stable,
+}
+
+impl Phase {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Phase::Empty => "Empty",
+            Phase::PreparingRebalance => "PreparingRebalance",
+            Phase::CompletingRebalance => "CompletingRebalance",
+            Phase::Stable => "Stable",
+        }
+    }
+}
+
+pub(crate) struct Member {
+    pub(crate) client_id: String,
+    pub(crate) client_host: String,
+    session_timeout: Duration,
+    rebalance_timeout: Duration,
+    pub(crate) protocols: Vec<(String, Bytes)>,
+    last_seen: Instant,
+    pub(crate) assignment: Bytes,
+    /// This member's JoinGroup waiting for the round to complete.
+    joining: Option<(oneshot::Sender<JoinGroupResponse>, i16)>,
+    /// This member's SyncGroup waiting for the leader's assignment.
+    syncing: Option<oneshot::Sender<SyncGroupResponse>>,
+}
+
+pub(crate) struct Group {
+    pub(crate) phase: Phase,
+    pub(crate) generation: i32,
+    pub(crate) protocol_type: String,
+    pub(crate) protocol: Option<String>,
+    pub(crate) leader: Option<String>,
+    pub(crate) members: BTreeMap<String, Member>,
+    /// Member ids handed out with MEMBER_ID_REQUIRED, not joined yet.
+    pending: HashSet<String>,
+    /// When a rebalance stops waiting for members that have not rejoined.
+    deadline: Option<Instant>,
+}
+
+/// The groups this node coordinates.
+pub(crate) struct Groups {
+    node: Node,
+    pub(crate) groups: Mutex<BTreeMap<String, Group>>,
+    next_member: std::sync::atomic::AtomicU64,
+}
+
+/// What a JoinGroup asks.
+pub(crate) struct Join {
+    pub(crate) group: String,
+    pub(crate) member_id: String,
+    pub(crate) client_id: String,
+    pub(crate) client_host: String,
+    pub(crate) session_timeout: Duration,
+    pub(crate) rebalance_timeout: Duration,
+    pub(crate) protocol_type: String,
+    pub(crate) protocols: Vec<(String, Bytes)>,
+    /// The request's version: from 4, a new member first gets its id (MEMBER_ID_REQUIRED).
+    pub(crate) version: i16,
+}
+
+fn join_error(code: ResponseError, member_id: &str) -> JoinGroupResponse {
+    JoinGroupResponse::default()
+        .with_error_code(code.code())
+        .with_generation_id(-1)
+        .with_member_id(StrBytes::from_string(member_id.to_string()))
+}
+
+fn sync_error(code: ResponseError) -> SyncGroupResponse {
+    SyncGroupResponse::default().with_error_code(code.code())
+}
+
+impl Groups {
+    pub(crate) fn new(node: Node) -> Self {
+        Groups {
+            node,
+            groups: Mutex::new(BTreeMap::new()),
+            next_member: std::sync::atomic::AtomicU64::new(1),
+        }
+    }
+
+    /// Whether this node coordinates groups now.
+    pub(crate) fn coordinating(&self) -> bool {
+        self.node.group_coordinator() == Some(self.node.node_id())
+    }
+
+    fn new_member_id(&self, client_id: &str) -> String {
+        let n = self
+            .next_member
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!(
+            "{client_id}-{}-{}-{n}",
+            self.node.node_id(),
+            self.node.now_ms()
+        )
+    }
+
+    /// A JoinGroup: resolves when the round it joins completes (or at once with an error).
+    pub(crate) async fn join(&self, j: Join) -> JoinGroupResponse {
+        let answer = {
+            let mut groups = self.groups.lock().expect("groups");
+            let generation = self.node.group_generation(&j.group);
+            let group = groups.entry(j.group.clone()).or_insert_with(|| Group {
+                phase: Phase::Empty,
+                generation,
+                protocol_type: j.protocol_type.clone(),
+                protocol: None,
+                leader: None,
+                members: BTreeMap::new(),
+                pending: HashSet::new(),
+                deadline: None,
+            });
+            if !group.members.is_empty() && group.protocol_type != j.protocol_type {
+                return join_error(ResponseError::InconsistentGroupProtocol, &j.member_id);
+            }
+            let mut member_id = j.member_id.clone();
+            if member_id.is_empty() {
+                member_id = self.new_member_id(&j.client_id);
+                if j.version >= 4 {
+                    group.pending.insert(member_id.clone());
+                    return join_error(ResponseError::MemberIdRequired, &member_id);
+                }
+            } else if !group.members.contains_key(&member_id) && !group.pending.remove(&member_id) {
+                return join_error(ResponseError::UnknownMemberId, &member_id);
+            }
+            let shares_a_protocol = group.members.values().all(|m| {
+                m.protocols
+                    .iter()
+                    .any(|(name, _)| j.protocols.iter().any(|(n, _)| n == name))
+            });
+            if j.protocols.is_empty() || !shares_a_protocol {
+                return join_error(ResponseError::InconsistentGroupProtocol, &member_id);
+            }
+            let (tx, rx) = oneshot::channel();
+            let now = Instant::now();
+            let member = group.members.entry(member_id.clone()).or_insert(Member {
+                client_id: j.client_id.clone(),
+                client_host: j.client_host.clone(),
+                session_timeout: j.session_timeout,
+                rebalance_timeout: j.rebalance_timeout,
+                protocols: Vec::new(),
+                last_seen: now,
+                assignment: Bytes::new(),
+                joining: None,
+                syncing: None,
+            });
+            member.protocols = j.protocols;
+            member.session_timeout = j.session_timeout;
+            member.rebalance_timeout = j.rebalance_timeout;
+            member.last_seen = now;
+            member.joining = Some((tx, j.version));
+            group.protocol_type = j.protocol_type;
+            if group.phase != Phase::PreparingRebalance {
+                prepare_rebalance(group, now);
+            }
+            rx
+        };
+        self.complete_joins(&j.group).await;
+        answer
+            .await
+            .unwrap_or_else(|_| join_error(ResponseError::RebalanceInProgress, &j.member_id))
+    }
+
+    /// Completes the rebalance of `group` if every member has rejoined (or, `expired`, drops
+    /// those that have not and completes it): a new generation, recorded, then the answers.
+    async fn complete_joins(&self, group_id: &str) {
+        self.complete_joins_at(group_id, false).await;
+    }
+
+    async fn complete_joins_at(&self, group_id: &str, expired: bool) {
+        let (generation, answers) = {
+            let mut groups = self.groups.lock().expect("groups");
+            let Some(group) = groups.get_mut(group_id) else {
+                return;
+            };
+            if group.phase != Phase::PreparingRebalance {
+                return;
+            }
+            if expired {
+                group.members.retain(|_, m| m.joining.is_some());
+            } else if group.members.values().any(|m| m.joining.is_none()) {
+                return;
+            }
+            if group.members.is_empty() {
+                group.phase = Phase::Empty;
+                group.deadline = None;
+                return;
+            }
+            group.generation += 1;
+            group.deadline = None;
+            group.phase = Phase::CompletingRebalance;
+            if group
+                .leader
+                .as_ref()
+                .is_none_or(|l| !group.members.contains_key(l))
+            {
+                group.leader = group.members.keys().next().cloned();
+            }
+            let leader = group.leader.clone().unwrap_or_default();
+            // The leader's most preferred protocol every member supports.
+            let protocol = group.members.get(&leader).and_then(|l| {
+                l.protocols.iter().map(|(n, _)| n.clone()).find(|n| {
+                    group
+                        .members
+                        .values()
+                        .all(|m| m.protocols.iter().any(|(p, _)| p == n))
+                })
+            });
+            group.protocol = protocol.clone();
+            let protocol = protocol.unwrap_or_default();
+            let listed: Vec<JoinGroupResponseMember> = group
+                .members
+                .iter()
+                .map(|(id, m)| {
+                    JoinGroupResponseMember::default()
+                        .with_member_id(StrBytes::from_string(id.clone()))
+                        .with_metadata(
+                            m.protocols
+                                .iter()
+                                .find(|(n, _)| *n == protocol)
+                                .map(|(_, meta)| meta.clone())
+                                .unwrap_or_default(),
+                        )
+                })
+                .collect();
+            let generation = group.generation;
+            let protocol_type = group.protocol_type.clone();
+            let answers: Vec<_> = group
+                .members
+                .iter_mut()
+                .filter_map(|(id, m)| {
+                    let (tx, _) = m.joining.take()?;
+                    let response = JoinGroupResponse::default()
+                        .with_generation_id(generation)
+                        .with_protocol_type(Some(StrBytes::from_string(protocol_type.clone())))
+                        .with_protocol_name(Some(StrBytes::from_string(protocol.clone())))
+                        .with_leader(StrBytes::from_string(leader.clone()))
+                        .with_member_id(StrBytes::from_string(id.clone()))
+                        .with_members(if *id == leader {
+                            listed.clone()
+                        } else {
+                            Vec::new()
+                        });
+                    Some((tx, response))
+                })
+                .collect();
+            (generation, answers)
+        };
+        if let Err(e) = self.node.set_group_generation(group_id, generation).await {
+            tracing::warn!(group = group_id, generation, error = %e, "recording a generation failed");
+        }
+        for (tx, response) in answers {
+            let _ = tx.send(response);
+        }
+    }
+
+    /// A SyncGroup: the leader's assignments end the rebalance; every member gets its own.
+    pub(crate) async fn sync(
+        &self,
+        group_id: &str,
+        member_id: &str,
+        generation: i32,
+        assignments: Vec<(String, Bytes)>,
+    ) -> SyncGroupResponse {
+        let rx = {
+            let mut groups = self.groups.lock().expect("groups");
+            let Some(group) = groups.get_mut(group_id) else {
+                return sync_error(ResponseError::UnknownMemberId);
+            };
+            if !group.members.contains_key(member_id) {
+                return sync_error(ResponseError::UnknownMemberId);
+            }
+            if generation != group.generation {
+                return sync_error(ResponseError::IllegalGeneration);
+            }
+            match group.phase {
+                Phase::PreparingRebalance | Phase::Empty => {
+                    return sync_error(ResponseError::RebalanceInProgress);
+                }
+                Phase::Stable => {
+                    let m = &group.members[member_id];
+                    return self.synced(group, m.assignment.clone());
+                }
+                Phase::CompletingRebalance => {}
+            }
+            let (tx, rx) = oneshot::channel();
+            if let Some(m) = group.members.get_mut(member_id) {
+                m.syncing = Some(tx);
+                m.last_seen = Instant::now();
+            }
+            if group.leader.as_deref() == Some(member_id) {
+                for (id, assignment) in assignments {
+                    if let Some(m) = group.members.get_mut(&id) {
+                        m.assignment = assignment;
+                    }
+                }
+                group.phase = Phase::Stable;
+                let protocol_type = group.protocol_type.clone();
+                let protocol = group.protocol.clone();
+                for m in group.members.values_mut() {
+                    if let Some(tx) = m.syncing.take() {
+                        let _ = tx.send(
+                            SyncGroupResponse::default()
+                                .with_protocol_type(Some(StrBytes::from_string(
+                                    protocol_type.clone(),
+                                )))
+                                .with_protocol_name(protocol.clone().map(StrBytes::from_string))
+                                .with_assignment(m.assignment.clone()),
+                        );
+                    }
+                }
+            }
+            rx
+        };
+        rx.await
+            .unwrap_or_else(|_| sync_error(ResponseError::RebalanceInProgress))
+    }
+
+    fn synced(&self, group: &Group, assignment: Bytes) -> SyncGroupResponse {
+        SyncGroupResponse::default()
+            .with_protocol_type(Some(StrBytes::from_string(group.protocol_type.clone())))
+            .with_protocol_name(group.protocol.clone().map(StrBytes::from_string))
+            .with_assignment(assignment)
+    }
+
+    /// A Heartbeat: keeps the member's session; tells it to rejoin during a rebalance.
+    pub(crate) fn heartbeat(
+        &self,
+        group_id: &str,
+        member_id: &str,
+        generation: i32,
+    ) -> ResponseError {
+        let mut groups = self.groups.lock().expect("groups");
+        let Some(group) = groups.get_mut(group_id) else {
+            return ResponseError::UnknownMemberId;
+        };
+        let phase = group.phase;
+        let current = group.generation;
+        let Some(m) = group.members.get_mut(member_id) else {
+            return ResponseError::UnknownMemberId;
+        };
+        m.last_seen = Instant::now();
+        match phase {
+            Phase::PreparingRebalance => ResponseError::RebalanceInProgress,
+            _ if generation != current => ResponseError::IllegalGeneration,
+            _ => NO_ERROR,
+        }
+    }
+
+    /// A LeaveGroup of `members`: each answered; the rest of the group rebalances.
+    pub(crate) async fn leave(&self, group_id: &str, members: &[String]) -> Vec<ResponseError> {
+        let codes = {
+            let mut groups = self.groups.lock().expect("groups");
+            let Some(group) = groups.get_mut(group_id) else {
+                return vec![ResponseError::UnknownMemberId; members.len()];
+            };
+            let codes: Vec<ResponseError> = members
+                .iter()
+                .map(|id| match group.members.remove(id) {
+                    Some(_) => NO_ERROR,
+                    None => ResponseError::UnknownMemberId,
+                })
+                .collect();
+            if group.members.is_empty() {
+                group.phase = Phase::Empty;
+                group.leader = None;
+                group.deadline = None;
+            } else if group.phase != Phase::PreparingRebalance {
+                prepare_rebalance(group, Instant::now());
+            }
+            codes
+        };
+        self.complete_joins(group_id).await;
+        codes
+    }
+
+    /// Whether `member_id` of `group` at `generation` may commit offsets (`generation` < 0:
+    /// a consumer outside any group, which may).
+    pub(crate) fn may_commit(
+        &self,
+        group_id: &str,
+        member_id: &str,
+        generation: i32,
+    ) -> ResponseError {
+        if generation < 0 {
+            return NO_ERROR;
+        }
+        let groups = self.groups.lock().expect("groups");
+        let Some(group) = groups.get(group_id) else {
+            return ResponseError::IllegalGeneration;
+        };
+        if !group.members.contains_key(member_id) {
+            return ResponseError::UnknownMemberId;
+        }
+        if group.generation != generation {
+            return ResponseError::IllegalGeneration;
+        }
+        if group.phase == Phase::PreparingRebalance {
+            return ResponseError::RebalanceInProgress;
+        }
+        NO_ERROR
+    }
+
+    /// Drops members whose session ran out and completes rebalances past their deadline.
+    pub(crate) async fn tick(&self) {
+        let now = Instant::now();
+        let mut due = Vec::new();
+        {
+            let mut groups = self.groups.lock().expect("groups");
+            for (id, group) in groups.iter_mut() {
+                let before = group.members.len();
+                // A member waiting in a JoinGroup keeps its place until the round ends.
+                group
+                    .members
+                    .retain(|_, m| m.joining.is_some() || now < m.last_seen + m.session_timeout);
+                if group.members.len() < before {
+                    if group.members.is_empty() {
+                        group.phase = Phase::Empty;
+                        group.leader = None;
+                        group.deadline = None;
+                    } else if group.phase != Phase::PreparingRebalance {
+                        prepare_rebalance(group, now);
+                    }
+                }
+                if group.phase == Phase::PreparingRebalance {
+                    let complete = group.members.values().all(|m| m.joining.is_some());
+                    if complete || group.deadline.is_some_and(|d| now >= d) {
+                        due.push((id.clone(), !complete));
+                    }
+                }
+            }
+        }
+        for (group, expired) in due {
+            self.complete_joins_at(&group, expired).await;
+        }
+    }
+}
+
+/// `ResponseError` has no "none": code 0 is this.
+pub(crate) const NO_ERROR: ResponseError = ResponseError::Unknown(0);
+
+/// A new round: every member must rejoin before the longest rebalance timeout among them.
+fn prepare_rebalance(group: &mut Group, now: Instant) {
+    group.phase = Phase::PreparingRebalance;
+    let timeout = group
+        .members
+        .values()
+        .map(|m| m.rebalance_timeout)
+        .max()
+        .unwrap_or(Duration::from_secs(60));
+    group.deadline = Some(now + timeout);
+    // Members waiting in a SyncGroup learn that the round they synced is over.
+    for m in group.members.values_mut() {
+        if let Some(tx) = m.syncing.take() {
+            let _ = tx.send(sync_error(ResponseError::RebalanceInProgress));
+        }
+    }
+}
