@@ -64,6 +64,19 @@ else
   echo "WARNING: S3 tests will be skipped (needs python3 with venv and network access to PyPI)." >&2
 fi
 
+step "command-line tools (tmux, kcat)"
+# The prompt's test drives mink-query in tmux; the Kafka tests run kcat. Installed when missing
+# and this user can (root with apt-get); otherwise those tests skip, or fail with CI=true.
+missing=()
+for tool in tmux kcat; do
+  command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
+done
+if [ "${#missing[@]}" -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1 \
+    || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1; } \
+    || echo "WARNING: could not install ${missing[*]}" >&2
+fi
+
 step "cargo nextest run"
 cargo nextest run --workspace --locked --no-fail-fast "$@"
 

@@ -6,7 +6,13 @@ use bytes::Bytes;
 use futures::FutureExt as _;
 use kafka_protocol::ResponseError;
 use kafka_protocol::messages::api_versions_response::ApiVersion;
+use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
 use kafka_protocol::messages::create_topics_response::CreatableTopicResult;
+use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
+use kafka_protocol::messages::describe_cluster_response::DescribeClusterBroker;
+use kafka_protocol::messages::describe_configs_response::{
+    DescribeConfigsResourceResult, DescribeConfigsResult,
+};
 use kafka_protocol::messages::describe_groups_response::{DescribedGroup, DescribedGroupMember};
 use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
 use kafka_protocol::messages::leave_group_response::MemberResponse;
@@ -27,8 +33,10 @@ use kafka_protocol::messages::produce_response::{
     BatchIndexAndErrorMessage, PartitionProduceResponse, TopicProduceResponse,
 };
 use kafka_protocol::messages::{
-    ApiKey, ApiVersionsRequest, ApiVersionsResponse, BrokerId, CreateTopicsRequest,
-    CreateTopicsResponse, DescribeGroupsRequest, DescribeGroupsResponse, FetchRequest,
+    ApiKey, ApiVersionsRequest, ApiVersionsResponse, BrokerId, CreatePartitionsRequest,
+    CreatePartitionsResponse, CreateTopicsRequest, CreateTopicsResponse, DeleteTopicsRequest,
+    DeleteTopicsResponse, DescribeClusterRequest, DescribeClusterResponse, DescribeConfigsRequest,
+    DescribeConfigsResponse, DescribeGroupsRequest, DescribeGroupsResponse, FetchRequest,
     FetchResponse, FindCoordinatorRequest, FindCoordinatorResponse, GroupId, HeartbeatRequest,
     HeartbeatResponse, InitProducerIdRequest, InitProducerIdResponse, JoinGroupRequest,
     LeaveGroupRequest, LeaveGroupResponse, ListGroupsRequest, ListGroupsResponse,
@@ -63,6 +71,10 @@ const VERSIONS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::OffsetFetch, 1, 7),
     (ApiKey::ListGroups, 0, 4),
     (ApiKey::DescribeGroups, 0, 4),
+    (ApiKey::DeleteTopics, 1, 5),
+    (ApiKey::CreatePartitions, 0, 3),
+    (ApiKey::DescribeConfigs, 1, 4),
+    (ApiKey::DescribeCluster, 0, 1),
 ];
 
 /// Whether `version` of `key` is answered here.
@@ -138,6 +150,23 @@ pub(crate) async fn handle(cx: Context, mut body: Bytes) -> Result<Answer> {
             let request: DescribeGroupsRequest = decode(&mut body, version)?;
             Answer::Now(cx.respond(&describe_groups(&cx, &request)))
         }
+        ApiKey::DeleteTopics => {
+            let request: DeleteTopicsRequest = decode(&mut body, version)?;
+            let response = delete_topics(&cx, &request).await;
+            Answer::Now(cx.respond(&response))
+        }
+        ApiKey::CreatePartitions => {
+            let request: CreatePartitionsRequest = decode(&mut body, version)?;
+            Answer::Now(cx.respond(&create_partitions(&cx, &request)))
+        }
+        ApiKey::DescribeConfigs => {
+            let request: DescribeConfigsRequest = decode(&mut body, version)?;
+            Answer::Now(cx.respond(&describe_configs(&cx, &request)))
+        }
+        ApiKey::DescribeCluster => {
+            let _: DescribeClusterRequest = decode(&mut body, version)?;
+            Answer::Now(cx.respond(&describe_cluster(&cx)))
+        }
         ApiKey::ListOffsets => {
             let request: ListOffsetsRequest = decode(&mut body, version)?;
             let response = list_offsets(&cx, &request).await;
@@ -210,9 +239,10 @@ fn topic_table(cx: &Context, topic: &str) -> std::result::Result<TableInfo, Resp
     }
 }
 
-fn metadata(cx: &Context, request: &MetadataRequest) -> MetadataResponse {
+/// Every node with a Kafka listener: its host and port.
+fn kafka_nodes(cx: &Context) -> std::collections::BTreeMap<u64, (String, i32)> {
     let view = cx.node.view();
-    let mut kafka_nodes: std::collections::BTreeMap<u64, (String, i32)> = view
+    let mut nodes: std::collections::BTreeMap<u64, (String, i32)> = view
         .state
         .nodes
         .values()
@@ -223,8 +253,14 @@ fn metadata(cx: &Context, request: &MetadataRequest) -> MetadataResponse {
         .collect();
     // This node, before its registration with the listener is applied (a fresh cluster).
     if let Some(me) = cx.config.advertised.as_deref().and_then(host_port) {
-        kafka_nodes.entry(cx.node.node_id()).or_insert(me);
+        nodes.entry(cx.node.node_id()).or_insert(me);
     }
+    nodes
+}
+
+fn metadata(cx: &Context, request: &MetadataRequest) -> MetadataResponse {
+    let view = cx.node.view();
+    let kafka_nodes = kafka_nodes(cx);
     let brokers = kafka_nodes
         .iter()
         .map(|(id, (host, port))| {
@@ -1176,4 +1212,141 @@ fn describe_groups(cx: &Context, request: &DescribeGroupsRequest) -> DescribeGro
             })
             .collect(),
     )
+}
+
+async fn delete_topics(cx: &Context, request: &DeleteTopicsRequest) -> DeleteTopicsResponse {
+    let mut results = Vec::with_capacity(request.topic_names.len());
+    for name in &request.topic_names {
+        let result = DeletableTopicResult::default().with_name(Some(name.clone()));
+        let dropped = match topic_table(cx, name.0.as_str()) {
+            Err(code) => Err((code, format!("no topic {}", name.0.as_str()))),
+            Ok(info) => cx
+                .node
+                .drop_table(&info.database, &info.name, false)
+                .await
+                .map_err(|e| (error_code(&e), e.to_string())),
+        };
+        results.push(match dropped {
+            Ok(()) => result,
+            Err((code, message)) => result
+                .with_error_code(code.code())
+                .with_error_message(Some(StrBytes::from_string(message))),
+        });
+    }
+    DeleteTopicsResponse::default().with_responses(results)
+}
+
+/// A table's bucket count is fixed when it is created (rows are routed by it), so partitions
+/// cannot be added: the request is answered with why.
+fn create_partitions(cx: &Context, request: &CreatePartitionsRequest) -> CreatePartitionsResponse {
+    CreatePartitionsResponse::default().with_results(
+        request
+            .topics
+            .iter()
+            .map(|t| {
+                let result = CreatePartitionsTopicResult::default().with_name(t.name.clone());
+                let (code, message) = match topic_table(cx, t.name.0.as_str()) {
+                    Err(code) => (code, format!("no topic {}", t.name.0.as_str())),
+                    Ok(info) => (
+                        ResponseError::InvalidPartitions,
+                        format!(
+                            "{} has {} partitions, fixed when it was created (its rows are routed by the count): create a new topic with more",
+                            t.name.0.as_str(),
+                            info.bucket_count
+                        ),
+                    ),
+                };
+                result
+                    .with_error_code(code.code())
+                    .with_error_message(Some(StrBytes::from_string(message)))
+            })
+            .collect(),
+    )
+}
+
+/// Kafka's config resource types.
+const TOPIC_RESOURCE: i8 = 2;
+const BROKER_RESOURCE: i8 = 4;
+
+/// A topic's configs, as Kafka names them, from the table's options: `retention.ms` from
+/// `table.log.ttl` (-1 when rows are kept until tiered or forever), deletion as the cleanup
+/// policy, and every Mink option under its own name.
+fn describe_configs(cx: &Context, request: &DescribeConfigsRequest) -> DescribeConfigsResponse {
+    let config = |name: &str, value: String| {
+        DescribeConfigsResourceResult::default()
+            .with_name(StrBytes::from_string(name.to_string()))
+            .with_value(Some(StrBytes::from_string(value)))
+            .with_read_only(true)
+            // DEFAULT_CONFIG for derived values; 1 (TOPIC_CONFIG) for the table's own options.
+            .with_config_source(5)
+    };
+    DescribeConfigsResponse::default().with_results(
+        request
+            .resources
+            .iter()
+            .map(|r| {
+                let result = DescribeConfigsResult::default()
+                    .with_resource_type(r.resource_type)
+                    .with_resource_name(r.resource_name.clone());
+                let wanted = |name: &str| {
+                    r.configuration_keys
+                        .as_ref()
+                        .is_none_or(|keys| keys.iter().any(|k| k.as_str() == name))
+                };
+                match r.resource_type {
+                    TOPIC_RESOURCE => match topic_table(cx, r.resource_name.as_str()) {
+                        Err(code) => result.with_error_code(code.code()),
+                        Ok(info) => {
+                            let ttl = mink_log::options::TableOptions::parse(&info.options)
+                                .ok()
+                                .and_then(|o| o.log_ttl);
+                            let mut configs = vec![
+                                match ttl {
+                                    // Set on the table (table.log.ttl): a topic config.
+                                    Some(t) => config("retention.ms", t.as_millis().to_string())
+                                        .with_config_source(1),
+                                    None => config("retention.ms", "-1".to_string()),
+                                },
+                                config("cleanup.policy", "delete".to_string()),
+                            ];
+                            configs.extend(
+                                info.options
+                                    .iter()
+                                    .map(|(k, v)| config(k, v.clone()).with_config_source(1)),
+                            );
+                            result.with_configs(
+                                configs
+                                    .into_iter()
+                                    .filter(|c| wanted(c.name.as_str()))
+                                    .collect(),
+                            )
+                        }
+                    },
+                    BROKER_RESOURCE => result,
+                    _ => result
+                        .with_error_code(ResponseError::InvalidRequest.code())
+                        .with_error_message(Some(StrBytes::from_static_str(
+                            "configs are described for topics and brokers",
+                        ))),
+                }
+            })
+            .collect(),
+    )
+}
+
+fn describe_cluster(cx: &Context) -> DescribeClusterResponse {
+    DescribeClusterResponse::default()
+        .with_cluster_id(StrBytes::from_static_str("mink"))
+        .with_controller_id(cx.node.group_coordinator().map_or(BrokerId(-1), broker))
+        .with_brokers(
+            kafka_nodes(cx)
+                .into_iter()
+                .map(|(id, (host, port))| {
+                    DescribeClusterBroker::default()
+                        .with_broker_id(broker(id))
+                        .with_host(StrBytes::from_string(host))
+                        .with_port(port)
+                })
+                .collect(),
+        )
 }

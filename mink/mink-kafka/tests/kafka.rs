@@ -169,7 +169,7 @@ async fn real_clients_produce_and_consume() {
         .chain(s.rows("kafka", "raw", 1).await.iter())
         .map(arrow::array::RecordBatch::num_rows)
         .sum();
-    assert_eq!(raw, 143);
+    assert_eq!(raw, 148);
     let people = s.rows("kafka", "people", 0).await;
     let people = arrow::compute::concat_batches(&people[0].schema(), &people).unwrap();
     assert_eq!(people.num_rows(), 2);
@@ -212,6 +212,94 @@ async fn consumer_groups_share_hand_over_and_resume() {
     // The committed offsets are in the command log.
     let committed: u64 = s.node.group_offsets("g1").iter().map(|c| c.offset).sum();
     assert_eq!(committed, 52);
+    s.stop().await;
+}
+
+/// kcat (librdkafka 2.0): metadata, producing keyed lines, consuming them back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kcat_lists_produces_and_consumes() {
+    if std::process::Command::new("kcat")
+        .arg("-V")
+        .output()
+        .is_err()
+    {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true but kcat is not installed (scripts/test.sh installs it)"
+        );
+        eprintln!("skipped: no kcat");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve(dir.path()).await;
+    s.node.create_database("kafka", false).await.unwrap();
+    s.node
+        .create_table(TableSpec {
+            database: "kafka".into(),
+            name: "lines".into(),
+            schema: mink_kafka::records::raw_schema(),
+            primary_key: vec![],
+            options: [("bucket.num".to_string(), "2".to_string())].into(),
+            partition_keys: vec![],
+            comment: String::new(),
+            if_not_exists: false,
+        })
+        .await
+        .unwrap();
+    let kafka = s.kafka.clone();
+    let (listed, consumed) = tokio::task::spawn_blocking(move || {
+        use std::io::Write as _;
+        let kcat = |args: &[&str], input: Option<&str>| {
+            let mut child = std::process::Command::new("kcat")
+                .args(["-b", &kafka])
+                .args(args)
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut stdin = child.stdin.take().unwrap();
+            if let Some(text) = input {
+                stdin.write_all(text.as_bytes()).unwrap();
+            }
+            drop(stdin);
+            let out = child.wait_with_output().unwrap();
+            assert!(
+                out.status.success(),
+                "kcat {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        let listed = kcat(&["-L", "-t", "lines"], None);
+        kcat(
+            &["-P", "-t", "lines", "-p", "1", "-K", ":"],
+            Some("k1:one\nk2:two\n"),
+        );
+        let consumed = kcat(
+            &[
+                "-C",
+                "-t",
+                "lines",
+                "-p",
+                "1",
+                "-o",
+                "beginning",
+                "-e",
+                "-f",
+                "%k=%s@%o\n",
+            ],
+            None,
+        );
+        (listed, consumed)
+    })
+    .await
+    .unwrap();
+    assert!(
+        listed.contains("topic \"lines\" with 2 partitions"),
+        "{listed}"
+    );
+    assert_eq!(consumed, "k1=one@0\nk2=two@1\n");
     s.stop().await;
 }
 

@@ -131,4 +131,57 @@ while len(rows) < 2:
         rows.extend(json.loads(r.value) for r in records)
 assert rows == [{"id": 1, "name": "ann"}, {"id": 2}], rows
 consumer.close()
+
+# aiokafka (non-flexible versions only): a round trip on a topic of its own.
+import asyncio
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import TopicPartition as ATopicPartition
+
+
+async def aio():
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, acks="all")
+    await producer.start()
+    try:
+        for i in range(5):
+            await producer.send_and_wait("raw", f"aio-{i}".encode(), key=b"a", partition=0)
+    finally:
+        await producer.stop()
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tp = ATopicPartition("raw", 0)
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        values = []
+        while not any(v == b"aio-4" for v in values):
+            batch = await asyncio.wait_for(consumer.getmany(tp, timeout_ms=1000), 30)
+            values.extend(r.value for r in batch.get(tp, []))
+        assert [v for v in values if v.startswith(b"aio-")] == [f"aio-{i}".encode() for i in range(5)], values
+    finally:
+        await consumer.stop()
+
+
+asyncio.run(aio())
+
+# Topic administration: configs, the cluster, partitions (fixed), deletion.
+from kafka.admin import ConfigResource, ConfigResourceType, NewPartitions
+from kafka.errors import InvalidPartitionsError
+
+admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+configs = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, "raw")])
+# The table's own options (Kafka's defaults, derived ones such as retention.ms, are not shown
+# by this client).
+assert "'bucket.num': {'value': '2'" in repr(configs), configs
+cluster = admin.describe_cluster()
+assert len(cluster["brokers"]) == 1, cluster
+try:
+    admin.create_partitions({"raw": NewPartitions(total_count=4)})
+    raise AssertionError("partitions were added")
+except InvalidPartitionsError as e:
+    assert "fixed" in str(e), e
+admin.create_topics([NewTopic("doomed", num_partitions=1, replication_factor=1)])
+admin.delete_topics(["doomed"])
+assert "doomed" not in admin.list_topics(), admin.list_topics()
+admin.close()
 print("ok")
