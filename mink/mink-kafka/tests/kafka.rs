@@ -351,8 +351,9 @@ fn produce_error(mut response: Bytes) -> i16 {
 }
 
 /// Hostile frames: a corrupt batch (bad CRC, a record count its bytes cannot hold, a length
-/// past the frame) gets CORRUPT_MESSAGE and stores nothing; an oversized or garbage frame closes
-/// its connection; the listener keeps serving others.
+/// past the frame, a decompression bomb) gets CORRUPT_MESSAGE and stores nothing; an oversized
+/// or garbage frame, or an array count past the frame, closes its connection; the listener keeps
+/// serving others.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_frames_get_errors_and_harm_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -430,6 +431,42 @@ async fn hostile_frames_get_errors_and_harm_nothing() {
         .await
         .unwrap();
     assert_eq!(garbage.read(&mut buf).await.unwrap(), 0);
+    // A request whose array count claims two billion topics in a few bytes: refused before
+    // anything is sized from the count (the process would abort on the allocation).
+    let mut counted = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
+    let mut frame = BytesMut::new();
+    frame.put_i32(14);
+    frame.put_i16(ApiKey::Metadata as i16);
+    frame.put_i16(0);
+    frame.put_i32(9); // correlation id
+    frame.put_i16(-1); // no client id
+    frame.put_i32(i32::MAX); // the topics array
+    counted.write_all(&frame).await.unwrap();
+    assert_eq!(counted.read(&mut buf).await.unwrap(), 0);
+    // A batch that decompresses past the limit (a few KiB of zstd for 260 MiB of zeros).
+    let bomb = kafka_protocol::records::Record {
+        value: Some(Bytes::from(vec![0u8; 260 << 20])),
+        ..records[0].clone()
+    };
+    let mut compressed = BytesMut::new();
+    kafka_protocol::records::RecordBatchEncoder::encode(
+        &mut compressed,
+        [&bomb],
+        &kafka_protocol::records::RecordEncodeOptions {
+            version: 2,
+            compression: kafka_protocol::records::Compression::Zstd,
+        },
+    )
+    .unwrap();
+    drop(bomb);
+    assert!(compressed.len() < 1 << 20, "{}", compressed.len());
+    let response = exchange(&mut socket, &produce_frame(compressed.freeze()))
+        .await
+        .unwrap();
+    assert_eq!(
+        produce_error(response),
+        kafka_protocol::ResponseError::CorruptMessage.code()
+    );
     // Others are still served; the good rows are there, once.
     let response = exchange(&mut socket, &produce_frame(encode_one()))
         .await
