@@ -23,10 +23,15 @@ struct Served {
 }
 
 async fn serve(dir: &std::path::Path) -> Served {
+    serve_node(dir, 1).await
+}
+
+/// Node `node_id` of the cluster whose metadata and objects are under `dir`.
+async fn serve_node(dir: &std::path::Path, node_id: u64) -> Served {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let kafka = listener.local_addr().unwrap().to_string();
     let mut c = NodeConfig::new(
-        1,
+        node_id,
         &format!("sqlite://{}", dir.join("meta.db").display()),
         dir.join("objects").to_str().unwrap(),
     );
@@ -301,6 +306,150 @@ async fn kcat_lists_produces_and_consumes() {
     );
     assert_eq!(consumed, "k1=one@0\nk2=two@1\n");
     s.stop().await;
+}
+
+/// Committed offsets live in the command log until their retention runs out after the group's
+/// last commit; the lease holder drops them then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn committed_offsets_expire_after_their_retention() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve(dir.path()).await;
+    s.node.create_database("kafka", false).await.unwrap();
+    for name in ["a", "b"] {
+        s.node
+            .create_table(TableSpec {
+                database: "kafka".into(),
+                name: name.into(),
+                schema: mink_kafka::records::raw_schema(),
+                primary_key: vec![],
+                options: [("bucket.num".to_string(), "1".to_string())].into(),
+                partition_keys: vec![],
+                comment: String::new(),
+                if_not_exists: false,
+            })
+            .await
+            .unwrap();
+    }
+    let at = |t: &str| BucketRef::new("kafka", t, None, 0);
+    s.node
+        .commit_group_offsets("old", &[(at("a"), 5, -1, "m".into())])
+        .await
+        .unwrap();
+    // A week's retention keeps them; none drops every group whose last commit is past it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match s
+            .node
+            .expire_group_offsets(Duration::from_secs(7 * 24 * 3600))
+            .await
+        {
+            Ok(()) => break,
+            Err(e) => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "waited for the lease to expire offsets: {e}"
+                );
+                let index = s.node.view().applied_index;
+                let _ = s
+                    .node
+                    .wait_applied(index + 1, Duration::from_millis(200))
+                    .await;
+            }
+        }
+    }
+    assert_eq!(s.node.group_offsets("old").len(), 1);
+    assert_eq!(s.node.group_offsets("old")[0].metadata, "m");
+    s.node.expire_group_offsets(Duration::ZERO).await.unwrap();
+    assert!(s.node.group_offsets("old").is_empty());
+    // A commit naming a table that does not exist is refused, and stores nothing.
+    assert!(
+        s.node
+            .commit_group_offsets(
+                "g",
+                &[
+                    (at("a"), 1, -1, String::new()),
+                    (at("nope"), 1, -1, String::new())
+                ]
+            )
+            .await
+            .is_err()
+    );
+    assert!(s.node.group_offsets("g").is_empty());
+    s.stop().await;
+}
+
+/// Two nodes lead a topic's partitions; the one holding the lease (a leader of some partitions
+/// and the group coordinator) stops. An idempotent producer finds the new leaders through
+/// Metadata, a group consumer the new coordinator, and every record arrives once
+/// (tests/kafka_failover.py).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_follow_leaders_and_the_coordinator_through_a_failover() {
+    use std::io::{BufRead as _, Write as _};
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let a = serve_node(dir.path(), 1).await;
+    let b = serve_node(dir.path(), 2).await;
+    // Both live before the topic exists, so its partitions spread over them.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = a.node.cluster_status().await.unwrap();
+        if status.nodes.iter().filter(|n| n.live).count() == 2 && status.coordinator.is_some() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "waited for two live nodes and a lease holder: {status:?}"
+        );
+        let index = a.node.view().applied_index;
+        let _ = a
+            .node
+            .wait_applied(index + 1, Duration::from_millis(200))
+            .await;
+    }
+    let holder = a.node.group_coordinator().unwrap();
+    let bootstrap = format!("{},{}", a.kafka, b.kafka);
+    let mut child = std::process::Command::new(python)
+        .arg(manifest_dir().join("tests/kafka_failover.py"))
+        .arg(bootstrap)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let line = tokio::task::block_in_place(|| {
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        line
+    });
+    assert_eq!(
+        line.trim(),
+        "ready",
+        "the script stopped before the failover"
+    );
+    // The topic's partitions are led by both nodes.
+    let info = a.node.describe_table("kafka", "moving").unwrap();
+    let leaders: std::collections::BTreeSet<u64> =
+        info.buckets.iter().map(|x| x.leader_node_id).collect();
+    assert_eq!(leaders.len(), 2, "{info:?}");
+    let (gone, _kept) = if holder == 1 { (a, b) } else { (b, a) };
+    gone.stop().await;
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"go\n").unwrap();
+    drop(stdin);
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    let mut rest = String::new();
+    tokio::task::block_in_place(|| {
+        use std::io::Read as _;
+        stdout.read_to_string(&mut rest).unwrap();
+    });
+    assert!(
+        out.status.success() && rest.contains("ok"),
+        "kafka_failover.py failed:\n{rest}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Sends one request frame and reads one response frame.

@@ -29,10 +29,10 @@ def produce(n, tag):
     producer.flush()
 
 
-def until(what, done, seconds=30):
+def until(what, done, seconds=30, state=lambda: None):
     deadline = time.monotonic() + seconds
     while not done():
-        assert time.monotonic() < deadline, f"waited {seconds}s for {what}"
+        assert time.monotonic() < deadline, f"waited {seconds}s for {what}; state: {state()}"
         time.sleep(0.05)
 
 
@@ -86,7 +86,7 @@ def shared():
     return len(r1) + len(r2) >= 40 and len(a1) == 2 and len(a2) == 2
 
 
-until("both consumers to share the 4 partitions and read the 40 records", shared)
+until("both consumers to share the 4 partitions and read the 40 records", shared, state=lambda: (c1.state()[1], len(c1.state()[0]), c2.state()[1], len(c2.state()[0])))
 (r1, parts1), (r2, parts2) = c1.state(), c2.state()
 assert parts1.isdisjoint(parts2) and parts1 | parts2 == {0, 1, 2, 3}, (parts1, parts2)
 # Each record once, from the consumer holding its partition.
@@ -96,7 +96,7 @@ c2.do(c2.consumer.commit)
 
 # c1 leaves: c2 takes every partition, and starts past what c1 committed.
 c1.stop()
-until("c2 to hold every partition", lambda: len(c2.state()[1]) == 4)
+until("c2 to hold every partition", lambda: len(c2.state()[1]) == 4, state=c2.state)
 produce(8, "second")
 until("the 8 new records", lambda: len(c2.state()[0]) >= len(r2) + 8)
 more = [v for _, _, v in c2.state()[0][len(r2):]]
