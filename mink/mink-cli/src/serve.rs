@@ -44,6 +44,10 @@ pub(crate) struct NodeArgs {
     /// from the cluster's log tables here. `mink dev` serves it on 127.0.0.1:9092.
     #[arg(long, env = "MINK_KAFKA_LISTEN")]
     pub(crate) kafka_listen: Option<String>,
+    /// Create a topic a Kafka client names (in a Metadata request) when it does not exist,
+    /// with this many partitions (Kafka's auto.create.topics.enable); off when unset.
+    #[arg(long, env = "MINK_KAFKA_AUTO_CREATE_PARTITIONS")]
+    pub(crate) kafka_auto_create_partitions: Option<u32>,
     /// OTLP/gRPC endpoint for traces and metrics (`http://collector:4317`).
     #[arg(long, env = "MINK_OTLP_ENDPOINT")]
     pub(crate) otlp_endpoint: Option<String>,
@@ -77,6 +81,9 @@ impl NodeArgs {
             metrics_listen: self.metrics_listen.or(file.metrics_listen),
             sql_listen: self.sql_listen.or(file.sql_listen),
             kafka_listen: self.kafka_listen.or(file.kafka_listen),
+            kafka_auto_create_partitions: self
+                .kafka_auto_create_partitions
+                .or(file.kafka_auto_create_partitions),
             otlp_endpoint: self.otlp_endpoint.or(file.otlp_endpoint),
             flush_delay_ms: self.flush_delay_ms.or(file.flush_delay_ms),
             lease_ttl_ms: self.lease_ttl_ms.or(file.lease_ttl_ms),
@@ -310,9 +317,11 @@ pub(crate) async fn run(args: NodeArgs, dev: bool) -> anyhow::Result<()> {
     let kafka_address = kafka.map(|(l, address)| {
         let node = node.clone();
         let advertised = address.clone();
+        let auto_create_topics = args.kafka_auto_create_partitions;
         tokio::spawn(async move {
             let config = mink_kafka::KafkaConfig {
                 advertised: Some(advertised),
+                auto_create_topics,
                 ..Default::default()
             };
             let served = mink_kafka::serve(node, config, l, std::future::pending()).await;

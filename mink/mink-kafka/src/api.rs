@@ -99,6 +99,7 @@ pub(crate) async fn handle(cx: Context, mut body: Bytes) -> Result<Answer> {
         }
         ApiKey::Metadata => {
             let request: MetadataRequest = decode(&mut body, version)?;
+            auto_create(&cx, &request).await;
             Answer::Now(cx.respond(&metadata(&cx, &request)))
         }
         ApiKey::CreateTopics => {
@@ -372,24 +373,7 @@ async fn create_topics(cx: &Context, request: CreateTopicsRequest) -> CreateTopi
             );
             continue;
         }
-        let created = async {
-            if database == cx.config.database {
-                cx.node.create_database(&database, true).await?;
-            }
-            cx.node
-                .create_table(TableSpec {
-                    database: database.clone(),
-                    name: table.clone(),
-                    schema: records::raw_schema(),
-                    primary_key: vec![],
-                    options: [("bucket.num".to_string(), partitions.to_string())].into(),
-                    partition_keys: vec![],
-                    comment: String::new(),
-                    if_not_exists: false,
-                })
-                .await
-        }
-        .await;
+        let created = create_raw_topic(cx, &database, &table, partitions, false).await;
         results.push(match created {
             Ok(_) => result
                 .with_num_partitions(partitions)
@@ -1349,4 +1333,53 @@ fn describe_cluster(cx: &Context) -> DescribeClusterResponse {
                 })
                 .collect(),
         )
+}
+
+/// Creates a topic's log table with the raw schema and `partitions` buckets (and the Kafka
+/// database, the first time).
+async fn create_raw_topic(
+    cx: &Context,
+    database: &str,
+    table: &str,
+    partitions: i32,
+    if_not_exists: bool,
+) -> std::result::Result<TableInfo, NodeError> {
+    if database == cx.config.database {
+        cx.node.create_database(database, true).await?;
+    }
+    cx.node
+        .create_table(TableSpec {
+            database: database.to_string(),
+            name: table.to_string(),
+            schema: records::raw_schema(),
+            primary_key: vec![],
+            options: [("bucket.num".to_string(), partitions.to_string())].into(),
+            partition_keys: vec![],
+            comment: String::new(),
+            if_not_exists,
+        })
+        .await
+}
+
+/// Topics a Metadata request names that do not exist, created with the raw schema when the
+/// listener allows it ([`crate::KafkaConfig::auto_create_topics`]) and the request asks for it
+/// (always, before version 4).
+async fn auto_create(cx: &Context, request: &MetadataRequest) {
+    let Some(partitions) = cx.config.auto_create_topics.filter(|p| *p > 0) else {
+        return;
+    };
+    let asked = cx.header.request_api_version < 4 || request.allow_auto_topic_creation;
+    let Some(topics) = request.topics.as_ref().filter(|_| asked) else {
+        return;
+    };
+    for name in topics.iter().filter_map(|t| t.name.as_ref()) {
+        let (database, table) = table_of(&cx.node, &cx.config, name.0.as_str());
+        if cx.node.describe_table(&database, &table).is_ok() {
+            continue;
+        }
+        let partitions = i32::try_from(partitions).unwrap_or(1);
+        if let Err(e) = create_raw_topic(cx, &database, &table, partitions, true).await {
+            tracing::debug!(topic = name.0.as_str(), error = %e, "auto-creating a topic failed");
+        }
+    }
 }

@@ -38,6 +38,10 @@ pub struct KafkaConfig {
     /// How long a group's committed offsets outlive its last commit (Kafka's
     /// `offsets.retention.minutes`, 7 days).
     pub offsets_retention: std::time::Duration,
+    /// Create a topic a client's Metadata request names, with this many partitions, when it
+    /// does not exist (Kafka's `auto.create.topics.enable` with `num.partitions`); `None`
+    /// (the default) answers `UNKNOWN_TOPIC_OR_PARTITION` instead.
+    pub auto_create_topics: Option<u32>,
 }
 
 impl Default for KafkaConfig {
@@ -48,6 +52,7 @@ impl Default for KafkaConfig {
             max_fetch_wait: std::time::Duration::from_secs(30),
             advertised: None,
             offsets_retention: std::time::Duration::from_secs(7 * 24 * 3600),
+            auto_create_topics: None,
         }
     }
 }

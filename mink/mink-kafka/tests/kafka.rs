@@ -28,6 +28,15 @@ async fn serve(dir: &std::path::Path) -> Served {
 
 /// Node `node_id` of the cluster whose metadata and objects are under `dir`.
 async fn serve_node(dir: &std::path::Path, node_id: u64) -> Served {
+    serve_with(dir, node_id, mink_kafka::KafkaConfig::default()).await
+}
+
+/// [`serve_node`] with a listener configured by `config` (its address filled in).
+async fn serve_with(
+    dir: &std::path::Path,
+    node_id: u64,
+    config: mink_kafka::KafkaConfig,
+) -> Served {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let kafka = listener.local_addr().unwrap().to_string();
     let mut c = NodeConfig::new(
@@ -48,7 +57,7 @@ async fn serve_node(dir: &std::path::Path, node_id: u64) -> Served {
         async move {
             let config = mink_kafka::KafkaConfig {
                 advertised: Some(advertised),
-                ..Default::default()
+                ..config
             };
             mink_kafka::serve(node, config, listener, async {
                 let _ = stopped.await;
@@ -450,6 +459,80 @@ async fn clients_follow_leaders_and_the_coordinator_through_a_failover() {
         "kafka_failover.py failed:\n{rest}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A Metadata request naming a topic that does not exist creates it when the listener allows
+/// it (and the request asks), and answers `UNKNOWN_TOPIC_OR_PARTITION` otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_creates_topics_when_the_listener_allows_it() {
+    let unknown = kafka_protocol::ResponseError::UnknownTopicOrPartition.code();
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve_with(
+        dir.path(),
+        1,
+        mink_kafka::KafkaConfig {
+            auto_create_topics: Some(3),
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut socket = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
+    // Not asked: not created.
+    assert_eq!(
+        metadata_topic(&mut socket, "clicks", false).await,
+        (unknown, 0)
+    );
+    assert_eq!(metadata_topic(&mut socket, "clicks", true).await, (0, 3));
+    let info = s.node.describe_table("kafka", "clicks").unwrap();
+    assert!(mink_kafka::records::is_raw(&info.schema));
+    drop(socket);
+    s.stop().await;
+    // The default: never created.
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve(dir.path()).await;
+    let mut socket = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
+    assert_eq!(
+        metadata_topic(&mut socket, "clicks", true).await,
+        (unknown, 0)
+    );
+    assert!(s.node.describe_table("kafka", "clicks").is_err());
+    drop(socket);
+    s.stop().await;
+}
+
+/// A Metadata v4 request for `topic` (`allow`: auto-creation asked): its error code and
+/// partition count.
+async fn metadata_topic(
+    socket: &mut tokio::net::TcpStream,
+    topic: &'static str,
+    allow: bool,
+) -> (i16, usize) {
+    use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+    use kafka_protocol::messages::{MetadataRequest, MetadataResponse};
+    let version = 4;
+    let header = RequestHeader::default()
+        .with_request_api_key(ApiKey::Metadata as i16)
+        .with_request_api_version(version)
+        .with_correlation_id(3);
+    let mut body = BytesMut::new();
+    header
+        .encode(&mut body, ApiKey::Metadata.request_header_version(version))
+        .unwrap();
+    MetadataRequest::default()
+        .with_topics(Some(vec![
+            MetadataRequestTopic::default()
+                .with_name(Some(TopicName(StrBytes::from_static_str(topic)))),
+        ]))
+        .with_allow_auto_topic_creation(allow)
+        .encode(&mut body, version)
+        .unwrap();
+    let mut frame = BytesMut::new();
+    frame.put_i32(i32::try_from(body.len()).unwrap());
+    frame.extend_from_slice(&body);
+    let mut response = exchange(socket, &frame).await.unwrap();
+    ResponseHeader::decode(&mut response, 0).unwrap();
+    let r = MetadataResponse::decode(&mut response, version).unwrap();
+    (r.topics[0].error_code, r.topics[0].partitions.len())
 }
 
 /// Sends one request frame and reads one response frame.
