@@ -245,6 +245,44 @@ print("ok")
     assert!(scanned.contains("68656c6c6f2d30"), "{scanned}");
 }
 
+/// The notebooks under notebooks/ run against `mink dev` without an error (nbclient executes
+/// every cell; the notebooks assert on what they show).
+#[test]
+fn the_notebooks_run_against_mink_dev() {
+    let Some(python) = python() else { return };
+    let ready = Command::new(&python)
+        .args([
+            "-c",
+            "import nbclient, ipykernel, matplotlib, polars, adbc_driver_flightsql",
+        ])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ready {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true but the notebook packages are not installed (scripts/test.sh installs them)"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let dev = Dev::start(&dir.path().join("data"), "127.0.0.1:0", &[]);
+    let notebooks = manifest_dir().join("../../notebooks");
+    let out = Command::new(python)
+        .arg(notebooks.join("run.py"))
+        .env("MINK_FLIGHT", format!("grpc://{}", dev.flight))
+        .env("MINK_SQL", format!("grpc://{}", dev.sql))
+        // The kernels' runtime files (connection files) stay in the test's directory.
+        .env("JUPYTER_RUNTIME_DIR", dir.path().join("jupyter"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.matches(": ok").count() == 3,
+        "the notebooks failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn pyarrow_flight_creates_writes_scans_tails_and_gets_precise_errors() {
     run_pyarrow_script("pyarrow_flight.py");
