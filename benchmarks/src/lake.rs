@@ -331,15 +331,12 @@ async fn lake_lag(args: &Args) -> anyhow::Result<Lag> {
         name: "lag".into(),
         schema: schema.as_ref().clone(),
         primary_key: vec![],
-        options: [
+        options: crate::options(&[
             ("bucket.num", BUCKETS.to_string()),
             ("bucket.key", "user_id".to_string()),
             ("table.datalake.enabled", "true".to_string()),
             ("table.datalake.freshness", format!("{}s", args.freshness)),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect(),
+        ]),
         partition_keys: vec![],
         comment: String::new(),
         if_not_exists: false,

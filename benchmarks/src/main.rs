@@ -44,6 +44,14 @@ enum Suite {
     Tpch(tpch::Args),
 }
 
+/// Table options from `(name, value)` pairs.
+pub(crate) fn options(pairs: &[(&str, String)]) -> std::collections::BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_string(), v.clone()))
+        .collect()
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().suite {

@@ -82,15 +82,12 @@ async fn run_one(args: &Args, feedback: bool) -> anyhow::Result<Run> {
         name: "t".into(),
         schema: schema.as_ref().clone(),
         primary_key: vec![],
-        options: [
+        options: crate::options(&[
             ("bucket.num", "4".to_string()),
             ("bucket.key", "id".to_string()),
             ("table.datalake.enabled", "true".to_string()),
             ("table.datalake.freshness", format!("{}s", args.freshness)),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect(),
+        ]),
         partition_keys: vec![],
         comment: String::new(),
         if_not_exists: false,

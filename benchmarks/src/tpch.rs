@@ -748,14 +748,11 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
                 name: t.name.into(),
                 schema: t.schema.as_ref().clone(),
                 primary_key: vec![],
-                options: [
+                options: crate::options(&[
                     ("bucket.num", buckets.to_string()),
                     ("table.datalake.enabled", "true".to_string()),
                     ("table.datalake.freshness", "1h".to_string()),
-                ]
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v))
-                .collect(),
+                ]),
                 partition_keys: vec![],
                 comment: String::new(),
                 if_not_exists: false,

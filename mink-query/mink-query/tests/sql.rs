@@ -180,16 +180,7 @@ async fn scans_report_row_counts() {
     // record counts and the tail's offsets).
     let plan = c.rows("EXPLAIN SELECT count(*) FROM app.events").await;
     assert!(!format!("{plan:?}").contains("MinkScanExec"), "{plan:?}");
-    c.rows(
-        "CREATE TABLE app.lk (id BIGINT NOT NULL, v VARCHAR) WITH ('bucket.num' = '2', \
-         'table.datalake.enabled' = 'true', 'table.datalake.freshness' = '1h')",
-    )
-    .await;
-    c.rows("INSERT INTO app.lk SELECT id, kind FROM app.events WHERE id < 50")
-        .await;
-    tier_now(&c, "lk").await;
-    c.rows("INSERT INTO app.lk SELECT id, kind FROM app.events WHERE id >= 50 AND id < 60")
-        .await;
+    lake_table_lk(&c).await;
     let plan = c.rows("EXPLAIN SELECT count(*) FROM app.lk").await;
     let plan = format!("{plan:?}");
     assert!(
@@ -450,16 +441,7 @@ async fn lake_tables_read_as_union_lake_and_log() {
     let dir = tempfile::tempdir().unwrap();
     let c = Cluster::start(dir.path()).await;
     c.load().await;
-    c.rows(
-        "CREATE TABLE app.lk (id BIGINT NOT NULL, v VARCHAR) WITH ('bucket.num' = '2', \
-         'table.datalake.enabled' = 'true', 'table.datalake.freshness' = '1h')",
-    )
-    .await;
-    c.rows("INSERT INTO app.lk SELECT id, kind FROM app.events WHERE id < 50")
-        .await;
-    tier_now(&c, "lk").await;
-    c.rows("INSERT INTO app.lk SELECT id, kind FROM app.events WHERE id >= 50 AND id < 60")
-        .await;
+    lake_table_lk(&c).await;
     assert_eq!(
         c.rows("SELECT count(*), min(id), max(id) FROM app.lk")
             .await,
@@ -552,6 +534,20 @@ async fn lake_tables_read_as_union_lake_and_log() {
         assert_eq!(common::text_rows(&batches), strings(&[&["50"]]));
     }
     c.stop().await;
+}
+
+/// `app.lk`, tiered into the lake: ids 0..50 of `app.events` in the lake, 50..60 in the log.
+async fn lake_table_lk(c: &Cluster) {
+    c.rows(
+        "CREATE TABLE app.lk (id BIGINT NOT NULL, v VARCHAR) WITH ('bucket.num' = '2', \
+         'table.datalake.enabled' = 'true', 'table.datalake.freshness' = '1h')",
+    )
+    .await;
+    c.rows("INSERT INTO app.lk SELECT id, kind FROM app.events WHERE id < 50")
+        .await;
+    tier_now(c, "lk").await;
+    c.rows("INSERT INTO app.lk SELECT id, kind FROM app.events WHERE id >= 50 AND id < 60")
+        .await;
 }
 
 /// A tiering round of `app.<table>` now, on the lease holder: retried until this node holds

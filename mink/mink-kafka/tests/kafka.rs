@@ -158,23 +158,7 @@ async fn real_clients_produce_and_consume() {
         })
         .await
         .unwrap();
-    let script = manifest_dir().join("tests/kafka_clients.py");
-    let kafka = s.kafka.clone();
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(python)
-            .arg(script)
-            .arg(kafka)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "kafka_clients.py failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_script(python, "kafka_clients.py", &s.kafka).await;
     // What the producers wrote is the table's rows: raw records, and JSON as typed rows.
     let raw: usize = s
         .rows("kafka", "raw", 0)
@@ -206,23 +190,7 @@ async fn consumer_groups_share_hand_over_and_resume() {
     let Some(python) = python() else { return };
     let dir = tempfile::tempdir().unwrap();
     let s = serve(dir.path()).await;
-    let script = manifest_dir().join("tests/kafka_groups.py");
-    let kafka = s.kafka.clone();
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(python)
-            .arg(script)
-            .arg(kafka)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "kafka_groups.py failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_script(python, "kafka_groups.py", &s.kafka).await;
     // The committed offsets are in the command log.
     let committed: u64 = s.node.group_offsets("g1").iter().map(|c| c.offset).sum();
     assert_eq!(committed, 52);
@@ -246,20 +214,7 @@ async fn kcat_lists_produces_and_consumes() {
     }
     let dir = tempfile::tempdir().unwrap();
     let s = serve(dir.path()).await;
-    s.node.create_database("kafka", false).await.unwrap();
-    s.node
-        .create_table(TableSpec {
-            database: "kafka".into(),
-            name: "lines".into(),
-            schema: mink_kafka::records::raw_schema(),
-            primary_key: vec![],
-            options: [("bucket.num".to_string(), "2".to_string())].into(),
-            partition_keys: vec![],
-            comment: String::new(),
-            if_not_exists: false,
-        })
-        .await
-        .unwrap();
+    raw_topic(&s.node, "lines", 2).await;
     let kafka = s.kafka.clone();
     let (listed, consumed) = tokio::task::spawn_blocking(move || {
         use std::io::Write as _;
@@ -323,21 +278,8 @@ async fn kcat_lists_produces_and_consumes() {
 async fn committed_offsets_expire_after_their_retention() {
     let dir = tempfile::tempdir().unwrap();
     let s = serve(dir.path()).await;
-    s.node.create_database("kafka", false).await.unwrap();
     for name in ["a", "b"] {
-        s.node
-            .create_table(TableSpec {
-                database: "kafka".into(),
-                name: name.into(),
-                schema: mink_kafka::records::raw_schema(),
-                primary_key: vec![],
-                options: [("bucket.num".to_string(), "1".to_string())].into(),
-                partition_keys: vec![],
-                comment: String::new(),
-                if_not_exists: false,
-            })
-            .await
-            .unwrap();
+        raw_topic(&s.node, name, 1).await;
     }
     let at = |t: &str| BucketRef::new("kafka", t, None, 0);
     s.node
@@ -535,6 +477,28 @@ async fn metadata_topic(
     (r.topics[0].error_code, r.topics[0].partitions.len())
 }
 
+/// Runs tests/`script` with `python` against the Kafka listener at `kafka`; fails with its
+/// output unless it succeeds.
+async fn run_script(python: PathBuf, script: &'static str, kafka: &str) {
+    let path = manifest_dir().join("tests").join(script);
+    let kafka = kafka.to_string();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python)
+            .arg(path)
+            .arg(kafka)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{script} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Sends one request frame and reads one response frame.
 async fn exchange(socket: &mut tokio::net::TcpStream, frame: &[u8]) -> std::io::Result<Bytes> {
     socket.write_all(frame).await?;
@@ -590,37 +554,10 @@ fn produce_error(mut response: Bytes) -> i16 {
 async fn hostile_frames_get_errors_and_harm_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let s = serve(dir.path()).await;
-    s.node.create_database("kafka", false).await.unwrap();
-    s.node
-        .create_table(TableSpec {
-            database: "kafka".into(),
-            name: "t".into(),
-            schema: mink_kafka::records::raw_schema(),
-            primary_key: vec![],
-            options: [("bucket.num".to_string(), "1".to_string())].into(),
-            partition_keys: vec![],
-            comment: String::new(),
-            if_not_exists: false,
-        })
-        .await
-        .unwrap();
+    raw_topic(&s.node, "t", 1).await;
     // A good batch of three records, to corrupt.
     let records: Vec<_> = (0..3)
-        .map(|i| kafka_protocol::records::Record {
-            transactional: false,
-            control: false,
-            delete_horizon: false,
-            partition_leader_epoch: -1,
-            producer_id: -1,
-            producer_epoch: -1,
-            timestamp_type: kafka_protocol::records::TimestampType::Creation,
-            offset: i,
-            sequence: -1,
-            timestamp: 1000 + i,
-            key: None,
-            value: Some(Bytes::from(format!("v{i}"))),
-            headers: Default::default(),
-        })
+        .map(|i| record(i, -1, -1, -1, 1000 + i, None, Some(format!("v{i}"))))
         .collect();
     let good = mink_kafka::records::encode_records(&records).unwrap();
     let mut socket = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
@@ -722,20 +659,7 @@ async fn idempotent_producers_store_a_retried_batch_once() {
     use kafka_protocol::messages::{InitProducerIdRequest, InitProducerIdResponse};
     let dir = tempfile::tempdir().unwrap();
     let s = serve(dir.path()).await;
-    s.node.create_database("kafka", false).await.unwrap();
-    s.node
-        .create_table(TableSpec {
-            database: "kafka".into(),
-            name: "t".into(),
-            schema: mink_kafka::records::raw_schema(),
-            primary_key: vec![],
-            options: [("bucket.num".to_string(), "1".to_string())].into(),
-            partition_keys: vec![],
-            comment: String::new(),
-            if_not_exists: false,
-        })
-        .await
-        .unwrap();
+    raw_topic(&s.node, "t", 1).await;
     let mut socket = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
     let version = 1;
     let header = RequestHeader::default()
@@ -764,20 +688,16 @@ async fn idempotent_producers_store_a_retried_batch_once() {
     assert!(producer > 0, "{producer}");
     let batch = |producer: i64, first_sequence: i32, n: i32| {
         let records: Vec<_> = (0..n)
-            .map(|i| kafka_protocol::records::Record {
-                transactional: false,
-                control: false,
-                delete_horizon: false,
-                partition_leader_epoch: -1,
-                producer_id: producer,
-                producer_epoch: init.producer_epoch,
-                timestamp_type: kafka_protocol::records::TimestampType::Creation,
-                offset: i64::from(i),
-                sequence: first_sequence + i,
-                timestamp: 1,
-                key: None,
-                value: Some(Bytes::from(format!("s{}", first_sequence + i))),
-                headers: Default::default(),
+            .map(|i| {
+                record(
+                    i64::from(i),
+                    producer,
+                    init.producer_epoch,
+                    first_sequence + i,
+                    1,
+                    None,
+                    Some(format!("s{}", first_sequence + i)),
+                )
             })
             .collect();
         mink_kafka::records::encode_records(&records).unwrap()
@@ -823,20 +743,50 @@ async fn idempotent_producers_store_a_retried_batch_once() {
 }
 
 fn encode_one() -> Bytes {
-    let r = kafka_protocol::records::Record {
+    let r = record(0, -1, -1, -1, 5, Some("k".to_string()), None);
+    mink_kafka::records::encode_records(&[r]).unwrap()
+}
+
+/// A record as a producer sends it (`producer` -1: no idempotent producer).
+fn record(
+    offset: i64,
+    producer: i64,
+    epoch: i16,
+    sequence: i32,
+    timestamp: i64,
+    key: Option<String>,
+    value: Option<String>,
+) -> kafka_protocol::records::Record {
+    kafka_protocol::records::Record {
         transactional: false,
         control: false,
         delete_horizon: false,
         partition_leader_epoch: -1,
-        producer_id: -1,
-        producer_epoch: -1,
+        producer_id: producer,
+        producer_epoch: epoch,
         timestamp_type: kafka_protocol::records::TimestampType::Creation,
-        offset: 0,
-        sequence: -1,
-        timestamp: 5,
-        key: Some(Bytes::from_static(b"k")),
-        value: None,
+        offset,
+        sequence,
+        timestamp,
+        key: key.map(Bytes::from),
+        value: value.map(Bytes::from),
         headers: Default::default(),
-    };
-    mink_kafka::records::encode_records(&[r]).unwrap()
+    }
+}
+
+/// Creates topic `name` (a raw log table of database `kafka`) with `partitions` buckets.
+async fn raw_topic(node: &Node, name: &str, partitions: u32) {
+    node.create_database("kafka", true).await.unwrap();
+    node.create_table(TableSpec {
+        database: "kafka".into(),
+        name: name.into(),
+        schema: mink_kafka::records::raw_schema(),
+        primary_key: vec![],
+        options: [("bucket.num".to_string(), partitions.to_string())].into(),
+        partition_keys: vec![],
+        comment: String::new(),
+        if_not_exists: false,
+    })
+    .await
+    .unwrap();
 }

@@ -358,14 +358,7 @@ pub fn decode_columns(
     if columns.is_empty() {
         return evolve(schema, &decode_batch(bytes)?);
     }
-    let indices = columns
-        .iter()
-        .map(|c| {
-            schema
-                .index_of(c)
-                .map_err(|_| LogError::Invalid(format!("no column {c:?} in {schema}")))
-        })
-        .collect::<LogResult<Vec<_>>>()?;
+    let indices = column_indices(schema, columns)?;
     check_framing(bytes)?;
     // Stored columns are a prefix of the table's (evolution appends), so a column's stored
     // index is its index in the table, if the batch has it.
@@ -399,20 +392,24 @@ pub fn decode_columns(
     )?)
 }
 
-/// Keeps the named columns, in the order given. Unknown names are an error.
-pub fn project(batch: &RecordBatch, columns: &[String]) -> LogResult<RecordBatch> {
-    if columns.is_empty() {
-        return Ok(batch.clone());
-    }
-    let schema = batch.schema();
-    let indices = columns
+/// The indices of the named columns in `schema`; an unknown name is an error.
+fn column_indices(schema: &Schema, columns: &[String]) -> LogResult<Vec<usize>> {
+    columns
         .iter()
         .map(|c| {
             schema
                 .index_of(c)
                 .map_err(|_| LogError::Invalid(format!("no column {c:?} in {schema}")))
         })
-        .collect::<LogResult<Vec<_>>>()?;
+        .collect()
+}
+
+/// Keeps the named columns, in the order given. Unknown names are an error.
+pub fn project(batch: &RecordBatch, columns: &[String]) -> LogResult<RecordBatch> {
+    if columns.is_empty() {
+        return Ok(batch.clone());
+    }
+    let indices = column_indices(&batch.schema(), columns)?;
     Ok(batch.project(&indices)?)
 }
 

@@ -199,7 +199,8 @@ impl Node {
         self.propose_kv(command).await
     }
 
-    async fn propose_kv(&self, command: Command) -> NodeResult<()> {
+    /// Proposes `command` and waits until it is applied here; a refused command is `Failed`.
+    pub(crate) async fn propose_kv(&self, command: Command) -> NodeResult<()> {
         let proposed = self.inner.sink.propose(command).await?;
         proposed
             .result

@@ -55,7 +55,7 @@ impl Node {
                 metadata: metadata.clone(),
             });
         }
-        self.propose_group(Command::CommitGroupOffsets(CommitGroupOffsets {
+        self.propose_kv(Command::CommitGroupOffsets(CommitGroupOffsets {
             group_id: group.to_string(),
             offsets: entries,
         }))
@@ -113,7 +113,7 @@ impl Node {
 
     /// Deletes every committed offset of `group`.
     pub async fn delete_group_offsets(&self, group: &str) -> NodeResult<()> {
-        self.propose_group(Command::DeleteGroupOffsets(DeleteGroupOffsets {
+        self.propose_kv(Command::DeleteGroupOffsets(DeleteGroupOffsets {
             group_id: group.to_string(),
             buckets: vec![],
         }))
@@ -132,7 +132,7 @@ impl Node {
             .ok_or_else(|| {
                 NodeError::Unavailable("offsets expire on the node holding the lease".into())
             })?;
-        self.propose_group(Command::ExpireGroupOffsets(ExpireGroupOffsets {
+        self.propose_kv(Command::ExpireGroupOffsets(ExpireGroupOffsets {
             coordinator_epoch: epoch,
             now_ms: self.now_ms(),
             retention_ms: u64::try_from(retention.as_millis()).unwrap_or(u64::MAX),
@@ -153,19 +153,11 @@ impl Node {
     /// Records that `group` completed a rebalance at `generation`, so a coordinator taking the
     /// group over after this one continues past it.
     pub async fn set_group_generation(&self, group: &str, generation: i32) -> NodeResult<()> {
-        self.propose_group(Command::PutKv(PutKv {
+        self.propose_kv(Command::PutKv(PutKv {
             key: generation_key(group),
             value: generation.to_be_bytes().to_vec(),
         }))
         .await
-    }
-
-    async fn propose_group(&self, command: Command) -> NodeResult<()> {
-        let proposed = self.inner.sink.propose(command).await?;
-        proposed
-            .result
-            .map(|_| ())
-            .map_err(|r| NodeError::Invalid(r.to_string()))
     }
 
     /// The node coordinating consumer groups: the lease holder, if the view names one.
