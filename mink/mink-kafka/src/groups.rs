@@ -69,11 +69,15 @@ pub(crate) struct Group {
     pending: HashSet<String>,
     /// When a rebalance stops waiting for members that have not rejoined.
     deadline: Option<Instant>,
+    /// A rebalance of a group that was empty completes no sooner than this, so members
+    /// starting together join one generation (Kafka's `group.initial.rebalance.delay.ms`).
+    not_before: Option<Instant>,
 }
 
 /// The groups this node coordinates.
 pub(crate) struct Groups {
     node: Node,
+    initial_delay: Duration,
     pub(crate) groups: Mutex<BTreeMap<String, Group>>,
     next_member: std::sync::atomic::AtomicU64,
 }
@@ -104,9 +108,10 @@ fn sync_error(code: ResponseError) -> SyncGroupResponse {
 }
 
 impl Groups {
-    pub(crate) fn new(node: Node) -> Self {
+    pub(crate) fn new(node: Node, initial_delay: Duration) -> Self {
         Groups {
             node,
+            initial_delay,
             groups: Mutex::new(BTreeMap::new()),
             next_member: std::sync::atomic::AtomicU64::new(1),
         }
@@ -142,6 +147,7 @@ impl Groups {
                 members: BTreeMap::new(),
                 pending: HashSet::new(),
                 deadline: None,
+                not_before: None,
             });
             if !group.members.is_empty() && group.protocol_type != j.protocol_type {
                 return join_error(ResponseError::InconsistentGroupProtocol, &j.member_id);
@@ -183,6 +189,9 @@ impl Groups {
             member.last_seen = now;
             member.joining = Some((tx, j.version));
             group.protocol_type = j.protocol_type;
+            if group.phase == Phase::Empty {
+                group.not_before = Some(now + self.initial_delay);
+            }
             if group.phase != Phase::PreparingRebalance {
                 prepare_rebalance(group, now);
             }
@@ -211,9 +220,12 @@ impl Groups {
             }
             if expired {
                 group.members.retain(|_, m| m.joining.is_some());
-            } else if group.members.values().any(|m| m.joining.is_none()) {
+            } else if group.members.values().any(|m| m.joining.is_none())
+                || group.not_before.is_some_and(|t| Instant::now() < t)
+            {
                 return;
             }
+            group.not_before = None;
             if group.members.is_empty() {
                 group.phase = Phase::Empty;
                 group.deadline = None;
@@ -456,7 +468,8 @@ impl Groups {
                     }
                 }
                 if group.phase == Phase::PreparingRebalance {
-                    let complete = group.members.values().all(|m| m.joining.is_some());
+                    let complete = group.members.values().all(|m| m.joining.is_some())
+                        && group.not_before.is_none_or(|t| now >= t);
                     if complete || group.deadline.is_some_and(|d| now >= d) {
                         due.push((id.clone(), !complete));
                     }

@@ -42,6 +42,10 @@ pub struct KafkaConfig {
     /// does not exist (Kafka's `auto.create.topics.enable` with `num.partitions`); `None`
     /// (the default) answers `UNKNOWN_TOPIC_OR_PARTITION` instead.
     pub auto_create_topics: Option<u32>,
+    /// How long the first rebalance of an empty group waits for more members before it
+    /// completes (Kafka's `group.initial.rebalance.delay.ms`, 3 s): consumers starting together
+    /// join one generation instead of rebalancing once per member.
+    pub initial_rebalance_delay: std::time::Duration,
 }
 
 impl Default for KafkaConfig {
@@ -53,6 +57,7 @@ impl Default for KafkaConfig {
             advertised: None,
             offsets_retention: std::time::Duration::from_secs(7 * 24 * 3600),
             auto_create_topics: None,
+            initial_rebalance_delay: std::time::Duration::from_secs(3),
         }
     }
 }
@@ -71,7 +76,10 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let config = Arc::new(config);
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let groups = Arc::new(groups::Groups::new(node.clone()));
+    let groups = Arc::new(groups::Groups::new(
+        node.clone(),
+        config.initial_rebalance_delay,
+    ));
     // Group sessions and rebalance deadlines; offsets past their retention, on the lease
     // holder, every minute.
     let ticking = {

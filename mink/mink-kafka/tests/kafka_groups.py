@@ -15,6 +15,11 @@ from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 
 bootstrap = sys.argv[1]
+import logging
+
+# The group's story, printed (by tests/kafka.rs) only if the script fails.
+logging.basicConfig(level=logging.WARNING, format="%(relativeCreated)d %(threadName)s %(name)s %(message)s")
+logging.getLogger("kafka.coordinator").setLevel(logging.INFO)
 TOPIC = "orders"
 FAST = dict(session_timeout_ms=6000, heartbeat_interval_ms=300, max_poll_interval_ms=10000)
 
