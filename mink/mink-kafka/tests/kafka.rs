@@ -300,11 +300,7 @@ async fn committed_offsets_expire_after_their_retention() {
                     tokio::time::Instant::now() < deadline,
                     "waited for the lease to expire offsets: {e}"
                 );
-                let index = s.node.view().applied_index;
-                let _ = s
-                    .node
-                    .wait_applied(index + 1, Duration::from_millis(200))
-                    .await;
+                next_change(&s.node).await;
             }
         }
     }
@@ -351,11 +347,7 @@ async fn clients_follow_leaders_and_the_coordinator_through_a_failover() {
             tokio::time::Instant::now() < deadline,
             "waited for two live nodes and a lease holder: {status:?}"
         );
-        let index = a.node.view().applied_index;
-        let _ = a
-            .node
-            .wait_applied(index + 1, Duration::from_millis(200))
-            .await;
+        next_change(&a.node).await;
     }
     let holder = a.node.group_coordinator().unwrap();
     let bootstrap = format!("{},{}", a.kafka, b.kafka);
@@ -497,6 +489,15 @@ async fn run_script(python: PathBuf, script: &'static str, kafka: &str) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Returns once `node` applies its next metadata change, or after 200 ms: a wait between two
+/// checks of a condition the caller bounds with its own deadline.
+async fn next_change(node: &Node) {
+    let index = node.view().applied_index;
+    let _ = node
+        .wait_applied(index + 1, Duration::from_millis(200))
+        .await;
 }
 
 /// Sends one request frame and reads one response frame.

@@ -30,6 +30,10 @@ def produce(tag):
     return [f.get(timeout=60) for f in futures]
 
 
+# Notified by the consumer thread after each poll: what `until` waits on.
+CHANGED = threading.Condition()
+
+
 class Member(threading.Thread):
     def __init__(self):
         super().__init__(daemon=True)
@@ -62,6 +66,8 @@ class Member(threading.Thread):
                     self.committed.set()
                 except Exception as e:  # noqa: BLE001 - retried on the next poll
                     print("commit:", repr(e), file=sys.stderr)
+            with CHANGED:
+                CHANGED.notify_all()
         self.consumer.close()
 
     def count(self):
@@ -72,10 +78,14 @@ class Member(threading.Thread):
 
 
 def until(what, done, seconds=60):
+    """Returns once `done()` holds, checked after each poll of the consumer thread; fails after
+    `seconds` naming what it waited for."""
     deadline = time.monotonic() + seconds
-    while not done():
-        assert time.monotonic() < deadline, f"waited {seconds}s for {what}"
-        time.sleep(0.05)
+    with CHANGED:
+        while not done():
+            left = deadline - time.monotonic()
+            assert left > 0, f"waited {seconds}s for {what}"
+            CHANGED.wait(left)
 
 
 first = produce("before")

@@ -34,11 +34,19 @@ def produce(n, tag):
     producer.flush()
 
 
+# Notified by every consumer thread after each poll: what `until` waits on.
+CHANGED = threading.Condition()
+
+
 def until(what, done, seconds=30, state=lambda: None):
+    """Returns once `done()` holds, checked after each poll of a consumer thread; fails after
+    `seconds` naming what it waited for."""
     deadline = time.monotonic() + seconds
-    while not done():
-        assert time.monotonic() < deadline, f"waited {seconds}s for {what}; state: {state()}"
-        time.sleep(0.05)
+    with CHANGED:
+        while not done():
+            left = deadline - time.monotonic()
+            assert left > 0, f"waited {seconds}s for {what}; state: {state()}"
+            CHANGED.wait(left)
 
 
 class Member(threading.Thread):
@@ -64,6 +72,8 @@ class Member(threading.Thread):
                 commands, self.commands = self.commands, []
             for c in commands:
                 c()
+            with CHANGED:
+                CHANGED.notify_all()
         self.consumer.close()
 
     def do(self, command):
