@@ -4,6 +4,8 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{RecordBatch, RecordBatchOptions};
 use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::Statistics;
+use datafusion::common::stats::Precision;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::physical_expr::EquivalenceProperties;
@@ -19,6 +21,17 @@ pub(crate) fn leaf_properties(schema: &SchemaRef, partitions: usize) -> Arc<Plan
         EmissionType::Incremental,
         Boundedness::Bounded,
     ))
+}
+
+/// Statistics of a leaf that knows only how many rows it reads: `exact` when that is the
+/// count, otherwise an upper bound.
+pub(crate) fn row_statistics(schema: &SchemaRef, rows: Option<u64>, exact: bool) -> Statistics {
+    let stats = Statistics::new_unknown(schema);
+    match rows.and_then(|r| usize::try_from(r).ok()) {
+        Some(r) if exact => stats.with_num_rows(Precision::Exact(r)),
+        Some(r) => stats.with_num_rows(Precision::Inexact(r)),
+        None => stats,
+    }
 }
 
 /// `with_new_children` of a leaf: itself, or an error if given children.

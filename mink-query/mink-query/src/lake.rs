@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::Statistics;
-use datafusion::common::stats::Precision;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -122,15 +121,7 @@ impl ExecutionPlan for MinkLakeExec {
             .iter()
             .map(|&i| self.splits.tasks[i].record_count)
             .sum();
-        let mut stats = Statistics::new_unknown(&self.schema);
-        if let Some(r) = rows.and_then(|r| usize::try_from(r).ok()) {
-            stats = stats.with_num_rows(if self.exact {
-                Precision::Exact(r)
-            } else {
-                Precision::Inexact(r)
-            });
-        }
-        Ok(stats)
+        Ok(crate::exec::row_statistics(&self.schema, rows, self.exact))
     }
 
     fn execute(

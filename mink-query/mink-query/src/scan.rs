@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::Statistics;
-use datafusion::common::stats::Precision;
 use datafusion::error::Result;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -146,15 +145,7 @@ impl ExecutionPlan for MinkScanExec {
             (None, Some(l)) => r.min(l.saturating_mul(self.splits.len() as u64)),
             _ => r,
         });
-        let mut stats = Statistics::new_unknown(&self.schema);
-        if let Some(r) = rows.and_then(|r| usize::try_from(r).ok()) {
-            stats = stats.with_num_rows(if self.exact {
-                Precision::Exact(r)
-            } else {
-                Precision::Inexact(r)
-            });
-        }
-        Ok(stats)
+        Ok(crate::exec::row_statistics(&self.schema, rows, self.exact))
     }
 
     fn execute(

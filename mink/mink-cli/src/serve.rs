@@ -253,6 +253,10 @@ pub(crate) async fn run(args: NodeArgs, dev: bool) -> anyhow::Result<()> {
     if let Some(s) = args.kv_snapshot_interval_s {
         config.kv_snapshot_interval = Duration::from_secs(s.max(1));
     }
+    anyhow::ensure!(
+        args.kafka_auto_create_partitions != Some(0),
+        "kafka-auto-create-partitions is 0: a topic needs at least one partition (leave it unset to create no topics on Metadata)"
+    );
     // The Kafka listener is bound before the node starts: its address is registered with it.
     let kafka = match args.kafka_listen.as_deref() {
         None | Some("none" | "") => None,

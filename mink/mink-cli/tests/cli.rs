@@ -13,7 +13,7 @@ use arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch};
 use arrow::datatypes::Int64Type;
 use mink_client::{Client, ClientConfig, Scan};
 
-use crate::common::{Dev, free_port, http_get, manifest_dir, python, rows, spawn_load};
+use crate::common::{Dev, MINK, free_port, http_get, manifest_dir, python, rows, spawn_load};
 
 #[test]
 fn dev_serves_admin_produce_scan_and_metrics() {
@@ -243,6 +243,36 @@ print("ok")
     );
     assert_eq!(scanned.lines().count(), 4, "{scanned}");
     assert!(scanned.contains("68656c6c6f2d30"), "{scanned}");
+}
+
+/// An option set to a value that would do nothing is refused with why, before the node starts.
+#[test]
+fn zero_auto_created_partitions_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(MINK)
+        .args(["dev", "--data-dir"])
+        .arg(dir.path())
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "none",
+            "--sql-listen",
+            "none",
+        ])
+        .args([
+            "--kafka-listen",
+            "127.0.0.1:0",
+            "--kafka-auto-create-partitions",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("a topic needs at least one partition"),
+        "{err}"
+    );
 }
 
 /// The notebooks under notebooks/ run against `mink dev` without an error (nbclient executes

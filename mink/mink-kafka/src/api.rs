@@ -1365,7 +1365,7 @@ async fn create_raw_topic(
 /// listener allows it ([`crate::KafkaConfig::auto_create_topics`]) and the request asks for it
 /// (always, before version 4).
 async fn auto_create(cx: &Context, request: &MetadataRequest) {
-    let Some(partitions) = cx.config.auto_create_topics.filter(|p| *p > 0) else {
+    let Some(partitions) = cx.config.auto_create_topics else {
         return;
     };
     let asked = cx.header.request_api_version < 4 || request.allow_auto_topic_creation;

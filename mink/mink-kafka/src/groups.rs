@@ -137,10 +137,10 @@ impl Groups {
     pub(crate) async fn join(&self, j: Join) -> JoinGroupResponse {
         let answer = {
             let mut groups = self.groups.lock().expect("groups");
-            let generation = self.node.group_generation(&j.group);
             let group = groups.entry(j.group.clone()).or_insert_with(|| Group {
                 phase: Phase::Empty,
-                generation,
+                // A group new to this coordinator continues past the last recorded generation.
+                generation: self.node.group_generation(&j.group),
                 protocol_type: j.protocol_type.clone(),
                 protocol: None,
                 leader: None,
