@@ -475,7 +475,7 @@ async fn produce(cx: Context, request: ProduceRequest) -> Result<Answer> {
                                     };
                                     Err((code, e.to_string()))
                                 }
-                                Ok((rows, writer)) => cx
+                                Ok((rows, writer, timestamp_ms)) => cx
                                     .node
                                     .submit_write(
                                         &info.database,
@@ -484,6 +484,7 @@ async fn produce(cx: Context, request: ProduceRequest) -> Result<Answer> {
                                         &WriteTarget {
                                             bucket: Some(bucket),
                                             writer,
+                                            timestamp_ms,
                                             ..Default::default()
                                         },
                                     )
@@ -564,11 +565,21 @@ fn written(
 /// The rows a partition's records become in `table` (raw rows of a topic with the raw schema,
 /// the JSON values as rows of any other log table), and the idempotent producer's batch, if
 /// one sent them: the records' producer id and epoch and their sequence range, which the
-/// stream checks as Kafka does (start at 0, no gaps, duplicates answered with their offsets).
+/// stream checks as Kafka does (start at 0, no gaps, duplicates answered with their offsets),
+/// and the rows' time: the latest record time of a raw topic (Kafka's CreateTime, which its
+/// time index keeps), none for a typed table (stamped at append, LogAppendTime).
+#[allow(clippy::type_complexity)]
 fn rows_of(
     table: &TableInfo,
     records: Option<&Bytes>,
-) -> std::result::Result<(arrow::array::RecordBatch, Option<WriterBatchId>), RecordError> {
+) -> std::result::Result<
+    (
+        arrow::array::RecordBatch,
+        Option<WriterBatchId>,
+        Option<i64>,
+    ),
+    RecordError,
+> {
     let Some(records) = records else {
         return Err(RecordError::Corrupt {
             index: 0,
@@ -581,15 +592,16 @@ fn rows_of(
         all.extend(records::decode_batch(i, b)?);
     }
     let writer = records::writer_batch(&all)?;
-    let rows = if records::is_raw(&table.schema) {
-        records::raw_rows(&all).map_err(|e| RecordError::Invalid {
+    if records::is_raw(&table.schema) {
+        let rows = records::raw_rows(&all).map_err(|e| RecordError::Invalid {
             index: 0,
             reason: e.to_string(),
-        })?
+        })?;
+        let time = all.iter().map(|r| r.timestamp).max().filter(|t| *t >= 0);
+        Ok((rows, writer, time))
     } else {
-        records::json_rows(&table.schema, &all)?
-    };
-    Ok((rows, writer))
+        Ok((records::json_rows(&table.schema, &all)?, writer, None))
+    }
 }
 
 /// A producer id for an idempotent producer: a Mink writer id (at the epoch writers start
@@ -663,7 +675,7 @@ async fn fetch_partition(
         let rows = if raw {
             records::records_of_raw(&r.batch, r.base_offset)
         } else {
-            match records::records_of_json(&r.batch, r.base_offset) {
+            match records::records_of_json(&r.batch, r.base_offset, r.timestamp_ms) {
                 Ok(rows) => rows,
                 Err(e) => {
                     tracing::warn!(error = %e, "encoding rows as JSON failed");
@@ -777,7 +789,9 @@ const EARLIEST: i64 = -2;
 const LATEST: i64 = -1;
 
 /// The offset (and its timestamp) ListOffsets answers for `timestamp`: the start, the end, or
-/// the first record at or after a time (read from the raw topic's timestamp column).
+/// the first record at or after a time. By time, the bucket's time index finds the first
+/// stored batch that late without reading rows; a raw topic's records carry their own times
+/// (the batch's is their latest), so its `timestamp` column picks the record in the batch.
 async fn offset_for(
     cx: &Context,
     info: &TableInfo,
@@ -795,23 +809,25 @@ async fn offset_for(
         EARLIEST => Ok((as_i64(start), -1)),
         LATEST => Ok((as_i64(end), -1)),
         t if t >= 0 => {
-            if !records::is_raw(&info.schema) {
-                return Err(NodeError::Invalid(
-                    "offsets by time are kept for topics created over Kafka only".into(),
-                ));
-            }
+            let raw = records::is_raw(&info.schema);
             let column = vec!["timestamp".to_string()];
-            let mut offset = start;
-            while offset < end {
-                let read = cx.node.read_bucket(&b, offset, 8 << 20, &column).await?;
-                let Some(last) = read.last() else { break };
-                let next = last.end_offset;
-                for r in &read {
-                    if let Some((i, ts)) = records::first_at_or_after(&r.batch, t) {
-                        return Ok((as_i64(r.base_offset + i as u64), ts));
-                    }
+            let mut from = start;
+            while let Some(found) = cx.node.first_batch_at_time(&b, from, t).await? {
+                if !raw {
+                    return Ok((as_i64(found.base_offset), found.timestamp_ms));
                 }
-                offset = next;
+                // The batch's time is its latest record's: find that record. (Rows written
+                // to a raw table over Flight are stamped at append: look further if none is.)
+                let read = cx
+                    .node
+                    .read_bucket(&b, found.base_offset, 1, &column)
+                    .await?;
+                if let Some(r) = read.first()
+                    && let Some((i, ts)) = records::first_at_or_after(&r.batch, t)
+                {
+                    return Ok((as_i64(r.base_offset + i as u64), ts));
+                }
+                from = found.end_offset;
             }
             Ok((-1, -1))
         }

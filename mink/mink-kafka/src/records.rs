@@ -370,10 +370,11 @@ pub fn json_rows(schema: &SchemaRef, records: &[Record]) -> Result<RecordBatch, 
 }
 
 /// Rows of a typed table stored from `base_offset` on as records whose values are the rows as
-/// JSON objects (no key; nulls left out).
+/// JSON objects (no key; nulls left out), each with its stored batch's time.
 pub fn records_of_json(
     batch: &RecordBatch,
     base_offset: u64,
+    timestamp_ms: i64,
 ) -> Result<Vec<Record>, arrow::error::ArrowError> {
     let mut out = Vec::new();
     let mut w = arrow::json::LineDelimitedWriter::new(&mut out);
@@ -391,7 +392,7 @@ pub fn records_of_json(
         at += line.len() + 1;
         records.push(record(
             base_offset + i as u64,
-            -1,
+            timestamp_ms,
             None,
             Some(value),
             IndexMap::new(),

@@ -109,6 +109,7 @@ assert q.flush(30) == 0 and not errors, errors
 
 # A typed table: values are its rows as JSON objects; a record that is not one fails its batch.
 producer = KafkaProducer(bootstrap_servers=bootstrap, acks=1, enable_idempotence=False, retries=0)
+typed_from = int(time.time() * 1000)
 for row in [{"id": 1, "name": "ann"}, {"id": 2, "name": None}]:
     producer.send("people", value=json.dumps(row).encode(), partition=0).get(timeout=30)
 for bad in [b"not json", b'{"id": "x"}', b'{"id": 3, "nope": 1}', b"[1]"]:
@@ -124,12 +125,24 @@ consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
 consumer.assign([KTopicPartition("people", 0)])
 consumer.seek_to_beginning()
 rows = []
+times = []
 deadline = time.monotonic() + 30
 while len(rows) < 2:
     assert time.monotonic() < deadline, f"consumed {rows}"
     for _, records in consumer.poll(timeout_ms=1000).items():
         rows.extend(json.loads(r.value) for r in records)
+        times.extend(r.timestamp for r in records)
 assert rows == [{"id": 1, "name": "ann"}, {"id": 2}], rows
+# A typed table's records carry the time the node appended them (LogAppendTime).
+typed_to = int(time.time() * 1000)
+assert all(typed_from <= t <= typed_to for t in times), (typed_from, times, typed_to)
+# ListOffsets by time through the bucket's time index.
+people = KTopicPartition("people", 0)
+found = consumer.offsets_for_times({people: times[1]})[people]
+assert (found.offset, found.timestamp) == (0 if times[0] == times[1] else 1, times[1]), found
+found = consumer.offsets_for_times({people: 0})[people]
+assert (found.offset, found.timestamp) == (0, times[0]), found
+assert consumer.offsets_for_times({people: typed_to + 60_000})[people] is None
 consumer.close()
 
 # aiokafka (non-flexible versions only): a round trip on a topic of its own.

@@ -14,6 +14,8 @@ use crate::{LogError, LogResult};
 pub struct ReadBatch {
     pub base_offset: u64,
     pub end_offset: u64,
+    /// The stored batch's time (milliseconds since the epoch; see [`StoredBatch`]).
+    pub timestamp_ms: i64,
     pub batch: RecordBatch,
 }
 
@@ -53,8 +55,8 @@ impl LogTablet {
         self
     }
 
-    /// Appends a batch (checked against the table's schema); one offset per row. Returns once
-    /// the rows are durable. With `writer`, a retry of a batch already stored returns its
+    /// Appends a batch (checked against the table's schema); one offset per row, stamped with
+    /// the engine clock's time. Returns once the rows are durable. With `writer`, a retry of a batch already stored returns its
     /// original offsets.
     pub async fn append(
         &self,
@@ -71,38 +73,43 @@ impl LogTablet {
         batch: &RecordBatch,
         writer: Option<WriterBatchId>,
     ) -> LogResult<Appending> {
-        let batch = codec::check_batch(&self.schema, batch)?;
-        let rows = u32::try_from(batch.num_rows())
-            .ok()
-            .filter(|n| *n > 0)
-            .ok_or_else(|| LogError::Invalid(format!("a batch of {} rows", batch.num_rows())))?;
-        let bytes = codec::encode_batch(&batch, self.compression)?;
-        Ok(self
-            .streams
-            .submit_at(self.stream_id, self.epoch, rows, bytes, writer)
-            .await?)
+        self.submit_received(batch, None, writer, None).await
     }
 
-    /// [`LogTablet::submit`] of a batch already checked against the table's schema, stored as
-    /// received when `ipc` allows it (see [`codec::stored_as_received`]): no encoding.
+    /// [`LogTablet::submit`] of a batch stored as received when `ipc` allows it (see [`codec::stored_as_received`]): no encoding. The
+    /// batch's time is `timestamp_ms` (the latest time of its rows, such as a Kafka producer's
+    /// record times), or the engine clock's when `None`.
     pub async fn submit_received(
         &self,
         batch: &RecordBatch,
         ipc: Option<&codec::IpcBatch>,
         writer: Option<WriterBatchId>,
+        timestamp_ms: Option<i64>,
     ) -> LogResult<Appending> {
-        let Some(bytes) =
-            ipc.and_then(|ipc| codec::stored_as_received(ipc, &self.schema, self.compression))
-        else {
-            return self.submit(batch, writer).await;
-        };
+        let timestamp_ms = timestamp_ms.unwrap_or_else(|| self.streams.now_ms());
         let rows = u32::try_from(batch.num_rows())
             .ok()
             .filter(|n| *n > 0)
             .ok_or_else(|| LogError::Invalid(format!("a batch of {} rows", batch.num_rows())))?;
+        // A batch received as the table stores it (checked by the caller) is stored as is.
+        let bytes = match ipc
+            .and_then(|ipc| codec::stored_as_received(ipc, &self.schema, self.compression))
+        {
+            Some(bytes) => bytes,
+            None => {
+                codec::encode_batch(&codec::check_batch(&self.schema, batch)?, self.compression)?
+            }
+        };
         Ok(self
             .streams
-            .submit_at(self.stream_id, self.epoch, rows, bytes, writer)
+            .submit_at(
+                self.stream_id,
+                self.epoch,
+                rows,
+                bytes,
+                writer,
+                timestamp_ms,
+            )
             .await?)
     }
 
@@ -134,6 +141,7 @@ impl LogTablet {
             .map(|s| StoredBatch {
                 base_offset: s.base_offset,
                 end_offset: s.end_offset(),
+                timestamp_ms: s.timestamp_ms,
                 payload: s.payload,
             })
             .collect())
@@ -163,6 +171,7 @@ impl LogTablet {
         Ok(Some(ReadBatch {
             base_offset,
             end_offset: s.end_offset,
+            timestamp_ms: s.timestamp_ms,
             batch,
         }))
     }
@@ -173,5 +182,9 @@ impl LogTablet {
 pub struct StoredBatch {
     pub base_offset: u64,
     pub end_offset: u64,
+    /// Milliseconds since the epoch: the writer's time for the batch (the latest of its rows),
+    /// the append time unless the writer gave one; `-1` for batches stored before batches
+    /// carried a time.
+    pub timestamp_ms: i64,
     pub payload: bytes::Bytes,
 }

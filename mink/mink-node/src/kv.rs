@@ -382,6 +382,7 @@ impl Node {
             out.push(mink_log::ReadBatch {
                 base_offset: read.base_offset,
                 end_offset: read.end_offset,
+                timestamp_ms: read.timestamp_ms,
                 batch: mink_log::codec::project(&batch, columns)?,
             });
         }

@@ -265,6 +265,10 @@ pub struct WriteTarget {
     /// as received, without encoding it again, when it goes whole to one bucket under the
     /// table's schema and compression (a client that routes and compresses its rows itself).
     pub ipc: Option<mink_log::codec::IpcBatch>,
+    /// The rows' time, milliseconds since the epoch (the latest of them: a Kafka producer's
+    /// record times); the leader's clock at append when `None`. Log tables only, and kept only
+    /// by a write its leader takes directly (a forwarded write is stamped by the leader).
+    pub timestamp_ms: Option<i64>,
 }
 
 impl WriteTarget {
@@ -718,7 +722,7 @@ impl Node {
             let (appending, unsent) = match self.tablet(&record, partition_id, b).await {
                 Ok(tablet) => (
                     tablet
-                        .submit_received(&part, ipc, target.writer)
+                        .submit_received(&part, ipc, target.writer, target.timestamp_ms)
                         .await
                         .map_err(NodeError::from),
                     None,

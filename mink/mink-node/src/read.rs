@@ -946,6 +946,31 @@ impl Node {
         Ok((s.start_offset, s.end_offset))
     }
 
+    /// The first stored batch of a bucket at or after offset `from` whose time is at or after
+    /// `timestamp_ms` (undecoded), or `None` when there is none: the time index of
+    /// [`S3Stream::offset_for_time`](s3stream::S3Stream::offset_for_time), which reads the
+    /// object indexes and one block. Any node can answer; nothing above the high watermark.
+    pub async fn first_batch_at_time(
+        &self,
+        b: &BucketRef,
+        from: u64,
+        timestamp_ms: i64,
+    ) -> NodeResult<Option<mink_log::StoredBatch>> {
+        let record = self.table_record(&b.database, &b.table)?;
+        let r = self.bucket_record(&self.view(), &record, b.partition.as_deref(), b.bucket)?;
+        let found = self
+            .inner
+            .streams
+            .offset_for_time(r.stream_id, from, timestamp_ms)
+            .await?;
+        Ok(found.map(|s| mink_log::StoredBatch {
+            base_offset: s.base_offset,
+            end_offset: s.end_offset(),
+            timestamp_ms: s.timestamp_ms,
+            payload: s.payload,
+        }))
+    }
+
     /// Waits (at most `limit`) until a bucket's committed end passes `offset`: tailing, a
     /// long-polling fetch. Returns the committed end.
     pub async fn wait_for_data(

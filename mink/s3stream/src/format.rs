@@ -5,12 +5,18 @@
 //! block   := batch* crc32c(batches)                   one stream, contiguous offsets
 //!                                                     (one stream may have several blocks,
 //!                                                     with gaps between them)
-//! batch   := base_offset:u64 count:u32 len:u32 payload[len]
+//! batch   := base_offset:u64 count:u32 len:u32 max_timestamp_ms:i64 payload[len]
 //! index   := entry* crc32c(entries)                   sorted by (stream, start offset)
 //! entry   := stream_id:u64 start:u64 end:u64 position:u64 size:u32 batches:u32
+//!            max_timestamp_ms:i64                     the largest of its batches'
 //! footer  := index_position:u64 index_len:u32 entries:u32 version:u8 reserved[3]
 //!            magic[8] crc32c(previous 28 bytes)       32 bytes, at the very end
 //! ```
+//!
+//! That is version 2. Version 1 objects lack both `max_timestamp_ms` fields (batch headers of
+//! 16 bytes, index entries of 40); they stay readable, with every time unknown
+//! ([`UNKNOWN_TIME`]). The block entries' times are the stream's time index: a search by time
+//! skips every block whose maximum is earlier, using only the index every read fetches anyway.
 //!
 //! All integers are little-endian. A reader fetches the footer and index from the object's
 //! tail, picks the blocks that overlap the offsets it wants, and fetches only those byte
@@ -20,11 +26,21 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 /// Format version written in every footer.
-pub const FORMAT_VERSION: u8 = 1;
+pub const FORMAT_VERSION: u8 = 2;
 pub const MAGIC: [u8; 8] = *b"mink.s3o";
 pub const FOOTER_LEN: usize = 32;
-const ENTRY_LEN: usize = 40;
-const BATCH_HEADER_LEN: usize = 16;
+/// The time of a batch written before objects carried one (format version 1).
+pub const UNKNOWN_TIME: i64 = -1;
+
+/// Index entry bytes in an object of `version`.
+fn entry_len(version: u8) -> usize {
+    if version == 1 { 40 } else { 48 }
+}
+
+/// Batch header bytes in an object of `version`.
+fn batch_header_len(version: u8) -> usize {
+    if version == 1 { 16 } else { 24 }
+}
 
 /// A record batch of one stream: `count` offsets from `base_offset`; the payload is opaque to
 /// the engine (Arrow IPC for log tablets, a changelog for KV tablets).
@@ -32,6 +48,9 @@ const BATCH_HEADER_LEN: usize = 16;
 pub struct RecordBatch {
     pub base_offset: u64,
     pub count: u32,
+    /// Milliseconds since the Unix epoch the writer gave the batch (the latest time of its
+    /// rows), or [`UNKNOWN_TIME`].
+    pub timestamp_ms: i64,
     pub payload: Bytes,
 }
 
@@ -42,7 +61,7 @@ impl RecordBatch {
 
     /// Encoded size inside a block.
     pub fn encoded_len(&self) -> usize {
-        BATCH_HEADER_LEN + self.payload.len()
+        batch_header_len(FORMAT_VERSION) + self.payload.len()
     }
 }
 
@@ -55,6 +74,10 @@ pub struct BlockIndex {
     pub position: u64,
     pub size: u32,
     pub batch_count: u32,
+    /// The latest time of the block's batches ([`UNKNOWN_TIME`] when none is known).
+    pub max_timestamp_ms: i64,
+    /// The format version of the object holding the block (how to decode it).
+    pub version: u8,
 }
 
 impl BlockIndex {
@@ -69,6 +92,7 @@ pub struct Footer {
     pub index_position: u64,
     pub index_len: u32,
     pub entries: u32,
+    pub version: u8,
 }
 
 /// Why bytes are not a valid object (or part of one).
@@ -98,6 +122,10 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
+fn i64_at(b: &[u8], at: usize) -> i64 {
+    i64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
 fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
 }
@@ -108,6 +136,7 @@ struct OpenBlock {
     end_offset: u64,
     position: usize,
     batches: u32,
+    max_timestamp_ms: i64,
 }
 
 /// Builds one object from record batches, stream by stream.
@@ -184,15 +213,18 @@ impl ObjectBuilder {
                 end_offset: batch.base_offset,
                 position: self.buf.len(),
                 batches: 0,
+                max_timestamp_ms: UNKNOWN_TIME,
             });
         }
         self.buf.put_u64_le(batch.base_offset);
         self.buf.put_u32_le(batch.count);
         self.buf.put_u32_le(len);
+        self.buf.put_i64_le(batch.timestamp_ms);
         self.buf.put_slice(&batch.payload);
         let open = self.open.as_mut().expect("a block is open");
         open.end_offset = batch.end_offset();
         open.batches += 1;
+        open.max_timestamp_ms = open.max_timestamp_ms.max(batch.timestamp_ms);
         Ok(())
     }
 
@@ -207,6 +239,8 @@ impl ObjectBuilder {
                 position: b.position as u64,
                 size: u32::try_from(self.buf.len() - b.position).expect("blocks stay small"),
                 batch_count: b.batches,
+                max_timestamp_ms: b.max_timestamp_ms,
+                version: FORMAT_VERSION,
             });
         }
     }
@@ -232,6 +266,7 @@ impl ObjectBuilder {
             self.buf.put_u64_le(e.position);
             self.buf.put_u32_le(e.size);
             self.buf.put_u32_le(e.batch_count);
+            self.buf.put_i64_le(e.max_timestamp_ms);
         }
         let crc = crc32c::crc32c(&self.buf[index_start..]);
         self.buf.put_u32_le(crc);
@@ -262,20 +297,22 @@ pub fn parse_footer(tail: &[u8], object_len: u64) -> Result<Footer, FormatError>
     if crc32c::crc32c(&f[..28]) != u32_at(f, 28) {
         return Err(FormatError::Checksum { what: "footer" });
     }
-    if f[16] != FORMAT_VERSION {
-        return Err(FormatError::UnknownVersion(f[16]));
+    let version = f[16];
+    if !(1..=FORMAT_VERSION).contains(&version) {
+        return Err(FormatError::UnknownVersion(version));
     }
     let footer = Footer {
         index_position: u64_at(f, 0),
         index_len: u32_at(f, 8),
         entries: u32_at(f, 12),
+        version,
     };
     let index_end = footer
         .index_position
         .checked_add(u64::from(footer.index_len))
         .ok_or_else(|| corrupt("footer", "index position overflows"))?;
     if index_end + FOOTER_LEN as u64 != object_len
-        || u64::from(footer.entries) * ENTRY_LEN as u64 + 4 != u64::from(footer.index_len)
+        || u64::from(footer.entries) * entry_len(version) as u64 + 4 != u64::from(footer.index_len)
     {
         return Err(corrupt(
             "footer",
@@ -299,7 +336,8 @@ pub fn parse_index(bytes: &[u8], footer: &Footer) -> Result<Vec<BlockIndex>, For
     }
     let mut index = Vec::with_capacity(footer.entries as usize);
     let mut previous: Option<BlockIndex> = None;
-    for chunk in entries.chunks_exact(ENTRY_LEN) {
+    let version = footer.version;
+    for chunk in entries.chunks_exact(entry_len(version)) {
         let e = BlockIndex {
             stream_id: u64_at(chunk, 0),
             start_offset: u64_at(chunk, 8),
@@ -307,6 +345,12 @@ pub fn parse_index(bytes: &[u8], footer: &Footer) -> Result<Vec<BlockIndex>, For
             position: u64_at(chunk, 24),
             size: u32_at(chunk, 32),
             batch_count: u32_at(chunk, 36),
+            max_timestamp_ms: if version == 1 {
+                UNKNOWN_TIME
+            } else {
+                i64_at(chunk, 40)
+            },
+            version,
         };
         let fits = e
             .position
@@ -337,23 +381,36 @@ pub fn decode_block(bytes: &Bytes, entry: &BlockIndex) -> Result<Vec<RecordBatch
     let mut batches = Vec::with_capacity(entry.batch_count as usize);
     let mut at = 0;
     let mut next = entry.start_offset;
+    let header_len = batch_header_len(entry.version);
     while at < body_len {
-        if body_len - at < BATCH_HEADER_LEN {
+        if body_len - at < header_len {
             return Err(corrupt("block", "truncated batch header"));
         }
         let base_offset = u64_at(bytes, at);
         let count = u32_at(bytes, at + 8);
         let len = u32_at(bytes, at + 12) as usize;
-        at += BATCH_HEADER_LEN;
+        let timestamp_ms = if entry.version == 1 {
+            UNKNOWN_TIME
+        } else {
+            i64_at(bytes, at + 16)
+        };
+        at += header_len;
         if len > body_len - at || base_offset != next || count == 0 {
             return Err(corrupt(
                 "block",
                 format!("batch at offset {base_offset} (expected {next}) is inconsistent"),
             ));
         }
+        if timestamp_ms > entry.max_timestamp_ms {
+            return Err(corrupt(
+                "block",
+                format!("batch at offset {base_offset} is later than its block"),
+            ));
+        }
         batches.push(RecordBatch {
             base_offset,
             count,
+            timestamp_ms,
             payload: bytes.slice(at..at + len),
         });
         at += len;

@@ -176,6 +176,94 @@ impl S3Stream {
         Ok(out)
     }
 
+    /// The first committed batch at or after offset `from` whose time is at or after
+    /// `timestamp_ms` (Kafka's "offset for time"), or `None` when no batch is that late. Batch times need not ascend: this is the
+    /// first batch in offset order that qualifies. Only the object indexes (cached, fetched by
+    /// every read) and the one block that holds the answer are read: a block whose latest time
+    /// is earlier is skipped whole. Batches of unknown time (format version 1) never qualify.
+    pub async fn offset_for_time(
+        &self,
+        stream_id: u64,
+        from: u64,
+        timestamp_ms: i64,
+    ) -> Result<Option<RecordBatch>, StreamError> {
+        match self
+            .offset_for_time_once(stream_id, from, timestamp_ms)
+            .await
+        {
+            Err(StreamError::Storage(_)) => {
+                self.offset_for_time_once(stream_id, from, timestamp_ms)
+                    .await
+            }
+            other => other,
+        }
+    }
+
+    async fn offset_for_time_once(
+        &self,
+        stream_id: u64,
+        from: u64,
+        timestamp_ms: i64,
+    ) -> Result<Option<RecordBatch>, StreamError> {
+        let view = self.engine.sink.view();
+        let stream = view
+            .state
+            .streams
+            .get(&stream_id)
+            .ok_or(StreamError::NotFound { stream_id })?;
+        let (start, end) = (stream.start_offset.max(from), stream.end_offset);
+        if start >= end {
+            return Ok(None);
+        }
+        let ranges: Vec<_> = view
+            .state
+            .stream_ranges(stream_id, start, end)
+            .cloned()
+            .collect();
+        for group in ranges.chunks(FETCH_CONCURRENCY) {
+            let mut sized = Vec::with_capacity(group.len());
+            for range in group {
+                let object = view.state.objects.get(&range.object_id).ok_or_else(|| {
+                    StreamError::Storage(format!(
+                        "object {} is not in the metadata",
+                        range.object_id
+                    ))
+                })?;
+                sized.push((range.object_id, object.size));
+            }
+            let indexes: Vec<_> = futures::stream::iter(
+                sized
+                    .into_iter()
+                    .map(|(id, size)| self.object_index(id, size)),
+            )
+            .buffered(FETCH_CONCURRENCY)
+            .try_collect()
+            .await?;
+            for (range, index) in group.iter().zip(indexes) {
+                let (low, high) = (range.start_offset.max(start), range.end_offset.min(end));
+                for entry in index.iter().filter(|e| {
+                    e.stream_id == stream_id
+                        && e.end_offset > low
+                        && e.start_offset < high
+                        && e.max_timestamp_ms >= timestamp_ms
+                }) {
+                    let block = self.block(range.object_id, *entry).await?;
+                    let batches = decode_block(&block, entry).map_err(|e| {
+                        StreamError::Storage(format!("object {} is corrupt: {e}", range.object_id))
+                    })?;
+                    if let Some(b) = batches.into_iter().find(|b| {
+                        b.end_offset() > low
+                            && b.base_offset < high
+                            && b.timestamp_ms >= timestamp_ms
+                    }) {
+                        return Ok(Some(b));
+                    }
+                }
+            }
+        }
+        Ok(None)
+    }
+
     /// Waits (up to `timeout`) until the stream's committed end is beyond `offset`.
     pub async fn wait_beyond(
         &self,
@@ -240,9 +328,11 @@ impl S3Stream {
                 .map_err(storage)?
         };
         let index = Arc::new(parse_index(&index_bytes, &footer).map_err(corrupt)?);
-        engine
-            .index_cache
-            .insert(object_id, Arc::clone(&index), index.len() * 40 + 64);
+        engine.index_cache.insert(
+            object_id,
+            Arc::clone(&index),
+            index.len() * size_of::<BlockIndex>() + 64,
+        );
         Ok(index)
     }
 

@@ -132,10 +132,20 @@ async fn read_all(engine: &S3Stream, stream_id: u64, from: u64) -> Vec<RecordBat
                 "gap at {next}: {b:?}"
             );
             next = b.end_offset();
-            out.push(b);
+            out.push(untimed(b));
         }
     }
     out
+}
+
+/// `b` without its time: appends are stamped with the engine's clock, which tests compare
+/// apart (`batches_are_found_by_time`).
+fn untimed(b: RecordBatch) -> RecordBatch {
+    assert!(b.timestamp_ms > 0, "an append without a time: {b:?}");
+    RecordBatch {
+        timestamp_ms: 0,
+        ..b
+    }
 }
 
 macro_rules! suite {
@@ -199,7 +209,8 @@ async fn appends_are_read_back_in_order(world: World) {
     assert!(cold.stats().object_reads.load(Ordering::Relaxed) > 0);
     // Reading from the middle of a batch returns that batch.
     let mid = hot[5].base_offset + u64::from(hot[5].count) - 1;
-    assert_eq!(cold.fetch(first + 1, mid, 1).await.unwrap()[0], hot[5]);
+    let got = cold.fetch(first + 1, mid, 1).await.unwrap().remove(0);
+    assert_eq!(untimed(got), hot[5]);
     // At the end: nothing; past it: out of range.
     let end = cold.info(first + 1).unwrap().end_offset;
     assert!(cold.fetch(first + 1, end, 1024).await.unwrap().is_empty());
@@ -336,6 +347,55 @@ async fn idempotent_writers_are_answered_with_original_offsets(world: World) {
     next.shutdown().await;
 }
 suite!(idempotent_writers_are_answered_with_original_offsets);
+
+async fn batches_are_found_by_time(world: World) {
+    let engine = world.node(1).await;
+    let s = new_stream(&engine).await;
+    let time = |i: u64| if i == 30 { 5 } else { 1_000 + 10 * i as i64 };
+    // Six objects of ten batches; 4 KiB blocks of ~200-byte batches: several blocks each.
+    for round in 0..6u64 {
+        let mut pending = Vec::new();
+        for i in round * 10..round * 10 + 10 {
+            pending.push(
+                engine
+                    .submit_at(s, Some(1), 1, payload(s, i), None, time(i))
+                    .await
+                    .unwrap(),
+            );
+        }
+        futures::future::try_join_all(pending).await.unwrap();
+    }
+    let found = |engine: S3Stream, at: i64| async move {
+        engine
+            .offset_for_time(s, 0, at)
+            .await
+            .unwrap()
+            .map(|b| (b.base_offset, b.timestamp_ms))
+    };
+    let cold = world.node(2).await;
+    for node in [&engine, &cold] {
+        assert_eq!(found(node.clone(), 0).await, Some((0, 1_000)));
+        assert_eq!(found(node.clone(), 1_250).await, Some((25, 1_250)));
+        assert_eq!(found(node.clone(), 1_249).await, Some((25, 1_250)));
+        // Batch 30 went back in time: the first batch at or after the time is 31.
+        assert_eq!(found(node.clone(), 1_291).await, Some((31, 1_310)));
+        assert_eq!(found(node.clone(), 1_591).await, None, "nothing that late");
+    }
+    // Fetches return each batch's time.
+    let fetched = cold.fetch(s, 30, 1).await.unwrap();
+    assert_eq!((fetched[0].base_offset, fetched[0].timestamp_ms), (30, 5));
+    // Trimmed batches are not found.
+    engine.trim(s, 40).await.unwrap();
+    cold.sink()
+        .wait_applied(engine.sink().view().applied_index)
+        .await
+        .unwrap();
+    assert_eq!(found(cold.clone(), 0).await, Some((40, 1_400)));
+    // A search can start at an offset.
+    let later = cold.offset_for_time(s, 45, 0).await.unwrap().unwrap();
+    assert_eq!(later.base_offset, 45);
+}
+suite!(batches_are_found_by_time);
 
 async fn submitted_appends_keep_their_order_and_resolve_when_durable(world: World) {
     let engine = world.node(1).await;
@@ -643,6 +703,7 @@ async fn compaction_merges_splits_and_keeps_every_record(world: World) {
             expected.entry(s).or_default().push(RecordBatch {
                 base_offset: a.base_offset,
                 count: 2,
+                timestamp_ms: 0,
                 payload: p,
             });
         }
@@ -691,6 +752,7 @@ async fn compaction_merges_splits_and_keeps_every_record(world: World) {
         expected.get_mut(&first).unwrap().push(RecordBatch {
             base_offset: a.base_offset,
             count: 2,
+            timestamp_ms: 0,
             payload: p,
         });
         engine.compact_once(1, &compaction()).await.unwrap();
@@ -1053,6 +1115,7 @@ async fn random_operations_match_a_model(world: World) {
                     RecordBatch {
                         base_offset: ack.base_offset,
                         count,
+                        timestamp_ms: 0,
                         payload: p,
                     },
                 );
@@ -1185,10 +1248,13 @@ async fn random_operations_match_a_model(world: World) {
             .unwrap();
         if end > start {
             let offset = rng.random_range(start..end);
-            let got = reader
+            let got: Vec<RecordBatch> = reader
                 .fetch(s, offset, rng.random_range(1..4096))
                 .await
-                .unwrap();
+                .unwrap()
+                .into_iter()
+                .map(untimed)
+                .collect();
             assert_eq!(
                 &got[0],
                 model.batch_at(s, offset),

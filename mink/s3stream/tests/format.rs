@@ -9,6 +9,7 @@ fn batch(base: u64, count: u32, payload: &[u8]) -> RecordBatch {
     RecordBatch {
         base_offset: base,
         count,
+        timestamp_ms: 1_700_000_000_000 + i64::try_from(base).unwrap(),
         payload: Bytes::copy_from_slice(payload),
     }
 }
@@ -103,6 +104,87 @@ fn foreign_or_truncated_bytes_are_refused() {
     // The same footer does not fit a longer object.
     assert!(parse_footer(&object, object.len() as u64 + 1).is_err());
     assert!(decode_object(&object.slice(1..)).is_err());
+}
+
+#[test]
+fn blocks_carry_the_latest_time_of_their_batches() {
+    let mut b = ObjectBuilder::new(1 << 20);
+    let mut late = batch(0, 1, b"late");
+    late.timestamp_ms = 9_000;
+    let mut early = batch(1, 1, b"early");
+    early.timestamp_ms = 5_000;
+    b.push(1, &late).unwrap();
+    b.push(1, &early).unwrap();
+    let (object, index) = b.finish();
+    assert_eq!(index[0].max_timestamp_ms, 9_000, "times need not ascend");
+    let decoded = decode_object(&object).unwrap();
+    assert_eq!(decoded[0].0, index[0], "the index round trips");
+    assert_eq!(decoded[0].1, vec![late, early]);
+}
+
+/// A version 1 object, as written before batches carried a time: 16-byte batch headers,
+/// 40-byte index entries.
+fn version_1_object(stream_id: u64, batches: &[(u64, u32, &[u8])]) -> Bytes {
+    let mut block = Vec::new();
+    for (base, count, payload) in batches {
+        block.extend_from_slice(&base.to_le_bytes());
+        block.extend_from_slice(&count.to_le_bytes());
+        block.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        block.extend_from_slice(payload);
+    }
+    block.extend_from_slice(&crc32c::crc32c(&block).to_le_bytes());
+    let (start, end) = (
+        batches[0].0,
+        batches.last().map(|b| b.0 + u64::from(b.1)).unwrap(),
+    );
+    let mut object = block.clone();
+    let index_position = object.len() as u64;
+    let mut entry = Vec::new();
+    for v in [stream_id, start, end, 0] {
+        entry.extend_from_slice(&v.to_le_bytes());
+    }
+    entry.extend_from_slice(&(block.len() as u32).to_le_bytes());
+    entry.extend_from_slice(&(batches.len() as u32).to_le_bytes());
+    entry.extend_from_slice(&crc32c::crc32c(&entry).to_le_bytes());
+    object.extend_from_slice(&entry);
+    let mut footer = Vec::new();
+    footer.extend_from_slice(&index_position.to_le_bytes());
+    footer.extend_from_slice(&(entry.len() as u32).to_le_bytes());
+    footer.extend_from_slice(&1u32.to_le_bytes());
+    footer.extend_from_slice(&[1, 0, 0, 0]);
+    footer.extend_from_slice(&MAGIC);
+    footer.extend_from_slice(&crc32c::crc32c(&footer).to_le_bytes());
+    object.extend_from_slice(&footer);
+    Bytes::from(object)
+}
+
+#[test]
+fn version_1_objects_stay_readable_with_unknown_times() {
+    let object = version_1_object(4, &[(10, 2, b"ab"), (12, 1, b"c")]);
+    let decoded = decode_object(&object).unwrap();
+    let (entry, batches) = &decoded[0];
+    assert_eq!((entry.version, entry.max_timestamp_ms), (1, UNKNOWN_TIME));
+    assert_eq!(
+        batches
+            .iter()
+            .map(|b| (b.base_offset, b.count, b.timestamp_ms, &b.payload[..]))
+            .collect::<Vec<_>>(),
+        vec![
+            (10, 2, UNKNOWN_TIME, &b"ab"[..]),
+            (12, 1, UNKNOWN_TIME, &b"c"[..])
+        ]
+    );
+    // A later version is refused, not guessed at.
+    let mut future = object.to_vec();
+    let at = future.len() - FOOTER_LEN + 16;
+    future[at] = FORMAT_VERSION + 1;
+    let crc_at = future.len() - 4;
+    let crc = crc32c::crc32c(&future[crc_at - 28..crc_at]);
+    future[crc_at..].copy_from_slice(&crc.to_le_bytes());
+    assert_eq!(
+        decode_object(&Bytes::from(future)).unwrap_err(),
+        FormatError::UnknownVersion(FORMAT_VERSION + 1)
+    );
 }
 
 proptest! {

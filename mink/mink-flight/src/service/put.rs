@@ -146,6 +146,7 @@ impl MinkFlight {
             writer,
             columns: d.columns.clone(),
             ipc,
+            timestamp_ms: None,
         };
         let pending = session
             .submit(&d.database, &d.table, batch, &target)

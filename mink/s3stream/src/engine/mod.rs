@@ -420,6 +420,11 @@ impl S3Stream {
         &self.engine.stats
     }
 
+    /// The engine clock's time, as [`S3Stream::append`] stamps batches with it.
+    pub fn now_ms(&self) -> i64 {
+        i64::try_from(self.engine.config.clock.now_ms()).unwrap_or(i64::MAX)
+    }
+
     /// Hits and misses of the read caches, by name (`log`, `index`, `block`).
     pub fn cache_stats(&self) -> [(&'static str, &CacheStats); 3] {
         [

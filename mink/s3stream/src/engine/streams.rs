@@ -81,9 +81,9 @@ impl S3Stream {
         Ok(info)
     }
 
-    /// Appends one batch spanning `count` offsets. Returns once the batch is on object storage
-    /// and committed. With `writer`, a retry of a batch already written returns its original
-    /// offsets instead of writing it again.
+    /// Appends one batch spanning `count` offsets, stamped with the engine clock's time.
+    /// Returns once the batch is on object storage and committed. With `writer`, a retry of a
+    /// batch already written returns its original offsets instead of writing it again.
     pub async fn append(
         &self,
         stream_id: u64,
@@ -106,13 +106,14 @@ impl S3Stream {
         payload: Bytes,
         writer: Option<WriterBatchId>,
     ) -> Result<Appending, StreamError> {
-        self.submit_at(stream_id, None, count, payload, writer)
+        self.submit_at(stream_id, None, count, payload, writer, self.now_ms())
             .await
     }
 
     /// [`S3Stream::submit`] only while the stream is open here at `epoch` (when given): a
     /// caller that computed its batch for one opening of the stream never appends it to a
-    /// later one (fails with [`StreamError::Fenced`]).
+    /// later one (fails with [`StreamError::Fenced`]). The batch carries `timestamp_ms` (the
+    /// latest time of its rows), which [`S3Stream::offset_for_time`] searches by.
     pub async fn submit_at(
         &self,
         stream_id: u64,
@@ -120,6 +121,7 @@ impl S3Stream {
         count: u32,
         payload: Bytes,
         writer: Option<WriterBatchId>,
+        timestamp_ms: i64,
     ) -> Result<Appending, StreamError> {
         let engine = &self.engine;
         let check_epoch = |owned: &Owned| match epoch {
@@ -179,6 +181,7 @@ impl S3Stream {
                 batch: RecordBatch {
                     base_offset,
                     count,
+                    timestamp_ms,
                     payload,
                 },
                 epoch,
