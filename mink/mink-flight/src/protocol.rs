@@ -596,7 +596,8 @@ pub struct Ticket {
     pub source: Option<String>,
     /// Only rows that meet every predicate: `[{"column": "x", "op": ">=", "value": 5}, ...]`
     /// (ops `=`, `!=`, `<`, `<=`, `>`, `>=`, `in` with `values`, `is_null`, `is_not_null`;
-    /// `__bucket`, and `__offset` on log tables, select buckets and offset ranges).
+    /// `__bucket`, and `__offset` and `__timestamp` on log tables, select buckets, offset
+    /// ranges and time ranges).
     #[serde(default, skip_serializing_if = "Filter::is_empty")]
     pub filter: Filter,
     /// Primary-key tables: the rows of these keys (JSON objects holding every primary-key

@@ -31,7 +31,8 @@ pub trait Prune: Send + Sync {
 impl Lake {
     /// The rows of `bucket` at `offsets` in snapshot `snapshot_id` of the lake table
     /// of `database.table`, in offset order, as batches of `schema` (the Mink table's
-    /// columns; a column the lake lacks reads as null). Fails if the lake lacks any offset of
+    /// columns, and the system columns `__bucket`, `__offset`, `__timestamp` it names; a
+    /// column the lake lacks reads as null). Fails if the lake lacks any offset of
     /// the range: a reader is never handed a hole. In a partitioned table the bucket is the
     /// one of the partition whose key columns hold `partition` (column → value, as Mink names
     /// partitions); empty for an unpartitioned table. With `prune`, only rows that meet its
@@ -86,14 +87,19 @@ impl Lake {
             Some(p) => filter.and(p),
             None => filter,
         };
-        // The table's columns the lake has, and what the checks need: not `__timestamp`.
-        let columns: Vec<&str> = schema
+        // The columns of `schema` the lake has (`__timestamp` only when asked for), and what
+        // the checks need.
+        let mut columns: Vec<&str> = schema
             .fields()
             .iter()
             .map(|f| f.name().as_str())
             .filter(|n| lake_schema.field_by_name(n).is_some())
-            .chain([BUCKET_COLUMN, OFFSET_COLUMN])
             .collect();
+        for system in [BUCKET_COLUMN, OFFSET_COLUMN] {
+            if !columns.contains(&system) {
+                columns.push(system);
+            }
+        }
         let batches: Vec<RecordBatch> = t
             .scan()
             .snapshot_id(snapshot_id)

@@ -6,6 +6,8 @@
 //! the column named. Bound, it
 //! - prunes buckets (`__bucket`) and partitions (predicates on partition columns),
 //! - narrows a bucket's offsets (`__offset` on log reads: a range, not a row test),
+//! - selects a log's stored batches by their time (`__timestamp` on log reads: every row of a
+//!   batch has the batch's time; a lower bound starts the read at the bucket's time index),
 //! - prunes the lake's files and row groups (`mink_read::prune`, the lake's own columns
 //!   `__bucket` and `__offset` included),
 //! - and selects rows ([`BoundFilter::apply`]).
@@ -38,6 +40,70 @@ pub type FilterResult<T> = Result<T, FilterError>;
 pub const BUCKET: &str = "__bucket";
 /// A log row's offset in its bucket: a filter column of log-table reads (an offset range).
 pub const OFFSET: &str = "__offset";
+/// A log row's time: its stored batch's (the append time, or the latest record time a Kafka
+/// producer gave), as the lake's `__timestamp` column holds it. A filter column of log-table
+/// reads; literals are timestamps (RFC 3339 text, or microseconds since the epoch).
+pub const TIMESTAMP: &str = "__timestamp";
+
+/// The type [`TIMESTAMP`] literals are bound to (the lake column's).
+pub fn timestamp_type() -> DataType {
+    DataType::Timestamp(arrow::datatypes::TimeUnit::Microsecond, Some("UTC".into()))
+}
+
+/// A system column a log read can return besides the table's columns, typed as the lake
+/// stores it: [`BUCKET`] (Int32), [`OFFSET`] (Int64), [`TIMESTAMP`] (µs, UTC; null when the
+/// batch's time is unknown). `None` for any other name.
+pub fn system_field(name: &str) -> Option<arrow::datatypes::Field> {
+    use arrow::datatypes::Field;
+    match name {
+        BUCKET => Some(Field::new(BUCKET, DataType::Int32, false)),
+        OFFSET => Some(Field::new(OFFSET, DataType::Int64, false)),
+        TIMESTAMP => Some(Field::new(TIMESTAMP, timestamp_type(), true)),
+        _ => None,
+    }
+}
+
+/// `batch` (rows of one stored batch of `bucket`, the first at `base_offset`, all of time
+/// `timestamp_ms`) with the system columns among `names` appended, in that order.
+pub fn with_system_columns(
+    batch: &RecordBatch,
+    names: &[String],
+    bucket: u32,
+    base_offset: u64,
+    timestamp_ms: i64,
+) -> Result<RecordBatch, arrow::error::ArrowError> {
+    let n = batch.num_rows();
+    let mut fields: Vec<arrow::datatypes::FieldRef> = batch.schema().fields().to_vec();
+    let mut columns = batch.columns().to_vec();
+    for name in names {
+        let Some(field) = system_field(name) else {
+            continue;
+        };
+        let as_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        let column: ArrayRef = match name.as_str() {
+            BUCKET => Arc::new(arrow::array::Int32Array::from(vec![
+                i32::try_from(bucket)
+                    .unwrap_or(i32::MAX);
+                n
+            ])),
+            OFFSET => Arc::new(arrow::array::Int64Array::from_iter_values(
+                (0..n as u64).map(|i| as_i64(base_offset + i)),
+            )),
+            _ => Arc::new(
+                arrow::array::TimestampMicrosecondArray::from(vec![
+                    (timestamp_ms >= 0).then(|| {
+                        timestamp_ms.saturating_mul(1000)
+                    });
+                    n
+                ])
+                .with_timezone("UTC"),
+            ),
+        };
+        fields.push(Arc::new(field));
+        columns.push(column);
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
+}
 
 /// Rows that meet every predicate (all rows when empty).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -92,7 +158,7 @@ impl Filter {
     }
 
     /// Binds the filter to `schema` (the columns rows are read with) and the system columns
-    /// `system` the read allows ([`BUCKET`], [`OFFSET`]): every column must exist and every
+    /// `system` the read allows ([`BUCKET`], [`OFFSET`], [`TIMESTAMP`]): every column must exist and every
     /// literal fit its column's type.
     pub fn bind(&self, schema: &Schema, system: &[&str]) -> FilterResult<BoundFilter> {
         let mut predicates = Vec::with_capacity(self.0.len());
@@ -104,6 +170,7 @@ impl Filter {
             let data_type = match p.column.as_str() {
                 BUCKET if system.contains(&BUCKET) => DataType::UInt32,
                 OFFSET if system.contains(&OFFSET) => DataType::UInt64,
+                TIMESTAMP if system.contains(&TIMESTAMP) => timestamp_type(),
                 name => schema
                     .field_with_name(name)
                     .map_err(|_| bad("no such column".into()))?
@@ -282,7 +349,58 @@ impl BoundFilter {
     fn rows(&self) -> impl Iterator<Item = &BoundPredicate> {
         self.predicates
             .iter()
-            .filter(|p| p.column != BUCKET && p.column != OFFSET)
+            .filter(|p| p.column != BUCKET && p.column != OFFSET && p.column != TIMESTAMP)
+    }
+
+    fn times(&self) -> impl Iterator<Item = &BoundPredicate> {
+        self.predicates.iter().filter(|p| p.column == TIMESTAMP)
+    }
+
+    /// Whether the filter selects by time ([`TIMESTAMP`]).
+    pub fn tests_time(&self) -> bool {
+        self.times().next().is_some()
+    }
+
+    /// Whether the rows of a stored batch of time `timestamp_ms` (milliseconds; negative when
+    /// unknown, which no time predicate matches, as SQL's null) meet the time predicates.
+    pub fn time_may_match(&self, timestamp_ms: i64) -> FilterResult<bool> {
+        if !self.tests_time() {
+            return Ok(true);
+        }
+        let value: ArrayRef = Arc::new(
+            arrow::array::TimestampMicrosecondArray::from(vec![
+                (timestamp_ms >= 0).then(|| timestamp_ms.saturating_mul(1000)),
+            ])
+            .with_timezone("UTC"),
+        );
+        for p in self.times() {
+            if !p.holds_for(&value)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// The earliest batch time (milliseconds) the time predicates allow, if they bound it
+    /// from below: where a read may start by the time index. Rounded down, so no batch that
+    /// meets them is earlier.
+    pub fn earliest_time_ms(&self) -> Option<i64> {
+        let mut earliest: Option<i64> = None;
+        for p in self.times() {
+            let Bound::Cmp(CmpOp::Eq | CmpOp::Gt | CmpOp::GtEq, value) = &p.op else {
+                continue;
+            };
+            let Some(us) = value
+                .as_primitive_opt::<arrow::datatypes::TimestampMicrosecondType>()
+                .filter(|a| a.is_valid(0))
+                .map(|a| a.value(0))
+            else {
+                continue;
+            };
+            let ms = us.div_euclid(1000);
+            earliest = Some(earliest.map_or(ms, |e| e.max(ms)));
+        }
+        earliest
     }
 
     /// Whether the filter tests rows (and not only buckets and offsets).
@@ -565,5 +683,37 @@ mod tests {
         .unwrap();
         assert!(none.offsets().is_empty());
         assert_eq!(BoundFilter::default().offsets(), 0..u64::MAX);
+    }
+
+    #[test]
+    fn stored_batches_are_selected_by_their_time() {
+        let f = parse(json!([
+            {"column": "__timestamp", "op": ">=", "value": "2026-12-01T00:00:00.0015Z"},
+            {"column": "__timestamp", "op": "<", "value": 1_796_083_200_010_000i64},
+            {"column": "id", "op": ">", "value": 1}
+        ]))
+        .bind(&schema(), &[TIMESTAMP])
+        .unwrap();
+        let day = 1_796_083_200_000i64; // 2026-12-01T00:00:00Z in milliseconds
+        assert!(f.tests_time() && f.tests_rows());
+        assert_eq!(f.columns(), ["id"], "time is not a row column");
+        // Rounded down to a millisecond: the index never starts past a batch that matches.
+        assert_eq!(f.earliest_time_ms(), Some(day + 1));
+        assert!(!f.time_may_match(day + 1).unwrap(), "1.000 ms < 1.5 ms");
+        assert!(f.time_may_match(day + 2).unwrap());
+        assert!(f.time_may_match(day + 9).unwrap());
+        assert!(!f.time_may_match(day + 10).unwrap());
+        assert!(
+            !f.time_may_match(-1).unwrap(),
+            "an unknown time matches nothing"
+        );
+        assert!(BoundFilter::default().time_may_match(-1).unwrap());
+        assert_eq!(BoundFilter::default().earliest_time_ms(), None);
+        let FilterError { column, reason } =
+            parse(json!([{"column": "__timestamp", "op": ">", "value": "yesterday"}]))
+                .bind(&schema(), &[TIMESTAMP])
+                .unwrap_err();
+        assert_eq!(column, "__timestamp");
+        assert!(reason.contains("Timestamp"), "{reason}");
     }
 }

@@ -117,8 +117,20 @@ pub struct ReadPlan {
     /// The request's filter, bound to what is read, and as it came (forwarded reads carry it).
     pub(crate) filter: Arc<BoundFilter>,
     pub(crate) filter_spec: Filter,
-    /// The columns decoded: `columns` and those the filter tests (all when empty).
+    /// The columns decoded: `columns` and those the filter tests (all when empty), system
+    /// columns left out.
     pub(crate) read_columns: Vec<String>,
+    /// Whether `columns` names system columns (`__bucket`, `__offset`, `__timestamp`: log
+    /// reads only), which a read adds to what it decodes.
+    pub(crate) system: bool,
+}
+
+/// Where decoded rows come from: what their system columns hold.
+#[derive(Clone, Copy, Debug)]
+struct Stamp {
+    bucket: u32,
+    base_offset: u64,
+    timestamp_ms: i64,
 }
 
 /// The first offset a scan of bucket `b` of log table `record` returns: the log's `start`, or
@@ -199,9 +211,21 @@ impl ReadData {
 }
 
 impl ReadPlan {
-    /// Decoded rows (of `read_columns`) as the read returns them: those that meet the
-    /// filter, in the plan's columns.
-    fn finish(&self, batch: RecordBatch) -> NodeResult<RecordBatch> {
+    /// Decoded rows (of `read_columns`) as the read returns them: with the system columns
+    /// asked for (from `stamp`), those that meet the filter, in the plan's columns.
+    fn finish(&self, batch: RecordBatch, stamp: Stamp) -> NodeResult<RecordBatch> {
+        let batch = if self.system {
+            mink_log::filter::with_system_columns(
+                &batch,
+                &self.columns,
+                stamp.bucket,
+                stamp.base_offset,
+                stamp.timestamp_ms,
+            )
+            .map_err(|e| NodeError::Failed(e.to_string()))?
+        } else {
+            batch
+        };
         let batch = self.filter.apply(batch)?;
         if self.read_columns.len() == self.columns.len() {
             return Ok(batch);
@@ -328,13 +352,37 @@ impl Node {
         } else {
             Arc::clone(&table_schema)
         };
-        let schema = project_schema(&full, &r.columns, &name)?;
+        // A log read may name system columns too (the lake's `__bucket`, `__offset`,
+        // `__timestamp`); an unprojected read returns the table's columns.
+        let is_system = |c: &String| mink_log::filter::system_field(c).is_some();
+        let system_asked = kind == ReadKind::Log && r.columns.iter().any(is_system);
+        let selectable = if system_asked {
+            let mut fields: Vec<arrow::datatypes::FieldRef> = full.fields().to_vec();
+            for c in r.columns.iter().filter(|c| is_system(c)) {
+                if full.field_with_name(c).is_err() && !fields.iter().any(|f| f.name() == c) {
+                    fields.extend(mink_log::filter::system_field(c).map(Arc::new));
+                }
+            }
+            Arc::new(arrow::datatypes::Schema::new(fields))
+        } else {
+            Arc::clone(&full)
+        };
+        let schema = project_schema(&selectable, &r.columns, &name)?;
         let system: &[&str] = match kind {
-            ReadKind::Log => &[mink_log::filter::BUCKET, mink_log::filter::OFFSET],
+            ReadKind::Log => &[
+                mink_log::filter::BUCKET,
+                mink_log::filter::OFFSET,
+                mink_log::filter::TIMESTAMP,
+            ],
             _ => &[mink_log::filter::BUCKET],
         };
         let filter = r.filter.bind(&full, system)?;
-        let mut read_columns = r.columns.clone();
+        let mut read_columns: Vec<String> = r
+            .columns
+            .iter()
+            .filter(|c| !system_asked || !is_system(c))
+            .cloned()
+            .collect();
         if !read_columns.is_empty() {
             for c in filter.columns() {
                 if !read_columns.contains(&c) {
@@ -499,6 +547,7 @@ impl Node {
             filter: Arc::new(filter),
             filter_spec: r.filter.clone(),
             read_columns,
+            system: system_asked,
         })
     }
 
@@ -540,12 +589,28 @@ impl Node {
         .then(|| plan.stored_schema_header());
         let mut rows_sent = 0u64;
         let full = |rows: u64| plan.max_rows.is_some_and(|m| rows >= m);
+        let earliest = plan.filter.earliest_time_ms();
         for b in &plan.buckets {
             let mut offset = b.from;
             let mut idle_since = tokio::time::Instant::now();
+            // A lower bound on `__timestamp` starts the log's part at the time index.
+            let mut indexed = earliest.is_none() || plan.kind != ReadKind::Log;
             loop {
                 if b.to.is_some_and(|to| offset >= to) || full(rows_sent) {
                     break;
+                }
+                if !indexed && let Some(t) = earliest {
+                    let (start, end) = self.bucket_offsets(&b.bucket)?;
+                    // Below the log's start a union read takes the lake's rows, which the
+                    // lake filters itself.
+                    if plan.source != ReadSource::Lake && offset >= start {
+                        indexed = true;
+                        // Nothing in [offset, end) is that late: no batch below `end` is.
+                        let found = self.first_batch_at_time(&b.bucket, offset, t).await?;
+                        let to = found.map_or(end, |f| f.base_offset);
+                        offset = offset.max(b.to.map_or(to, |planned| to.min(planned)));
+                        continue;
+                    }
                 }
                 let (items, next) = self
                     .read_step(plan, b, offset, options.step_bytes, stored_header.as_ref())
@@ -607,7 +672,12 @@ impl Node {
             |r: mink_log::ReadBatch, items: &mut Vec<ReadItem>, next: &mut u64| -> NodeResult<()> {
                 let (batch, after) = cut(r.batch, r.base_offset, r.end_offset, b.to);
                 *next = after;
-                let batch = plan.finish(batch)?;
+                let stamp = Stamp {
+                    bucket: b.bucket.bucket,
+                    base_offset: r.base_offset,
+                    timestamp_ms: r.timestamp_ms,
+                };
+                let batch = plan.finish(batch, stamp)?;
                 if batch.num_rows() > 0 {
                     items.push(ReadItem {
                         bucket: b.bucket.clone(),
@@ -633,6 +703,11 @@ impl Node {
         }
         let tablet = self.bucket_log(&b.bucket, Arc::clone(&plan.table_schema))?;
         for s in tablet.read_stored(offset, step_bytes).await? {
+            if !plan.filter.time_may_match(s.timestamp_ms)? {
+                // Every row of a stored batch has its time.
+                next = next.max(b.to.map_or(s.end_offset, |to| s.end_offset.min(to)));
+                continue;
+            }
             let whole = s.base_offset >= offset && b.to.is_none_or(|to| s.end_offset <= to);
             let wire = stored_header.filter(|_| whole).and_then(|h| {
                 mink_log::codec::wire_batch(&s.payload)
@@ -700,6 +775,20 @@ impl Node {
         let (Some(lake), upto) = (lake, range.end) else {
             return Err(NodeError::OffsetOutOfRange { offset, start, end });
         };
+        // The lake stores the system columns a read may ask for.
+        let read_schema = if plan.system {
+            let mut fields: Vec<arrow::datatypes::FieldRef> = plan.table_schema.fields().to_vec();
+            fields.extend(
+                plan.schema
+                    .fields()
+                    .iter()
+                    .filter(|f| plan.table_schema.field_with_name(f.name()).is_err())
+                    .cloned(),
+            );
+            Arc::new(arrow::datatypes::Schema::new(fields))
+        } else {
+            Arc::clone(&plan.table_schema)
+        };
         let rows = self
             .lake()
             .await?
@@ -710,7 +799,7 @@ impl Node {
                 &partition,
                 b.bucket.bucket,
                 offset..upto,
-                &plan.table_schema,
+                &read_schema,
                 (!plan.filter.is_empty())
                     .then_some(&mink_read::prune::LakePrune(&plan.filter) as &dyn mink_lake::Prune),
             )
@@ -719,7 +808,7 @@ impl Node {
             .schema
             .fields()
             .iter()
-            .map(|f| plan.table_schema.index_of(f.name()))
+            .map(|f| read_schema.index_of(f.name()))
             .collect::<Result<_, _>>()
             .map_err(|e| NodeError::Invalid(e.to_string()))?;
         let mut items = Vec::with_capacity(rows.len());

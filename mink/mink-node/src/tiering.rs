@@ -19,8 +19,10 @@
 //! after the last one. A table queried often with a long tail is tiered sooner; never later
 //! than its freshness says.
 //!
-//! `__timestamp` is the time the round read the rows: the log keeps no per-batch append time
-//! yet, so it is at most a freshness later than the append.
+//! `__timestamp` is the time of the row's stored batch (its append time, or the latest record
+//! time a Kafka producer gave a raw topic's batch); the round's time for a batch stored before
+//! batches carried one (s3stream format version 1). A primary-key row's is its change's
+//! `_commit_timestamp`.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -299,7 +301,11 @@ pub(crate) async fn tier_round(
                     .into_iter()
                     .map(|rb| LogRows {
                         base_offset: rb.base_offset,
-                        timestamp_us: now_us,
+                        timestamp_us: if rb.timestamp_ms >= 0 {
+                            rb.timestamp_ms.saturating_mul(1000)
+                        } else {
+                            now_us
+                        },
                         rows: rb.batch,
                     })
                     .collect(),

@@ -409,6 +409,237 @@ async fn a_round_lost_before_the_metadata_record_rolls_forward() {
     node.shutdown().await;
 }
 
+/// A lake row's `__timestamp` is its stored batch's time: the time a writer gave it (a Kafka
+/// producer's record times), else the leader's clock at append; never the round's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lake_rows_keep_the_time_of_their_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(config(dir.path())).await.unwrap();
+    node.create_database("app", false).await.unwrap();
+    node.create_table(clicks(&[
+        ("table.datalake.enabled", "true"),
+        ("table.datalake.freshness", "1h"),
+    ]))
+    .await
+    .unwrap();
+    let given = 1_600_000_000_000i64;
+    let writes = node
+        .write(
+            "app",
+            "clicks",
+            &batch(0..3),
+            &WriteTarget {
+                bucket: Some(0),
+                timestamp_ms: Some(given),
+                ..WriteTarget::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(writes.iter().all(|w| w.result.is_ok()), "{writes:?}");
+    let before = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap();
+    write(&node, 3..5).await;
+    let stored = node
+        .read_bucket(
+            &mink_node::BucketRef::new("app", "clicks", None, 0),
+            0,
+            1 << 20,
+            &[],
+        )
+        .await
+        .unwrap();
+    let times: Vec<i64> = stored.iter().map(|r| r.timestamp_ms).collect();
+    assert_eq!(times.len(), 2, "two stored batches");
+    assert_eq!(times[0], given);
+    assert!(
+        times[1] >= before,
+        "stamped at append: {times:?}, before {before}"
+    );
+    assert!(node.tier_now("app", "clicks").await.unwrap());
+    until_tiered(&node, 5).await;
+    let mut lake = Vec::new();
+    for b in node
+        .lake()
+        .await
+        .unwrap()
+        .scan("app", "clicks")
+        .await
+        .unwrap()
+    {
+        let ids = int64(&b, "user_id");
+        let at = b
+            .column_by_name("__timestamp")
+            .unwrap()
+            .as_primitive::<arrow::datatypes::TimestampMicrosecondType>();
+        for i in 0..b.num_rows() {
+            lake.push((ids.value(i), at.value(i)));
+        }
+    }
+    lake.sort_unstable();
+    let expected: Vec<(i64, i64)> = (0..5)
+        .map(|id| (id, if id < 3 { times[0] } else { times[1] } * 1000))
+        .collect();
+    assert_eq!(lake, expected);
+
+    // A log tail past the lake: 5..8 at another given time, 8..10 stamped at append.
+    let given_later = given + 100_000_000;
+    node.write(
+        "app",
+        "clicks",
+        &batch(5..8),
+        &WriteTarget {
+            bucket: Some(0),
+            timestamp_ms: Some(given_later),
+            ..WriteTarget::default()
+        },
+    )
+    .await
+    .unwrap();
+    write(&node, 8..10).await;
+    // `__timestamp` ranges over the union read: the lake filters its rows by their column,
+    // the log its stored batches by their time (from the time index for a lower bound).
+    let ids_from = |source: mink_node::ReadSource, filter: serde_json::Value| {
+        let node = node.clone();
+        async move {
+            let items = read_rows(
+                &node,
+                mink_node::ReadRequest {
+                    database: "app".into(),
+                    table: "clicks".into(),
+                    source,
+                    filter: serde_json::from_value(filter).unwrap(),
+                    ..Default::default()
+                },
+            )
+            .await;
+            let mut ids: Vec<i64> = items
+                .iter()
+                .flat_map(|r| int64(&r.data, "user_id").values().to_vec())
+                .collect();
+            ids.sort_unstable();
+            ids
+        }
+    };
+    let ids = |filter| ids_from(mink_node::ReadSource::Union, filter);
+    let us = |ms: i64| ms * 1000;
+    assert_eq!(
+        ids(serde_json::json!([{"column": "__timestamp", "op": "<", "value": us(given_later)}]))
+            .await,
+        [0, 1, 2]
+    );
+    assert_eq!(
+        ids(serde_json::json!([
+            {"column": "__timestamp", "op": ">=", "value": us(given)},
+            {"column": "__timestamp", "op": "<=", "value": us(given_later)}
+        ]))
+        .await,
+        [0, 1, 2, 5, 6, 7]
+    );
+    assert_eq!(
+        ids(serde_json::json!([{"column": "__timestamp", "op": ">=", "value": us(before)}])).await,
+        [3, 4, 8, 9]
+    );
+    assert_eq!(
+        ids(serde_json::json!([
+            {"column": "__timestamp", "op": ">", "value": "2100-01-01T00:00:00Z"}
+        ]))
+        .await,
+        Vec::<i64>::new()
+    );
+    // The lake's side alone (a union read takes the log wherever the log still has the rows).
+    let lake = mink_node::ReadSource::Lake;
+    assert_eq!(
+        ids_from(
+            lake,
+            serde_json::json!([{"column": "__timestamp", "op": "<", "value": us(before)}])
+        )
+        .await,
+        [0, 1, 2]
+    );
+    assert_eq!(
+        ids_from(
+            lake,
+            serde_json::json!([{"column": "__timestamp", "op": ">=", "value": us(before)}])
+        )
+        .await,
+        [3, 4]
+    );
+    // The system columns are columns a read can ask for, from the lake and the log alike.
+    let mut rows = system_columns(&node, mink_node::ReadSource::Union).await;
+    rows.extend(system_columns(&node, lake).await);
+    rows.sort_unstable();
+    let time_of = |id: i64| match id {
+        0..3 => times[0],
+        3..5 => times[1],
+        5..8 => given_later,
+        _ => -1,
+    };
+    assert_eq!(rows.len(), 9 + 5, "{rows:?}");
+    for (id, offset, bucket, at) in rows {
+        assert_eq!((offset, bucket), (id, 0), "row {id}");
+        if id < 8 {
+            assert_eq!(at, time_of(id) * 1000, "row {id}");
+        } else {
+            assert!(at >= before * 1000, "row {id}: {at}");
+        }
+    }
+    node.shutdown().await;
+}
+
+/// `(user_id, __offset, __bucket, __timestamp)` of the rows of `app.clicks` but user 6 from
+/// `source`, asked for in another order.
+async fn system_columns(node: &Node, source: mink_node::ReadSource) -> Vec<(i64, i64, i32, i64)> {
+    let items = read_rows(
+        node,
+        mink_node::ReadRequest {
+            database: "app".into(),
+            table: "clicks".into(),
+            source,
+            columns: ["__timestamp", "user_id", "__offset", "__bucket"]
+                .map(String::from)
+                .to_vec(),
+            filter: serde_json::from_value(
+                serde_json::json!([{"column": "user_id", "op": "!=", "value": 6}]),
+            )
+            .unwrap(),
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut rows = Vec::new();
+    for r in &items {
+        let b = &r.data;
+        assert_eq!(
+            b.schema()
+                .fields()
+                .iter()
+                .map(|f| f.name().as_str())
+                .collect::<Vec<_>>(),
+            ["__timestamp", "user_id", "__offset", "__bucket"]
+        );
+        let at = b
+            .column(0)
+            .as_primitive::<arrow::datatypes::TimestampMicrosecondType>();
+        let offsets = int64(b, "__offset");
+        let buckets = b.column(3).as_primitive::<Int32Type>();
+        for i in 0..b.num_rows() {
+            rows.push((
+                int64(b, "user_id").value(i),
+                offsets.value(i),
+                buckets.value(i),
+                at.value(i),
+            ));
+        }
+    }
+    rows
+}
+
 /// A partitioned table's lake is partitioned the same way: each partition's buckets are
 /// tiered, into that partition's files.
 /// `(partition, bucket) -> [(offset, user_id)]` of a scan of `app.<table>` from `source`.
