@@ -127,11 +127,31 @@ fn literal(v: &ScalarValue) -> Option<serde_json::Value> {
         ScalarValue::Utf8(Some(s))
         | ScalarValue::LargeUtf8(Some(s))
         | ScalarValue::Utf8View(Some(s)) => Some(J::String(s.clone())),
-        // Its text (`2024-05-01`) casts back to the same value. (A timestamp's prints as its
-        // raw integer, which no cast reads back: timestamps stay with DataFusion.)
+        // Its text (`2024-05-01`) casts back to the same value.
         ScalarValue::Date32(Some(_)) => Some(J::String(v.to_string())),
+        // As RFC 3339 text (`Z` when the literal has a time zone: its value is UTC), which
+        // casts to a column of any precision; only whole microseconds, which every column
+        // the node compares at (the lake's `__timestamp` included) holds exactly.
+        ScalarValue::TimestampSecond(Some(t), tz) => timestamp(i128::from(*t) * 1_000_000, tz),
+        ScalarValue::TimestampMillisecond(Some(t), tz) => timestamp(i128::from(*t) * 1000, tz),
+        ScalarValue::TimestampMicrosecond(Some(t), tz) => timestamp(i128::from(*t), tz),
+        ScalarValue::TimestampNanosecond(Some(t), tz) if t % 1000 == 0 => {
+            timestamp(i128::from(*t / 1000), tz)
+        }
         _ => None,
     }
+}
+
+/// Microseconds since the epoch as the text of a timestamp literal.
+fn timestamp(micros: i128, tz: &Option<std::sync::Arc<str>>) -> Option<serde_json::Value> {
+    let micros = i64::try_from(micros).ok()?;
+    let at = arrow::temporal_conversions::timestamp_us_to_datetime(micros)?;
+    let text = at.format("%Y-%m-%dT%H:%M:%S%.6f").to_string();
+    Some(serde_json::Value::String(if tz.is_some() {
+        text + "Z"
+    } else {
+        text
+    }))
 }
 
 #[cfg(test)]
@@ -169,6 +189,28 @@ mod tests {
     }
 
     #[test]
+    fn timestamps_are_pushed_as_their_text() {
+        assert_eq!(
+            json(col("t").gt_eq(lit(ScalarValue::TimestampMicrosecond(
+                Some(1_796_083_200_000_001),
+                Some("UTC".into())
+            )))),
+            Some(serde_json::json!([
+                {"column": "t", "op": ">=", "value": "2026-12-01T00:00:00.000001Z"}
+            ]))
+        );
+        assert_eq!(
+            json(col("t").lt(lit(ScalarValue::TimestampNanosecond(
+                Some(1_796_083_200_000_000_000),
+                None
+            )))),
+            Some(serde_json::json!([
+                {"column": "t", "op": "<", "value": "2026-12-01T00:00:00.000000"}
+            ]))
+        );
+    }
+
+    #[test]
     fn equalities_of_one_column_joined_by_or_are_an_in_list() {
         assert_eq!(
             json(col("a").eq(lit("x")).or(col("a").eq(lit("y")))),
@@ -186,9 +228,9 @@ mod tests {
         assert_eq!(json(col("a").in_list(vec![lit(1i64)], true)), None);
         assert_eq!(json((col("a") + lit(1i64)).gt(lit(2i64))), None);
         assert_eq!(json(col("a").eq(lit(ScalarValue::Int64(None)))), None);
-        // A timestamp prints as its raw integer, which no node would read back.
+        // A timestamp finer than a microsecond.
         assert_eq!(
-            json(col("t").gt(lit(ScalarValue::TimestampMicrosecond(Some(1), None)))),
+            json(col("t").gt(lit(ScalarValue::TimestampNanosecond(Some(1), None)))),
             None
         );
         assert_eq!(

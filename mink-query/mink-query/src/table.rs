@@ -143,6 +143,22 @@ impl MinkTable {
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
         let schema = match view {
             TableView::Changelog => mink_log::changelog::view_schema(&table_schema),
+            // A log table's log and lake carry each row's bucket, offset and batch time, as
+            // the Iceberg table stores them.
+            TableView::Log | TableView::Lake if !primary => {
+                let mut fields: Vec<_> = table_schema.fields().to_vec();
+                fields.extend(
+                    [
+                        mink_log::filter::BUCKET,
+                        mink_log::filter::OFFSET,
+                        mink_log::filter::TIMESTAMP,
+                    ]
+                    .into_iter()
+                    .filter_map(mink_log::filter::system_field)
+                    .map(Arc::new),
+                );
+                Arc::new(arrow::datatypes::Schema::new(fields))
+            }
             _ => Arc::new(table_schema),
         };
         let key: Vec<usize> = description
@@ -267,14 +283,19 @@ impl MinkTable {
         let bound = filter
             .bind(
                 &table_schema,
-                &[mink_log::filter::BUCKET, mink_log::filter::OFFSET],
+                &[
+                    mink_log::filter::BUCKET,
+                    mink_log::filter::OFFSET,
+                    mink_log::filter::TIMESTAMP,
+                ],
             )
             .map_err(|e| DataFusionError::Plan(e.to_string()))?;
+        // The view's columns: a log table's system columns come from the lake's own.
         let read_schema = Arc::new(
-            table_schema.project(
+            self.schema.project(
                 &columns
                     .iter()
-                    .map(|c| table_schema.index_of(c))
+                    .map(|c| self.schema.index_of(c))
                     .collect::<std::result::Result<Vec<_>, _>>()?,
             )?,
         );

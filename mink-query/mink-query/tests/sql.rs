@@ -81,6 +81,20 @@ async fn filters_and_limits_go_to_the_nodes() {
             &["98", "980"]
         ])
     );
+    // A time range on a log's batch times reaches the nodes (their time index), `now()`
+    // folded into a literal.
+    let plan = c
+        .rows(
+            "EXPLAIN SELECT id FROM app.\"events$log\" WHERE __timestamp >= TIMESTAMP '2026-01-01 00:00:00Z' AND __timestamp < now()",
+        )
+        .await;
+    let physical = &plan.last().unwrap()[1];
+    assert!(
+        physical.contains(
+            r#"{"column":"__timestamp","op":">=","value":"2026-01-01T00:00:00.000000Z"}"#
+        ) && physical.contains(r#"{"column":"__timestamp","op":"<","value":""#),
+        "{physical}"
+    );
     // What a node cannot test stays with DataFusion, and the answer is the same.
     assert_eq!(
         c.rows("SELECT count(*) FROM app.events WHERE id % 7 = 0 OR kind IS NULL")
