@@ -146,12 +146,7 @@ impl Node {
                     return Ok(moves);
                 }
             }
-            let waited = tokio::time::timeout_at(
-                deadline,
-                self.inner.sink.wait_applied(view.applied_index + 1),
-            )
-            .await;
-            if waited.is_err() {
+            if !self.next_applied(view.applied_index, deadline).await? {
                 return Err(NodeError::Unavailable(
                     "the coordinator has not answered the rebalance request yet (is a node holding the lease?); it stays pending".into(),
                 ));
@@ -172,8 +167,10 @@ impl Node {
             if !moving {
                 return;
             }
-            let next = self.inner.sink.wait_applied(view.applied_index + 1);
-            if tokio::time::timeout_at(deadline, next).await.is_err() {
+            if !matches!(
+                self.next_applied(view.applied_index, deadline).await,
+                Ok(true)
+            ) {
                 return;
             }
         }

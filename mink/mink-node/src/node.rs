@@ -447,6 +447,20 @@ impl Node {
         &self.inner.streams
     }
 
+    /// Waits (until `deadline`) for this node to apply metadata past `applied`: `Ok(false)` at
+    /// the deadline. Fails when the metadata log has halted (shutdown, a fenced node), which
+    /// no waiting changes: a caller looping on it ends instead of spinning.
+    pub(crate) async fn next_applied(
+        &self,
+        applied: u64,
+        deadline: tokio::time::Instant,
+    ) -> NodeResult<bool> {
+        match tokio::time::timeout_at(deadline, self.inner.sink.wait_applied(applied + 1)).await {
+            Ok(view) => view.map(|_| true).map_err(NodeError::from),
+            Err(_) => Ok(false),
+        }
+    }
+
     /// Waits (at most `limit`) until this node has applied metadata `index`: read-your-writes
     /// across nodes (`mink-min-applied-index`).
     pub async fn wait_applied(&self, index: u64, limit: Duration) -> NodeResult<View> {
@@ -573,12 +587,7 @@ impl Node {
                 || moving == Some(me.node_id)
             {
                 // The coordinator has not (re)assigned it yet, or is moving it here.
-                let waited = tokio::time::timeout_at(
-                    deadline,
-                    self.inner.sink.wait_applied(view.applied_index + 1),
-                )
-                .await;
-                if waited.is_err() {
+                if !self.next_applied(view.applied_index, deadline).await? {
                     return Err(NodeError::Unavailable(format!(
                         "bucket {bucket} of {}.{} has no leader yet; retry",
                         table.database, table.name

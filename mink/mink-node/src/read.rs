@@ -1075,10 +1075,7 @@ impl Node {
             if end > offset {
                 return Ok(end);
             }
-            if tokio::time::timeout_at(deadline, self.inner.sink.wait_applied(applied + 1))
-                .await
-                .is_err()
-            {
+            if !self.next_applied(applied, deadline).await? {
                 return Ok(end);
             }
         }

@@ -1412,3 +1412,51 @@ async fn tables_are_tiered_by_the_leaders_of_their_first_buckets() {
         n.shutdown().await;
     }
 }
+
+/// A tailing read and a long-polling wait end, with an error, when the node shuts down under
+/// them: they used to spin on the halted metadata log forever, holding a core and keeping the
+/// runtime from shutting down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tails_end_when_the_node_shuts_down() {
+    use futures::StreamExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(config(dir.path(), 1)).await.unwrap();
+    node.create_database("app", false).await.unwrap();
+    node.create_table(spec("tailed", 1)).await.unwrap();
+    let plan = node
+        .plan_read(&mink_node::ReadRequest {
+            database: "app".into(),
+            table: "tailed".into(),
+            bucket: Some(0),
+            stop: mink_node::ReadStop::Tail { idle: None },
+            ..Default::default()
+        })
+        .unwrap();
+    let mut tail = node.read_stream(plan, mink_node::ReadOptions::default());
+    let waiting = tokio::spawn({
+        let node = node.clone();
+        async move {
+            node.wait_for_data(
+                &BucketRef::new("app", "tailed", None, 0),
+                0,
+                Duration::from_secs(3600),
+            )
+            .await
+        }
+    });
+    node.shutdown().await;
+    let ended = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(item) = tail.next().await {
+            if item.is_err() {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the tail still runs 30 s after the shutdown");
+    let waited = tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .expect("the long poll still waits 30 s after the shutdown")
+        .unwrap();
+    assert!(waited.is_err(), "{waited:?}");
+}
