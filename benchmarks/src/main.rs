@@ -1,10 +1,13 @@
 //! `mink-bench`: Mink's benchmarks. Each suite prints its figures beside the limit or baseline
 //! it is judged against, measured in the same run, as a table and (with `--json`) as JSON.
+//! `produce`, `consume` and `e2e` are the user's: pointed at a running cluster (or any Kafka
+//! broker), they show live progress and print throughput and latency percentiles.
 
 mod cluster;
 mod flight;
 mod kv;
 mod lake;
+mod load;
 mod metadata;
 mod s3stream;
 mod sql_tail;
@@ -24,6 +27,13 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Suite {
+    /// Produce records to a running cluster (`--flight`) or any Kafka broker (`--kafka`):
+    /// MB/s, records/s, acknowledgement latency percentiles.
+    Produce(load::Args),
+    /// Consume a topic or table from its start to where it ended when the run began.
+    Consume(load::Args),
+    /// Produce and consume at once: latency from send to receipt.
+    E2e(load::Args),
     /// The metadata command log: proposals/s and latency against raw multi-row INSERTs.
     Metadata(metadata::Args),
     /// The stream engine: appends and fetches against raw object_store PUTs and GETs.
@@ -55,6 +65,9 @@ pub(crate) fn options(pairs: &[(&str, String)]) -> std::collections::BTreeMap<St
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().suite {
+        Suite::Produce(args) => load::run(load::Mode::Produce, args).await,
+        Suite::Consume(args) => load::run(load::Mode::Consume, args).await,
+        Suite::E2e(args) => load::run(load::Mode::EndToEnd, args).await,
         Suite::Metadata(args) => metadata::run(args).await,
         Suite::S3stream(args) => s3stream::run(args).await,
         Suite::Flight(args) => flight::run(args).await,

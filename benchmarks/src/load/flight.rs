@@ -1,0 +1,203 @@
+//! The workload over Arrow Flight: a log table of `sent_us` (Int64) and `payload` (Binary),
+//! written by idempotent `mink-client` writers (DoPut, acknowledged once durable) and read per
+//! bucket (DoGet; tailing for e2e).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow::array::{Array, ArrayRef, AsArray, BinaryArray, Int64Array, RecordBatch};
+use arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
+use futures::StreamExt as _;
+use mink_client::{Client, Scan};
+
+use super::{Args, Mode, Pacer, Shared, now_us, payload};
+
+fn schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("sent_us", DataType::Int64, false),
+        Field::new("payload", DataType::Binary, false),
+    ]))
+}
+
+pub(super) async fn run(
+    mode: Mode,
+    args: &Args,
+    start: Instant,
+    produced: &Shared,
+    consumed: &Shared,
+) -> anyhow::Result<()> {
+    let address = args.flight.clone().unwrap_or_default();
+    let client = Client::connect(&address).await?;
+    if mode != Mode::Consume {
+        client.create_database(&args.database, true).await?;
+        client
+            .create_table(
+                &args.database,
+                &args.topic,
+                &schema(),
+                [("bucket.num", args.partitions.to_string())],
+                &[],
+                true,
+            )
+            .await?;
+    }
+    let table = client.describe_table(&args.database, &args.topic).await?;
+    let buckets: Vec<(u32, u64)> = table
+        .buckets
+        .iter()
+        .map(|b| (b.bucket, b.end_offset))
+        .collect();
+    let deadline = start + args.duration();
+    let mut consumers = Vec::new();
+    if mode != Mode::Produce {
+        for c in 0..args.consumers {
+            let mine: Vec<(u32, u64)> = buckets
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| i % args.consumers == c)
+                .map(|(_, b)| *b)
+                .collect();
+            consumers.push(tokio::spawn(consume(
+                client.clone(),
+                args.clone(),
+                mode,
+                mine,
+                deadline,
+                Arc::clone(consumed),
+            )));
+        }
+    }
+    let mut producers = Vec::new();
+    if mode != Mode::Consume {
+        for p in 0..args.producers {
+            producers.push(tokio::spawn(produce(
+                client.clone(),
+                args.clone(),
+                p,
+                start,
+                deadline,
+                Arc::clone(produced),
+            )));
+        }
+    }
+    let mut sent = 0;
+    for p in producers {
+        sent += p.await??;
+    }
+    if mode == Mode::EndToEnd {
+        // Consumers read until they have every record produced (or give up after a while).
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            if consumed.lock().expect("recorder lock").records >= sent || Instant::now() > until {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for c in &consumers {
+            c.abort();
+        }
+        return Ok(());
+    }
+    for c in consumers {
+        c.await??;
+    }
+    Ok(())
+}
+
+/// One producer: batches of `batch_records` records until the deadline or its share of
+/// `max_records`; returns how many it sent.
+async fn produce(
+    client: Client,
+    args: Args,
+    index: usize,
+    start: Instant,
+    deadline: Instant,
+    produced: Shared,
+) -> anyhow::Result<u64> {
+    let schema = schema();
+    let padding = payload(args.record_size - 8);
+    let payloads: ArrayRef = Arc::new(BinaryArray::from_iter_values(std::iter::repeat_n(
+        &padding[..],
+        args.batch_records,
+    )));
+    let share = args
+        .max_records
+        .map(|m| m / args.producers as u64 + u64::from((index as u64) < m % args.producers as u64));
+    let mut writer = client.writer(&args.database, &args.topic);
+    let mut pacer = Pacer::new(start, args.rate_per_producer());
+    let mut sent = 0u64;
+    while Instant::now() < deadline && share.is_none_or(|s| sent < s) {
+        let n = share.map_or(args.batch_records, |s| {
+            args.batch_records
+                .min(usize::try_from(s - sent).unwrap_or(usize::MAX))
+        });
+        let due = pacer.next(n as u64).await;
+        let sent_us: ArrayRef = Arc::new(Int64Array::from(vec![now_us(); n]));
+        let batch = RecordBatch::try_new(Arc::clone(&schema), vec![sent_us, payloads.slice(0, n)])?;
+        writer.write(&batch).await?;
+        let acked = Instant::now();
+        produced.lock().expect("recorder lock").record(
+            acked,
+            n as u64,
+            (n * args.record_size) as u64,
+            Some(acked.saturating_duration_since(due)),
+        );
+        sent += n as u64;
+    }
+    Ok(sent)
+}
+
+/// One consumer: its buckets from their start to the high watermark at the start (`consume`),
+/// or from there on, tailing (`e2e`).
+async fn consume(
+    client: Client,
+    args: Args,
+    mode: Mode,
+    buckets: Vec<(u32, u64)>,
+    deadline: Instant,
+    consumed: Shared,
+) -> anyhow::Result<()> {
+    let mut reads = Vec::new();
+    for (bucket, end) in buckets {
+        let scan = Scan::table(&args.database, &args.topic).bucket(bucket);
+        let scan = match mode {
+            Mode::EndToEnd => scan.offset(end).tail(None),
+            _ => scan.end_offset(end),
+        };
+        reads.push(client.scan(&scan).await?);
+    }
+    let mut all = futures::stream::select_all(reads);
+    loop {
+        let next = if mode == Mode::Consume {
+            match tokio::time::timeout_at(deadline.into(), all.next()).await {
+                Ok(next) => next,
+                Err(_) => return Ok(()),
+            }
+        } else {
+            all.next().await
+        };
+        let Some(read) = next else {
+            return Ok(());
+        };
+        let batch = read?.batch;
+        let received = Instant::now();
+        let now = now_us();
+        let payloads = batch
+            .column_by_name("payload")
+            .map(|c| c.as_binary::<i32>());
+        let bytes = payloads.map_or(0, |p| p.value_data().len() as u64 + 8 * p.len() as u64);
+        let mut r = consumed.lock().expect("recorder lock");
+        if mode == Mode::EndToEnd {
+            let sent = batch
+                .column_by_name("sent_us")
+                .map(|c| c.as_primitive::<Int64Type>().clone());
+            let per_record = bytes / batch.num_rows().max(1) as u64;
+            for s in sent.iter().flat_map(|a| a.values().iter()) {
+                let latency = Duration::from_micros(u64::try_from(now - s).unwrap_or(0));
+                r.record(received, 1, per_record, Some(latency));
+            }
+        } else {
+            r.record(received, batch.num_rows() as u64, bytes, None);
+        }
+    }
+}

@@ -1,0 +1,329 @@
+//! The workload over the Kafka protocol with librdkafka (rdkafka): any Kafka-compatible broker
+//! by bootstrap address. Producers pipeline records as librdkafka batches them; latency is
+//! from when a record was due to its delivery report. Consumers are assigned the partitions
+//! (no group coordination in the measurement).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use futures::StreamExt as _;
+use futures::stream::FuturesUnordered;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{Consumer as _, StreamConsumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+use rdkafka::{Message as _, Offset, TopicPartitionList};
+
+use super::{Args, Mode, Pacer, Shared, now_us, payload};
+
+/// Records a producer has in flight at most (librdkafka's queue holds them).
+const IN_FLIGHT: usize = 50_000;
+/// How long metadata and admin requests may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn config(args: &Args) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set(
+        "bootstrap.servers",
+        args.kafka.as_deref().unwrap_or_default(),
+    );
+    for (k, v) in &args.kafka_config {
+        c.set(k, v);
+    }
+    c
+}
+
+pub(super) async fn run(
+    mode: Mode,
+    args: &Args,
+    start: Instant,
+    produced: &Shared,
+    consumed: &Shared,
+) -> anyhow::Result<()> {
+    if mode != Mode::Consume {
+        create_topic(args).await?;
+    }
+    let probe: StreamConsumer = config(args)
+        .set("group.id", "mink-bench")
+        .create()
+        .context("a Kafka consumer")?;
+    let metadata = probe
+        .fetch_metadata(Some(&args.topic), REQUEST_TIMEOUT)
+        .context("topic metadata")?;
+    let partitions: Vec<i32> = metadata
+        .topics()
+        .iter()
+        .find(|t| t.name() == args.topic)
+        .map(|t| t.partitions().iter().map(|p| p.id()).collect())
+        .unwrap_or_default();
+    if partitions.is_empty() {
+        bail!("topic {} has no partitions (does it exist?)", args.topic);
+    }
+    // Where each partition ends now: a consume run reads up to there, an e2e run from there.
+    let mut ends = Vec::with_capacity(partitions.len());
+    for p in &partitions {
+        let (_, high) = probe
+            .fetch_watermarks(&args.topic, *p, REQUEST_TIMEOUT)
+            .with_context(|| format!("the watermarks of partition {p}"))?;
+        ends.push((*p, high));
+    }
+    let deadline = start + args.duration();
+    let mut consumers = Vec::new();
+    if mode != Mode::Produce {
+        for c in 0..args.consumers {
+            let mine: Vec<(i32, i64)> = ends
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| i % args.consumers == c)
+                .map(|(_, e)| *e)
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            consumers.push(tokio::spawn(consume(
+                args.clone(),
+                mode,
+                mine,
+                deadline,
+                Arc::clone(consumed),
+            )));
+        }
+    }
+    let mut producers = Vec::new();
+    if mode != Mode::Consume {
+        for p in 0..args.producers {
+            producers.push(tokio::spawn(produce(
+                args.clone(),
+                p,
+                start,
+                deadline,
+                Arc::clone(produced),
+            )));
+        }
+    }
+    let mut sent = 0;
+    for p in producers {
+        sent += p.await??;
+    }
+    if mode == Mode::EndToEnd {
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            if consumed.lock().expect("recorder lock").records >= sent || Instant::now() > until {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for c in &consumers {
+            c.abort();
+        }
+        return Ok(());
+    }
+    for c in consumers {
+        c.await??;
+    }
+    Ok(())
+}
+
+/// Creates the topic with `--partitions` unless it exists.
+async fn create_topic(args: &Args) -> anyhow::Result<()> {
+    let admin: AdminClient<DefaultClientContext> =
+        config(args).create().context("a Kafka admin client")?;
+    let topic = NewTopic::new(
+        &args.topic,
+        i32::try_from(args.partitions)?,
+        TopicReplication::Fixed(1),
+    );
+    let results = admin
+        .create_topics(
+            [&topic],
+            &AdminOptions::new().operation_timeout(Some(REQUEST_TIMEOUT)),
+        )
+        .await
+        .context("CreateTopics")?;
+    for r in results {
+        match r {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((name, code)) => bail!("creating topic {name}: {code}"),
+        }
+    }
+    Ok(())
+}
+
+/// One producer: records until the deadline or its share of `max_records`, at most
+/// [`IN_FLIGHT`] unacknowledged; returns how many were acknowledged. Delivery reports are
+/// collected as they arrive, by a task of their own, so each latency is the report's.
+async fn produce(
+    args: Args,
+    index: usize,
+    start: Instant,
+    deadline: Instant,
+    produced: Shared,
+) -> anyhow::Result<u64> {
+    let acks = if args.acks == "all" { "-1" } else { &args.acks };
+    let mut c = config(&args);
+    c.set("acks", acks);
+    if c.get("linger.ms").is_none() {
+        c.set("linger.ms", "5");
+    }
+    let producer: FutureProducer = c.create().context("a Kafka producer")?;
+    let mut value = payload(args.record_size);
+    let share = args
+        .max_records
+        .map(|m| m / args.producers as u64 + u64::from((index as u64) < m % args.producers as u64));
+    let rate = args.rate_per_producer();
+    let mut pacer = Pacer::new(start, rate);
+    // Paced runs send in chunks of about 10 ms of records.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // a positive rate
+    let chunk = rate.map_or(args.batch_records as u64, |r| {
+        (r / 100.0).ceil().max(1.0) as u64
+    });
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<(Instant, DeliveryFuture)>(IN_FLIGHT);
+    let collector = tokio::spawn({
+        let args = args.clone();
+        async move {
+            let mut in_flight = FuturesUnordered::new();
+            let mut open = true;
+            let mut acked = 0u64;
+            loop {
+                tokio::select! {
+                    next = rx.recv(), if open => match next {
+                        Some((due, delivery)) => in_flight.push(async move { (due, delivery.await) }),
+                        None => open = false,
+                    },
+                    Some(done) = in_flight.next(), if !in_flight.is_empty() => {
+                        acked += note(&produced, &args, done)?;
+                    }
+                    else => break,
+                }
+            }
+            anyhow::Ok(acked)
+        }
+    });
+    let mut sent = 0u64;
+    'sending: while Instant::now() < deadline && share.is_none_or(|s| sent < s) {
+        let n = share.map_or(chunk, |s| chunk.min(s - sent));
+        let first_due = pacer.next(n).await;
+        for i in 0..n {
+            let due = match rate {
+                Some(r) => first_due + Duration::from_secs_f64(i as f64 / r),
+                None => Instant::now(),
+            };
+            value[..8].copy_from_slice(&now_us().to_le_bytes());
+            let mut record = FutureRecord::<(), [u8]>::to(&args.topic).payload(&value[..]);
+            let delivery = loop {
+                match producer.send_result(record) {
+                    Ok(d) => break d,
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                        // librdkafka's queue is full: let deliveries make room.
+                        record = r;
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                    Err((e, _)) => return Err(e).context("producing"),
+                }
+            };
+            if tx.send((due, delivery)).await.is_err() {
+                // The collector stopped: its error is the run's.
+                break 'sending;
+            }
+            sent += 1;
+            if Instant::now() >= deadline {
+                break 'sending;
+            }
+        }
+    }
+    drop(tx);
+    collector.await?
+}
+
+type Delivered = (
+    Instant,
+    Result<
+        rdkafka::producer::future_producer::OwnedDeliveryResult,
+        futures::channel::oneshot::Canceled,
+    >,
+);
+
+/// Counts a delivery report (1 if the record was stored); a failed one fails the run.
+fn note(produced: &Shared, args: &Args, (due, result): Delivered) -> anyhow::Result<u64> {
+    match result {
+        Ok(Ok(_)) => {
+            let at = Instant::now();
+            produced.lock().expect("recorder lock").record(
+                at,
+                1,
+                args.record_size as u64,
+                Some(at.saturating_duration_since(due)),
+            );
+            Ok(1)
+        }
+        Ok(Err((e, _))) => Err(e).context("a record was not delivered"),
+        Err(_) => bail!("the producer went away"),
+    }
+}
+
+/// One consumer: its partitions from their start up to where they ended (`consume`), or from
+/// there on (`e2e`, latency from each record's send time).
+async fn consume(
+    args: Args,
+    mode: Mode,
+    partitions: Vec<(i32, i64)>,
+    deadline: Instant,
+    consumed: Shared,
+) -> anyhow::Result<()> {
+    let consumer: StreamConsumer = config(&args)
+        .set("group.id", "mink-bench")
+        .set("enable.auto.commit", "false")
+        .create()
+        .context("a Kafka consumer")?;
+    let mut assignment = TopicPartitionList::new();
+    let mut remaining = 0i64;
+    for (p, end) in &partitions {
+        let from = if mode == Mode::EndToEnd {
+            Offset::Offset(*end)
+        } else {
+            remaining += *end;
+            Offset::Beginning
+        };
+        assignment.add_partition_offset(&args.topic, *p, from)?;
+    }
+    consumer.assign(&assignment)?;
+    if mode == Mode::Consume {
+        // What is stored below the ends, less what retention removed.
+        for (p, _) in &partitions {
+            let (low, _) = consumer.fetch_watermarks(&args.topic, *p, REQUEST_TIMEOUT)?;
+            remaining -= low;
+        }
+    }
+    let mut stream = consumer.stream();
+    loop {
+        if mode == Mode::Consume && remaining <= 0 {
+            return Ok(());
+        }
+        let next = if mode == Mode::Consume {
+            match tokio::time::timeout_at(deadline.into(), stream.next()).await {
+                Ok(next) => next,
+                Err(_) => return Ok(()),
+            }
+        } else {
+            stream.next().await
+        };
+        let Some(message) = next else {
+            return Ok(());
+        };
+        let message = message.context("consuming")?;
+        let at = Instant::now();
+        let value = message.payload().unwrap_or_default();
+        let latency = (mode == Mode::EndToEnd && value.len() >= 8).then(|| {
+            let sent = i64::from_le_bytes(value[..8].try_into().expect("8 bytes"));
+            Duration::from_micros(u64::try_from(now_us() - sent).unwrap_or(0))
+        });
+        remaining -= 1;
+        consumed
+            .lock()
+            .expect("recorder lock")
+            .record(at, 1, value.len() as u64, latency);
+    }
+}

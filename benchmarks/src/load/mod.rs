@@ -1,0 +1,512 @@
+//! The benchmark a user points at a running cluster: `produce`, `consume` and `e2e` (produce
+//! and consume at once, latency from send to receipt) over Arrow Flight (a Mink node) or the
+//! Kafka protocol (Mink's Kafka listener, or any Kafka-compatible broker: the same workload
+//! runs against both, so they can be compared side by side).
+//!
+//! Records carry their send time (microseconds since the epoch: the first 8 bytes of a Kafka
+//! value, the `sent_us` column of a Flight table) and pad to `--record-size` bytes. Latency is
+//! measured from when a record was due to be sent, not when the client got round to it, so a
+//! rate-limited run that falls behind shows it (no coordinated omission). Live progress goes to
+//! the terminal; the summary is a Markdown table on stdout, with `--json` a JSON line, and
+//! `--report` writes a Markdown or HTML report with throughput and latency plots.
+
+mod flight;
+mod kafka;
+mod report;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context as _, bail};
+use hdrhistogram::Histogram;
+
+/// What a workload runs against and how.
+#[derive(clap::Args, Debug, Clone)]
+pub(crate) struct Args {
+    /// A Mink node's Arrow Flight address (`host:port`).
+    #[arg(long, required_unless_present = "kafka", conflicts_with = "kafka")]
+    flight: Option<String>,
+    /// A Kafka-protocol bootstrap address (`host:port`): Mink's Kafka listener or any Kafka
+    /// broker.
+    #[arg(long)]
+    kafka: Option<String>,
+    /// The topic (Kafka) or table (Flight, in `--database`); created with `--partitions` when
+    /// it does not exist.
+    #[arg(long, default_value = "mink-bench")]
+    topic: String,
+    /// The database of the Flight table.
+    #[arg(long, default_value = "bench")]
+    database: String,
+    /// Partitions (buckets) of a topic or table the benchmark creates.
+    #[arg(long, default_value_t = 4)]
+    partitions: u32,
+    /// Bytes per record: the send time (8 bytes) and padding.
+    #[arg(long, default_value_t = 1024)]
+    record_size: usize,
+    /// Concurrent producers (each its own Flight writer or Kafka producer).
+    #[arg(long, default_value_t = 1)]
+    producers: usize,
+    /// Concurrent consumers (the partitions are shared among them).
+    #[arg(long, default_value_t = 1)]
+    consumers: usize,
+    /// Records per Flight write (Kafka producers batch as librdkafka does: see
+    /// `--kafka-config`).
+    #[arg(long, default_value_t = 1000)]
+    batch_records: usize,
+    /// Records per second over all producers; 0 sends as fast as acknowledgements allow.
+    #[arg(long, default_value_t = 0)]
+    rate: u64,
+    /// How long producers send (seconds); a consume run stops then too.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Stop producing after this many records.
+    #[arg(long)]
+    max_records: Option<u64>,
+    /// Kafka `acks`: `all`, `1` or `0`. A Flight write is acknowledged once durable on object
+    /// storage, which is `all`.
+    #[arg(long, default_value = "all")]
+    acks: String,
+    /// More librdkafka settings, `key=value` (repeatable).
+    #[arg(long = "kafka-config", value_parser = key_value)]
+    kafka_config: Vec<(String, String)>,
+    /// Write a report with throughput and latency plots: `.md` (plots as SVG files beside it)
+    /// or `.html` (plots inline).
+    #[arg(long)]
+    report: Option<std::path::PathBuf>,
+    /// Print the summary as one JSON object too.
+    #[arg(long)]
+    json: bool,
+}
+
+fn key_value(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("{s:?} is not key=value"))
+}
+
+/// Which half of the workload a run measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Produce,
+    Consume,
+    EndToEnd,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Produce => "produce",
+            Mode::Consume => "consume",
+            Mode::EndToEnd => "e2e",
+        }
+    }
+}
+
+impl Args {
+    fn transport(&self) -> &'static str {
+        if self.kafka.is_some() {
+            "kafka"
+        } else {
+            "flight"
+        }
+    }
+
+    fn address(&self) -> &str {
+        self.kafka
+            .as_deref()
+            .or(self.flight.as_deref())
+            .unwrap_or("")
+    }
+
+    fn check(&self) -> anyhow::Result<()> {
+        if self.record_size < 8 {
+            bail!(
+                "--record-size {}: a record holds its 8-byte send time",
+                self.record_size
+            );
+        }
+        if self.producers == 0 || self.consumers == 0 || self.batch_records == 0 {
+            bail!("--producers, --consumers and --batch-records take at least 1");
+        }
+        if self.partitions == 0 {
+            bail!("--partitions takes at least 1");
+        }
+        if !(self.duration > 0.0 && self.duration.is_finite()) {
+            bail!("--duration {}: a positive number of seconds", self.duration);
+        }
+        match (self.transport(), self.acks.as_str()) {
+            ("kafka", "all" | "1" | "0" | "-1") | ("flight", "all") => {}
+            ("flight", other) => bail!(
+                "--acks {other}: a Flight write is acknowledged once durable on object storage (acks=all); use --kafka for other acks"
+            ),
+            (_, other) => bail!("--acks {other}: all, 1 or 0"),
+        }
+        if self.flight.is_some() && !self.kafka_config.is_empty() {
+            bail!("--kafka-config applies to --kafka");
+        }
+        if let Some(report) = &self.report {
+            report::format_of(report)?;
+        }
+        Ok(())
+    }
+
+    fn duration(&self) -> Duration {
+        Duration::from_secs_f64(self.duration)
+    }
+
+    /// How many records each producer sends per second (`None`: as fast as it can).
+    fn rate_per_producer(&self) -> Option<f64> {
+        (self.rate > 0).then(|| self.rate as f64 / self.producers as f64)
+    }
+}
+
+/// Microseconds since the epoch now.
+pub(crate) fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
+/// What happened in one second of a run.
+#[derive(Clone, Debug)]
+pub(crate) struct Second {
+    pub(crate) records: u64,
+    pub(crate) bytes: u64,
+    pub(crate) latency: Histogram<u64>,
+}
+
+/// Counts and latencies of one side of a run (producers or consumers), per second too.
+#[derive(Debug)]
+pub(crate) struct Recorder {
+    start: Instant,
+    pub(crate) records: u64,
+    pub(crate) bytes: u64,
+    /// Microseconds, per record.
+    pub(crate) latency: Histogram<u64>,
+    pub(crate) seconds: Vec<Second>,
+    /// When the last record was counted.
+    pub(crate) last: Option<Instant>,
+}
+
+fn histogram() -> Histogram<u64> {
+    // 1 µs .. 1 hour, 3 significant digits.
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds")
+}
+
+impl Recorder {
+    pub(crate) fn new(start: Instant) -> Self {
+        Recorder {
+            start,
+            records: 0,
+            bytes: 0,
+            latency: histogram(),
+            seconds: Vec::new(),
+            last: None,
+        }
+    }
+
+    /// `records` records of `bytes` bytes counted at `at`, each `latency` after it was due
+    /// (when measured).
+    pub(crate) fn record(
+        &mut self,
+        at: Instant,
+        records: u64,
+        bytes: u64,
+        latency: Option<Duration>,
+    ) {
+        self.records += records;
+        self.bytes += bytes;
+        self.last = Some(at);
+        let second = usize::try_from(at.saturating_duration_since(self.start).as_secs())
+            .unwrap_or(usize::MAX);
+        while self.seconds.len() <= second {
+            self.seconds.push(Second {
+                records: 0,
+                bytes: 0,
+                latency: histogram(),
+            });
+        }
+        let s = &mut self.seconds[second];
+        s.records += records;
+        s.bytes += bytes;
+        if let Some(l) = latency {
+            let us = u64::try_from(l.as_micros()).unwrap_or(u64::MAX).max(1);
+            let _ = self.latency.record_n(us, records);
+            let _ = s.latency.record_n(us, records);
+        }
+    }
+
+    /// Seconds from the start to the last record counted.
+    pub(crate) fn elapsed(&self) -> f64 {
+        self.last.map_or(0.0, |l| {
+            l.saturating_duration_since(self.start).as_secs_f64()
+        })
+    }
+}
+
+pub(crate) type Shared = Arc<Mutex<Recorder>>;
+
+/// A run's figures for one side.
+#[derive(Debug, serde::Serialize)]
+pub(crate) struct Figures {
+    pub side: &'static str,
+    pub(crate) records: u64,
+    pub(crate) bytes: u64,
+    pub(crate) seconds: f64,
+    pub records_per_s: f64,
+    pub mb_per_s: f64,
+    pub p50_ms: f64,
+    pub p95_ms: f64,
+    pub p99_ms: f64,
+    pub p999_ms: f64,
+    pub max_ms: f64,
+}
+
+impl Figures {
+    fn of(side: &'static str, r: &Recorder) -> Figures {
+        let seconds = r.elapsed().max(1e-9);
+        let ms = |q: f64| {
+            if r.latency.is_empty() {
+                f64::NAN
+            } else {
+                r.latency.value_at_quantile(q) as f64 / 1000.0
+            }
+        };
+        Figures {
+            side,
+            records: r.records,
+            bytes: r.bytes,
+            seconds,
+            records_per_s: r.records as f64 / seconds,
+            mb_per_s: r.bytes as f64 / seconds / 1e6,
+            p50_ms: ms(0.5),
+            p95_ms: ms(0.95),
+            p99_ms: ms(0.99),
+            p999_ms: ms(0.999),
+            max_ms: if r.latency.is_empty() {
+                f64::NAN
+            } else {
+                r.latency.max() as f64 / 1000.0
+            },
+        }
+    }
+}
+
+/// Live progress on the terminal (nothing when stderr is not one) until `done`.
+fn progress(
+    mode: Mode,
+    transport: &'static str,
+    sides: Vec<(&'static str, Shared)>,
+) -> (indicatif::ProgressBar, tokio::task::JoinHandle<()>) {
+    let bar = indicatif::ProgressBar::new_spinner().with_style(
+        indicatif::ProgressStyle::with_template("{spinner} {elapsed:>4} {msg}")
+            .expect("a valid template"),
+    );
+    let task = tokio::spawn({
+        let bar = bar.clone();
+        async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(250));
+            loop {
+                tick.tick().await;
+                let mut parts = Vec::new();
+                for (side, shared) in &sides {
+                    let r = shared.lock().expect("recorder lock");
+                    let last = r.seconds.iter().rev().nth(1).or(r.seconds.last());
+                    let p99 = if r.latency.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            ", p99 {:.1} ms",
+                            r.latency.value_at_quantile(0.99) as f64 / 1000.0
+                        )
+                    };
+                    parts.push(format!(
+                        "{side}: {} records, {:.1} MB/s now{p99}",
+                        r.records,
+                        last.map_or(0.0, |s| s.bytes as f64 / 1e6),
+                    ));
+                }
+                bar.set_message(format!(
+                    "{} over {transport}: {}",
+                    mode.name(),
+                    parts.join("; ")
+                ));
+                bar.tick();
+            }
+        }
+    });
+    (bar, task)
+}
+
+#[allow(clippy::print_stdout, clippy::print_stderr)] // the user's output
+pub(crate) async fn run(mode: Mode, args: Args) -> anyhow::Result<()> {
+    args.check()?;
+    let start = Instant::now();
+    let produced: Shared = Arc::new(Mutex::new(Recorder::new(start)));
+    let consumed: Shared = Arc::new(Mutex::new(Recorder::new(start)));
+    let sides: Vec<(&'static str, Shared)> = match mode {
+        Mode::Produce => vec![("produced", Arc::clone(&produced))],
+        Mode::Consume => vec![("consumed", Arc::clone(&consumed))],
+        Mode::EndToEnd => vec![
+            ("produced", Arc::clone(&produced)),
+            ("consumed", Arc::clone(&consumed)),
+        ],
+    };
+    let (bar, ticker) = progress(mode, args.transport(), sides.clone());
+    let result = if args.kafka.is_some() {
+        kafka::run(mode, &args, start, &produced, &consumed).await
+    } else {
+        flight::run(mode, &args, start, &produced, &consumed).await
+    };
+    ticker.abort();
+    bar.finish_and_clear();
+    result?;
+    let figures: Vec<Figures> = sides
+        .iter()
+        .map(|(side, r)| Figures::of(side, &r.lock().expect("recorder lock")))
+        .collect();
+    if figures.iter().all(|f| f.records == 0) {
+        bail!(
+            "no record was {}",
+            if mode == Mode::Consume {
+                "consumed"
+            } else {
+                "produced"
+            }
+        );
+    }
+    let summary = summary(mode, &args, &figures);
+    println!("{summary}");
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "workload": mode.name(),
+                "transport": args.transport(),
+                "address": args.address(),
+                "record_size": args.record_size,
+                "partitions": args.partitions,
+                "producers": args.producers,
+                "consumers": args.consumers,
+                "rate": args.rate,
+                "figures": figures,
+            })
+        );
+    }
+    if let Some(path) = &args.report {
+        let timelines: Vec<(&'static str, Vec<Second>)> = sides
+            .iter()
+            .map(|(side, r)| (*side, r.lock().expect("recorder lock").seconds.clone()))
+            .collect();
+        report::write(path, mode, &args, &summary, &timelines)
+            .with_context(|| format!("writing the report {}", path.display()))?;
+        eprintln!("report: {}", path.display());
+    }
+    Ok(())
+}
+
+/// The run's parameters and figures as Markdown.
+fn summary(mode: Mode, args: &Args, figures: &[Figures]) -> String {
+    let mut out = format!(
+        "{} over {} at {}: topic {}, {} partitions, {} B records, {} producers, {} consumers, acks={}{}\n\n",
+        mode.name(),
+        args.transport(),
+        args.address(),
+        args.topic,
+        args.partitions,
+        args.record_size,
+        args.producers,
+        args.consumers,
+        args.acks,
+        if args.rate > 0 {
+            format!(", rate {} records/s", args.rate)
+        } else {
+            ", unthrottled".to_string()
+        },
+    );
+    let latency = match mode {
+        Mode::Produce => "latency: due to acknowledged",
+        Mode::Consume => "latency: none (reading what is stored)",
+        Mode::EndToEnd => "latency: due to acknowledged (produced), sent to received (consumed)",
+    };
+    out.push_str(&format!("({latency})\n\n"));
+    out.push_str("| side | records | seconds | records/s | MB/s | p50 ms | p95 ms | p99 ms | p99.9 ms | max ms |");
+    if args.rate > 0 && mode != Mode::Consume {
+        out.push_str(" / rate |");
+    }
+    out.push_str("\n|---|---|---|---|---|---|---|---|---|---|");
+    if args.rate > 0 && mode != Mode::Consume {
+        out.push_str("---|");
+    }
+    out.push('\n');
+    let ms = |v: f64| {
+        if v.is_nan() {
+            "-".to_string()
+        } else {
+            format!("{v:.2}")
+        }
+    };
+    for f in figures {
+        out.push_str(&format!(
+            "| {} | {} | {:.2} | {:.0} | {:.1} | {} | {} | {} | {} | {} |",
+            f.side,
+            f.records,
+            f.seconds,
+            f.records_per_s,
+            f.mb_per_s,
+            ms(f.p50_ms),
+            ms(f.p95_ms),
+            ms(f.p99_ms),
+            ms(f.p999_ms),
+            ms(f.max_ms),
+        ));
+        if args.rate > 0 && mode != Mode::Consume {
+            out.push_str(&format!(" {:.2} |", f.records_per_s / args.rate as f64));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// The record a producer sends: its send time, then padding to `size` bytes.
+pub(crate) fn payload(size: usize) -> Vec<u8> {
+    let mut rng_state = 0x9e37_79b9_7f4a_7c15u64;
+    (0..size)
+        .map(|_| {
+            // xorshift: incompressible enough that compression does not flatter a run.
+            rng_state ^= rng_state << 13;
+            rng_state ^= rng_state >> 7;
+            rng_state ^= rng_state << 17;
+            rng_state.to_le_bytes()[0]
+        })
+        .collect()
+}
+
+/// Paces a producer at `per_second` records (none: no pacing): when the next `n` records are
+/// due.
+pub(crate) struct Pacer {
+    start: Instant,
+    per_second: Option<f64>,
+    sent: u64,
+}
+
+impl Pacer {
+    pub(crate) fn new(start: Instant, per_second: Option<f64>) -> Self {
+        Pacer {
+            start,
+            per_second,
+            sent: 0,
+        }
+    }
+
+    /// Waits until the next `n` records are due; returns when they were due.
+    pub(crate) async fn next(&mut self, n: u64) -> Instant {
+        let due = match self.per_second {
+            Some(rate) => self.start + Duration::from_secs_f64(self.sent as f64 / rate),
+            None => Instant::now(),
+        };
+        self.sent += n;
+        tokio::time::sleep_until(due.into()).await;
+        due
+    }
+}

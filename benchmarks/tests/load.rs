@@ -1,0 +1,233 @@
+//! The user-facing benchmark (`mink-bench produce|consume|e2e`) against a node serving Arrow
+//! Flight and the Kafka protocol: every run's records land, the summary and the report say
+//! what was measured, and what a run cannot do is refused before it starts.
+
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
+
+use mink_node::{BucketRef, Node, NodeConfig};
+
+struct Served {
+    node: Node,
+    flight: String,
+    kafka: String,
+    stop: tokio::sync::watch::Sender<bool>,
+    servers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Served {
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        for s in self.servers {
+            s.await.unwrap();
+        }
+        self.node.shutdown().await;
+    }
+}
+
+/// Resolves once `stop` says so.
+async fn stopped(mut stop: tokio::sync::watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+async fn serve(dir: &Path) -> Served {
+    let flight_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let kafka_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let flight = flight_listener.local_addr().unwrap().to_string();
+    let kafka = kafka_listener.local_addr().unwrap().to_string();
+    let mut c = NodeConfig::new(
+        1,
+        &format!("sqlite://{}", dir.join("meta.db").display()),
+        dir.join("objects").to_str().unwrap(),
+    );
+    c.advertised_address = flight.clone();
+    c.engine.flush_delay = Duration::from_millis(5);
+    c.listeners
+        .insert(mink_kafka::LISTENER.to_string(), kafka.clone());
+    let node = Node::start(c).await.unwrap();
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let flight_server = tokio::spawn({
+        let (node, stopping) = (node.clone(), stopping.clone());
+        async move {
+            mink_flight::serve(
+                node,
+                mink_flight::ServerConfig::default(),
+                flight_listener,
+                stopped(stopping),
+            )
+            .await
+            .unwrap();
+        }
+    });
+    let kafka_server = tokio::spawn({
+        let (node, advertised) = (node.clone(), kafka.clone());
+        async move {
+            let config = mink_kafka::KafkaConfig {
+                advertised: Some(advertised),
+                ..Default::default()
+            };
+            mink_kafka::serve(node, config, kafka_listener, stopped(stopping))
+                .await
+                .unwrap();
+        }
+    });
+    Served {
+        node,
+        flight,
+        kafka,
+        stop,
+        servers: vec![flight_server, kafka_server],
+    }
+}
+
+/// Runs `mink-bench` with `args` (off the runtime's threads).
+async fn bench(args: &[&str]) -> Output {
+    let args: Vec<String> = args.iter().map(ToString::to_string).collect();
+    tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_mink-bench"))
+            .args(&args)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+/// The stdout of a run that must succeed.
+async fn ok(args: &[&str]) -> String {
+    let out = bench(args).await;
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "mink-bench {args:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// The `records` cell of the summary's row of `side`.
+fn records(summary: &str, side: &str) -> u64 {
+    let row = summary
+        .lines()
+        .find(|l| l.starts_with(&format!("| {side} |")))
+        .unwrap_or_else(|| panic!("no {side} row in\n{summary}"));
+    row.split('|').nth(2).unwrap().trim().parse().unwrap()
+}
+
+/// Rows stored in every bucket of `database.table`.
+fn stored(node: &Node, database: &str, table: &str) -> u64 {
+    let info = node.describe_table(database, table).unwrap();
+    info.buckets
+        .iter()
+        .map(|b| {
+            let (start, end) = node
+                .bucket_offsets(&BucketRef::new(database, table, None, b.bucket))
+                .unwrap();
+            end - start
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn produce_consume_and_e2e_over_flight_and_kafka() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve(dir.path()).await;
+    let report = dir.path().join("flight.md");
+    let common = [
+        "--duration",
+        "60",
+        "--record-size",
+        "100",
+        "--partitions",
+        "3",
+    ];
+
+    // Flight: a fixed number of records, a Markdown report with its plots beside it.
+    let mut args = vec!["produce", "--flight", &s.flight, "--max-records", "3000"];
+    args.extend(["--batch-records", "500", "--producers", "2"]);
+    args.extend(common);
+    args.extend(["--report", report.to_str().unwrap()]);
+    let out = ok(&args).await;
+    assert_eq!(records(&out, "produced"), 3000, "{out}");
+    assert_eq!(stored(&s.node, "bench", "mink-bench"), 3000);
+    let md = std::fs::read_to_string(&report).unwrap();
+    assert!(md.contains("| produced | 3000 |") && md.contains("![latency](flight-latency.svg)"));
+    for chart in ["flight-throughput.svg", "flight-latency.svg"] {
+        let svg = std::fs::read_to_string(dir.path().join(chart)).unwrap();
+        assert!(
+            svg.starts_with("<svg") && svg.contains("<polyline"),
+            "{chart}: {svg}"
+        );
+    }
+    let mut args = vec!["consume", "--flight", &s.flight, "--consumers", "2"];
+    args.extend(common);
+    assert_eq!(records(&ok(&args).await, "consumed"), 3000);
+
+    // Kafka: the same workload through the Kafka listener, an HTML report, JSON figures.
+    let html = dir.path().join("kafka.html");
+    let mut args = vec!["produce", "--kafka", &s.kafka, "--max-records", "2000"];
+    args.extend(["--acks", "1", "--json", "--report", html.to_str().unwrap()]);
+    args.extend(common);
+    let out = ok(&args).await;
+    assert_eq!(records(&out, "produced"), 2000, "{out}");
+    assert_eq!(stored(&s.node, "kafka", "mink-bench"), 2000);
+    let json: serde_json::Value =
+        serde_json::from_str(out.lines().find(|l| l.starts_with('{')).unwrap()).unwrap();
+    assert_eq!(json["figures"][0]["records"], 2000);
+    assert!(
+        json["figures"][0]["p99_ms"].as_f64().unwrap() > 0.0,
+        "{json}"
+    );
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("<table>") && page.matches("<svg").count() == 2);
+    let mut args = vec!["consume", "--kafka", &s.kafka];
+    args.extend(common);
+    assert_eq!(records(&ok(&args).await, "consumed"), 2000);
+
+    // End to end, rate-limited: every record produced is consumed, with its latency.
+    for (transport, address) in [("--kafka", &s.kafka), ("--flight", &s.flight)] {
+        let args = [
+            "e2e",
+            transport,
+            address,
+            "--duration",
+            "1",
+            "--rate",
+            "2000",
+            "--record-size",
+            "64",
+            "--batch-records",
+            "200",
+        ];
+        let out = ok(&args).await;
+        let produced = records(&out, "produced");
+        assert!(produced > 0, "{out}");
+        assert_eq!(records(&out, "consumed"), produced, "{out}");
+        assert!(out.contains("/ rate |"), "{out}");
+    }
+
+    // Refused before anything is sent.
+    for (args, expected) in [
+        (
+            vec!["produce", "--flight", &s.flight, "--acks", "1"],
+            "acknowledged once durable",
+        ),
+        (
+            vec!["produce", "--kafka", &s.kafka, "--report", "out.txt"],
+            "name a .md or .html file",
+        ),
+        (
+            vec!["produce", "--kafka", &s.kafka, "--record-size", "4"],
+            "8-byte send time",
+        ),
+    ] {
+        let out = bench(&args).await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(expected),
+            "{args:?}: {stderr}"
+        );
+    }
+    s.stop().await;
+}
