@@ -5,6 +5,8 @@
 #   ./scripts/bench.sh s3stream [--seconds 5] [--json] ...
 #   ./scripts/bench.sh flight | kv | cluster | lake | sql-tail [--json] ...
 #   ./scripts/bench.sh tpch [--scale 1] [--iterations 3] [--queries 1,6] [--json]
+#   ./scripts/bench.sh produce|consume|e2e --flight HOST:PORT | --kafka HOST:PORT [...]
+#     (against a running cluster or any Kafka broker: nothing is started here)
 # Builds only the benchmark crate (-p mink-bench) into the shared target directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +19,9 @@ source scripts/lib/python.sh
 suite="${1:-metadata}"
 shift || true
 cargo build --release --locked -p mink-bench
+case "$suite" in
+  produce | consume | e2e) exec "$CARGO_TARGET_DIR/release/mink-bench" "$suite" "$@" ;;
+esac
 trap 'stop_moto; stop_postgres' EXIT
 if start_postgres; then
   export MINK_BENCH_POSTGRES_URL="$MINK_TEST_POSTGRES_URL"

@@ -679,8 +679,30 @@ impl Client {
         Ok(())
     }
 
-    pub(crate) async fn allocate_writer(&self) -> ClientResult<protocol::Writer> {
+    /// A new idempotent writer id (epoch 0), from the cluster.
+    pub async fn allocate_writer(&self) -> ClientResult<protocol::Writer> {
         self.action(action::ALLOCATE_WRITER, &json!({})).await
+    }
+
+    /// Where writer `writer_id`'s committed batches end in each bucket of `database.table`
+    /// (buckets it never wrote to are left out): what [`TableWriter::following`] resumes from.
+    pub async fn writer_positions(
+        &self,
+        database: &str,
+        table: &str,
+        writer_id: u64,
+    ) -> ClientResult<Vec<protocol::WriterPosition>> {
+        let p: protocol::WriterPositions = self
+            .action(
+                action::WRITER_POSITIONS,
+                &protocol::WriterPositionsRequest {
+                    database: database.to_string(),
+                    table: table.to_string(),
+                    writer_id,
+                },
+            )
+            .await?;
+        Ok(p.buckets)
     }
 
     /// The table's schema (`GetSchema`).

@@ -87,8 +87,13 @@ impl Layout {
 struct Part {
     key: BucketKey,
     batch: RecordBatch,
-    sequence: Option<u64>,
+    /// The writer's sequences for it: first and last.
+    sequence: Option<(u64, u64)>,
 }
+
+/// Source offsets per bucket of a keyless table, for a writer following them: a run of this
+/// many offsets goes to one bucket, the same one on every replay.
+const FOLLOWING_STRIDE: u64 = 4096;
 
 /// Writes rows to a table: routes each row to its partition and bucket on the client (the
 /// server's function, `mink_log::routing`), sends each bucket's rows to the bucket's leader,
@@ -155,7 +160,127 @@ impl TableWriter {
         if self.idempotent && self.writer.is_none() {
             self.writer = Some(self.client.allocate_writer().await?);
         }
-        let mut parts = self.route(batch)?;
+        let parts = self.route(batch)?;
+        self.send_parts(parts).await
+    }
+
+    /// A writer `writer` (allocated by the cluster) whose batches stand at `positions` in the
+    /// table's buckets, as [`crate::Client::writer_positions`] reads them back: for
+    /// [`TableWriter::write_following`], a writer whose sequences follow a source's offsets.
+    pub fn following(
+        client: Client,
+        database: &str,
+        table: &str,
+        writer: protocol::Writer,
+        positions: &[protocol::WriterPosition],
+    ) -> TableWriter {
+        let mut w = TableWriter::new(client, database, table, true);
+        w.writer = Some(writer);
+        for p in positions {
+            w.sequences.insert(
+                (p.partition.clone(), p.bucket),
+                p.last_sequence.saturating_add(1),
+            );
+        }
+        w
+    }
+
+    /// Writes the rows of `batch` from a source whose offsets (`offsets`, one per row,
+    /// ascending) the writer's sequences follow, the batch covering source offsets through
+    /// `last_offset`. Each bucket's rows go as one write numbered from the bucket's next
+    /// sequence through `last_offset`, so a bucket holds every row routed to it whose offset is
+    /// below its next sequence; rows a bucket holds already (a replay after a crash) are left
+    /// out. Rows go to buckets by the bucket key, or, in a table without one, by runs of
+    /// offsets: the same bucket on every replay.
+    pub async fn write_following(
+        &mut self,
+        batch: &RecordBatch,
+        offsets: &[u64],
+        last_offset: u64,
+    ) -> ClientResult<WriteSummary> {
+        if offsets.len() != batch.num_rows() {
+            return Err(ClientError::Invalid(format!(
+                "{} offsets for {} rows",
+                offsets.len(),
+                batch.num_rows()
+            )));
+        }
+        if offsets.windows(2).any(|w| w[0] >= w[1])
+            || offsets.last().is_some_and(|o| *o > last_offset)
+        {
+            return Err(ClientError::Invalid(
+                "offsets ascend and end at or before last_offset".into(),
+            ));
+        }
+        if self.writer.is_none() {
+            return Err(ClientError::Invalid(
+                "write_following needs a writer made by TableWriter::following".into(),
+            ));
+        }
+        if self.layout.is_none() {
+            self.refresh().await?;
+        }
+        let layout = self.layout.as_ref().expect("layout loaded");
+        let invalid = |e: mink_log::LogError| ClientError::Invalid(e.to_string());
+        let batch = if layout.primary_key {
+            batch.clone()
+        } else {
+            mink_log::codec::check_batch(&layout.schema, batch).map_err(invalid)?
+        };
+        let partitions = if layout.partition_key.is_empty() {
+            vec![None; batch.num_rows()]
+        } else {
+            mink_log::routing::partitions_of(&batch, &layout.partition_key)
+                .map_err(invalid)?
+                .into_iter()
+                .map(Some)
+                .collect()
+        };
+        let buckets = if layout.bucket_key.is_empty() {
+            offsets
+                .iter()
+                .map(|o| {
+                    u32::try_from((o / FOLLOWING_STRIDE) % u64::from(layout.bucket_count))
+                        .expect("below the bucket count")
+                })
+                .collect()
+        } else {
+            mink_log::routing::buckets_of(&batch, &layout.bucket_key, layout.bucket_count)
+                .map_err(invalid)?
+        };
+        let mut rows: std::collections::BTreeMap<BucketKey, Vec<u32>> = Default::default();
+        for (row, (key, offset)) in partitions.into_iter().zip(buckets).zip(offsets).enumerate() {
+            // What the bucket holds already is not sent again.
+            if *offset >= self.sequences.get(&key).copied().unwrap_or(0) {
+                rows.entry(key).or_default().push(
+                    u32::try_from(row)
+                        .map_err(|_| ClientError::Invalid("batch too large".into()))?,
+                );
+            }
+        }
+        let mut parts = Vec::with_capacity(rows.len());
+        for (key, indices) in rows {
+            let indices = arrow::array::UInt32Array::from(indices);
+            let columns = batch
+                .columns()
+                .iter()
+                .map(|c| arrow::compute::take(c.as_ref(), &indices, None))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| ClientError::Invalid(e.to_string()))?;
+            let part = RecordBatch::try_new(batch.schema(), columns)
+                .map_err(|e| ClientError::Invalid(e.to_string()))?;
+            let first = self.sequences.get(&key).copied().unwrap_or(0);
+            parts.push(Part {
+                key,
+                batch: part,
+                sequence: Some((first, last_offset.max(first))),
+            });
+        }
+        self.send_parts(parts).await
+    }
+
+    /// Sends `parts` to their leaders until each is stored, retrying what may be retried.
+    async fn send_parts(&mut self, mut parts: Vec<Part>) -> ClientResult<WriteSummary> {
         let rows = parts.iter().map(|p| p.batch.num_rows() as u64).sum();
         let mut done: Vec<BucketResult> = Vec::with_capacity(parts.len());
         let deadline = tokio::time::Instant::now() + self.client.config().retry_deadline;
@@ -168,8 +293,8 @@ impl TableWriter {
             for (part, outcome) in parts.into_iter().zip(outcomes) {
                 match outcome {
                     Ok(result) => {
-                        if let Some(s) = part.sequence {
-                            self.sequences.insert(part.key.clone(), s + 1);
+                        if let Some((_, last)) = part.sequence {
+                            self.sequences.insert(part.key.clone(), last + 1);
                         }
                         done.push(result);
                     }
@@ -278,9 +403,10 @@ impl TableWriter {
             .into_iter()
             .map(|(partition, bucket, batch)| {
                 let key = (partition, bucket);
-                let sequence = self
-                    .idempotent
-                    .then(|| self.sequences.get(&key).copied().unwrap_or(0));
+                let sequence = self.idempotent.then(|| {
+                    let s = self.sequences.get(&key).copied().unwrap_or(0);
+                    (s, s)
+                });
                 Part {
                     key,
                     batch,
@@ -349,7 +475,10 @@ impl TableWriter {
             let meta = protocol::BatchMetadata {
                 partition: p.key.0.clone(),
                 bucket: Some(p.key.1),
-                sequence: p.sequence,
+                sequence: p.sequence.map(|(first, _)| first),
+                last_sequence: p
+                    .sequence
+                    .and_then(|(first, last)| (last != first).then_some(last)),
             };
             match encoder.batch(&p.batch, protocol::to_json(&meta)) {
                 Ok(m) => messages.extend(m),

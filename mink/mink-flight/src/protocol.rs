@@ -67,6 +67,9 @@ pub mod action {
     /// [`super::TailScan`] → `{}`: a query's scan read this many log-tail rows of a lake
     /// table (sent to the node tiering it: the leader of its first bucket).
     pub const REPORT_TAIL_SCAN: &str = "report_tail_scan";
+    /// [`super::WriterPositionsRequest`] → [`super::WriterPositions`]: where an idempotent
+    /// writer's committed batches end in each bucket (a connector resuming after a crash).
+    pub const WRITER_POSITIONS: &str = "writer_positions";
 
     /// Every action with a one-line description (`ListActions`).
     pub const ALL: &[(&str, &str)] = &[
@@ -111,6 +114,10 @@ pub mod action {
         (
             REPORT_TAIL_SCAN,
             "a query read log-tail rows of a lake table (tiers it sooner): {database, table, rows}",
+        ),
+        (
+            WRITER_POSITIONS,
+            "an idempotent writer's last sequence per bucket: {database, table, writer_id}",
         ),
     ];
 }
@@ -508,6 +515,35 @@ pub struct BatchMetadata {
     /// the same number and is answered with the original offsets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sequence: Option<u64>,
+    /// The batch spans sequences `sequence..=last_sequence` (one when absent): a writer whose
+    /// sequences follow a source's offsets, such as a Kafka connector's, numbers a batch
+    /// through the last offset it covers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_sequence: Option<u64>,
+}
+
+/// `writer_positions`: where writer `writer_id` stands in each bucket of a table.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WriterPositionsRequest {
+    pub database: String,
+    pub table: String,
+    pub writer_id: u64,
+}
+
+/// A writer's last committed sequence in one bucket (buckets it never wrote to are left out).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriterPosition {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<String>,
+    pub bucket: u32,
+    pub writer_epoch: u64,
+    pub last_sequence: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriterPositions {
+    pub buckets: Vec<WriterPosition>,
 }
 
 /// What happened to the rows of one bucket.

@@ -7,9 +7,7 @@ use arrow::array::{
     Array, AsArray as _, BinaryBuilder, ListBuilder, RecordBatch, StringBuilder, StructBuilder,
     TimestampMicrosecondArray,
 };
-use arrow::datatypes::{
-    DataType, Field, Fields, Schema, SchemaRef, TimeUnit, TimestampMicrosecondType,
-};
+use arrow::datatypes::{DataType, Field, Fields, Schema, SchemaRef, TimestampMicrosecondType};
 use bytes::{Buf as _, Bytes};
 use kafka_protocol::indexmap::IndexMap;
 use kafka_protocol::protocol::StrBytes;
@@ -171,37 +169,20 @@ pub fn writer_batch(records: &[Record]) -> Result<Option<mink_node::WriterBatchI
 
 /// The schema of a topic created over Kafka: a record as it is produced.
 pub fn raw_schema() -> Schema {
-    Schema::new(vec![
-        Field::new("key", DataType::Binary, true),
-        Field::new("value", DataType::Binary, true),
-        Field::new(
-            "headers",
-            DataType::List(Arc::new(Field::new("item", header_type(), true))),
-            true,
-        ),
-        // Microseconds, as Iceberg stores timestamps; Kafka's are milliseconds.
-        Field::new(
-            "timestamp",
-            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
-            false,
-        ),
-    ])
+    mink_log::raw::schema()
 }
 
 fn header_fields() -> Fields {
-    Fields::from(vec![
-        Field::new("key", DataType::Utf8, false),
-        Field::new("value", DataType::Binary, true),
-    ])
+    mink_log::raw::header_fields()
 }
 
 fn header_type() -> DataType {
-    DataType::Struct(header_fields())
+    mink_log::raw::header_type()
 }
 
 /// Whether `schema` is the raw schema (a topic's records stored as they are).
 pub fn is_raw(schema: &Schema) -> bool {
-    schema.fields() == raw_schema().fields()
+    mink_log::raw::is_raw(schema)
 }
 
 /// Records as rows of the raw schema.
@@ -325,47 +306,10 @@ pub fn encode_records(records: &[Record]) -> Result<Bytes, RecordError> {
 /// Records whose values are JSON objects as rows of a typed table (`schema`): a value that is
 /// not an object of the table's columns, with values of their types, fails its record.
 pub fn json_rows(schema: &SchemaRef, records: &[Record]) -> Result<RecordBatch, RecordError> {
-    let decode = |rs: &[(usize, &Record)]| -> Result<RecordBatch, RecordError> {
-        let mut decoder = arrow::json::ReaderBuilder::new(Arc::clone(schema))
-            .with_strict_mode(true)
-            .with_batch_size(rs.len().max(1))
-            .build_decoder()
-            .map_err(|e| RecordError::Invalid {
-                index: 0,
-                reason: e.to_string(),
-            })?;
-        for (index, r) in rs {
-            let invalid = |reason: String| RecordError::Invalid {
-                index: *index,
-                reason,
-            };
-            let value = r
-                .value
-                .as_ref()
-                .ok_or_else(|| invalid("no value: a row of this table is a JSON object".into()))?;
-            if value.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-                return Err(invalid("the value is not a JSON object".into()));
-            }
-            let mut line = value.to_vec();
-            line.push(b'\n');
-            let read = decoder.decode(&line).map_err(|e| invalid(e.to_string()))?;
-            if read != line.len() {
-                return Err(invalid("more than one JSON value".into()));
-            }
-        }
-        let batch = decoder.flush().map_err(|e| RecordError::Invalid {
-            index: rs.first().map_or(0, |(i, _)| *i),
-            reason: e.to_string(),
-        })?;
-        Ok(batch.unwrap_or_else(|| RecordBatch::new_empty(Arc::clone(schema))))
-    };
-    let all: Vec<(usize, &Record)> = records.iter().enumerate().collect();
-    decode(&all).or_else(|e| {
-        // Name the record at fault: a type error shows only when the rows are built.
-        for one in all.chunks(1) {
-            decode(one)?;
-        }
-        Err(e)
+    let values: Vec<Option<&[u8]>> = records.iter().map(|r| r.value.as_deref()).collect();
+    mink_log::json::rows(schema, &values).map_err(|e| RecordError::Invalid {
+        index: e.index,
+        reason: e.reason,
     })
 }
 

@@ -9,7 +9,9 @@
 pub mod changelog;
 pub mod codec;
 pub mod filter;
+pub mod json;
 pub mod options;
+pub mod raw;
 pub mod routing;
 #[cfg(feature = "tablet")]
 mod tablet;

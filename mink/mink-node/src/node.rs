@@ -104,6 +104,15 @@ pub struct WriterId {
     pub writer_epoch: u64,
 }
 
+/// Where an idempotent writer's committed batches end in one bucket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WriterPosition {
+    pub partition: Option<String>,
+    pub bucket: u32,
+    pub writer_epoch: u64,
+    pub last_sequence: u64,
+}
+
 /// What happened to the rows of one bucket in a write.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BucketWrite {
@@ -487,6 +496,43 @@ impl Node {
     }
 
     /// Allocates an idempotent writer id.
+    /// Where writer `writer_id`'s committed batches end in each bucket of `database.table`
+    /// (buckets it never wrote to are left out): what a writer whose sequences follow a
+    /// source's offsets resumes from. Writer records are kept as long as their streams.
+    pub fn writer_positions(
+        &self,
+        database: &str,
+        table: &str,
+        writer_id: u64,
+    ) -> NodeResult<Vec<WriterPosition>> {
+        let record = self.table_record(database, table)?;
+        let view = self.view();
+        let mut out = Vec::new();
+        for (&(_, partition_id, bucket), b) in view
+            .state
+            .buckets
+            .range((record.table_id, 0, 0)..=(record.table_id, u64::MAX, u32::MAX))
+        {
+            let Some(w) = view.state.writers.get(&(b.stream_id, writer_id)) else {
+                continue;
+            };
+            let Some(last) = w.batches.last() else {
+                continue;
+            };
+            out.push(WriterPosition {
+                partition: view
+                    .state
+                    .partitions
+                    .get(&(record.table_id, partition_id))
+                    .map(|p| p.name.clone()),
+                bucket,
+                writer_epoch: w.writer_epoch,
+                last_sequence: last.last_sequence,
+            });
+        }
+        Ok(out)
+    }
+
     pub async fn allocate_writer(&self) -> NodeResult<WriterId> {
         let proposed = self
             .inner

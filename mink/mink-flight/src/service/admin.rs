@@ -127,6 +127,22 @@ impl MinkFlight {
                     .map_err(err)?;
                 empty()
             }
+            action::WRITER_POSITIONS => {
+                let a: protocol::WriterPositionsRequest =
+                    protocol::parse(action::WRITER_POSITIONS, body).map_err(bad)?;
+                let buckets = node
+                    .writer_positions(&a.database, &a.table, a.writer_id)
+                    .map_err(err)?
+                    .into_iter()
+                    .map(|p| protocol::WriterPosition {
+                        partition: p.partition,
+                        bucket: p.bucket,
+                        writer_epoch: p.writer_epoch,
+                        last_sequence: p.last_sequence,
+                    })
+                    .collect();
+                protocol::to_json(&protocol::WriterPositions { buckets })
+            }
             action::ALLOCATE_WRITER => {
                 let w = node.allocate_writer().await.map_err(err)?;
                 protocol::to_json(&protocol::Writer {

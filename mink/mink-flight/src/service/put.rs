@@ -129,7 +129,15 @@ impl MinkFlight {
         };
         let bucket = meta.bucket.or(d.bucket);
         let writer = match (writer, meta.sequence) {
-            (Some(id), Some(seq)) => Some(s3stream_writer(id, writer_epoch, seq)),
+            (Some(id), Some(seq)) => {
+                let last = meta.last_sequence.unwrap_or(seq);
+                if last < seq {
+                    return Err(
+                        self.invalid(format!("last_sequence {last} is below sequence {seq}"))
+                    );
+                }
+                Some(s3stream_writer(id, writer_epoch, seq, last))
+            }
             (Some(_), None) => {
                 return Err(
                     self.invalid("an idempotent writer's batch needs its sequence in app_metadata")
@@ -176,12 +184,17 @@ pub(crate) async fn fail<T>(tx: &mpsc::Sender<Result<T, Status>>, status: Status
     code
 }
 
-fn s3stream_writer(writer_id: u64, writer_epoch: u64, sequence: u64) -> mink_node::WriterBatchId {
+fn s3stream_writer(
+    writer_id: u64,
+    writer_epoch: u64,
+    first_sequence: u64,
+    last_sequence: u64,
+) -> mink_node::WriterBatchId {
     mink_node::WriterBatchId {
         writer_id,
         writer_epoch,
-        first_sequence: sequence,
-        last_sequence: sequence,
+        first_sequence,
+        last_sequence,
     }
 }
 

@@ -1,0 +1,548 @@
+//! The Kafka source: a consumer group over the configured topics, each source partition
+//! written into its Mink table by its own idempotent writer whose sequences follow the
+//! partition's offsets.
+//!
+//! Exactly once, across crashes: a batch of a partition's records `[first, last]` goes to each
+//! bucket as one write numbered `next..=last` (the bucket's next sequence through the batch's
+//! last offset), so what each bucket holds of the partition is "every record routed to it up
+//! to its last sequence". After a restart the connector reads that back from Mink (the
+//! writer's position per bucket), resumes the partition at the offset its state row records
+//! (written only after a batch is acknowledged, so never past what is stored) and drops,
+//! bucket by bucket, the replayed records a bucket already holds. Kafka's committed offsets
+//! are written for monitoring only and never read.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use arrow::array::{
+    ArrayRef, BinaryBuilder, Int32Array, Int64Array, ListBuilder, RecordBatch, StringArray,
+    StringBuilder, StructBuilder, TimestampMicrosecondArray,
+};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use mink_client::{Client, TableWriter};
+use rdkafka::consumer::{
+    BaseConsumer, CommitMode, Consumer as _, ConsumerContext, Rebalance, StreamConsumer,
+};
+use rdkafka::message::{BorrowedMessage, Headers as _};
+use rdkafka::{ClientContext, Message as _, Offset, TopicPartitionList};
+
+use crate::config::{Config, Format, Source, table_name};
+
+/// Counts rebalances, so the loop drops what it holds of partitions it may have lost.
+struct Context {
+    generation: Arc<AtomicU64>,
+}
+
+impl ClientContext for Context {}
+
+impl ConsumerContext for Context {
+    fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        tracing::info!(?rebalance, "rebalanced");
+        self.generation.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+pub(crate) fn consumer_config(config: &Config) -> rdkafka::ClientConfig {
+    let mut c = rdkafka::ClientConfig::new();
+    c.set("bootstrap.servers", &config.kafka.bootstrap)
+        .set("group.id", config.group_id())
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest");
+    for (k, v) in &config.kafka.config {
+        c.set(k, v);
+    }
+    c
+}
+
+/// The state table's schema: per source partition, its writer and where its last
+/// acknowledged batch ended.
+fn state_schema() -> Schema {
+    Schema::new(vec![
+        Field::new("topic", DataType::Utf8, false),
+        Field::new("partition", DataType::Int32, false),
+        Field::new("writer_id", DataType::Int64, false),
+        Field::new("next_offset", DataType::Int64, false),
+    ])
+}
+
+fn dead_letter_schema() -> Schema {
+    Schema::new(vec![
+        Field::new("topic", DataType::Utf8, false),
+        Field::new("partition", DataType::Int32, false),
+        Field::new("offset", DataType::Int64, false),
+        Field::new("key", DataType::Binary, true),
+        Field::new("value", DataType::Binary, true),
+        Field::new("reason", DataType::Utf8, false),
+    ])
+}
+
+/// A partition's state as the state table holds it.
+pub(crate) struct Stored {
+    pub(crate) writer_id: u64,
+    pub(crate) next_offset: Option<i64>,
+}
+
+/// The state rows of `(topic, partition)`s.
+pub(crate) async fn read_state(
+    client: &Client,
+    config: &Config,
+    keys: &[(String, i32)],
+) -> anyhow::Result<HashMap<(String, i32), Stored>> {
+    let (database, table) = config.state_table();
+    let keys = keys
+        .iter()
+        .map(|(t, p)| {
+            let mut key = serde_json::Map::new();
+            key.insert("topic".into(), t.clone().into());
+            key.insert("partition".into(), (*p).into());
+            key
+        })
+        .collect();
+    let mut out = HashMap::new();
+    {
+        let batch = client.lookup(&database, &table, keys, &[]).await?;
+        let topics = column::<StringArray>(&batch, "topic")?;
+        let partitions = column::<Int32Array>(&batch, "partition")?;
+        let writers = column::<Int64Array>(&batch, "writer_id")?;
+        let next = column::<Int64Array>(&batch, "next_offset")?;
+        for i in 0..batch.num_rows() {
+            out.insert(
+                (topics.value(i).to_string(), partitions.value(i)),
+                Stored {
+                    writer_id: u64::try_from(writers.value(i))?,
+                    next_offset: (next.value(i) >= 0).then(|| next.value(i)),
+                },
+            );
+        }
+    }
+    Ok(out)
+}
+
+fn column<'a, T: 'static>(batch: &'a RecordBatch, name: &str) -> anyhow::Result<&'a T> {
+    batch
+        .column_by_name(name)
+        .and_then(|c| c.as_any().downcast_ref::<T>())
+        .with_context(|| format!("state row without {name}"))
+}
+
+async fn write_state(
+    client: &Client,
+    config: &Config,
+    topic: &str,
+    partition: i32,
+    writer_id: u64,
+    next_offset: i64,
+) -> anyhow::Result<()> {
+    let (database, table) = config.state_table();
+    let batch = RecordBatch::try_new(
+        Arc::new(state_schema()),
+        vec![
+            Arc::new(StringArray::from(vec![topic])),
+            Arc::new(Int32Array::from(vec![partition])),
+            Arc::new(Int64Array::from(vec![i64::try_from(writer_id)?])),
+            Arc::new(Int64Array::from(vec![next_offset])),
+        ],
+    )?;
+    client.writer(&database, &table).write(&batch).await?;
+    Ok(())
+}
+
+/// Creates what the connector writes to when it is missing: its state table, raw tables,
+/// dead-letter tables. A json source's table must exist (its schema is the user's).
+async fn prepare(client: &Client, config: &Config) -> anyhow::Result<()> {
+    let (database, table) = config.state_table();
+    client.create_database(&database, true).await?;
+    let spec = mink_flight::protocol::CreateTable {
+        database,
+        table,
+        schema: mink_flight::protocol::encode_schema(&state_schema())
+            .map_err(|e| anyhow::anyhow!(e.0))?,
+        options: Default::default(),
+        partition_keys: vec![],
+        primary_key: vec!["topic".into(), "partition".into()],
+        comment: "mink-connect: each source partition's writer and resume offset".into(),
+        if_not_exists: true,
+    };
+    client.create_table_with(&spec).await?;
+    for s in &config.sources {
+        let (database, table) = table_name(&s.table)?;
+        client.create_database(&database, true).await?;
+        match s.format {
+            Format::Raw => {
+                client
+                    .create_table(
+                        &database,
+                        &table,
+                        &mink_log::raw::schema(),
+                        Vec::<(String, String)>::new(),
+                        &[],
+                        true,
+                    )
+                    .await?;
+            }
+            Format::Json => {
+                client
+                    .describe_table(&database, &table)
+                    .await
+                    .with_context(|| format!("source {}: table {}", s.topic, s.table))?;
+            }
+        }
+        if let Some(d) = &s.dead_letter {
+            let (database, table) = table_name(d)?;
+            client.create_database(&database, true).await?;
+            client
+                .create_table(
+                    &database,
+                    &table,
+                    &dead_letter_schema(),
+                    Vec::<(String, String)>::new(),
+                    &[],
+                    true,
+                )
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// One source partition being copied.
+struct Partition {
+    source: Source,
+    writer_id: u64,
+    rows: TableWriter,
+    dead: Option<TableWriter>,
+    /// The offset the next record is expected at.
+    next: i64,
+    pending: Vec<Pending>,
+    since: Option<Instant>,
+}
+
+/// A record waiting for its batch.
+struct Pending {
+    offset: i64,
+    key: Option<Vec<u8>>,
+    value: Option<Vec<u8>>,
+    headers: Vec<(String, Option<Vec<u8>>)>,
+    timestamp_ms: i64,
+}
+
+fn pending(m: &BorrowedMessage<'_>) -> Pending {
+    let headers = m
+        .headers()
+        .map(|h| {
+            h.iter()
+                .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
+                .collect()
+        })
+        .unwrap_or_default();
+    Pending {
+        offset: m.offset(),
+        key: m.key().map(<[u8]>::to_vec),
+        value: m.payload().map(<[u8]>::to_vec),
+        headers,
+        timestamp_ms: m.timestamp().to_millis().unwrap_or(0),
+    }
+}
+
+/// Records as rows of the raw schema.
+fn raw_rows(records: &[Pending]) -> anyhow::Result<RecordBatch> {
+    let mut keys = BinaryBuilder::new();
+    let mut values = BinaryBuilder::new();
+    let mut headers = ListBuilder::new(StructBuilder::from_fields(
+        mink_log::raw::header_fields(),
+        0,
+    ))
+    .with_field(Arc::new(Field::new(
+        "item",
+        DataType::Struct(mink_log::raw::header_fields()),
+        true,
+    )));
+    let mut times = Vec::with_capacity(records.len());
+    for r in records {
+        keys.append_option(r.key.as_deref());
+        values.append_option(r.value.as_deref());
+        let entries = headers.values();
+        for (k, v) in &r.headers {
+            entries
+                .field_builder::<StringBuilder>(0)
+                .context("header key")?
+                .append_value(k);
+            entries
+                .field_builder::<BinaryBuilder>(1)
+                .context("header value")?
+                .append_option(v.as_deref());
+            entries.append(true);
+        }
+        headers.append(true);
+        times.push(r.timestamp_ms.saturating_mul(1000));
+    }
+    Ok(RecordBatch::try_new(
+        Arc::new(mink_log::raw::schema()),
+        vec![
+            Arc::new(keys.finish()),
+            Arc::new(values.finish()),
+            Arc::new(headers.finish()),
+            Arc::new(TimestampMicrosecondArray::from(times).with_timezone("UTC")),
+        ],
+    )?)
+}
+
+/// Records split: the rows (and their offsets) and the records that are not rows, with why.
+struct Split {
+    rows: Option<RecordBatch>,
+    offsets: Vec<i64>,
+    rejected: Vec<(usize, String)>,
+}
+
+/// JSON values as rows of `schema`, and the records that are not, with the reason.
+fn json_rows(schema: &SchemaRef, records: &[Pending]) -> anyhow::Result<Split> {
+    let mut good: Vec<usize> = (0..records.len()).collect();
+    let mut bad = Vec::new();
+    loop {
+        if good.is_empty() {
+            return Ok(Split {
+                rows: None,
+                offsets: Vec::new(),
+                rejected: bad,
+            });
+        }
+        let values: Vec<Option<&[u8]>> =
+            good.iter().map(|&i| records[i].value.as_deref()).collect();
+        match mink_log::json::rows(schema, &values) {
+            Ok(rows) => {
+                let offsets = good.iter().map(|&i| records[i].offset).collect();
+                bad.sort_unstable_by_key(|(i, _)| *i);
+                return Ok(Split {
+                    rows: Some(rows),
+                    offsets,
+                    rejected: bad,
+                });
+            }
+            Err(e) if e.index < good.len() => {
+                bad.push((good.remove(e.index), e.reason));
+            }
+            Err(e) => bail!("decoding JSON rows: {}", e.reason),
+        }
+    }
+}
+
+fn dead_rows(
+    topic: &str,
+    partition: i32,
+    records: &[Pending],
+    bad: &[(usize, String)],
+) -> anyhow::Result<RecordBatch> {
+    let pick = |f: &dyn Fn(&Pending) -> Option<Vec<u8>>| -> ArrayRef {
+        let mut b = BinaryBuilder::new();
+        for (i, _) in bad {
+            b.append_option(f(&records[*i]));
+        }
+        Arc::new(b.finish())
+    };
+    Ok(RecordBatch::try_new(
+        Arc::new(dead_letter_schema()),
+        vec![
+            Arc::new(StringArray::from(vec![topic; bad.len()])),
+            Arc::new(Int32Array::from(vec![partition; bad.len()])),
+            Arc::new(Int64Array::from_iter_values(
+                bad.iter().map(|(i, _)| records[*i].offset),
+            )),
+            pick(&|r| r.key.clone()),
+            pick(&|r| r.value.clone()),
+            Arc::new(StringArray::from_iter_values(
+                bad.iter().map(|(_, why)| why.as_str()),
+            )),
+        ],
+    )?)
+}
+
+/// The rows of a json source's records written so far need its table's schema.
+async fn table_schema(client: &Client, table: &str) -> anyhow::Result<SchemaRef> {
+    let (database, table) = table_name(table)?;
+    Ok(Arc::new(client.schema(&database, &table).await?))
+}
+
+/// A writer following `writer_id`'s sequences in `table`, at the positions Mink holds.
+async fn following(client: &Client, table: &str, writer_id: u64) -> anyhow::Result<TableWriter> {
+    let (database, name) = table_name(table)?;
+    let positions = client.writer_positions(&database, &name, writer_id).await?;
+    Ok(TableWriter::following(
+        client.clone(),
+        &database,
+        &name,
+        mink_flight::protocol::Writer {
+            writer_id,
+            // The cluster allocates writers at epoch 0, and they keep it.
+            writer_epoch: 0,
+        },
+        &positions,
+    ))
+}
+
+/// Runs the source until an error (a lost connection to Mink that outlasts the client's
+/// retries, a record Mink refuses for a reason other than its content).
+pub(crate) async fn run(config: Config) -> anyhow::Result<()> {
+    let client = Client::connect(&config.mink).await?;
+    prepare(&client, &config).await?;
+    let generation = Arc::new(AtomicU64::new(0));
+    let consumer: StreamConsumer<Context> = consumer_config(&config)
+        .create_with_context(Context {
+            generation: Arc::clone(&generation),
+        })
+        .context("a Kafka consumer")?;
+    let topics: Vec<&str> = config.sources.iter().map(|s| s.topic.as_str()).collect();
+    consumer.subscribe(&topics)?;
+    let mut schemas: HashMap<String, SchemaRef> = HashMap::new();
+    let mut partitions: HashMap<(String, i32), Partition> = HashMap::new();
+    let mut seen_generation = generation.load(Ordering::SeqCst);
+    let batch_age = Duration::from_millis(config.batch_ms);
+    loop {
+        let message = tokio::time::timeout(batch_age, consumer.recv()).await;
+        let now_generation = generation.load(Ordering::SeqCst);
+        if now_generation != seen_generation {
+            // Partitions may have moved: what is buffered is dropped (nothing of it was
+            // acknowledged), and each partition starts again from what Mink holds.
+            seen_generation = now_generation;
+            partitions.clear();
+        }
+        if let Ok(message) = message {
+            let m = message.context("consuming")?;
+            let key = (m.topic().to_string(), m.partition());
+            if !partitions.contains_key(&key) {
+                let Some(source) = config.source(&key.0).cloned() else {
+                    continue;
+                };
+                let state = open(&client, &config, &source, key.1).await?;
+                // Resume where Mink says, whatever Kafka's committed offset is.
+                let resume = state.next;
+                partitions.insert(key.clone(), state);
+                if m.offset() != resume {
+                    tracing::info!(topic = %key.0, partition = key.1, from = m.offset(), resume, "seeking to the resume offset");
+                    consumer.seek(
+                        &key.0,
+                        key.1,
+                        Offset::Offset(resume),
+                        Duration::from_secs(10),
+                    )?;
+                    continue;
+                }
+            }
+            let p = partitions.get_mut(&key).expect("opened above");
+            if m.offset() < p.next {
+                // Below where the partition resumed (a seek not yet in effect): stored already.
+                continue;
+            }
+            p.next = m.offset() + 1;
+            p.pending.push(pending(&m));
+            p.since.get_or_insert_with(Instant::now);
+        }
+        for ((topic, partition), p) in &mut partitions {
+            let full = p.pending.len() >= config.batch_records;
+            let old = p.since.is_some_and(|s| s.elapsed() >= batch_age);
+            if p.pending.is_empty() || !(full || old) {
+                continue;
+            }
+            flush(&client, &config, &mut schemas, topic, *partition, p).await?;
+            let mut offsets = TopicPartitionList::new();
+            offsets.add_partition_offset(topic, *partition, Offset::Offset(p.next))?;
+            // For lag monitoring only: a resume reads Mink.
+            let _ = consumer.commit(&offsets, CommitMode::Async);
+        }
+    }
+}
+
+/// A partition opened from Mink: its writer (allocated and recorded on first use) and the
+/// offset to resume at.
+async fn open(
+    client: &Client,
+    config: &Config,
+    source: &Source,
+    partition: i32,
+) -> anyhow::Result<Partition> {
+    let key = (source.topic.clone(), partition);
+    let stored = read_state(client, config, std::slice::from_ref(&key)).await?;
+    let (writer_id, next) = match stored.get(&key) {
+        Some(s) => (s.writer_id, s.next_offset),
+        None => {
+            let w = client.allocate_writer().await?;
+            // Recorded before any row is written with it.
+            write_state(client, config, &source.topic, partition, w.writer_id, -1).await?;
+            (w.writer_id, None)
+        }
+    };
+    let rows = following(client, &source.table, writer_id).await?;
+    let dead = match &source.dead_letter {
+        Some(d) => Some(following(client, d, writer_id).await?),
+        None => None,
+    };
+    // No batch acknowledged yet: from the partition's start.
+    let next = next.unwrap_or_default();
+    Ok(Partition {
+        source: source.clone(),
+        writer_id,
+        rows,
+        dead,
+        next,
+        pending: Vec::new(),
+        since: None,
+    })
+}
+
+/// Writes a partition's pending records (and its rejected ones to the dead-letter table),
+/// then records where the batch ended.
+async fn flush(
+    client: &Client,
+    config: &Config,
+    schemas: &mut HashMap<String, SchemaRef>,
+    topic: &str,
+    partition: i32,
+    p: &mut Partition,
+) -> anyhow::Result<()> {
+    let records = std::mem::take(&mut p.pending);
+    p.since = None;
+    let last = records.last().map_or(p.next - 1, |r| r.offset);
+    let last_u = u64::try_from(last)?;
+    match p.source.format {
+        Format::Raw => {
+            let rows = raw_rows(&records)?;
+            let offsets: Vec<u64> = records.iter().map(|r| r.offset as u64).collect();
+            p.rows.write_following(&rows, &offsets, last_u).await?;
+        }
+        Format::Json => {
+            let schema = match schemas.get(&p.source.table) {
+                Some(s) => Arc::clone(s),
+                None => {
+                    let s = table_schema(client, &p.source.table).await?;
+                    schemas.insert(p.source.table.clone(), Arc::clone(&s));
+                    s
+                }
+            };
+            let Split {
+                rows: good,
+                offsets,
+                rejected: bad,
+            } = json_rows(&schema, &records)?;
+            if let Some(rows) = good {
+                let offsets: Vec<u64> = offsets.iter().map(|o| *o as u64).collect();
+                p.rows.write_following(&rows, &offsets, last_u).await?;
+            }
+            if !bad.is_empty() {
+                let Some(dead) = p.dead.as_mut() else {
+                    let (i, why) = &bad[0];
+                    bail!(
+                        "{topic}/{partition} offset {}: {why}; and the source has no dead_letter table",
+                        records[*i].offset
+                    );
+                };
+                let rows = dead_rows(topic, partition, &records, &bad)?;
+                let offsets: Vec<u64> =
+                    bad.iter().map(|(i, _)| records[*i].offset as u64).collect();
+                dead.write_following(&rows, &offsets, last_u).await?;
+            }
+        }
+    }
+    write_state(client, config, topic, partition, p.writer_id, last + 1).await
+}

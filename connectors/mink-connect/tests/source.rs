@@ -1,0 +1,327 @@
+//! The Kafka source under crashes: records are produced to a Kafka-protocol broker (a Mink
+//! node's Kafka listener; the connector only speaks Kafka to it) while `mink-connect run` is
+//! SIGKILLed at random points and restarted. Afterwards every record is in its Mink table
+//! exactly once, and every record that is not a row is in the dead-letter table once.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use arrow::array::{AsArray, RecordBatch};
+use arrow::datatypes::{DataType, Field, Int64Type, Schema};
+use mink_node::{Node, NodeConfig};
+use rand::Rng as _;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+
+struct Served {
+    node: Node,
+    flight: String,
+    kafka: String,
+    stop: tokio::sync::watch::Sender<bool>,
+    servers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+async fn stopped(mut stop: tokio::sync::watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+async fn serve(dir: &Path) -> Served {
+    let flight_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let kafka_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let flight = flight_listener.local_addr().unwrap().to_string();
+    let kafka = kafka_listener.local_addr().unwrap().to_string();
+    let mut c = NodeConfig::new(
+        1,
+        &format!("sqlite://{}", dir.join("meta.db").display()),
+        dir.join("objects").to_str().unwrap(),
+    );
+    c.advertised_address = flight.clone();
+    c.engine.flush_delay = Duration::from_millis(5);
+    c.listeners
+        .insert(mink_kafka::LISTENER.to_string(), kafka.clone());
+    let node = Node::start(c).await.unwrap();
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let flight_server = tokio::spawn({
+        let (node, stopping) = (node.clone(), stopping.clone());
+        async move {
+            let config = mink_flight::ServerConfig::default();
+            mink_flight::serve(node, config, flight_listener, stopped(stopping))
+                .await
+                .unwrap();
+        }
+    });
+    let kafka_server = tokio::spawn({
+        let (node, advertised) = (node.clone(), kafka.clone());
+        async move {
+            let config = mink_kafka::KafkaConfig {
+                advertised: Some(advertised),
+                // Each restart of the connector joins its group anew.
+                initial_rebalance_delay: Duration::ZERO,
+                ..Default::default()
+            };
+            mink_kafka::serve(node, config, kafka_listener, stopped(stopping))
+                .await
+                .unwrap();
+        }
+    });
+    Served {
+        node,
+        flight,
+        kafka,
+        stop,
+        servers: vec![flight_server, kafka_server],
+    }
+}
+
+impl Served {
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        for s in self.servers {
+            s.await.unwrap();
+        }
+        self.node.shutdown().await;
+    }
+}
+
+/// Every row of `database.table` (none before the connector creates it).
+async fn rows(client: &mink_client::Client, database: &str, table: &str) -> Vec<RecordBatch> {
+    match client
+        .scan_all(&mink_client::Scan::table(database, table))
+        .await
+    {
+        Ok(read) => read.into_iter().map(|r| r.batch).collect(),
+        Err(e) if e.code() == Some(mink_client::ErrorCode::NotFound) => Vec::new(),
+        Err(e) => panic!("reading {database}.{table}: {e}"),
+    }
+}
+
+async fn count(client: &mink_client::Client, database: &str, table: &str) -> usize {
+    rows(client, database, table)
+        .await
+        .iter()
+        .map(RecordBatch::num_rows)
+        .sum()
+}
+
+/// `mink-connect` with `args`.
+fn connect(args: &[&str]) -> tokio::process::Command {
+    let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_mink-connect"));
+    c.args(args)
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    c
+}
+
+const ORDERS: usize = 6000;
+const PAYMENTS: usize = 3000;
+
+/// Payment `i` as JSON, or (every 50th) a record that is not a row.
+fn payment(i: usize) -> String {
+    if i % 50 == 7 {
+        format!("{{\"id\": \"not a number {i}\"}}")
+    } else {
+        format!("{{\"id\": {i}, \"amount\": {}}}", i * 10)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_record_lands_once_through_sigkills() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve(dir.path()).await;
+    let client = mink_client::Client::connect(&s.flight).await.unwrap();
+    // The typed table of the json source; the raw one the connector creates.
+    client.create_database("shop", false).await.unwrap();
+    client
+        .create_table(
+            "shop",
+            "payments",
+            &Schema::new(vec![
+                Field::new("id", DataType::Int64, false),
+                Field::new("amount", DataType::Int64, true),
+            ]),
+            [("bucket.num", "3"), ("bucket.key", "id")],
+            &[],
+            false,
+        )
+        .await
+        .unwrap();
+    let mut kafka = rdkafka::ClientConfig::new();
+    kafka.set("bootstrap.servers", &s.kafka);
+    let admin: AdminClient<DefaultClientContext> = kafka.create().unwrap();
+    let topics = [
+        NewTopic::new("orders", 3, TopicReplication::Fixed(1)),
+        NewTopic::new("payments", 2, TopicReplication::Fixed(1)),
+    ];
+    for r in admin
+        .create_topics(&topics, &AdminOptions::new())
+        .await
+        .unwrap()
+    {
+        r.unwrap();
+    }
+    let config = dir.path().join("connect.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+name = "test-in"
+mink = "{}"
+batch_records = 400
+batch_ms = 20
+
+[kafka]
+bootstrap = "{}"
+# A killed member leaves the group soon.
+config = {{ "session.timeout.ms" = "2000", "heartbeat.interval.ms" = "200" }}
+
+[[source]]
+topic = "orders"
+table = "shop.orders"
+format = "raw"
+
+[[source]]
+topic = "payments"
+table = "shop.payments"
+format = "json"
+dead_letter = "shop.payments_rejected"
+"#,
+            s.flight, s.kafka
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap().to_string();
+
+    // Load: records produced throughout the connector's crashes.
+    let producer: FutureProducer = kafka.set("linger.ms", "2").create().unwrap();
+    let load = tokio::spawn(async move {
+        let mut deliveries = Vec::new();
+        for i in 0..ORDERS.max(PAYMENTS) {
+            if i < ORDERS {
+                let (key, value) = (format!("order-{i}"), format!("value-{i}"));
+                let record = FutureRecord::to("orders").key(&key).payload(&value);
+                deliveries.push(producer.send_result(record).map_err(|(e, _)| e).unwrap());
+            }
+            if i < PAYMENTS {
+                let (key, value) = (format!("p{i}"), payment(i));
+                let record = FutureRecord::to("payments").key(&key).payload(&value);
+                deliveries.push(producer.send_result(record).map_err(|(e, _)| e).unwrap());
+            }
+            if deliveries.len() >= 500 {
+                for d in deliveries.drain(..) {
+                    d.await.unwrap().map_err(|(e, _)| e).unwrap();
+                }
+            }
+        }
+        for d in deliveries {
+            d.await.unwrap().map_err(|(e, _)| e).unwrap();
+        }
+    });
+
+    // Crashes at random points while rows arrive, then a run to the end.
+    let mut rng = rand::rng();
+    let mut stored = 0;
+    for round in 0..5 {
+        let mut child = connect(&["run", "--config", &config]).spawn().unwrap();
+        // Until this run has written something, then a little longer.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(status) = tokio::time::timeout(Duration::from_millis(50), child.wait()).await
+            {
+                let out = child.wait_with_output().await.unwrap();
+                panic!(
+                    "round {round}: the connector exited ({status:?}):\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            let now =
+                count(&client, "shop", "orders").await + count(&client, "shop", "payments").await;
+            if now > stored {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "round {round}: no new row in 60 s (have {stored})"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..400))).await;
+        child.kill().await.unwrap();
+        // What the killed run left is where the next one must make progress from.
+        stored = count(&client, "shop", "orders").await + count(&client, "shop", "payments").await;
+    }
+    load.await.unwrap();
+    let bad = (0..PAYMENTS).filter(|i| i % 50 == 7).count();
+    let mut child = connect(&["run", "--config", &config]).spawn().unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let got = (
+            count(&client, "shop", "orders").await,
+            count(&client, "shop", "payments").await,
+            count(&client, "shop", "payments_rejected").await,
+        );
+        if got == (ORDERS, PAYMENTS - bad, bad) {
+            break;
+        }
+        assert!(
+            got.0 <= ORDERS && got.1 <= PAYMENTS - bad && got.2 <= bad,
+            "more rows than records (orders, payments, rejected): {got:?}"
+        );
+        if tokio::time::Instant::now() > deadline {
+            child.kill().await.unwrap();
+            let out = child.wait_with_output().await.unwrap();
+            panic!(
+                "waited 120 s for (orders, payments, rejected) = {:?}, have {got:?}:\n{}",
+                (ORDERS, PAYMENTS - bad, bad),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let status = connect(&["status", "--config", &config])
+        .output()
+        .await
+        .unwrap();
+    let status = String::from_utf8_lossy(&status.stdout).to_string();
+    assert!(status.contains("total lag: 0 records"), "{status}");
+    child.kill().await.unwrap();
+
+    // Exactly once, record for record.
+    let mut orders: BTreeMap<String, usize> = BTreeMap::new();
+    for b in rows(&client, "shop", "orders").await {
+        let values = b.column_by_name("value").unwrap().as_binary::<i32>();
+        for v in values.iter() {
+            *orders
+                .entry(String::from_utf8(v.unwrap().to_vec()).unwrap())
+                .or_default() += 1;
+        }
+    }
+    assert_eq!(orders.len(), ORDERS);
+    assert!(orders.values().all(|n| *n == 1), "a record stored twice");
+    let mut ids: Vec<i64> = Vec::new();
+    for b in rows(&client, "shop", "payments").await {
+        ids.extend(b.column(0).as_primitive::<Int64Type>().values().iter());
+    }
+    ids.sort_unstable();
+    let expected: Vec<i64> = (0..PAYMENTS)
+        .filter(|i| i % 50 != 7)
+        .map(|i| i64::try_from(i).unwrap())
+        .collect();
+    assert_eq!(ids, expected);
+    let mut rejected = Vec::new();
+    for b in rows(&client, "shop", "payments_rejected").await {
+        let reasons = b.column_by_name("reason").unwrap().as_string::<i32>();
+        let values = b.column_by_name("value").unwrap().as_binary::<i32>();
+        for i in 0..b.num_rows() {
+            assert!(!reasons.value(i).is_empty());
+            rejected.push(String::from_utf8(values.value(i).to_vec()).unwrap());
+        }
+    }
+    rejected.sort_unstable();
+    let mut expected: Vec<String> = (0..PAYMENTS).filter(|i| i % 50 == 7).map(payment).collect();
+    expected.sort_unstable();
+    assert_eq!(rejected, expected);
+    s.stop().await;
+}
