@@ -5,6 +5,7 @@
 
 mod cluster;
 mod flight;
+mod kafka;
 mod kv;
 mod lake;
 mod load;
@@ -40,6 +41,9 @@ enum Suite {
     S3stream(s3stream::Args),
     /// Arrow Flight DoPut and DoGet through a node against a Flight echo server.
     Flight(flight::Args),
+    /// The Kafka frontend beside Flight on one node: produce, acknowledgement latency, and
+    /// consume from a restarted node.
+    Kafka(kafka::Args),
     /// Primary-key tables: upserts and lookups through a KV tablet against redb itself.
     Kv(kv::Args),
     /// The cluster: failover time as a ratio of the lease TTL; node start as metadata grows.
@@ -71,6 +75,7 @@ async fn main() -> anyhow::Result<()> {
         Suite::Metadata(args) => metadata::run(args).await,
         Suite::S3stream(args) => s3stream::run(args).await,
         Suite::Flight(args) => flight::run(args).await,
+        Suite::Kafka(args) => kafka::run(args).await,
         Suite::Kv(args) => kv::run(args).await,
         Suite::Cluster(args) => cluster::run(args).await,
         Suite::Lake(args) => lake::run(args).await,

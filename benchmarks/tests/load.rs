@@ -2,84 +2,9 @@
 //! Flight and the Kafka protocol: every run's records land, the summary and the report say
 //! what was measured, and what a run cannot do is refused before it starts.
 
-use std::path::Path;
 use std::process::Output;
-use std::time::Duration;
 
-use mink_node::{BucketRef, Node, NodeConfig};
-
-struct Served {
-    node: Node,
-    flight: String,
-    kafka: String,
-    stop: tokio::sync::watch::Sender<bool>,
-    servers: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Served {
-    async fn stop(self) {
-        let _ = self.stop.send(true);
-        for s in self.servers {
-            s.await.unwrap();
-        }
-        self.node.shutdown().await;
-    }
-}
-
-/// Resolves once `stop` says so.
-async fn stopped(mut stop: tokio::sync::watch::Receiver<bool>) {
-    let _ = stop.wait_for(|s| *s).await;
-}
-
-async fn serve(dir: &Path) -> Served {
-    let flight_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let kafka_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let flight = flight_listener.local_addr().unwrap().to_string();
-    let kafka = kafka_listener.local_addr().unwrap().to_string();
-    let mut c = NodeConfig::new(
-        1,
-        &format!("sqlite://{}", dir.join("meta.db").display()),
-        dir.join("objects").to_str().unwrap(),
-    );
-    c.advertised_address = flight.clone();
-    c.engine.flush_delay = Duration::from_millis(5);
-    c.listeners
-        .insert(mink_kafka::LISTENER.to_string(), kafka.clone());
-    let node = Node::start(c).await.unwrap();
-    let (stop, stopping) = tokio::sync::watch::channel(false);
-    let flight_server = tokio::spawn({
-        let (node, stopping) = (node.clone(), stopping.clone());
-        async move {
-            mink_flight::serve(
-                node,
-                mink_flight::ServerConfig::default(),
-                flight_listener,
-                stopped(stopping),
-            )
-            .await
-            .unwrap();
-        }
-    });
-    let kafka_server = tokio::spawn({
-        let (node, advertised) = (node.clone(), kafka.clone());
-        async move {
-            let config = mink_kafka::KafkaConfig {
-                advertised: Some(advertised),
-                ..Default::default()
-            };
-            mink_kafka::serve(node, config, kafka_listener, stopped(stopping))
-                .await
-                .unwrap();
-        }
-    });
-    Served {
-        node,
-        flight,
-        kafka,
-        stop,
-        servers: vec![flight_server, kafka_server],
-    }
-}
+use mink_node::{BucketRef, Node};
 
 /// Runs `mink-bench` with `args` (off the runtime's threads).
 async fn bench(args: &[&str]) -> Output {
@@ -132,7 +57,7 @@ fn stored(node: &Node, database: &str, table: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn produce_consume_and_e2e_over_flight_and_kafka() {
     let dir = tempfile::tempdir().unwrap();
-    let s = serve(dir.path()).await;
+    let s = mink_testkit::serve(dir.path(), mink_kafka::KafkaConfig::default()).await;
     let report = dir.path().join("flight.md");
     let common = [
         "--duration",

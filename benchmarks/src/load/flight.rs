@@ -51,12 +51,7 @@ pub(super) async fn run(
     let mut consumers = Vec::new();
     if mode != Mode::Produce {
         for c in 0..args.consumers {
-            let mine: Vec<(u32, u64)> = buckets
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| i % args.consumers == c)
-                .map(|(_, b)| *b)
-                .collect();
+            let mine = super::share_of(&buckets, args.consumers, c);
             consumers.push(tokio::spawn(consume(
                 client.clone(),
                 args.clone(),
@@ -80,28 +75,7 @@ pub(super) async fn run(
             )));
         }
     }
-    let mut sent = 0;
-    for p in producers {
-        sent += p.await??;
-    }
-    if mode == Mode::EndToEnd {
-        // Consumers read until they have every record produced (or give up after a while).
-        let until = Instant::now() + Duration::from_secs(30);
-        loop {
-            if consumed.lock().expect("recorder lock").records >= sent || Instant::now() > until {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        for c in &consumers {
-            c.abort();
-        }
-        return Ok(());
-    }
-    for c in consumers {
-        c.await??;
-    }
-    Ok(())
+    super::finish(mode, producers, consumers, consumed).await
 }
 
 /// One producer: batches of `batch_records` records until the deadline or its share of
@@ -120,9 +94,7 @@ async fn produce(
         &padding[..],
         args.batch_records,
     )));
-    let share = args
-        .max_records
-        .map(|m| m / args.producers as u64 + u64::from((index as u64) < m % args.producers as u64));
+    let share = super::quota(&args, index);
     let mut writer = client.writer(&args.database, &args.topic);
     let mut pacer = Pacer::new(start, args.rate_per_producer());
     let mut sent = 0u64;

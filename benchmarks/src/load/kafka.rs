@@ -74,12 +74,7 @@ pub(super) async fn run(
     let mut consumers = Vec::new();
     if mode != Mode::Produce {
         for c in 0..args.consumers {
-            let mine: Vec<(i32, i64)> = ends
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| i % args.consumers == c)
-                .map(|(_, e)| *e)
-                .collect();
+            let mine = super::share_of(&ends, args.consumers, c);
             if mine.is_empty() {
                 continue;
             }
@@ -104,27 +99,7 @@ pub(super) async fn run(
             )));
         }
     }
-    let mut sent = 0;
-    for p in producers {
-        sent += p.await??;
-    }
-    if mode == Mode::EndToEnd {
-        let until = Instant::now() + Duration::from_secs(30);
-        loop {
-            if consumed.lock().expect("recorder lock").records >= sent || Instant::now() > until {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        for c in &consumers {
-            c.abort();
-        }
-        return Ok(());
-    }
-    for c in consumers {
-        c.await??;
-    }
-    Ok(())
+    super::finish(mode, producers, consumers, consumed).await
 }
 
 /// Creates the topic with `--partitions` unless it exists.
@@ -170,9 +145,7 @@ async fn produce(
     }
     let producer: FutureProducer = c.create().context("a Kafka producer")?;
     let mut value = payload(args.record_size);
-    let share = args
-        .max_records
-        .map(|m| m / args.producers as u64 + u64::from((index as u64) < m % args.producers as u64));
+    let share = super::quota(&args, index);
     let rate = args.rate_per_producer();
     let mut pacer = Pacer::new(start, rate);
     // Paced runs send in chunks of about 10 ms of records.

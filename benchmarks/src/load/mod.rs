@@ -25,57 +25,57 @@ use hdrhistogram::Histogram;
 pub(crate) struct Args {
     /// A Mink node's Arrow Flight address (`host:port`).
     #[arg(long, required_unless_present = "kafka", conflicts_with = "kafka")]
-    flight: Option<String>,
+    pub(crate) flight: Option<String>,
     /// A Kafka-protocol bootstrap address (`host:port`): Mink's Kafka listener or any Kafka
     /// broker.
     #[arg(long)]
-    kafka: Option<String>,
+    pub(crate) kafka: Option<String>,
     /// The topic (Kafka) or table (Flight, in `--database`); created with `--partitions` when
     /// it does not exist.
     #[arg(long, default_value = "mink-bench")]
-    topic: String,
+    pub(crate) topic: String,
     /// The database of the Flight table.
     #[arg(long, default_value = "bench")]
-    database: String,
+    pub(crate) database: String,
     /// Partitions (buckets) of a topic or table the benchmark creates.
     #[arg(long, default_value_t = 4)]
-    partitions: u32,
+    pub(crate) partitions: u32,
     /// Bytes per record: the send time (8 bytes) and padding.
     #[arg(long, default_value_t = 1024)]
-    record_size: usize,
+    pub(crate) record_size: usize,
     /// Concurrent producers (each its own Flight writer or Kafka producer).
     #[arg(long, default_value_t = 1)]
-    producers: usize,
+    pub(crate) producers: usize,
     /// Concurrent consumers (the partitions are shared among them).
     #[arg(long, default_value_t = 1)]
-    consumers: usize,
+    pub(crate) consumers: usize,
     /// Records per Flight write (Kafka producers batch as librdkafka does: see
     /// `--kafka-config`).
     #[arg(long, default_value_t = 1000)]
-    batch_records: usize,
+    pub(crate) batch_records: usize,
     /// Records per second over all producers; 0 sends as fast as acknowledgements allow.
     #[arg(long, default_value_t = 0)]
-    rate: u64,
+    pub(crate) rate: u64,
     /// How long producers send (seconds); a consume run stops then too.
     #[arg(long, default_value_t = 10.0)]
-    duration: f64,
+    pub(crate) duration: f64,
     /// Stop producing after this many records.
     #[arg(long)]
-    max_records: Option<u64>,
+    pub(crate) max_records: Option<u64>,
     /// Kafka `acks`: `all`, `1` or `0`. A Flight write is acknowledged once durable on object
     /// storage, which is `all`.
     #[arg(long, default_value = "all")]
-    acks: String,
+    pub(crate) acks: String,
     /// More librdkafka settings, `key=value` (repeatable).
     #[arg(long = "kafka-config", value_parser = key_value)]
-    kafka_config: Vec<(String, String)>,
+    pub(crate) kafka_config: Vec<(String, String)>,
     /// Write a report with throughput and latency plots: `.md` (plots as SVG files beside it)
     /// or `.html` (plots inline).
     #[arg(long)]
-    report: Option<std::path::PathBuf>,
+    pub(crate) report: Option<std::path::PathBuf>,
     /// Print the summary as one JSON object too.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
 }
 
 fn key_value(s: &str) -> Result<(String, String), String> {
@@ -338,8 +338,14 @@ fn progress(
     (bar, task)
 }
 
-#[allow(clippy::print_stdout, clippy::print_stderr)] // the user's output
-pub(crate) async fn run(mode: Mode, args: Args) -> anyhow::Result<()> {
+/// What a run measured: each side's figures and its timeline.
+pub(crate) struct Measured {
+    pub(crate) figures: Vec<Figures>,
+    pub(crate) timelines: Vec<(&'static str, Vec<Second>)>,
+}
+
+/// Runs `mode` as `args` say, with live progress: each side's figures.
+pub(crate) async fn measure(mode: Mode, args: &Args) -> anyhow::Result<Measured> {
     args.check()?;
     let start = Instant::now();
     let produced: Shared = Arc::new(Mutex::new(Recorder::new(start)));
@@ -354,9 +360,9 @@ pub(crate) async fn run(mode: Mode, args: Args) -> anyhow::Result<()> {
     };
     let (bar, ticker) = progress(mode, args.transport(), sides.clone());
     let result = if args.kafka.is_some() {
-        kafka::run(mode, &args, start, &produced, &consumed).await
+        kafka::run(mode, args, start, &produced, &consumed).await
     } else {
-        flight::run(mode, &args, start, &produced, &consumed).await
+        flight::run(mode, args, start, &produced, &consumed).await
     };
     ticker.abort();
     bar.finish_and_clear();
@@ -375,6 +381,16 @@ pub(crate) async fn run(mode: Mode, args: Args) -> anyhow::Result<()> {
             }
         );
     }
+    let timelines = sides
+        .iter()
+        .map(|(side, r)| (*side, r.lock().expect("recorder lock").seconds.clone()))
+        .collect();
+    Ok(Measured { figures, timelines })
+}
+
+#[allow(clippy::print_stdout, clippy::print_stderr)] // the user's output
+pub(crate) async fn run(mode: Mode, args: Args) -> anyhow::Result<()> {
+    let Measured { figures, timelines } = measure(mode, &args).await?;
     let summary = summary(mode, &args, &figures);
     println!("{summary}");
     if args.json {
@@ -394,10 +410,6 @@ pub(crate) async fn run(mode: Mode, args: Args) -> anyhow::Result<()> {
         );
     }
     if let Some(path) = &args.report {
-        let timelines: Vec<(&'static str, Vec<Second>)> = sides
-            .iter()
-            .map(|(side, r)| (*side, r.lock().expect("recorder lock").seconds.clone()))
-            .collect();
         report::write(path, mode, &args, &summary, &timelines)
             .with_context(|| format!("writing the report {}", path.display()))?;
         eprintln!("report: {}", path.display());
@@ -466,6 +478,46 @@ fn summary(mode: Mode, args: &Args, figures: &[Figures]) -> String {
         out.push('\n');
     }
     out
+}
+
+/// The items of consumer `c` of `n`: every `n`th, from the `c`th.
+pub(crate) fn share_of<T: Clone>(items: &[T], n: usize, c: usize) -> Vec<T> {
+    items.iter().skip(c).step_by(n.max(1)).cloned().collect()
+}
+
+/// Producer `index`'s part of `--max-records`, if set.
+pub(crate) fn quota(args: &Args, index: usize) -> Option<u64> {
+    let n = args.producers as u64;
+    args.max_records
+        .map(|m| m / n + u64::from((index as u64) < m % n))
+}
+
+/// Waits for the producers; then an e2e run waits until the consumers have received every
+/// record produced (30 s more at most) and stops them, and other runs wait for the consumers.
+pub(crate) async fn finish(
+    mode: Mode,
+    producers: Vec<tokio::task::JoinHandle<anyhow::Result<u64>>>,
+    consumers: Vec<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    consumed: &Shared,
+) -> anyhow::Result<()> {
+    let mut sent = 0;
+    for p in producers {
+        sent += p.await??;
+    }
+    if mode == Mode::EndToEnd {
+        let until = Instant::now() + Duration::from_secs(30);
+        while consumed.lock().expect("recorder lock").records < sent && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for c in &consumers {
+            c.abort();
+        }
+        return Ok(());
+    }
+    for c in consumers {
+        c.await??;
+    }
+    Ok(())
 }
 
 /// The record a producer sends: its send time, then padding to `size` bytes.

@@ -17,10 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use arrow::array::{
-    ArrayRef, BinaryBuilder, Int32Array, Int64Array, ListBuilder, RecordBatch, StringArray,
-    StringBuilder, StructBuilder, TimestampMicrosecondArray,
-};
+use arrow::array::{ArrayRef, BinaryBuilder, Int32Array, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use mink_client::{Client, TableWriter};
 use rdkafka::consumer::{
@@ -249,45 +246,23 @@ fn pending(m: &BorrowedMessage<'_>) -> Pending {
 
 /// Records as rows of the raw schema.
 fn raw_rows(records: &[Pending]) -> anyhow::Result<RecordBatch> {
-    let mut keys = BinaryBuilder::new();
-    let mut values = BinaryBuilder::new();
-    let mut headers = ListBuilder::new(StructBuilder::from_fields(
-        mink_log::raw::header_fields(),
-        0,
-    ))
-    .with_field(Arc::new(Field::new(
-        "item",
-        DataType::Struct(mink_log::raw::header_fields()),
-        true,
-    )));
-    let mut times = Vec::with_capacity(records.len());
-    for r in records {
-        keys.append_option(r.key.as_deref());
-        values.append_option(r.value.as_deref());
-        let entries = headers.values();
-        for (k, v) in &r.headers {
-            entries
-                .field_builder::<StringBuilder>(0)
-                .context("header key")?
-                .append_value(k);
-            entries
-                .field_builder::<BinaryBuilder>(1)
-                .context("header value")?
-                .append_option(v.as_deref());
-            entries.append(true);
-        }
-        headers.append(true);
-        times.push(r.timestamp_ms.saturating_mul(1000));
-    }
-    Ok(RecordBatch::try_new(
-        Arc::new(mink_log::raw::schema()),
-        vec![
-            Arc::new(keys.finish()),
-            Arc::new(values.finish()),
-            Arc::new(headers.finish()),
-            Arc::new(TimestampMicrosecondArray::from(times).with_timezone("UTC")),
-        ],
-    )?)
+    let headers: Vec<Vec<mink_log::raw::Header<'_>>> = records
+        .iter()
+        .map(|r| {
+            r.headers
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_deref()))
+                .collect()
+        })
+        .collect();
+    Ok(mink_log::raw::rows(records.iter().zip(&headers).map(
+        |(r, h)| mink_log::raw::Record {
+            key: r.key.as_deref(),
+            value: r.value.as_deref(),
+            headers: h,
+            timestamp_ms: r.timestamp_ms,
+        },
+    ))?)
 }
 
 /// Records split: the rows (and their offsets) and the records that are not rows, with why.

@@ -4,86 +4,14 @@
 //! exactly once, and every record that is not a row is in the dead-letter table once.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::Duration;
 
 use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Field, Int64Type, Schema};
-use mink_node::{Node, NodeConfig};
 use rand::Rng as _;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
-
-struct Served {
-    node: Node,
-    flight: String,
-    kafka: String,
-    stop: tokio::sync::watch::Sender<bool>,
-    servers: Vec<tokio::task::JoinHandle<()>>,
-}
-
-async fn stopped(mut stop: tokio::sync::watch::Receiver<bool>) {
-    let _ = stop.wait_for(|s| *s).await;
-}
-
-async fn serve(dir: &Path) -> Served {
-    let flight_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let kafka_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let flight = flight_listener.local_addr().unwrap().to_string();
-    let kafka = kafka_listener.local_addr().unwrap().to_string();
-    let mut c = NodeConfig::new(
-        1,
-        &format!("sqlite://{}", dir.join("meta.db").display()),
-        dir.join("objects").to_str().unwrap(),
-    );
-    c.advertised_address = flight.clone();
-    c.engine.flush_delay = Duration::from_millis(5);
-    c.listeners
-        .insert(mink_kafka::LISTENER.to_string(), kafka.clone());
-    let node = Node::start(c).await.unwrap();
-    let (stop, stopping) = tokio::sync::watch::channel(false);
-    let flight_server = tokio::spawn({
-        let (node, stopping) = (node.clone(), stopping.clone());
-        async move {
-            let config = mink_flight::ServerConfig::default();
-            mink_flight::serve(node, config, flight_listener, stopped(stopping))
-                .await
-                .unwrap();
-        }
-    });
-    let kafka_server = tokio::spawn({
-        let (node, advertised) = (node.clone(), kafka.clone());
-        async move {
-            let config = mink_kafka::KafkaConfig {
-                advertised: Some(advertised),
-                // Each restart of the connector joins its group anew.
-                initial_rebalance_delay: Duration::ZERO,
-                ..Default::default()
-            };
-            mink_kafka::serve(node, config, kafka_listener, stopped(stopping))
-                .await
-                .unwrap();
-        }
-    });
-    Served {
-        node,
-        flight,
-        kafka,
-        stop,
-        servers: vec![flight_server, kafka_server],
-    }
-}
-
-impl Served {
-    async fn stop(self) {
-        let _ = self.stop.send(true);
-        for s in self.servers {
-            s.await.unwrap();
-        }
-        self.node.shutdown().await;
-    }
-}
 
 /// Every row of `database.table` (none before the connector creates it).
 async fn rows(client: &mink_client::Client, database: &str, table: &str) -> Vec<RecordBatch> {
@@ -131,7 +59,12 @@ fn payment(i: usize) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_record_lands_once_through_sigkills() {
     let dir = tempfile::tempdir().unwrap();
-    let s = serve(dir.path()).await;
+    // Each restart of the connector joins its group anew: no wait for more members.
+    let kafka = mink_kafka::KafkaConfig {
+        initial_rebalance_delay: Duration::ZERO,
+        ..Default::default()
+    };
+    let s = mink_testkit::serve(dir.path(), kafka).await;
     let client = mink_client::Client::connect(&s.flight).await.unwrap();
     // The typed table of the json source; the raw one the connector creates.
     client.create_database("shop", false).await.unwrap();

@@ -1,13 +1,8 @@
 //! Kafka record batches (format v2) and Mink rows: checking what a producer sends before
 //! anything is decoded from it, raw rows from records, records from rows.
 
-use std::sync::Arc;
-
-use arrow::array::{
-    Array, AsArray as _, BinaryBuilder, ListBuilder, RecordBatch, StringBuilder, StructBuilder,
-    TimestampMicrosecondArray,
-};
-use arrow::datatypes::{DataType, Field, Fields, Schema, SchemaRef, TimestampMicrosecondType};
+use arrow::array::{Array, AsArray as _, RecordBatch};
+use arrow::datatypes::{Schema, SchemaRef, TimestampMicrosecondType};
 use bytes::{Buf as _, Bytes};
 use kafka_protocol::indexmap::IndexMap;
 use kafka_protocol::protocol::StrBytes;
@@ -172,14 +167,6 @@ pub fn raw_schema() -> Schema {
     mink_log::raw::schema()
 }
 
-fn header_fields() -> Fields {
-    mink_log::raw::header_fields()
-}
-
-fn header_type() -> DataType {
-    mink_log::raw::header_type()
-}
-
 /// Whether `schema` is the raw schema (a topic's records stored as they are).
 pub fn is_raw(schema: &Schema) -> bool {
     mink_log::raw::is_raw(schema)
@@ -187,37 +174,25 @@ pub fn is_raw(schema: &Schema) -> bool {
 
 /// Records as rows of the raw schema.
 pub fn raw_rows(records: &[Record]) -> Result<RecordBatch, arrow::error::ArrowError> {
-    let mut keys = BinaryBuilder::new();
-    let mut values = BinaryBuilder::new();
-    let mut headers = ListBuilder::new(StructBuilder::from_fields(header_fields(), 0))
-        .with_field(Arc::new(Field::new("item", header_type(), true)));
-    let mut timestamps = Vec::with_capacity(records.len());
-    for r in records {
-        keys.append_option(r.key.as_deref());
-        values.append_option(r.value.as_deref());
-        let entries = headers.values();
-        for (k, v) in &r.headers {
-            entries
-                .field_builder::<StringBuilder>(0)
-                .expect("header key")
-                .append_value(k.as_str());
-            entries
-                .field_builder::<BinaryBuilder>(1)
-                .expect("header value")
-                .append_option(v.as_deref());
-            entries.append(true);
-        }
-        headers.append(true);
-        timestamps.push(r.timestamp.saturating_mul(1000));
-    }
-    RecordBatch::try_new(
-        Arc::new(raw_schema()),
-        vec![
-            Arc::new(keys.finish()),
-            Arc::new(values.finish()),
-            Arc::new(headers.finish()),
-            Arc::new(TimestampMicrosecondArray::from(timestamps).with_timezone("UTC")),
-        ],
+    let headers: Vec<Vec<mink_log::raw::Header<'_>>> = records
+        .iter()
+        .map(|r| {
+            r.headers
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_deref()))
+                .collect()
+        })
+        .collect();
+    mink_log::raw::rows(
+        records
+            .iter()
+            .zip(&headers)
+            .map(|(r, h)| mink_log::raw::Record {
+                key: r.key.as_deref(),
+                value: r.value.as_deref(),
+                headers: h,
+                timestamp_ms: r.timestamp,
+            }),
     )
 }
 

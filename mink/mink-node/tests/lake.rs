@@ -68,6 +68,26 @@ async fn read_rows(node: &Node, request: mink_node::ReadRequest) -> Vec<Rows> {
     read_plan(node, node.plan_read(&request).unwrap()).await
 }
 
+/// What a read of `app.<table>` from `source` returns of the rows that meet `filter` (JSON).
+async fn read_where(
+    node: &Node,
+    table: &str,
+    source: mink_node::ReadSource,
+    filter: serde_json::Value,
+) -> Vec<Rows> {
+    read_rows(
+        node,
+        mink_node::ReadRequest {
+            database: "app".into(),
+            table: table.into(),
+            source,
+            filter: serde_json::from_value(filter).unwrap(),
+            ..Default::default()
+        },
+    )
+    .await
+}
+
 /// Everything a read of `plan` returns (rows only: panics on anything else).
 async fn read_plan(node: &Node, plan: mink_node::ReadPlan) -> Vec<Rows> {
     let items: Vec<_> = node
@@ -507,17 +527,7 @@ async fn lake_rows_keep_the_time_of_their_batch() {
     let ids_from = |source: mink_node::ReadSource, filter: serde_json::Value| {
         let node = node.clone();
         async move {
-            let items = read_rows(
-                &node,
-                mink_node::ReadRequest {
-                    database: "app".into(),
-                    table: "clicks".into(),
-                    source,
-                    filter: serde_json::from_value(filter).unwrap(),
-                    ..Default::default()
-                },
-            )
-            .await;
+            let items = read_where(&node, "clicks", source, filter).await;
             let mut ids: Vec<i64> = items
                 .iter()
                 .flat_map(|r| int64(&r.data, "user_id").values().to_vec())
@@ -1467,17 +1477,7 @@ async fn a_primary_key_filter_on_other_columns_applies_after_the_merge() {
     let read = |source, filter: serde_json::Value| {
         let node = node.clone();
         async move {
-            let items = read_rows(
-                &node,
-                mink_node::ReadRequest {
-                    database: "app".into(),
-                    table: "users".into(),
-                    source,
-                    filter: serde_json::from_value(filter).unwrap(),
-                    ..Default::default()
-                },
-            )
-            .await;
+            let items = read_where(&node, "users", source, filter).await;
             names(&items.into_iter().map(|i| i.data).collect::<Vec<_>>())
         }
     };

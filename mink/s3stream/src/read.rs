@@ -98,24 +98,7 @@ impl S3Stream {
             .collect();
         'ranges: for group in ranges.chunks(FETCH_CONCURRENCY) {
             // The indexes of the next few objects, fetched together.
-            let mut sized = Vec::with_capacity(group.len());
-            for range in group {
-                let object = view.state.objects.get(&range.object_id).ok_or_else(|| {
-                    StreamError::Storage(format!(
-                        "object {} is not in the metadata",
-                        range.object_id
-                    ))
-                })?;
-                sized.push((range.object_id, object.size));
-            }
-            let indexes: Vec<_> = futures::stream::iter(
-                sized
-                    .into_iter()
-                    .map(|(id, size)| self.object_index(id, size)),
-            )
-            .buffered(FETCH_CONCURRENCY)
-            .try_collect()
-            .await?;
+            let indexes = self.indexes_of(&view.state, group).await?;
             for (range, index) in group.iter().zip(indexes) {
                 let limit = range.end_offset.min(end);
                 let wanted: Vec<BlockIndex> = index
@@ -221,24 +204,7 @@ impl S3Stream {
             .cloned()
             .collect();
         for group in ranges.chunks(FETCH_CONCURRENCY) {
-            let mut sized = Vec::with_capacity(group.len());
-            for range in group {
-                let object = view.state.objects.get(&range.object_id).ok_or_else(|| {
-                    StreamError::Storage(format!(
-                        "object {} is not in the metadata",
-                        range.object_id
-                    ))
-                })?;
-                sized.push((range.object_id, object.size));
-            }
-            let indexes: Vec<_> = futures::stream::iter(
-                sized
-                    .into_iter()
-                    .map(|(id, size)| self.object_index(id, size)),
-            )
-            .buffered(FETCH_CONCURRENCY)
-            .try_collect()
-            .await?;
+            let indexes = self.indexes_of(&view.state, group).await?;
             for (range, index) in group.iter().zip(indexes) {
                 let (low, high) = (range.start_offset.max(start), range.end_offset.min(end));
                 for entry in index.iter().filter(|e| {
@@ -287,6 +253,30 @@ impl S3Stream {
                 Err(_) => return Ok(info),
             }
         }
+    }
+
+    /// The indexes of the objects holding `ranges`, fetched together (cached ones from the
+    /// cache), in order.
+    async fn indexes_of(
+        &self,
+        state: &mink_metadata::State,
+        ranges: &[mink_metadata::RangeRecord],
+    ) -> Result<Vec<Arc<Vec<BlockIndex>>>, StreamError> {
+        let mut sized = Vec::with_capacity(ranges.len());
+        for range in ranges {
+            let object = state.objects.get(&range.object_id).ok_or_else(|| {
+                StreamError::Storage(format!("object {} is not in the metadata", range.object_id))
+            })?;
+            sized.push((range.object_id, object.size));
+        }
+        futures::stream::iter(
+            sized
+                .into_iter()
+                .map(|(id, size)| self.object_index(id, size)),
+        )
+        .buffered(FETCH_CONCURRENCY)
+        .try_collect()
+        .await
     }
 
     pub(crate) async fn object_index(

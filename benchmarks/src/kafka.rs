@@ -1,0 +1,172 @@
+//! The Kafka frontend beside Arrow Flight on the same node, same bytes, same run: 1 KiB
+//! records over 16 partitions, acks=all, produced by librdkafka (rdkafka) and by `mink-client`
+//! writers for `--seconds`; then, after a restart of the node (cold caches, reads from object
+//! storage), each topic consumed from its start by librdkafka and by per-bucket DoGets. Each
+//! Kafka figure is given as a ratio to Flight's (goal ≥ 0.8); the acknowledgement p99 beside
+//! the 250 ms limit. On the durable local store, and on moto when an S3 endpoint is given.
+
+use anyhow::Context as _;
+use mink_node::NodeConfig;
+use serde::Serialize;
+
+use crate::load::{self, Figures, Mode};
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct Args {
+    /// Seconds each path produces.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    #[arg(long, default_value_t = 16)]
+    partitions: u32,
+    #[arg(long, default_value_t = 1024)]
+    record_size: usize,
+    /// Concurrent producers per path.
+    #[arg(long, default_value_t = 4)]
+    producers: usize,
+    /// Concurrent consumers per path.
+    #[arg(long, default_value_t = 4)]
+    consumers: usize,
+    /// Also on an S3-compatible store (moto).
+    #[arg(long, env = "MINK_BENCH_S3_ENDPOINT")]
+    s3_endpoint: Option<String>,
+    #[arg(long, env = "MINK_BENCH_S3_BUCKET", default_value = "mink-test")]
+    s3_bucket: String,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct Row {
+    store: String,
+    path: &'static str,
+    produce: Figures,
+    consume: Figures,
+}
+
+/// A workload of `mode` over `transport` at `address`.
+fn workload(a: &Args, transport: &str, address: &str, topic: &str) -> load::Args {
+    load::Args {
+        flight: (transport == "flight").then(|| address.to_string()),
+        kafka: (transport == "kafka").then(|| address.to_string()),
+        topic: topic.to_string(),
+        database: "bench".into(),
+        partitions: a.partitions,
+        record_size: a.record_size,
+        producers: a.producers,
+        consumers: a.consumers,
+        batch_records: 1000,
+        rate: 0,
+        duration: a.seconds,
+        max_records: None,
+        acks: "all".into(),
+        kafka_config: Vec::new(),
+        report: None,
+        json: false,
+    }
+}
+
+fn node_config(dir: &std::path::Path, store: &str) -> NodeConfig {
+    NodeConfig::new(
+        1,
+        &format!("sqlite://{}", dir.join("metadata.db").display()),
+        store,
+    )
+}
+
+async fn one_store(a: &Args, store_name: &str, store: &str) -> anyhow::Result<Vec<Row>> {
+    let dir = tempfile::tempdir()?;
+    let kafka_config = mink_kafka::KafkaConfig::default;
+    // Produce on a fresh node.
+    let served = mink_testkit::serve_node(node_config(dir.path(), store), kafka_config()).await;
+    let mut produced = Vec::new();
+    for (path, address) in [
+        ("kafka", served.kafka.clone()),
+        ("flight", served.flight.clone()),
+    ] {
+        let w = workload(a, path, &address, &format!("bench-{path}"));
+        let m = load::measure(Mode::Produce, &w)
+            .await
+            .with_context(|| format!("producing over {path}"))?;
+        produced.push(m.figures.into_iter().next().context("produce figures")?);
+    }
+    served.stop().await;
+    // Consume from a restarted node: cold caches, every byte from object storage.
+    let served = mink_testkit::serve_node(node_config(dir.path(), store), kafka_config()).await;
+    let mut rows = Vec::new();
+    for ((path, address), produce) in [
+        ("kafka", served.kafka.clone()),
+        ("flight", served.flight.clone()),
+    ]
+    .into_iter()
+    .zip(produced)
+    {
+        let w = load::Args {
+            // Everything produced, however long that takes to read.
+            duration: 600.0,
+            ..workload(a, path, &address, &format!("bench-{path}"))
+        };
+        let m = load::measure(Mode::Consume, &w)
+            .await
+            .with_context(|| format!("consuming over {path}"))?;
+        rows.push(Row {
+            store: store_name.to_string(),
+            path,
+            produce,
+            consume: m.figures.into_iter().next().context("consume figures")?,
+        });
+    }
+    served.stop().await;
+    Ok(rows)
+}
+
+#[allow(clippy::print_stdout)] // the benchmark's output
+pub(crate) async fn run(a: Args) -> anyhow::Result<()> {
+    let mut rows = Vec::new();
+    let local = tempfile::tempdir()?;
+    rows.extend(
+        one_store(
+            &a,
+            "local",
+            local.path().join("objects").to_str().context("utf-8")?,
+        )
+        .await?,
+    );
+    if let Some(endpoint) = &a.s3_endpoint {
+        let prefix = format!("kafka-bench-{}", std::process::id());
+        let url = format!(
+            "s3://{}/{prefix}?endpoint={endpoint}&region=us-east-1",
+            a.s3_bucket
+        );
+        rows.extend(one_store(&a, "moto", &url).await?);
+    }
+    println!(
+        "Kafka (librdkafka) beside Arrow Flight (mink-client) on one node: {} B records, {} partitions, {} producers and {} consumers per path, acks=all, {} s of produce; consumed from the start after a restart (cold caches)\n",
+        a.record_size, a.partitions, a.producers, a.consumers, a.seconds
+    );
+    println!(
+        "| store | path | produce MB/s | / flight | ack p50 ms | ack p99 ms | p99 / 250 ms | consume MB/s | / flight |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for r in &rows {
+        let flight = rows
+            .iter()
+            .find(|f| f.store == r.store && f.path == "flight")
+            .context("a flight row")?;
+        println!(
+            "| {} | {} | {:.1} | {:.2} | {:.1} | {:.1} | {:.2} | {:.1} | {:.2} |",
+            r.store,
+            r.path,
+            r.produce.mb_per_s,
+            r.produce.mb_per_s / flight.produce.mb_per_s,
+            r.produce.p50_ms,
+            r.produce.p99_ms,
+            r.produce.p99_ms / 250.0,
+            r.consume.mb_per_s,
+            r.consume.mb_per_s / flight.consume.mb_per_s,
+        );
+    }
+    if a.json {
+        println!("{}", serde_json::to_string(&rows)?);
+    }
+    Ok(())
+}
