@@ -54,7 +54,8 @@ fn workload(a: &Args, transport: &str, address: &str, topic: &str) -> load::Args
         record_size: a.record_size,
         producers: a.producers,
         consumers: a.consumers,
-        batch_records: 1000,
+        // Flight writers are sequential (one write in flight each): 8 MB writes.
+        batch_records: 8192,
         rate: 0,
         duration: a.seconds,
         max_records: None,

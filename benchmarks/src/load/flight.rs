@@ -10,7 +10,7 @@ use arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
 use futures::StreamExt as _;
 use mink_client::{Client, Scan};
 
-use super::{Args, Mode, Pacer, Shared, now_us, payload};
+use super::{Args, Mode, Pacer, Shared, fill_random, now_us};
 
 fn schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
@@ -89,11 +89,6 @@ async fn produce(
     produced: Shared,
 ) -> anyhow::Result<u64> {
     let schema = schema();
-    let padding = payload(args.record_size - 8);
-    let payloads: ArrayRef = Arc::new(BinaryArray::from_iter_values(std::iter::repeat_n(
-        &padding[..],
-        args.batch_records,
-    )));
     let share = super::quota(&args, index);
     let mut writer = client.writer(&args.database, &args.topic);
     let mut pacer = Pacer::new(start, args.rate_per_producer());
@@ -105,7 +100,16 @@ async fn produce(
         });
         let due = pacer.next(n as u64).await;
         let sent_us: ArrayRef = Arc::new(Int64Array::from(vec![now_us(); n]));
-        let batch = RecordBatch::try_new(Arc::clone(&schema), vec![sent_us, payloads.slice(0, n)])?;
+        // Fresh random padding per record (see `fill_random`).
+        let pad = args.record_size - 8;
+        let mut bytes = vec![0u8; n * pad];
+        fill_random(&mut bytes);
+        let payloads: ArrayRef = Arc::new(BinaryArray::new(
+            arrow::buffer::OffsetBuffer::from_lengths(std::iter::repeat_n(pad, n)),
+            arrow::buffer::Buffer::from(bytes),
+            None,
+        ));
+        let batch = RecordBatch::try_new(Arc::clone(&schema), vec![sent_us, payloads])?;
         writer.write(&batch).await?;
         let acked = Instant::now();
         produced.lock().expect("recorder lock").record(
@@ -157,7 +161,11 @@ async fn consume(
         let payloads = batch
             .column_by_name("payload")
             .map(|c| c.as_binary::<i32>());
-        let bytes = payloads.map_or(0, |p| p.value_data().len() as u64 + 8 * p.len() as u64);
+        // The bytes of these rows' values (a sliced array's buffer holds more).
+        let bytes = payloads.map_or(0, |p| {
+            let o = p.value_offsets();
+            u64::try_from(o[o.len() - 1] - o[0]).unwrap_or(0) + 8 * p.len() as u64
+        });
         let mut r = consumed.lock().expect("recorder lock");
         if mode == Mode::EndToEnd {
             let sent = batch

@@ -17,10 +17,12 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::{Message as _, Offset, TopicPartitionList};
 
-use super::{Args, Mode, Pacer, Shared, now_us, payload};
+use super::{Args, Mode, Pacer, Shared, fill_random, now_us};
 
-/// Records a producer has in flight at most (librdkafka's queue holds them).
-const IN_FLIGHT: usize = 50_000;
+/// Bytes of records a producer has in flight at most (librdkafka's queue holds them): enough
+/// to fill a broker's pipeline, little enough that a slow store shows as latency, not as
+/// records timing out in the queue.
+const IN_FLIGHT_BYTES: usize = 8 << 20;
 /// How long metadata and admin requests may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -50,9 +52,11 @@ pub(super) async fn run(
         .set("group.id", "mink-bench")
         .create()
         .context("a Kafka consumer")?;
-    let metadata = probe
-        .fetch_metadata(Some(&args.topic), REQUEST_TIMEOUT)
-        .context("topic metadata")?;
+    // librdkafka's metadata calls block their thread: off the runtime's workers, which may be
+    // serving the broker itself (the kafka suite runs a node in this process).
+    let metadata =
+        tokio::task::block_in_place(|| probe.fetch_metadata(Some(&args.topic), REQUEST_TIMEOUT))
+            .context("topic metadata")?;
     let partitions: Vec<i32> = metadata
         .topics()
         .iter()
@@ -65,9 +69,10 @@ pub(super) async fn run(
     // Where each partition ends now: a consume run reads up to there, an e2e run from there.
     let mut ends = Vec::with_capacity(partitions.len());
     for p in &partitions {
-        let (_, high) = probe
-            .fetch_watermarks(&args.topic, *p, REQUEST_TIMEOUT)
-            .with_context(|| format!("the watermarks of partition {p}"))?;
+        let (_, high) = tokio::task::block_in_place(|| {
+            probe.fetch_watermarks(&args.topic, *p, REQUEST_TIMEOUT)
+        })
+        .with_context(|| format!("the watermarks of partition {p}"))?;
         ends.push((*p, high));
     }
     let deadline = start + args.duration();
@@ -128,7 +133,7 @@ async fn create_topic(args: &Args) -> anyhow::Result<()> {
 }
 
 /// One producer: records until the deadline or its share of `max_records`, at most
-/// [`IN_FLIGHT`] unacknowledged; returns how many were acknowledged. Delivery reports are
+/// [`IN_FLIGHT_BYTES`] unacknowledged; returns how many were acknowledged. Delivery reports are
 /// collected as they arrive, by a task of their own, so each latency is the report's.
 async fn produce(
     args: Args,
@@ -144,7 +149,7 @@ async fn produce(
         c.set("linger.ms", "5");
     }
     let producer: FutureProducer = c.create().context("a Kafka producer")?;
-    let mut value = payload(args.record_size);
+    let mut value = vec![0u8; args.record_size];
     let share = super::quota(&args, index);
     let rate = args.rate_per_producer();
     let mut pacer = Pacer::new(start, rate);
@@ -153,7 +158,8 @@ async fn produce(
     let chunk = rate.map_or(args.batch_records as u64, |r| {
         (r / 100.0).ceil().max(1.0) as u64
     });
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<(Instant, DeliveryFuture)>(IN_FLIGHT);
+    let in_flight = (IN_FLIGHT_BYTES / args.record_size).max(1);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<(Instant, DeliveryFuture)>(in_flight);
     let collector = tokio::spawn({
         let args = args.clone();
         async move {
@@ -184,6 +190,7 @@ async fn produce(
                 Some(r) => first_due + Duration::from_secs_f64(i as f64 / r),
                 None => Instant::now(),
             };
+            fill_random(&mut value[8..]);
             value[..8].copy_from_slice(&now_us().to_le_bytes());
             let mut record = FutureRecord::<(), [u8]>::to(&args.topic).payload(&value[..]);
             let delivery = loop {
@@ -266,7 +273,9 @@ async fn consume(
     if mode == Mode::Consume {
         // What is stored below the ends, less what retention removed.
         for (p, _) in &partitions {
-            let (low, _) = consumer.fetch_watermarks(&args.topic, *p, REQUEST_TIMEOUT)?;
+            let (low, _) = tokio::task::block_in_place(|| {
+                consumer.fetch_watermarks(&args.topic, *p, REQUEST_TIMEOUT)
+            })?;
             remaining -= low;
         }
     }

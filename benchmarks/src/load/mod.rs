@@ -520,18 +520,10 @@ pub(crate) async fn finish(
     Ok(())
 }
 
-/// The record a producer sends: its send time, then padding to `size` bytes.
-pub(crate) fn payload(size: usize) -> Vec<u8> {
-    let mut rng_state = 0x9e37_79b9_7f4a_7c15u64;
-    (0..size)
-        .map(|_| {
-            // xorshift: incompressible enough that compression does not flatter a run.
-            rng_state ^= rng_state << 13;
-            rng_state ^= rng_state >> 7;
-            rng_state ^= rng_state << 17;
-            rng_state.to_le_bytes()[0]
-        })
-        .collect()
+/// Fresh random bytes: every record's padding differs, so that no compression (the table's
+/// ZSTD, a Kafka producer's codec) flatters a run.
+pub(crate) fn fill_random(buf: &mut [u8]) {
+    rand::RngCore::fill_bytes(&mut rand::rng(), buf);
 }
 
 /// Paces a producer at `per_second` records (none: no pacing): when the next `n` records are

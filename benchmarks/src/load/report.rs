@@ -142,7 +142,19 @@ pub(super) fn write(
 ) -> anyhow::Result<()> {
     let (throughput, latency) = charts(timelines)?;
     let title = format!("mink-bench {} over {}", mode.name(), args.transport());
-    let command: Vec<String> = std::env::args().collect();
+    // The command as the user typed it, the program by its name only.
+    let command: Vec<String> = std::env::args()
+        .enumerate()
+        .map(|(i, a)| {
+            if i == 0 {
+                Path::new(&a)
+                    .file_name()
+                    .map_or(a.clone(), |n| n.to_string_lossy().into_owned())
+            } else {
+                a
+            }
+        })
+        .collect();
     match format_of(path)? {
         Format::Markdown => {
             let stem = path

@@ -396,12 +396,15 @@ pub(crate) async fn run(config: Config) -> anyhow::Result<()> {
                 partitions.insert(key.clone(), state);
                 if m.offset() != resume {
                     tracing::info!(topic = %key.0, partition = key.1, from = m.offset(), resume, "seeking to the resume offset");
-                    consumer.seek(
-                        &key.0,
-                        key.1,
-                        Offset::Offset(resume),
-                        Duration::from_secs(10),
-                    )?;
+                    // A seek waits on librdkafka: off the runtime's workers.
+                    tokio::task::block_in_place(|| {
+                        consumer.seek(
+                            &key.0,
+                            key.1,
+                            Offset::Offset(resume),
+                            Duration::from_secs(10),
+                        )
+                    })?;
                     continue;
                 }
             }
