@@ -30,6 +30,26 @@ fn s3_url() -> Option<String> {
     }
 }
 
+/// An `http://` endpoint without `allow_http` is plain HTTP still: the store works instead of
+/// failing every request with "builder error".
+#[tokio::test]
+async fn an_http_endpoint_allows_plain_http() {
+    let Some(url) = s3_url() else {
+        eprintln!("skipped: MINK_TEST_S3_ENDPOINT is not set");
+        return;
+    };
+    let url = url.replace("&allow_http=true", "");
+    assert!(!url.contains("allow_http"), "{url}");
+    let store = store::open(&url).unwrap();
+    let path = Path::from("plain-http");
+    store
+        .put(&path, PutPayload::from_static(b"x"))
+        .await
+        .unwrap();
+    let got = store.get(&path).await.unwrap().bytes().await.unwrap();
+    assert_eq!(&got[..], b"x");
+}
+
 /// Capability differences are parameters: S3 has no copy-if-not-exists without extra setup
 /// (s3stream never copies), the local filesystem has no conditional update.
 async fn conformance(store: &dyn ObjectStore, supports_update: bool, copy_if_not_exists: bool) {

@@ -8,7 +8,9 @@
 //!
 //! For `s3://` URLs, credentials and settings come from the standard `AWS_*` environment
 //! variables; any query parameter is an extra setting with object_store's key names
-//! (`endpoint`, `region`, `allow_http`, `access_key_id`, `secret_access_key`, ...).
+//! (`endpoint`, `region`, `allow_http`, `access_key_id`, `secret_access_key`, ...). An
+//! `http://` endpoint allows plain HTTP unless `allow_http` says otherwise: naming one is
+//! asking for it (object_store would refuse every request with an opaque "builder error").
 
 mod durable_local;
 mod faults;
@@ -71,11 +73,25 @@ pub fn open(url: &str) -> Result<Arc<dyn ObjectStore>, StoreUrlError> {
                 .filter(|b| !b.is_empty())
                 .ok_or_else(|| invalid("an s3 URL needs a bucket: s3://bucket/prefix".into()))?;
             let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
+            let mut plain_http = std::env::var("AWS_ENDPOINT")
+                .or_else(|_| std::env::var("AWS_ENDPOINT_URL"))
+                .is_ok_and(|e| e.starts_with("http://"));
+            let mut allow_http_set = std::env::var("AWS_ALLOW_HTTP").is_ok();
             for (key, value) in parsed.query_pairs() {
                 let key: AmazonS3ConfigKey = key
                     .parse()
                     .map_err(|e: object_store::Error| invalid(e.to_string()))?;
+                match &key {
+                    AmazonS3ConfigKey::Endpoint => plain_http = value.starts_with("http://"),
+                    AmazonS3ConfigKey::Client(object_store::ClientConfigKey::AllowHttp) => {
+                        allow_http_set = true;
+                    }
+                    _ => {}
+                }
                 builder = builder.with_config(key, value.into_owned());
+            }
+            if plain_http && !allow_http_set {
+                builder = builder.with_allow_http(true);
             }
             let s3 = builder.build().map_err(store_error)?;
             let prefix = parsed.path().trim_matches('/');
