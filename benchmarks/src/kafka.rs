@@ -134,8 +134,14 @@ pub(crate) async fn run(a: Args) -> anyhow::Result<()> {
     );
     if let Some(endpoint) = &a.s3_endpoint {
         let prefix = format!("kafka-bench-{}", std::process::id());
+        // moto takes any credentials; the environment's win when set.
+        let credentials = if std::env::var("AWS_ACCESS_KEY_ID").is_ok() {
+            String::new()
+        } else {
+            "&access_key_id=test&secret_access_key=test".to_string()
+        };
         let url = format!(
-            "s3://{}/{prefix}?endpoint={endpoint}&region=us-east-1",
+            "s3://{}/{prefix}?endpoint={endpoint}&region=us-east-1{credentials}",
             a.s3_bucket
         );
         rows.extend(one_store(&a, "moto", &url).await?);

@@ -358,20 +358,26 @@ async fn the_lease_holder_tiers_a_lake_table_round_after_round() {
     node.shutdown().await;
 }
 
+/// A node with `app.clicks` tiered into the lake, its freshness an hour: no round during a
+/// test but the first and those it asks for (`tier_now`).
+async fn rarely_tiered_clicks(dir: &std::path::Path) -> Node {
+    let node = Node::start(config(dir)).await.unwrap();
+    node.create_database("app", false).await.unwrap();
+    node.create_table(clicks(&[
+        ("table.datalake.enabled", "true"),
+        ("table.datalake.freshness", "1h"),
+    ]))
+    .await
+    .unwrap();
+    node
+}
+
 /// A round that committed to Iceberg but crashed before `CommitLakeSnapshot`: the next round
 /// reads the lake's summary, stores none of those rows again, and records the offsets.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_round_lost_before_the_metadata_record_rolls_forward() {
     let dir = tempfile::tempdir().unwrap();
-    let node = Node::start(config(dir.path())).await.unwrap();
-    node.create_database("app", false).await.unwrap();
-    node.create_table(clicks(&[
-        ("table.datalake.enabled", "true"),
-        // No round of its own during the test after the first.
-        ("table.datalake.freshness", "1h"),
-    ]))
-    .await
-    .unwrap();
+    let node = rarely_tiered_clicks(dir.path()).await;
     write(&node, 0..40).await;
     until_tiered(&node, 40).await;
     write(&node, 40..70).await;
@@ -434,14 +440,7 @@ async fn a_round_lost_before_the_metadata_record_rolls_forward() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lake_rows_keep_the_time_of_their_batch() {
     let dir = tempfile::tempdir().unwrap();
-    let node = Node::start(config(dir.path())).await.unwrap();
-    node.create_database("app", false).await.unwrap();
-    node.create_table(clicks(&[
-        ("table.datalake.enabled", "true"),
-        ("table.datalake.freshness", "1h"),
-    ]))
-    .await
-    .unwrap();
+    let node = rarely_tiered_clicks(dir.path()).await;
     let given = 1_600_000_000_000i64;
     let writes = node
         .write(
