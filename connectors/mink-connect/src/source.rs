@@ -143,7 +143,9 @@ async fn write_state(
             Arc::new(Int64Array::from(vec![next_offset])),
         ],
     )?;
-    client.writer(&database, &table).write(&batch).await?;
+    // An upsert of the same row is idempotent: no writer id (which would cost a metadata
+    // command per batch) is needed.
+    client.plain_writer(&database, &table).write(&batch).await?;
     Ok(())
 }
 

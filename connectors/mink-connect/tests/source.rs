@@ -4,6 +4,8 @@
 //! exactly once, and every record that is not a row is in the dead-letter table once.
 
 use std::collections::BTreeMap;
+
+use mink_node::{BucketRef, Node};
 use std::time::Duration;
 
 use arrow::array::{AsArray, RecordBatch};
@@ -25,12 +27,29 @@ async fn rows(client: &mink_client::Client, database: &str, table: &str) -> Vec<
     }
 }
 
-async fn count(client: &mink_client::Client, database: &str, table: &str) -> usize {
-    rows(client, database, table)
-        .await
+/// Rows stored in `shop.<table>`: its buckets' committed offsets (log tables, no retention
+/// here); none before the connector creates it.
+fn stored_rows(node: &Node, table: &str) -> u64 {
+    let Ok(info) = node.describe_table("shop", table) else {
+        return 0;
+    };
+    info.buckets
         .iter()
-        .map(RecordBatch::num_rows)
+        .map(|b| {
+            let (start, end) = node
+                .bucket_offsets(&BucketRef::new("shop", table, None, b.bucket))
+                .unwrap();
+            end - start
+        })
         .sum()
+}
+
+/// Waits for the node to apply its next metadata change (rows committed, a group joined):
+/// false at `deadline`.
+async fn next_change(node: &Node, deadline: tokio::time::Instant) -> bool {
+    let applied = node.view().applied_index;
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+    node.wait_applied(applied + 1, left).await.is_ok()
 }
 
 /// `mink-connect` with `args`.
@@ -154,71 +173,75 @@ dead_letter = "shop.payments_rejected"
         }
     });
 
-    // Crashes at random points while rows arrive, then a run to the end.
+    // Crashes at random points while rows arrive (after a random number of new rows), then a
+    // run to the end.
+    let bad = (0..PAYMENTS).filter(|i| i % 50 == 7).count() as u64;
+    let rows_expected = (ORDERS + PAYMENTS) as u64 - bad;
+    let rows_now = || stored_rows(&s.node, "orders") + stored_rows(&s.node, "payments");
     let mut rng = rand::rng();
-    let mut stored = 0;
     for round in 0..5 {
         let mut child = connect(&["run", "--config", &config]).spawn().unwrap();
-        // Until this run has written something, then a little longer.
+        let target = (rows_now() + rng.random_range(1..=600)).min(rows_expected);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Ok(status) = tokio::time::timeout(Duration::from_millis(50), child.wait()).await
-            {
-                let out = child.wait_with_output().await.unwrap();
-                panic!(
-                    "round {round}: the connector exited ({status:?}):\n{}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
+        while rows_now() < target {
+            tokio::select! {
+                status = child.wait() => {
+                    let out = child.wait_with_output().await.unwrap();
+                    panic!(
+                        "round {round}: the connector exited ({status:?}):\n{}",
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                }
+                changed = next_change(&s.node, deadline) => assert!(
+                    changed,
+                    "round {round}: waited 60 s for {target} rows, have {}",
+                    rows_now()
+                ),
             }
-            let now =
-                count(&client, "shop", "orders").await + count(&client, "shop", "payments").await;
-            if now > stored {
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "round {round}: no new row in 60 s (have {stored})"
-            );
         }
-        tokio::time::sleep(Duration::from_millis(rng.random_range(0..400))).await;
         child.kill().await.unwrap();
-        // What the killed run left is where the next one must make progress from.
-        stored = count(&client, "shop", "orders").await + count(&client, "shop", "payments").await;
     }
     load.await.unwrap();
-    let bad = (0..PAYMENTS).filter(|i| i % 50 == 7).count();
     let mut child = connect(&["run", "--config", &config]).spawn().unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    let expected = (ORDERS as u64, PAYMENTS as u64 - bad, bad);
     loop {
         let got = (
-            count(&client, "shop", "orders").await,
-            count(&client, "shop", "payments").await,
-            count(&client, "shop", "payments_rejected").await,
+            stored_rows(&s.node, "orders"),
+            stored_rows(&s.node, "payments"),
+            stored_rows(&s.node, "payments_rejected"),
         );
-        if got == (ORDERS, PAYMENTS - bad, bad) {
+        if got == expected {
             break;
         }
         assert!(
-            got.0 <= ORDERS && got.1 <= PAYMENTS - bad && got.2 <= bad,
+            got.0 <= expected.0 && got.1 <= expected.1 && got.2 <= expected.2,
             "more rows than records (orders, payments, rejected): {got:?}"
         );
-        if tokio::time::Instant::now() > deadline {
+        if !next_change(&s.node, deadline).await {
             child.kill().await.unwrap();
             let out = child.wait_with_output().await.unwrap();
             panic!(
-                "waited 120 s for (orders, payments, rejected) = {:?}, have {got:?}:\n{}",
-                (ORDERS, PAYMENTS - bad, bad),
+                "waited 120 s for (orders, payments, rejected) = {expected:?}, have {got:?}:\n{}",
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let status = connect(&["status", "--config", &config])
-        .output()
-        .await
-        .unwrap();
-    let status = String::from_utf8_lossy(&status.stdout).to_string();
-    assert!(status.contains("total lag: 0 records"), "{status}");
+    // Each partition's state row follows its last batch: status reaches no lag.
+    loop {
+        let status = connect(&["status", "--config", &config])
+            .output()
+            .await
+            .unwrap();
+        let status = String::from_utf8_lossy(&status.stdout).to_string();
+        if status.contains("total lag: 0 records") {
+            break;
+        }
+        assert!(
+            next_change(&s.node, deadline).await,
+            "waited 120 s for no lag:\n{status}"
+        );
+    }
     child.kill().await.unwrap();
 
     // Exactly once, record for record.

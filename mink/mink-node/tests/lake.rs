@@ -163,11 +163,23 @@ async fn write(node: &Node, ids: std::ops::Range<i64>) {
 
 /// Writes `rows` to `app.<table>`; panics unless every bucket took its part.
 async fn write_rows(node: &Node, table: &str, rows: &RecordBatch) {
-    let writes = node
-        .write("app", table, rows, &WriteTarget::default())
-        .await
-        .unwrap();
+    write_to(node, table, rows, &WriteTarget::default()).await;
+}
+
+/// [`write_rows`] to `target`.
+async fn write_to(node: &Node, table: &str, rows: &RecordBatch, target: &WriteTarget) {
+    let writes = node.write("app", table, rows, target).await.unwrap();
     assert!(writes.iter().all(|w| w.result.is_ok()), "{writes:?}");
+}
+
+/// Rows of `app.clicks` to bucket 0, their batch's time `timestamp_ms`.
+async fn write_at(node: &Node, ids: std::ops::Range<i64>, timestamp_ms: i64) {
+    let target = WriteTarget {
+        bucket: Some(0),
+        timestamp_ms: Some(timestamp_ms),
+        ..WriteTarget::default()
+    };
+    write_to(node, "clicks", &batch(ids), &target).await;
 }
 
 /// Waits until the metadata records `rows` tiered rows of `app.clicks`.
@@ -442,20 +454,7 @@ async fn lake_rows_keep_the_time_of_their_batch() {
     let dir = tempfile::tempdir().unwrap();
     let node = rarely_tiered_clicks(dir.path()).await;
     let given = 1_600_000_000_000i64;
-    let writes = node
-        .write(
-            "app",
-            "clicks",
-            &batch(0..3),
-            &WriteTarget {
-                bucket: Some(0),
-                timestamp_ms: Some(given),
-                ..WriteTarget::default()
-            },
-        )
-        .await
-        .unwrap();
-    assert!(writes.iter().all(|w| w.result.is_ok()), "{writes:?}");
+    write_at(&node, 0..3, given).await;
     let before = i64::try_from(
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -508,18 +507,7 @@ async fn lake_rows_keep_the_time_of_their_batch() {
 
     // A log tail past the lake: 5..8 at another given time, 8..10 stamped at append.
     let given_later = given + 100_000_000;
-    node.write(
-        "app",
-        "clicks",
-        &batch(5..8),
-        &WriteTarget {
-            bucket: Some(0),
-            timestamp_ms: Some(given_later),
-            ..WriteTarget::default()
-        },
-    )
-    .await
-    .unwrap();
+    write_at(&node, 5..8, given_later).await;
     write(&node, 8..10).await;
     // `__timestamp` ranges over the union read: the lake filters its rows by their column,
     // the log its stored batches by their time (from the time index for a lower bound).
