@@ -20,7 +20,15 @@
 //! table = "shop.payments"
 //! format = "json"
 //! dead_letter = "shop.payments_rejected"   # records that are not rows, with the reason
+//!
+//! [[sink]]
+//! table = "shop.customers"      # a primary-key table's changelog, or a log table's rows
+//! topic = "shop.customers"      # created when missing, with `partitions` (default: buckets)
+//! tombstones = true             # a null-valued record after each delete (the default)
 //! ```
+//!
+//! `metrics = "127.0.0.1:9464"` serves progress and lag in the Prometheus text format on
+//! `/metrics`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -38,8 +46,13 @@ pub(crate) struct Config {
     #[serde(default = "default_batch_ms")]
     pub(crate) batch_ms: u64,
     pub(crate) kafka: Kafka,
+    /// Where `/metrics` is served, if anywhere.
+    #[serde(default)]
+    pub(crate) metrics: Option<String>,
     #[serde(rename = "source", default)]
     pub(crate) sources: Vec<Source>,
+    #[serde(rename = "sink", default)]
+    pub(crate) sinks: Vec<Sink>,
 }
 
 fn default_batch_records() -> usize {
@@ -75,6 +88,24 @@ pub(crate) struct Source {
     pub(crate) dead_letter: Option<String>,
 }
 
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Sink {
+    pub(crate) table: String,
+    pub(crate) topic: String,
+    /// Partitions of the topic when the sink creates it (default: the table's bucket count).
+    #[serde(default)]
+    pub(crate) partitions: Option<i32>,
+    /// A record with the key and no value after each delete, so a compacted topic drops the
+    /// key (Debezium's `tombstones.on.delete`).
+    #[serde(default = "default_tombstones")]
+    pub(crate) tombstones: bool,
+}
+
+fn default_tombstones() -> bool {
+    true
+}
+
 /// `database.table` split.
 pub(crate) fn table_name(name: &str) -> anyhow::Result<(String, String)> {
     match name.split_once('.') {
@@ -107,8 +138,8 @@ impl Config {
                 self.name
             );
         }
-        if self.sources.is_empty() {
-            bail!("no [[source]]: nothing to consume");
+        if self.sources.is_empty() && self.sinks.is_empty() {
+            bail!("no [[source]] and no [[sink]]: nothing to do");
         }
         if self.batch_records == 0 {
             bail!("batch_records takes at least 1");
@@ -129,7 +160,33 @@ impl Config {
                 bail!("topic {} is named by two sources", s.topic);
             }
         }
+        let mut tables = std::collections::BTreeSet::new();
+        for s in &self.sinks {
+            table_name(&s.table)?;
+            if s.topic.is_empty() {
+                bail!("sink {}: an empty topic name", s.table);
+            }
+            if s.partitions.is_some_and(|p| p < 1) {
+                bail!("sink {}: partitions takes at least 1", s.table);
+            }
+            if !tables.insert(&s.table) {
+                bail!("table {} is named by two sinks", s.table);
+            }
+        }
+        if let Some(m) = &self.metrics {
+            m.parse::<std::net::SocketAddr>()
+                .with_context(|| format!("metrics {m:?}: expected host:port"))?;
+        }
         Ok(())
+    }
+
+    /// The sink state table: each sink bucket's position (the changelog offset up to which
+    /// every change is in Kafka).
+    pub(crate) fn sink_state_table(&self) -> (String, String) {
+        (
+            "mink_connect".to_string(),
+            format!("{}_sink", self.name.replace('-', "_")),
+        )
     }
 
     /// The state table: each source partition's writer and where its last acknowledged batch
@@ -147,5 +204,60 @@ impl Config {
 
     pub(crate) fn source(&self, topic: &str) -> Option<&Source> {
         self.sources.iter().find(|s| s.topic == topic)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> anyhow::Result<Config> {
+        let c: Config = toml::from_str(text)?;
+        c.check()?;
+        Ok(c)
+    }
+
+    const HEAD: &str = "name = \"c\"\nmink = \"n:1\"\n[kafka]\nbootstrap = \"b:9092\"\n";
+
+    #[test]
+    fn sinks_alone_are_a_connector() {
+        let c = parse(&format!(
+            "{HEAD}[[sink]]\ntable = \"shop.customers\"\ntopic = \"cdc\"\n"
+        ))
+        .unwrap();
+        assert!(c.sources.is_empty());
+        assert!(c.sinks[0].tombstones, "Debezium's default");
+        assert_eq!(c.sinks[0].partitions, None);
+    }
+
+    #[test]
+    fn what_is_refused() {
+        for (extra, why) in [
+            ("", "nothing to do"),
+            (
+                "[[sink]]\ntable = \"customers\"\ntopic = \"t\"\n",
+                "expected database.table",
+            ),
+            (
+                "[[sink]]\ntable = \"a.b\"\ntopic = \"t\"\npartitions = 0\n",
+                "at least 1",
+            ),
+            (
+                "[[sink]]\ntable = \"a.b\"\ntopic = \"t\"\n[[sink]]\ntable = \"a.b\"\ntopic = \"u\"\n",
+                "named by two sinks",
+            ),
+            (
+                "metrics = \"nowhere\"\n[[sink]]\ntable = \"a.b\"\ntopic = \"t\"\n",
+                "host:port",
+            ),
+        ] {
+            // `metrics` belongs before the tables.
+            let text = match extra.strip_prefix("metrics = \"nowhere\"\n") {
+                Some(rest) => format!("metrics = \"nowhere\"\n{HEAD}{rest}"),
+                None => format!("{HEAD}{extra}"),
+            };
+            let err = format!("{:#}", parse(&text).err().unwrap());
+            assert!(err.contains(why), "{extra}: {err}");
+        }
     }
 }

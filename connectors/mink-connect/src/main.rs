@@ -1,11 +1,16 @@
-//! `mink-connect`: Kafka into Mink. `run` consumes the configured topics of any Kafka cluster
-//! into Mink tables exactly once (see [`source`]); `status` shows each source partition's
-//! position in Mink beside the partition's end in Kafka (the lag).
+//! `mink-connect`: Kafka in and out of Mink. `run` consumes the configured topics of any Kafka
+//! cluster into Mink tables exactly once (see [`source`]) and produces the configured tables'
+//! changes to Kafka topics (see [`sink`]); `status` shows each source partition's position in
+//! Mink beside the partition's end in Kafka, and each sink bucket's position beside the
+//! bucket's end (the lags).
 
 mod config;
+mod metrics;
+mod sink;
 mod source;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -21,13 +26,14 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Consume the configured topics into their Mink tables until stopped.
+    /// Consume the configured topics into their Mink tables and produce the configured tables'
+    /// changes to their topics, until stopped.
     Run {
         /// The connector's TOML file.
         #[arg(long, env = "MINK_CONNECT_CONFIG")]
         config: PathBuf,
     },
-    /// Each source partition: the next offset Mink holds, the partition's end, the lag.
+    /// Each source partition and sink bucket: its position, where its log ends, the lag.
     Status {
         #[arg(long, env = "MINK_CONNECT_CONFIG")]
         config: PathBuf,
@@ -44,51 +50,97 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
-        Command::Run { config } => source::run(config::Config::load(&config)?).await,
+        Command::Run { config } => run(config::Config::load(&config)?).await,
         Command::Status { config } => status(&config::Config::load(&config)?).await,
+    }
+}
+
+/// The sources and the sinks side by side (and `/metrics`), until one of them fails.
+async fn run(config: config::Config) -> anyhow::Result<()> {
+    let config = Arc::new(config);
+    let metrics = Arc::new(metrics::Metrics::default());
+    let mut tasks = tokio::task::JoinSet::new();
+    if let Some(address) = &config.metrics {
+        tasks.spawn(metrics::serve(address.clone(), Arc::clone(&metrics)));
+    }
+    if !config.sources.is_empty() {
+        tasks.spawn(source::run(Arc::clone(&config), Arc::clone(&metrics)));
+    }
+    if !config.sinks.is_empty() {
+        tasks.spawn(sink::run(Arc::clone(&config), Arc::clone(&metrics)));
+    }
+    match tasks.join_next().await {
+        Some(ended) => ended.context("a connector task panicked")?,
+        None => Ok(()),
     }
 }
 
 #[allow(clippy::print_stdout)] // the command's output
 async fn status(config: &config::Config) -> anyhow::Result<()> {
     let client = mink_client::Client::connect(&config.mink).await?;
-    let consumer: BaseConsumer = source::consumer_config(config)
-        .create()
-        .context("a Kafka consumer")?;
-    let timeout = Duration::from_secs(10);
-    let mut rows = Vec::new();
-    for s in &config.sources {
-        let metadata = consumer.fetch_metadata(Some(&s.topic), timeout)?;
-        let partitions: Vec<i32> = metadata
-            .topics()
-            .iter()
-            .filter(|t| t.name() == s.topic)
-            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-            .collect();
-        let keys: Vec<(String, i32)> = partitions.iter().map(|p| (s.topic.clone(), *p)).collect();
-        let stored = source::read_state(&client, config, &keys).await?;
-        for p in partitions {
-            let (low, high) = consumer.fetch_watermarks(&s.topic, p, timeout)?;
-            let next = stored
-                .get(&(s.topic.clone(), p))
-                .and_then(|st| st.next_offset)
-                .unwrap_or(low);
-            rows.push((
-                s.topic.clone(),
-                p,
-                s.table.clone(),
-                next,
-                high,
-                (high - next).max(0),
-            ));
+    let mut total = 0i64;
+    if !config.sources.is_empty() {
+        let consumer: BaseConsumer = source::consumer_config(config)
+            .create()
+            .context("a Kafka consumer")?;
+        let timeout = Duration::from_secs(10);
+        println!("| topic | partition | table | next offset in Mink | end in Kafka | lag |");
+        println!("|---|---|---|---|---|---|");
+        for s in &config.sources {
+            let metadata = consumer.fetch_metadata(Some(&s.topic), timeout)?;
+            let partitions: Vec<i32> = metadata
+                .topics()
+                .iter()
+                .filter(|t| t.name() == s.topic)
+                .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+                .collect();
+            let keys: Vec<(String, i32)> =
+                partitions.iter().map(|p| (s.topic.clone(), *p)).collect();
+            let stored = source::read_state(&client, config, &keys).await?;
+            for p in partitions {
+                let (low, high) = consumer.fetch_watermarks(&s.topic, p, timeout)?;
+                let next = stored
+                    .get(&(s.topic.clone(), p))
+                    .and_then(|st| st.next_offset)
+                    .unwrap_or(low);
+                let lag = (high - next).max(0);
+                total += lag;
+                println!(
+                    "| {} | {p} | {} | {next} | {high} | {lag} |",
+                    s.topic, s.table
+                );
+            }
         }
+        println!();
     }
-    println!("| topic | partition | table | next offset in Mink | end in Kafka | lag |");
-    println!("|---|---|---|---|---|---|");
-    for (topic, p, table, next, high, lag) in &rows {
-        println!("| {topic} | {p} | {table} | {next} | {high} | {lag} |");
+    if !config.sinks.is_empty() {
+        println!("| table | partition | bucket | topic | position | end in Mink | lag |");
+        println!("|---|---|---|---|---|---|---|");
+        for s in &config.sinks {
+            let (database, table) = config::table_name(&s.table)?;
+            let d = client.describe_table(&database, &table).await?;
+            let keys: Vec<_> = d
+                .buckets
+                .iter()
+                .map(|b| (s.table.clone(), b.partition.clone(), b.bucket))
+                .collect();
+            let positions = sink::read_positions(&client, config, &keys).await?;
+            for (b, key) in d.buckets.iter().zip(&keys) {
+                let position = positions.get(key).copied().unwrap_or(b.start_offset);
+                let lag = i64::try_from(b.end_offset.saturating_sub(position))?;
+                total += lag;
+                println!(
+                    "| {} | {} | {} | {} | {position} | {} | {lag} |",
+                    s.table,
+                    b.partition.as_deref().unwrap_or("-"),
+                    b.bucket,
+                    s.topic,
+                    b.end_offset
+                );
+            }
+        }
+        println!();
     }
-    let total: i64 = rows.iter().map(|r| r.5).sum();
-    println!("\ntotal lag: {total} records");
+    println!("total lag: {total} records");
     Ok(())
 }

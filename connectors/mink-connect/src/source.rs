@@ -27,13 +27,27 @@ use rdkafka::message::{BorrowedMessage, Headers as _};
 use rdkafka::{ClientContext, Message as _, Offset, TopicPartitionList};
 
 use crate::config::{Config, Format, Source, table_name};
+use crate::metrics::Metrics;
 
-/// Counts rebalances, so the loop drops what it holds of partitions it may have lost.
+/// Counts rebalances, so the loop drops what it holds of partitions it may have lost; and
+/// takes each partition's end from librdkafka's statistics for the metrics.
 struct Context {
     generation: Arc<AtomicU64>,
+    metrics: Arc<Metrics>,
 }
 
-impl ClientContext for Context {}
+impl ClientContext for Context {
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        for (name, topic) in &statistics.topics {
+            for (id, p) in &topic.partitions {
+                // librdkafka's internal unassigned partition is -1; an unknown end too.
+                if *id >= 0 && p.hi_offset >= 0 {
+                    self.metrics.source_end(name, *id, p.hi_offset);
+                }
+            }
+        }
+    }
+}
 
 impl ConsumerContext for Context {
     fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -361,13 +375,18 @@ async fn following(client: &Client, table: &str, writer_id: u64) -> anyhow::Resu
 
 /// Runs the source until an error (a lost connection to Mink that outlasts the client's
 /// retries, a record Mink refuses for a reason other than its content).
-pub(crate) async fn run(config: Config) -> anyhow::Result<()> {
+pub(crate) async fn run(config: Arc<Config>, metrics: Arc<Metrics>) -> anyhow::Result<()> {
     let client = Client::connect(&config.mink).await?;
     prepare(&client, &config).await?;
     let generation = Arc::new(AtomicU64::new(0));
-    let consumer: StreamConsumer<Context> = consumer_config(&config)
+    let mut kafka = consumer_config(&config);
+    if config.metrics.is_some() {
+        kafka.set("statistics.interval.ms", "1000");
+    }
+    let consumer: StreamConsumer<Context> = kafka
         .create_with_context(Context {
             generation: Arc::clone(&generation),
+            metrics: Arc::clone(&metrics),
         })
         .context("a Kafka consumer")?;
     let topics: Vec<&str> = config.sources.iter().map(|s| s.topic.as_str()).collect();
@@ -425,7 +444,9 @@ pub(crate) async fn run(config: Config) -> anyhow::Result<()> {
             if p.pending.is_empty() || !(full || old) {
                 continue;
             }
+            let records = p.pending.len() as u64;
             flush(&client, &config, &mut schemas, topic, *partition, p).await?;
+            metrics.source_written(topic, *partition, records, p.next);
             let mut offsets = TopicPartitionList::new();
             offsets.add_partition_offset(topic, *partition, Offset::Offset(p.next))?;
             // For lag monitoring only: a resume reads Mink.

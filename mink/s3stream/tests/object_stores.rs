@@ -106,7 +106,10 @@ async fn s3_store_on_moto() {
         return;
     };
     let store = store::open(&url).unwrap();
-    conformance(store.as_ref(), true, false).await;
+    // Not the racing `If-Match` updates: moto loses one now and then (49 of 50 increments
+    // seen), and Mink never updates an object in place; the `If-None-Match` creates its
+    // fencing relies on are raced below.
+    conformance(store.as_ref(), false, false).await;
 }
 
 #[tokio::test]
