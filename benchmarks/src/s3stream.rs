@@ -288,6 +288,29 @@ async fn fetch_all(
     Ok(read as f64 / started.elapsed().as_secs_f64() / 1e6)
 }
 
+/// Reads every stream from its start at once, one reader per stream (a consumer group catching
+/// up on every partition), `chunk` bytes per fetch. MB/s.
+async fn fetch_parallel(engine: &S3Stream, streams: &[u64], chunk: usize) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    let reads = streams.iter().map(|&s| async move {
+        let end = engine.info(s)?.end_offset;
+        let mut next = 0;
+        let mut read = 0u64;
+        while next < end {
+            for b in engine.fetch(s, next, chunk).await? {
+                read += b.payload.len() as u64;
+                next = b.end_offset();
+            }
+        }
+        Ok::<u64, anyhow::Error>(read)
+    });
+    let read: u64 = futures::future::try_join_all(reads)
+        .await?
+        .into_iter()
+        .sum();
+    Ok(read as f64 / started.elapsed().as_secs_f64() / 1e6)
+}
+
 fn stores(
     args: &Args,
     dir: &std::path::Path,
@@ -347,6 +370,11 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
                     let cold_engine = node(Arc::clone(&store), &meta_url, 2).await?;
                     let cold = fetch_all(&cold_engine, &ids, args.seconds, None, 8 << 20).await?;
                     cold_engine.shutdown().await;
+                    // Every stream at once, 1 MiB per fetch (a Kafka consumer's default
+                    // max.partition.fetch.bytes).
+                    let cold_engine = node(Arc::clone(&store), &meta_url, 4).await?;
+                    let cold_all = fetch_parallel(&cold_engine, &ids, 1 << 20).await?;
+                    cold_engine.shutdown().await;
                     // After a compaction round each stream lives in few objects of its own.
                     let all_at_once = CompactionConfig {
                         split_stream_bytes: 1 << 20,
@@ -358,10 +386,15 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
                     let compacted =
                         fetch_all(&compacted_engine, &ids, args.seconds, None, 8 << 20).await?;
                     compacted_engine.shutdown().await;
+                    let compacted_engine = node(Arc::clone(&store), &meta_url, 5).await?;
+                    let compacted_all = fetch_parallel(&compacted_engine, &ids, 1 << 20).await?;
+                    compacted_engine.shutdown().await;
                     for (source, mb) in [
                         ("log cache", hot),
                         ("object storage", cold),
+                        ("object storage, every stream at once", cold_all),
                         ("after compaction", compacted),
+                        ("after compaction, every stream at once", compacted_all),
                     ] {
                         fetches_out.push(FetchPoint {
                             store: name.clone(),

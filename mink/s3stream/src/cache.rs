@@ -181,6 +181,11 @@ impl<K: std::hash::Hash + Eq + Clone, V: Clone> Lru<K, V> {
         Some(value)
     }
 
+    /// Whether `key` is cached (not counted as a hit or a miss, not made recent).
+    pub(crate) fn contains(&self, key: &K) -> bool {
+        self.inner.lock().expect("lru lock").map.contains_key(key)
+    }
+
     pub(crate) fn insert(&self, key: K, value: V, size: usize) {
         let mut c = self.inner.lock().expect("lru lock");
         c.tick += 1;

@@ -1,20 +1,64 @@
 //! The read path: the log cache, then object indexes and blocks (cached), then ranged GETs.
 //! Reads never go above a stream's committed end in this node's metadata view.
+//!
+//! Blocks missing from the cache are read with as few GETs as possible: adjacent blocks of one
+//! object (a stream's run in a compacted object) in one ranged GET of up to
+//! [`COALESCE_BYTES`], several GETs at once, and a block some read is already loading is
+//! awaited, never read twice. A stream read sequentially from object storage (a consumer
+//! catching up) is read ahead: each such fetch starts loading the next
+//! `EngineConfig::read_ahead_bytes` of the stream into the block cache, so the next fetch finds
+//! its blocks there or on their way.
 
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::{StreamExt as _, TryStreamExt as _};
+use futures::future::{BoxFuture, Shared};
+use futures::{FutureExt as _, StreamExt as _, TryStreamExt as _};
 use object_store::ObjectStoreExt as _;
 
-use crate::engine::{S3Stream, StreamError, StreamInfo, object_path};
+use crate::engine::{Engine, S3Stream, StreamError, StreamInfo, object_path};
 use crate::format::{BlockIndex, FOOTER_LEN, RecordBatch, decode_block, parse_footer, parse_index};
 
 /// How much of an object's tail a first read fetches, hoping to get the index with the footer.
 const TAIL_READ: u64 = 64 << 10;
-/// Blocks one fetch reads from object storage at once.
+/// GETs one fetch has in flight at once.
 const FETCH_CONCURRENCY: usize = 16;
+/// Adjacent blocks of an object are read in one ranged GET of at most this many bytes.
+pub(crate) const COALESCE_BYTES: u64 = 8 << 20;
+
+/// A ranged GET of adjacent blocks of one object, shared by every read that needs them.
+pub(crate) type Load = Shared<BoxFuture<'static, Result<Arc<Vec<Bytes>>, StreamError>>>;
+
+/// Blocks being loaded, by (object id, block position): the load and the block's place in it.
+pub(crate) type Loads = HashMap<(u64, u64), (Load, usize)>;
+
+/// A stream's sequential reading: where its last fetch from object storage ended, and the
+/// window of offsets its last read-ahead loaded (or is loading).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Reader {
+    next: u64,
+    /// Offsets its last sequential fetch covered.
+    stride: u64,
+    ahead_from: u64,
+    ahead_to: u64,
+    loading: bool,
+}
+
+/// Streams whose sequential reads are remembered at most (past it, forgotten all at once).
+const READERS: usize = 65_536;
+
+/// Adjacent blocks of one object to read in one GET, each with the slot of the read that asked
+/// for it (none: widened in for another stream's reader).
+type Run = Vec<(BlockIndex, Option<usize>)>;
+
+/// A block a fetch needs: at hand, or the `k`-th block of the `i`-th load it awaits.
+enum Slot {
+    Ready(Bytes),
+    Loading(usize, usize),
+}
 
 // By value, to fit `map_err`.
 #[allow(clippy::needless_pass_by_value)]
@@ -86,52 +130,17 @@ impl S3Stream {
         {
             return Ok(batches);
         }
-        // Plan the blocks this read needs (about `max_bytes` of them), fetch the missing ones
-        // concurrently, then decode them in order.
-        let mut plan: Vec<(u64, BlockIndex, u64)> = Vec::new();
-        let mut planned = 0u64;
-        let mut cursor = offset;
-        let ranges: Vec<_> = view
-            .state
-            .stream_ranges(stream_id, offset, end)
-            .cloned()
-            .collect();
-        'ranges: for group in ranges.chunks(FETCH_CONCURRENCY) {
-            // The indexes of the next few objects, fetched together.
-            let indexes = self.indexes_of(&view.state, group).await?;
-            for (range, index) in group.iter().zip(indexes) {
-                let limit = range.end_offset.min(end);
-                let wanted: Vec<BlockIndex> = index
-                    .iter()
-                    .filter(|e| {
-                        e.stream_id == stream_id && e.end_offset > cursor && e.start_offset < limit
-                    })
-                    .copied()
-                    .collect();
-                for entry in &wanted {
-                    plan.push((range.object_id, *entry, limit));
-                    planned += u64::from(entry.size);
-                    cursor = entry.end_offset.min(limit);
-                    if planned >= max_bytes as u64 {
-                        break 'ranges;
-                    }
-                }
-            }
-        }
-        let blocks: Vec<Bytes> = futures::stream::iter(
-            plan.iter()
-                .map(|&(object_id, entry, _)| (object_id, entry))
-                .collect::<Vec<_>>()
-                .into_iter()
-                .map(|(object_id, entry)| self.block(object_id, entry)),
-        )
-        .buffered(FETCH_CONCURRENCY)
-        .try_collect()
-        .await?;
+        // Plan the blocks this read needs (about `max_bytes` of them), load the missing ones,
+        // then decode them in order.
+        let plan = self
+            .plan_blocks(&view.state, stream_id, offset, end, max_bytes as u64)
+            .await?;
+        let wanted: Vec<(u64, BlockIndex)> = plan.iter().map(|&(o, e, _)| (o, e)).collect();
+        let blocks = self.load_blocks(&wanted).await?;
         let mut out = Vec::new();
         let mut next = offset;
         let mut bytes = 0usize;
-        for ((object_id, entry, limit), block) in plan.iter().zip(blocks) {
+        'blocks: for ((object_id, entry, limit), block) in plan.iter().zip(blocks) {
             let batches = decode_block(&block, entry)
                 .map_err(|e| StreamError::Storage(format!("object {object_id} is corrupt: {e}")))?;
             for b in batches {
@@ -152,11 +161,134 @@ impl S3Stream {
                 bytes += b.payload.len();
                 out.push(b);
                 if bytes >= max_bytes {
-                    return Ok(out);
+                    break 'blocks;
                 }
             }
         }
+        self.read_ahead(stream_id, offset, next, end);
         Ok(out)
+    }
+
+    /// The blocks holding `stream_id` from `offset` (below `end`), about `max_bytes` of them:
+    /// (object id, block, the offset the object's range of the stream ends at).
+    async fn plan_blocks(
+        &self,
+        state: &mink_metadata::State,
+        stream_id: u64,
+        offset: u64,
+        end: u64,
+        max_bytes: u64,
+    ) -> Result<Vec<(u64, BlockIndex, u64)>, StreamError> {
+        let mut plan = Vec::new();
+        let mut planned = 0u64;
+        let mut cursor = offset;
+        let ranges: Vec<_> = state
+            .stream_ranges(stream_id, offset, end)
+            .cloned()
+            .collect();
+        for group in ranges.chunks(FETCH_CONCURRENCY) {
+            // The indexes of the next few objects, fetched together.
+            let indexes = self.indexes_of(state, group).await?;
+            for (range, index) in group.iter().zip(indexes) {
+                let limit = range.end_offset.min(end);
+                let wanted: Vec<BlockIndex> = index
+                    .iter()
+                    .filter(|e| {
+                        e.stream_id == stream_id && e.end_offset > cursor && e.start_offset < limit
+                    })
+                    .copied()
+                    .collect();
+                for entry in wanted {
+                    plan.push((range.object_id, entry, limit));
+                    planned += u64::from(entry.size);
+                    cursor = entry.end_offset.min(limit);
+                    if planned >= max_bytes {
+                        return Ok(plan);
+                    }
+                }
+            }
+        }
+        Ok(plan)
+    }
+
+    /// After a fetch of `[offset, next)` from object storage: when it continued the stream's
+    /// previous one (a sequential reader) and has reached the window the last read-ahead
+    /// loaded (or there is none), starts loading the next `read_ahead_bytes` of the stream
+    /// into the block cache: the reader consumes one window while the next one loads.
+    /// Read-aheads in flight stay under a quarter of the block cache.
+    fn read_ahead(&self, stream_id: u64, offset: u64, next: u64, end: u64) {
+        let engine = &self.engine;
+        let window = engine.config.read_ahead_bytes as u64;
+        let from = {
+            let mut readers = engine.readers.lock().expect("readers lock");
+            if readers.len() >= READERS && !readers.contains_key(&stream_id) {
+                readers.clear();
+            }
+            let r = readers.entry(stream_id).or_default();
+            let sequential =
+                (r.next == offset && offset > 0) || (r.ahead_from <= offset && offset < r.ahead_to);
+            r.next = next;
+            if sequential {
+                r.stride = next - offset;
+            }
+            if !sequential {
+                // A new reader (or another one) of the stream: an earlier window is not its.
+                if !r.loading {
+                    (r.ahead_from, r.ahead_to) = (0, 0);
+                }
+                return;
+            }
+            if r.loading || window == 0 || next >= end || next < r.ahead_from {
+                return;
+            }
+            let budget = engine.config.block_cache_bytes as u64 / 4;
+            if engine.read_ahead_inflight.load(Ordering::Relaxed) + window > budget {
+                return;
+            }
+            engine
+                .read_ahead_inflight
+                .fetch_add(window, Ordering::Relaxed);
+            let from = r.ahead_to.max(next);
+            r.ahead_from = from;
+            r.loading = true;
+            from
+        };
+        let this = self.clone();
+        tokio::spawn(async move {
+            let view = this.engine.sink.view();
+            let result = async {
+                let plan = this
+                    .plan_blocks(&view.state, stream_id, from, end, window)
+                    .await?;
+                let reached = plan
+                    .last()
+                    .map_or(from, |(_, e, limit)| e.end_offset.min(*limit));
+                let wanted: Vec<(u64, BlockIndex)> = plan.iter().map(|&(o, e, _)| (o, e)).collect();
+                let blocks = this.load_blocks_for(&wanted, true).await?;
+                let stats = &this.engine.stats;
+                stats
+                    .read_ahead_blocks
+                    .fetch_add(blocks.len() as u64, Ordering::Relaxed);
+                stats.read_ahead_bytes.fetch_add(
+                    blocks.iter().map(|b| b.len() as u64).sum(),
+                    Ordering::Relaxed,
+                );
+                Ok::<_, StreamError>(reached)
+            }
+            .await;
+            let mut readers = this.engine.readers.lock().expect("readers lock");
+            if let Some(r) = readers.get_mut(&stream_id) {
+                r.loading = false;
+                // On an error the reader's own fetch reads the blocks (and reports it).
+                if r.ahead_from == from {
+                    r.ahead_to = result.unwrap_or(from);
+                }
+            }
+            drop(readers);
+            this.engine
+                .read_ahead_inflight
+                .fetch_sub(window, Ordering::Relaxed);
+        });
     }
 
     /// The first committed batch at or after offset `from` whose time is at or after
@@ -327,22 +459,207 @@ impl S3Stream {
     }
 
     async fn block(&self, object_id: u64, entry: BlockIndex) -> Result<Bytes, StreamError> {
+        let mut blocks = self.load_blocks(&[(object_id, entry)]).await?;
+        Ok(blocks.pop().expect("one block asked, one given"))
+    }
+
+    /// The blocks `wanted` (object id, block), in order: from the block cache, from loads in
+    /// flight, or read now, runs of adjacent blocks of an object in one ranged GET each.
+    pub(crate) async fn load_blocks(
+        &self,
+        wanted: &[(u64, BlockIndex)],
+    ) -> Result<Vec<Bytes>, StreamError> {
+        self.load_blocks_for(wanted, false).await
+    }
+
+    /// [`S3Stream::load_blocks`], for a read-ahead (`ahead`) or a reader.
+    async fn load_blocks_for(
+        &self,
+        wanted: &[(u64, BlockIndex)],
+        ahead: bool,
+    ) -> Result<Vec<Bytes>, StreamError> {
         let engine = &self.engine;
-        if let Some(block) = engine.block_cache.get(&(object_id, entry.position)) {
-            return Ok(block);
+        let mut slots = Vec::with_capacity(wanted.len());
+        let mut awaited: Vec<Load> = Vec::new();
+        {
+            let mut loads = engine.loads.lock().expect("loads lock");
+            let mut missing = Vec::new();
+            for (i, &(object_id, entry)) in wanted.iter().enumerate() {
+                let key = (object_id, entry.position);
+                if let Some(block) = engine.block_cache.get(&key) {
+                    slots.push(Some(Slot::Ready(block)));
+                    continue;
+                }
+                if let Some((load, k)) = loads.get(&key) {
+                    let at = match awaited.iter().position(|l| l.ptr_eq(load)) {
+                        Some(at) => at,
+                        None => {
+                            awaited.push(load.clone());
+                            awaited.len() - 1
+                        }
+                    };
+                    slots.push(Some(Slot::Loading(at, *k)));
+                    continue;
+                }
+                slots.push(None);
+                missing.push(i);
+            }
+            // Runs of adjacent missing blocks, each at most a quarter of what is missing (so a
+            // read has GETs in flight together), between one block and `COALESCE_BYTES`.
+            let total: u64 = missing.iter().map(|&i| u64::from(wanted[i].1.size)).sum();
+            let cap = (total / 4).clamp(engine.config.block_bytes as u64, COALESCE_BYTES);
+            let mut runs: Vec<(u64, Run)> = Vec::new();
+            for i in missing {
+                let (object_id, entry) = wanted[i];
+                match runs.last_mut() {
+                    Some((o, run))
+                        if *o == object_id
+                            && run
+                                .last()
+                                .is_some_and(|(l, _)| l.range().end == entry.position)
+                            && entry.range().end - run[0].0.position <= cap =>
+                    {
+                        run.push((entry, Some(i)));
+                    }
+                    _ => runs.push((object_id, vec![(entry, Some(i))])),
+                }
+            }
+            for (object_id, run) in &mut runs {
+                self.widen(*object_id, run, &loads);
+            }
+            for (object_id, run) in runs {
+                let blocks: Vec<BlockIndex> = run.iter().map(|(e, _)| *e).collect();
+                let load = load(Arc::clone(engine), object_id, blocks, ahead).shared();
+                awaited.push(load.clone());
+                let at = awaited.len() - 1;
+                for (k, (entry, slot)) in run.iter().enumerate() {
+                    loads.insert((object_id, entry.position), (load.clone(), k));
+                    if let Some(i) = slot {
+                        slots[*i] = Some(Slot::Loading(at, k));
+                    }
+                }
+            }
         }
-        crate::engine::count_read(engine);
-        let block = engine
+        let loaded: Vec<Arc<Vec<Bytes>>> = futures::stream::iter(awaited)
+            .buffered(FETCH_CONCURRENCY)
+            .try_collect()
+            .await?;
+        Ok(slots
+            .into_iter()
+            .map(|slot| match slot.expect("every slot filled") {
+                Slot::Ready(block) => block,
+                Slot::Loading(at, k) => loaded[at][k].clone(),
+            })
+            .collect())
+    }
+}
+
+impl S3Stream {
+    /// Widens a run of blocks of an object with the adjacent blocks of other streams that
+    /// their sequential readers are about to ask for (within about four of their fetches),
+    /// up to `COALESCE_BYTES`: readers catching up on many streams at once then share the
+    /// GETs of the stream-set objects their streams are thin slices of.
+    fn widen(&self, object_id: u64, run: &mut Run, loads: &Loads) {
+        let engine = &self.engine;
+        let Some(index) = engine.index_cache.get(&object_id) else {
+            return;
+        };
+        let readers = engine.readers.lock().expect("readers lock");
+        let wanted = |e: &BlockIndex| {
+            let key = (object_id, e.position);
+            readers.get(&e.stream_id).is_some_and(|r| {
+                r.stride > 0
+                    && e.end_offset > r.next
+                    && e.start_offset <= r.next.saturating_add(r.stride.saturating_mul(4))
+            }) && !loads.contains_key(&key)
+                && !engine.block_cache.contains(&key)
+        };
+        let bytes = |run: &[(BlockIndex, Option<usize>)]| {
+            run.last().map_or(0, |(l, _)| l.range().end) - run[0].0.position
+        };
+        let Some(first) = index.iter().position(|e| e.position == run[0].0.position) else {
+            return;
+        };
+        let mut last = first + run.len() - 1;
+        while let Some(e) = index.get(last + 1) {
+            if e.position != index[last].range().end
+                || bytes(run) + u64::from(e.size) > COALESCE_BYTES
+                || !wanted(e)
+            {
+                break;
+            }
+            run.push((*e, None));
+            last += 1;
+        }
+        let mut first = first;
+        while first > 0 {
+            let e = &index[first - 1];
+            if e.range().end != index[first].position
+                || bytes(run) + u64::from(e.size) > COALESCE_BYTES
+                || !wanted(e)
+            {
+                break;
+            }
+            run.insert(0, (*e, None));
+            first -= 1;
+        }
+    }
+}
+
+/// One ranged GET of the adjacent blocks `run` of an object: each block goes into the block
+/// cache, then leaves the loads in flight (so a read in between finds it in one or the other).
+fn load(
+    engine: Arc<Engine>,
+    object_id: u64,
+    run: Vec<BlockIndex>,
+    ahead: bool,
+) -> BoxFuture<'static, Result<Arc<Vec<Bytes>>, StreamError>> {
+    async move {
+        let start = run[0].position;
+        let end = run.last().expect("a run has blocks").range().end;
+        crate::engine::count_read(&engine);
+        if ahead {
+            engine
+                .stats
+                .read_ahead_reads
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        let got = engine
             .store
             .get_range(
                 &object_path(&engine.config.object_prefix, object_id),
-                entry.range(),
+                start..end,
             )
             .await
-            .map_err(storage)?;
-        engine
-            .block_cache
-            .insert((object_id, entry.position), block.clone(), block.len());
-        Ok(block)
+            .map_err(storage);
+        let blocks = got.and_then(|bytes| {
+            if bytes.len() as u64 != end - start {
+                return Err(StreamError::Storage(format!(
+                    "object {object_id}: {} bytes read of {start}..{end}",
+                    bytes.len()
+                )));
+            }
+            Ok(run
+                .iter()
+                .map(|e| {
+                    let at = usize::try_from(e.position - start).expect("a run fits in memory");
+                    bytes.slice(at..at + e.size as usize)
+                })
+                .collect::<Vec<_>>())
+        });
+        if let Ok(blocks) = &blocks {
+            for (e, block) in run.iter().zip(blocks) {
+                engine
+                    .block_cache
+                    .insert((object_id, e.position), block.clone(), block.len());
+            }
+        }
+        let mut loads = engine.loads.lock().expect("loads lock");
+        for e in &run {
+            loads.remove(&(object_id, e.position));
+        }
+        drop(loads);
+        blocks.map(Arc::new)
     }
+    .boxed()
 }

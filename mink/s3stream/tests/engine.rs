@@ -1625,3 +1625,151 @@ async fn an_impossible_rejection_fails_the_engine(world: World) {
     engine.shutdown().await;
 }
 suite!(an_impossible_rejection_fails_the_engine);
+
+/// GETs of a node's foreground fetches (all of its object reads but the read-ahead's).
+fn fetch_reads(node: &S3Stream) -> u64 {
+    let s = node.stats();
+    s.object_reads.load(Ordering::Relaxed) - s.read_ahead_reads.load(Ordering::Relaxed)
+}
+
+async fn cold_reads_coalesce_blocks_and_read_ahead(world: World) {
+    let engine = world.node(1).await;
+    let s = new_stream(&engine).await;
+    // 1 KiB appends in flight together: objects of 64 KiB or more, blocks of 4 KiB, all of
+    // the one stream, so each object holds a run of adjacent blocks.
+    let appends: Vec<_> = (0..512u64)
+        .map(|i| engine.append(s, 1, Bytes::from(vec![(i % 251) as u8; 1024]), None))
+        .collect();
+    for a in futures::future::join_all(appends).await {
+        a.unwrap();
+    }
+    let objects = engine.stats().flushes.load(Ordering::Relaxed);
+    let hot = read_all(&engine, s, 0).await;
+
+    // Without read-ahead, fetches of 1 MiB: per object one GET for its index (with the
+    // footer) and one for its run of blocks, but for a few more to have four GETs in flight.
+    let cold = world
+        .node_on(
+            2,
+            Arc::clone(&world.store),
+            EngineConfig {
+                read_ahead_bytes: 0,
+                ..config()
+            },
+        )
+        .await;
+    let mut all = Vec::new();
+    while all.len() < hot.len() {
+        let from = all.last().map_or(0, |b: &RecordBatch| b.end_offset());
+        all.extend(
+            cold.fetch(s, from, 1 << 20)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(untimed),
+        );
+    }
+    assert_eq!(all, hot);
+    let reads = cold.stats().object_reads.load(Ordering::Relaxed);
+    assert!(
+        reads <= 2 * objects + 4,
+        "{reads} GETs to read {objects} objects of 4 KiB blocks cold: blocks were not coalesced"
+    );
+    cold.shutdown().await;
+
+    // A sequential reader: its third fetch on finds its blocks loaded ahead of it.
+    let reader = world
+        .node_on(
+            3,
+            Arc::clone(&world.store),
+            EngineConfig {
+                read_ahead_bytes: 32 << 10,
+                ..config()
+            },
+        )
+        .await;
+    let mut next = 0;
+    let fetch = async |next: &mut u64| {
+        let got = reader.fetch(s, *next, 4 << 10).await.unwrap();
+        *next = got.last().unwrap().end_offset();
+    };
+    fetch(&mut next).await;
+    fetch(&mut next).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while reader.stats().read_ahead_bytes.load(Ordering::Relaxed) < 32 << 10 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "waited 30 s for a 32 KiB read-ahead after two sequential fetches"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let before = fetch_reads(&reader);
+    for _ in 0..6 {
+        fetch(&mut next).await;
+    }
+    assert_eq!(
+        fetch_reads(&reader),
+        before,
+        "24 KiB inside the 32 KiB read ahead: the fetches read nothing themselves"
+    );
+    // And the whole stream still reads back, read-ahead or not.
+    assert_eq!(read_all(&reader, s, 0).await, hot);
+    reader.shutdown().await;
+    engine.shutdown().await;
+}
+suite!(cold_reads_coalesce_blocks_and_read_ahead);
+
+async fn readers_of_many_streams_share_gets(world: World) {
+    let engine = world.node(1).await;
+    let (a, b) = (new_stream(&engine).await, new_stream(&engine).await);
+    // Four objects, each one block of `a` (4 batches, offsets 4r..4r+4) then one of `b`.
+    for round in 0..4u8 {
+        let appends: Vec<_> = [a, b]
+            .into_iter()
+            .flat_map(|s| (0..4).map(move |_| (s, round)))
+            .map(|(s, round)| engine.append(s, 1, Bytes::from(vec![round; 1024]), None))
+            .collect();
+        for r in futures::future::join_all(appends).await {
+            r.unwrap();
+        }
+    }
+    let reader = world
+        .node_on(
+            2,
+            Arc::clone(&world.store),
+            EngineConfig {
+                flush_bytes: 8 << 20,
+                read_ahead_bytes: 0,
+                ..config()
+            },
+        )
+        .await;
+    let read = async |s: u64, offset: u64| {
+        let got = reader.fetch(s, offset, 1).await.unwrap();
+        assert_eq!(got[0].base_offset, offset);
+        assert_eq!(
+            got[0].payload[0],
+            (offset / 4) as u8,
+            "stream {s} offset {offset}"
+        );
+    };
+    // Both streams read sequentially through the first object.
+    for offset in 0..4 {
+        read(a, offset).await;
+        read(b, offset).await;
+    }
+    // `a` moves into the second object: its GET takes `b`'s next block along, so `b` reads
+    // it without a GET of its own.
+    let before = fetch_reads(&reader);
+    read(a, 4).await;
+    assert_eq!(fetch_reads(&reader), before + 1, "one GET for both blocks");
+    read(b, 4).await;
+    assert_eq!(
+        fetch_reads(&reader),
+        before + 1,
+        "b's block came with a's GET: no GET for it"
+    );
+    reader.shutdown().await;
+    engine.shutdown().await;
+}
+suite!(readers_of_many_streams_share_gets);

@@ -106,10 +106,50 @@ async fn s3_store_on_moto() {
         return;
     };
     let store = store::open(&url).unwrap();
-    // Not the racing `If-Match` updates: moto loses one now and then (49 of 50 increments
-    // seen), and Mink never updates an object in place; the `If-None-Match` creates its
-    // fencing relies on are raced below.
-    conformance(store.as_ref(), false, false).await;
+    // object_store's `put_opts` check ends with racing `If-Match` updates, of which moto loses
+    // one now and then (49 of 50 increments seen). Mink never updates an object in place: the
+    // updates are checked here one at a time, and the `If-None-Match` creates that fencing
+    // relies on are raced below.
+    let store = store.as_ref();
+    integration::put_get_delete_list(store).await;
+    integration::get_opts(store).await;
+    integration::list_uses_directories_correctly(store).await;
+    integration::list_with_delimiter(store).await;
+    integration::rename_and_copy(store).await;
+    integration::stream_get(store).await;
+    let path = Path::from("conditional");
+    let _ = store.delete(&path).await;
+    let v1 = store
+        .put_opts(&path, "a".into(), PutMode::Create.into())
+        .await
+        .unwrap();
+    let err = store
+        .put_opts(&path, "b".into(), PutMode::Create.into())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, object_store::Error::AlreadyExists { .. }),
+        "{err}"
+    );
+    let update = |v: &object_store::PutResult| PutMode::Update(v.clone().into());
+    let v2 = store
+        .put_opts(&path, "c".into(), update(&v1).into())
+        .await
+        .unwrap();
+    let err = store
+        .put_opts(&path, "d".into(), update(&v1).into())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, object_store::Error::Precondition { .. }),
+        "{err}"
+    );
+    store
+        .put_opts(&path, "e".into(), update(&v2).into())
+        .await
+        .unwrap();
+    let got = store.get(&path).await.unwrap().bytes().await.unwrap();
+    assert_eq!(got.as_ref(), b"e");
 }
 
 #[tokio::test]

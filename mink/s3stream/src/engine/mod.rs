@@ -58,6 +58,9 @@ pub struct EngineConfig {
     pub prepare_ttl: Duration,
     /// Target size of a data block (a reader fetches about this much per miss).
     pub block_bytes: usize,
+    /// How far ahead of a sequential reader the next blocks of its stream are loaded into the
+    /// block cache (0: no read-ahead).
+    pub read_ahead_bytes: usize,
     pub log_cache_bytes: usize,
     pub block_cache_bytes: usize,
     pub index_cache_bytes: usize,
@@ -80,6 +83,7 @@ impl Default for EngineConfig {
             prepare_batch: 64,
             prepare_ttl: Duration::from_secs(600),
             block_bytes: 1 << 20,
+            read_ahead_bytes: 16 << 20,
             log_cache_bytes: 256 << 20,
             block_cache_bytes: 256 << 20,
             index_cache_bytes: 16 << 20,
@@ -267,7 +271,13 @@ pub struct EngineStats {
     pub commits: AtomicU64,
     pub reputs_after_expiry: AtomicU64,
     pub fenced_ranges: AtomicU64,
+    /// GETs of object data (indexes and runs of blocks).
     pub object_reads: AtomicU64,
+    /// GETs of block runs made by read-ahead (counted in `object_reads` too).
+    pub read_ahead_reads: AtomicU64,
+    /// Blocks (and their bytes) read-aheads made sure of: loaded, or found loaded.
+    pub read_ahead_blocks: AtomicU64,
+    pub read_ahead_bytes: AtomicU64,
 }
 
 fn add(counter: &AtomicU64, n: u64) {
@@ -360,6 +370,12 @@ pub(crate) struct Engine {
     pub(crate) log_cache: LogCache,
     pub(crate) index_cache: IndexCache,
     pub(crate) block_cache: BlockCache,
+    /// Blocks being read from object storage, so no block is read twice at once.
+    pub(crate) loads: Mutex<crate::read::Loads>,
+    /// Streams being read sequentially from object storage (for read-ahead).
+    pub(crate) readers: Mutex<HashMap<u64, crate::read::Reader>>,
+    /// Bytes of read-ahead windows being loaded.
+    pub(crate) read_ahead_inflight: AtomicU64,
     pub(crate) stats: EngineStats,
     shutdown: watch::Sender<bool>,
 }
@@ -388,6 +404,9 @@ impl S3Stream {
             log_cache: LogCache::new(config.log_cache_bytes),
             index_cache: IndexCache::new(config.index_cache_bytes),
             block_cache: BlockCache::new(config.block_cache_bytes),
+            loads: Mutex::new(HashMap::new()),
+            readers: Mutex::new(HashMap::new()),
+            read_ahead_inflight: AtomicU64::new(0),
             sink,
             store,
             config,
