@@ -6,8 +6,9 @@
 //!   size, and the metadata commands per second the write path costs;
 //! - beside it, the limit: raw object_store PUT throughput of objects of that mean size, with as
 //!   many PUTs in flight as the engine allows, on the same store in the same run;
-//! - fetch throughput from the log cache and, on a node with cold caches, from object storage,
-//!   beside raw ranged GETs of the same objects.
+//! - fetch throughput from the log cache and, on a node with cold caches, from object storage
+//!   (before and after a compaction round; one stream after another, and every stream at once
+//!   as a consumer group catching up reads), beside raw GETs of the same objects.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -524,8 +524,11 @@ impl S3Stream {
                     _ => runs.push((object_id, vec![(entry, Some(i))])),
                 }
             }
-            for (object_id, run) in &mut runs {
-                self.widen(*object_id, run, &loads);
+            // A read-ahead is one stream's: widening it would load far ahead of the others.
+            if !ahead {
+                for (object_id, run) in &mut runs {
+                    self.widen(*object_id, run, &loads);
+                }
             }
             for (object_id, run) in runs {
                 let blocks: Vec<BlockIndex> = run.iter().map(|(e, _)| *e).collect();
@@ -556,7 +559,7 @@ impl S3Stream {
 
 impl S3Stream {
     /// Widens a run of blocks of an object with the adjacent blocks of other streams that
-    /// their sequential readers are about to ask for (within about four of their fetches),
+    /// their sequential readers are about to ask for (within about two of their fetches),
     /// up to `COALESCE_BYTES`: readers catching up on many streams at once then share the
     /// GETs of the stream-set objects their streams are thin slices of.
     fn widen(&self, object_id: u64, run: &mut Run, loads: &Loads) {
@@ -570,7 +573,7 @@ impl S3Stream {
             readers.get(&e.stream_id).is_some_and(|r| {
                 r.stride > 0
                     && e.end_offset > r.next
-                    && e.start_offset <= r.next.saturating_add(r.stride.saturating_mul(4))
+                    && e.start_offset <= r.next.saturating_add(r.stride.saturating_mul(2))
             }) && !loads.contains_key(&key)
                 && !engine.block_cache.contains(&key)
         };
