@@ -8,6 +8,7 @@ mod config;
 mod metrics;
 mod sink;
 mod source;
+mod state;
 
 use std::path::PathBuf;
 use std::sync::Arc;

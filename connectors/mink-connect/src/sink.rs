@@ -121,21 +121,14 @@ async fn write_position(
 
 /// The sink state table, created when missing.
 pub(crate) async fn prepare(client: &Client, config: &Config) -> anyhow::Result<()> {
-    let (database, table) = config.sink_state_table();
-    client.create_database(&database, true).await?;
-    let spec = mink_flight::protocol::CreateTable {
-        database,
-        table,
-        schema: mink_flight::protocol::encode_schema(&state_schema())
-            .map_err(|e| anyhow::anyhow!(e.0))?,
-        options: Default::default(),
-        partition_keys: vec![],
-        primary_key: vec!["table".into(), "partition".into(), "bucket".into()],
-        comment: "mink-connect: each sink bucket's position in its changelog".into(),
-        if_not_exists: true,
-    };
-    client.create_table_with(&spec).await?;
-    Ok(())
+    crate::state::create(
+        client,
+        config.sink_state_table(),
+        &state_schema(),
+        &["table", "partition", "bucket"],
+        "mink-connect: each sink bucket's position in its changelog",
+    )
+    .await
 }
 
 /// A sink's table, as the bucket tails need it.

@@ -166,20 +166,14 @@ async fn write_state(
 /// Creates what the connector writes to when it is missing: its state table, raw tables,
 /// dead-letter tables. A json source's table must exist (its schema is the user's).
 async fn prepare(client: &Client, config: &Config) -> anyhow::Result<()> {
-    let (database, table) = config.state_table();
-    client.create_database(&database, true).await?;
-    let spec = mink_flight::protocol::CreateTable {
-        database,
-        table,
-        schema: mink_flight::protocol::encode_schema(&state_schema())
-            .map_err(|e| anyhow::anyhow!(e.0))?,
-        options: Default::default(),
-        partition_keys: vec![],
-        primary_key: vec!["topic".into(), "partition".into()],
-        comment: "mink-connect: each source partition's writer and resume offset".into(),
-        if_not_exists: true,
-    };
-    client.create_table_with(&spec).await?;
+    crate::state::create(
+        client,
+        config.state_table(),
+        &state_schema(),
+        &["topic", "partition"],
+        "mink-connect: each source partition's writer and resume offset",
+    )
+    .await?;
     for s in &config.sources {
         let (database, table) = table_name(&s.table)?;
         client.create_database(&database, true).await?;

@@ -16,22 +16,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::{Message as _, Offset, TopicPartitionList};
 use serde_json::Value;
 
-/// Waits for the node to apply its next metadata change: false at `deadline`.
-async fn next_change(node: &Node, deadline: tokio::time::Instant) -> bool {
-    let applied = node.view().applied_index;
-    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-    node.wait_applied(applied + 1, left).await.is_ok()
-}
-
-fn connect(args: &[&str]) -> tokio::process::Command {
-    let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_mink-connect"));
-    c.args(args)
-        .env("RUST_LOG", "warn")
-        .kill_on_drop(true)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    c
-}
+mod common;
+use common::{connect, next_change};
 
 /// The high watermark of each bucket of `shop.<table>`.
 fn ends(node: &Node, table: &str) -> BTreeMap<u32, u64> {

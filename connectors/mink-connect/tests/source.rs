@@ -44,24 +44,8 @@ fn stored_rows(node: &Node, table: &str) -> u64 {
         .sum()
 }
 
-/// Waits for the node to apply its next metadata change (rows committed, a group joined):
-/// false at `deadline`.
-async fn next_change(node: &Node, deadline: tokio::time::Instant) -> bool {
-    let applied = node.view().applied_index;
-    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-    node.wait_applied(applied + 1, left).await.is_ok()
-}
-
-/// `mink-connect` with `args`.
-fn connect(args: &[&str]) -> tokio::process::Command {
-    let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_mink-connect"));
-    c.args(args)
-        .env("RUST_LOG", "warn")
-        .kill_on_drop(true)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    c
-}
+mod common;
+use common::{connect, next_change};
 
 const ORDERS: usize = 6000;
 const PAYMENTS: usize = 3000;
