@@ -17,7 +17,7 @@ use rdkafka::{Message as _, Offset, TopicPartitionList};
 use serde_json::Value;
 
 mod common;
-use common::{connect, next_change};
+use common::{connect, next_change, next_change_while};
 
 /// The high watermark of each bucket of `shop.<table>`.
 fn ends(node: &Node, table: &str) -> BTreeMap<u32, u64> {
@@ -289,19 +289,10 @@ topic = "clicks_out"
             if reached >= target.min(total_end(&s.node)) && reached > now {
                 break;
             }
-            tokio::select! {
-                status = child.wait() => {
-                    let out = child.wait_with_output().await.unwrap();
-                    panic!(
-                        "round {round}: the connector exited ({status:?}):\n{}",
-                        String::from_utf8_lossy(&out.stderr)
-                    );
-                }
-                changed = next_change(&s.node, deadline) => assert!(
-                    changed,
-                    "round {round}: waited 60 s for the sinks to reach {target}, at {reached}"
-                ),
-            }
+            assert!(
+                next_change_while(&s.node, &mut child, deadline).await,
+                "round {round}: waited 60 s for the sinks to reach {target}, at {reached}"
+            );
         }
         child.kill().await.unwrap();
     }

@@ -45,7 +45,7 @@ fn stored_rows(node: &Node, table: &str) -> u64 {
 }
 
 mod common;
-use common::{connect, next_change};
+use common::{connect, next_change, next_change_while};
 
 const ORDERS: usize = 6000;
 const PAYMENTS: usize = 3000;
@@ -168,20 +168,11 @@ dead_letter = "shop.payments_rejected"
         let target = (rows_now() + rng.random_range(1..=600)).min(rows_expected);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         while rows_now() < target {
-            tokio::select! {
-                status = child.wait() => {
-                    let out = child.wait_with_output().await.unwrap();
-                    panic!(
-                        "round {round}: the connector exited ({status:?}):\n{}",
-                        String::from_utf8_lossy(&out.stderr)
-                    );
-                }
-                changed = next_change(&s.node, deadline) => assert!(
-                    changed,
-                    "round {round}: waited 60 s for {target} rows, have {}",
-                    rows_now()
-                ),
-            }
+            assert!(
+                next_change_while(&s.node, &mut child, deadline).await,
+                "round {round}: waited 60 s for {target} rows, have {}",
+                rows_now()
+            );
         }
         child.kill().await.unwrap();
     }

@@ -20,3 +20,22 @@ pub(crate) fn connect(args: &[&str]) -> tokio::process::Command {
         .stderr(std::process::Stdio::piped());
     c
 }
+
+/// [`next_change`] while `child` runs: panics with its stderr if it exits first.
+pub(crate) async fn next_change_while(
+    node: &Node,
+    child: &mut tokio::process::Child,
+    deadline: tokio::time::Instant,
+) -> bool {
+    use tokio::io::AsyncReadExt as _;
+    tokio::select! {
+        status = child.wait() => {
+            let mut stderr = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = e.read_to_string(&mut stderr).await;
+            }
+            panic!("the connector exited ({status:?}):\n{stderr}");
+        }
+        changed = next_change(node, deadline) => changed,
+    }
+}
