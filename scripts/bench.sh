@@ -6,6 +6,7 @@
 #   ./scripts/bench.sh flight | kafka | kv | cluster | lake | sql-tail [--json] ...
 #   ./scripts/bench.sh tpch [--scale 1] [--iterations 3] [--queries 1,6] [--json]
 #   ./scripts/bench.sh produce|consume|e2e --flight HOST:PORT | --kafka HOST:PORT [...]
+#   ./scripts/bench.sh sql --flight-sql HOST:PORT --query "SELECT ..." [...]
 #     (against a running cluster or any Kafka broker: nothing is started here)
 # Builds only the benchmark crate (-p mink-bench) into the shared target directory.
 set -euo pipefail
@@ -20,7 +21,7 @@ suite="${1:-metadata}"
 shift || true
 cargo build --release --locked -p mink-bench
 case "$suite" in
-  produce | consume | e2e) exec "$CARGO_TARGET_DIR/release/mink-bench" "$suite" "$@" ;;
+  produce | consume | e2e | sql) exec "$CARGO_TARGET_DIR/release/mink-bench" "$suite" "$@" ;;
 esac
 trap 'stop_moto; stop_postgres' EXIT
 if start_postgres; then

@@ -35,6 +35,9 @@ enum Suite {
     Consume(load::Args),
     /// Produce and consume at once: latency from send to receipt.
     E2e(load::Args),
+    /// Statements over Flight SQL (`mink dev`, `mink-query serve`, any Flight SQL server):
+    /// statements/s, result MB/s, latency percentiles.
+    Sql(load::sql::SqlArgs),
     /// The metadata command log: proposals/s and latency against raw multi-row INSERTs.
     Metadata(metadata::Args),
     /// The stream engine: appends and fetches against raw object_store PUTs and GETs.
@@ -72,6 +75,7 @@ async fn main() -> anyhow::Result<()> {
         Suite::Produce(args) => load::run(load::Mode::Produce, args).await,
         Suite::Consume(args) => load::run(load::Mode::Consume, args).await,
         Suite::E2e(args) => load::run(load::Mode::EndToEnd, args).await,
+        Suite::Sql(args) => load::sql::run(args).await,
         Suite::Metadata(args) => metadata::run(args).await,
         Suite::S3stream(args) => s3stream::run(args).await,
         Suite::Flight(args) => flight::run(args).await,

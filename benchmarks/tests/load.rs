@@ -156,3 +156,114 @@ async fn produce_consume_and_e2e_over_flight_and_kafka() {
     }
     s.stop().await;
 }
+
+/// `mink-bench sql` against Mink's Flight SQL server: every statement runs and reads its whole
+/// result, the rows add up, and a statement the server refuses stops the run naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_statements_over_flight_sql() {
+    use std::sync::Arc;
+
+    let dir = tempfile::tempdir().unwrap();
+    let s = mink_testkit::serve(dir.path(), mink_kafka::KafkaConfig::default()).await;
+    let client = mink_client::Client::connect(&s.flight).await.unwrap();
+    client.create_database("bench", false).await.unwrap();
+    let rows = arrow::array::RecordBatch::try_from_iter(vec![
+        (
+            "id",
+            Arc::new(arrow::array::Int64Array::from_iter_values(0..100)) as arrow::array::ArrayRef,
+        ),
+        (
+            "v",
+            Arc::new(arrow::array::StringArray::from_iter_values(
+                (0..100).map(|i| format!("row {i}")),
+            )),
+        ),
+    ])
+    .unwrap();
+    client
+        .create_table(
+            "bench",
+            "t",
+            &rows.schema(),
+            [("bucket.num", "2")],
+            &[],
+            false,
+        )
+        .await
+        .unwrap();
+    client.writer("bench", "t").write(&rows).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let sql_address = listener.local_addr().unwrap().to_string();
+    let engine = mink_query::QueryEngine::new(client.clone());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(mink_query::flight_sql::MinkFlightSql::new(engine).serve(
+        listener,
+        async {
+            let _ = stopped.await;
+        },
+    ));
+
+    let html = dir.path().join("sql.html");
+    let out = ok(&[
+        "sql",
+        "--flight-sql",
+        &sql_address,
+        "--query",
+        "SELECT count(*) FROM bench.t",
+        "--query",
+        "SELECT id, v FROM bench.t WHERE id < 10",
+        "--clients",
+        "2",
+        "--max-queries",
+        "10",
+        "--duration",
+        "60",
+        "--json",
+        "--report",
+        html.to_str().unwrap(),
+    ])
+    .await;
+    assert_eq!(records(&out, "statements"), 10, "{out}");
+    let json: serde_json::Value =
+        serde_json::from_str(out.lines().find(|l| l.starts_with('{')).unwrap()).unwrap();
+    // Five of each statement: 5 × 1 + 5 × 10 rows.
+    assert_eq!(json["rows"], 55, "{json}");
+    assert!(json["figures"][0]["p50_ms"].as_f64().unwrap() > 0.0);
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("mink-bench sql over flight-sql") && page.matches("<svg").count() == 2);
+
+    for (args, expected) in [
+        (
+            vec![
+                "sql",
+                "--flight-sql",
+                &sql_address,
+                "--query",
+                "SELECT nope FROM bench.t",
+            ],
+            "SELECT nope FROM bench.t",
+        ),
+        (
+            vec![
+                "sql",
+                "--flight-sql",
+                &sql_address,
+                "--query",
+                "SELECT 1",
+                "--clients",
+                "0",
+            ],
+            "--clients takes at least 1",
+        ),
+    ] {
+        let out = bench(&args).await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(expected),
+            "{args:?}: {stderr}"
+        );
+    }
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
+    s.stop().await;
+}

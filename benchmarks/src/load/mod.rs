@@ -13,6 +13,7 @@
 mod flight;
 mod kafka;
 mod report;
+pub(crate) mod sql;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -90,6 +91,8 @@ pub(crate) enum Mode {
     Produce,
     Consume,
     EndToEnd,
+    /// Statements over Flight SQL ([`sql`]).
+    Sql,
 }
 
 impl Mode {
@@ -98,6 +101,7 @@ impl Mode {
             Mode::Produce => "produce",
             Mode::Consume => "consume",
             Mode::EndToEnd => "e2e",
+            Mode::Sql => "sql",
         }
     }
 }
@@ -357,6 +361,7 @@ pub(crate) async fn measure(mode: Mode, args: &Args) -> anyhow::Result<Measured>
             ("produced", Arc::clone(&produced)),
             ("consumed", Arc::clone(&consumed)),
         ],
+        Mode::Sql => bail!("sql runs are measured by load::sql"),
     };
     let (bar, ticker) = progress(mode, args.transport(), sides.clone());
     let result = if args.kafka.is_some() {
@@ -410,7 +415,8 @@ pub(crate) async fn run(mode: Mode, args: Args) -> anyhow::Result<()> {
         );
     }
     if let Some(path) = &args.report {
-        report::write(path, mode, &args, &summary, &timelines)
+        let title = format!("mink-bench {} over {}", mode.name(), args.transport());
+        report::write(path, &title, &summary, &timelines)
             .with_context(|| format!("writing the report {}", path.display()))?;
         eprintln!("report: {}", path.display());
     }
@@ -440,6 +446,7 @@ fn summary(mode: Mode, args: &Args, figures: &[Figures]) -> String {
         Mode::Produce => "latency: due to acknowledged",
         Mode::Consume => "latency: none (reading what is stored)",
         Mode::EndToEnd => "latency: due to acknowledged (produced), sent to received (consumed)",
+        Mode::Sql => "latency: due to last result batch",
     };
     out.push_str(&format!("({latency})\n\n"));
     out.push_str("| side | records | seconds | records/s | MB/s | p50 ms | p95 ms | p99 ms | p99.9 ms | max ms |");

@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::bail;
 use plotters::prelude::*;
 
-use super::{Args, Mode, Second};
+use super::Second;
 
 /// How a report at `path` is written, from its extension.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -133,15 +133,14 @@ fn charts(timelines: &[(&'static str, Vec<Second>)]) -> anyhow::Result<(String, 
     ))
 }
 
+/// Writes the report of a run titled `title` (`mink-bench produce over kafka`, say).
 pub(super) fn write(
     path: &Path,
-    mode: Mode,
-    args: &Args,
+    title: &str,
     summary: &str,
     timelines: &[(&'static str, Vec<Second>)],
 ) -> anyhow::Result<()> {
     let (throughput, latency) = charts(timelines)?;
-    let title = format!("mink-bench {} over {}", mode.name(), args.transport());
     // The command as the user typed it, the program by its name only.
     let command: Vec<String> = std::env::args()
         .enumerate()
