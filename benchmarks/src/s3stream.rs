@@ -73,6 +73,8 @@ struct FetchPoint {
     mb_per_s: f64,
     raw_get_mb_per_s: f64,
     ratio_to_raw: f64,
+    /// GETs the reading node made (indexes and runs of blocks).
+    gets: u64,
 }
 
 fn ms(h: &Histogram<u64>, q: f64) -> f64 {
@@ -366,15 +368,20 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
                     let raw_get = raw_gets(&base, "s3stream/objects", 8).await?;
                     // The last 64 MiB written is certainly still in the log cache.
                     let tail = (64 << 20) / (args.record_bytes as u64 * ids.len() as u64);
+                    let gets = |e: &S3Stream| e.stats().object_reads.load(Ordering::Relaxed);
+                    let before = gets(&node1.engine);
                     let hot =
                         fetch_all(&node1.engine, &ids, args.seconds, Some(tail), 1 << 20).await?;
+                    let hot = (hot, gets(&node1.engine) - before);
                     let cold_engine = node(Arc::clone(&store), &meta_url, 2).await?;
                     let cold = fetch_all(&cold_engine, &ids, args.seconds, None, 8 << 20).await?;
+                    let cold = (cold, gets(&cold_engine));
                     cold_engine.shutdown().await;
                     // Every stream at once, 1 MiB per fetch (a Kafka consumer's default
                     // max.partition.fetch.bytes).
                     let cold_engine = node(Arc::clone(&store), &meta_url, 4).await?;
                     let cold_all = fetch_parallel(&cold_engine, &ids, 1 << 20).await?;
+                    let cold_all = (cold_all, gets(&cold_engine));
                     cold_engine.shutdown().await;
                     // After a compaction round each stream lives in few objects of its own.
                     let all_at_once = CompactionConfig {
@@ -386,9 +393,11 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
                     let compacted_engine = node(Arc::clone(&store), &meta_url, 3).await?;
                     let compacted =
                         fetch_all(&compacted_engine, &ids, args.seconds, None, 8 << 20).await?;
+                    let compacted = (compacted, gets(&compacted_engine));
                     compacted_engine.shutdown().await;
                     let compacted_engine = node(Arc::clone(&store), &meta_url, 5).await?;
                     let compacted_all = fetch_parallel(&compacted_engine, &ids, 1 << 20).await?;
+                    let compacted_all = (compacted_all, gets(&compacted_engine));
                     compacted_engine.shutdown().await;
                     for (source, mb) in [
                         ("log cache", hot),
@@ -397,12 +406,14 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
                         ("after compaction", compacted),
                         ("after compaction, every stream at once", compacted_all),
                     ] {
+                        let (mb, gets) = mb;
                         fetches_out.push(FetchPoint {
                             store: name.clone(),
                             source,
                             mb_per_s: mb,
                             raw_get_mb_per_s: raw_get,
                             ratio_to_raw: mb / raw_get,
+                            gets,
                         });
                     }
                 }
@@ -458,13 +469,13 @@ fn print(appends: &[AppendPoint], fetches: &[FetchPoint], json: bool) -> anyhow:
         );
     }
     println!(
-        "\n{:<6} {:<15} {:>8} {:>12} {:>6}",
-        "store", "fetch from", "MB/s", "raw GET MB/s", "ratio"
+        "\n{:<6} {:<40} {:>8} {:>12} {:>6} {:>8}",
+        "store", "fetch from", "MB/s", "raw GET MB/s", "ratio", "GETs"
     );
     for f in fetches {
         println!(
-            "{:<6} {:<17} {:>8.1} {:>12.1} {:>6.2}",
-            f.store, f.source, f.mb_per_s, f.raw_get_mb_per_s, f.ratio_to_raw
+            "{:<6} {:<40} {:>8.1} {:>12.1} {:>6.2} {:>8}",
+            f.store, f.source, f.mb_per_s, f.raw_get_mb_per_s, f.ratio_to_raw, f.gets
         );
     }
     if json {
