@@ -47,6 +47,8 @@ pub(super) async fn run(
         .iter()
         .map(|b| (b.bucket, b.end_offset))
         .collect();
+    // The run's clock starts once the table or topic is ready: setup is not measured.
+    let start = super::restart(start, produced, consumed);
     let deadline = start + args.duration();
     let mut consumers = Vec::new();
     if mode != Mode::Produce {

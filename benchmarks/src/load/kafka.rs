@@ -75,6 +75,8 @@ pub(super) async fn run(
         .with_context(|| format!("the watermarks of partition {p}"))?;
         ends.push((*p, high));
     }
+    // The run's clock starts once the table or topic is ready: setup is not measured.
+    let start = super::restart(start, produced, consumed);
     let deadline = start + args.duration();
     let mut consumers = Vec::new();
     if mode != Mode::Produce {

@@ -250,6 +250,16 @@ impl Recorder {
 
 pub(crate) type Shared = Arc<Mutex<Recorder>>;
 
+/// Starts the run's clock now (after its setup, which began at `setup`), for both sides'
+/// recorders; returns the new start.
+pub(crate) fn restart(setup: Instant, produced: &Shared, consumed: &Shared) -> Instant {
+    let now = Instant::now().max(setup);
+    for side in [produced, consumed] {
+        side.lock().expect("recorder lock").start = now;
+    }
+    now
+}
+
 /// A run's figures for one side.
 #[derive(Debug, serde::Serialize)]
 pub(crate) struct Figures {
