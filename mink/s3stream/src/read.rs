@@ -288,7 +288,22 @@ impl S3Stream {
             this.engine
                 .read_ahead_inflight
                 .fetch_sub(window, Ordering::Relaxed);
+            this.engine.read_ahead_ended.notify_waiters();
         });
+    }
+
+    /// Waits until no read-ahead is loading: for measuring what readers fetch themselves.
+    pub async fn read_aheads_settled(&self) {
+        let engine = &self.engine;
+        loop {
+            let ended = engine.read_ahead_ended.notified();
+            let mut ended = std::pin::pin!(ended);
+            ended.as_mut().enable();
+            if engine.read_ahead_inflight.load(Ordering::Relaxed) == 0 {
+                return;
+            }
+            ended.await;
+        }
     }
 
     /// The first committed batch at or after offset `from` whose time is at or after

@@ -1695,14 +1695,13 @@ async fn cold_reads_coalesce_blocks_and_read_ahead(world: World) {
     };
     fetch(&mut next).await;
     fetch(&mut next).await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while reader.stats().read_ahead_bytes.load(Ordering::Relaxed) < 32 << 10 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "waited 30 s for a 32 KiB read-ahead after two sequential fetches"
-        );
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    tokio::time::timeout(Duration::from_secs(30), reader.read_aheads_settled())
+        .await
+        .expect("waited 30 s for the read-ahead started by two sequential fetches to end");
+    assert!(
+        reader.stats().read_ahead_bytes.load(Ordering::Relaxed) >= 32 << 10,
+        "two sequential fetches read 32 KiB ahead"
+    );
     let before = fetch_reads(&reader);
     for _ in 0..6 {
         fetch(&mut next).await;

@@ -376,6 +376,8 @@ pub(crate) struct Engine {
     pub(crate) readers: Mutex<HashMap<u64, crate::read::Reader>>,
     /// Bytes of read-ahead windows being loaded.
     pub(crate) read_ahead_inflight: AtomicU64,
+    /// Told whenever a read-ahead ends.
+    pub(crate) read_ahead_ended: Notify,
     pub(crate) stats: EngineStats,
     shutdown: watch::Sender<bool>,
 }
@@ -407,6 +409,7 @@ impl S3Stream {
             loads: Mutex::new(HashMap::new()),
             readers: Mutex::new(HashMap::new()),
             read_ahead_inflight: AtomicU64::new(0),
+            read_ahead_ended: Notify::new(),
             sink,
             store,
             config,
