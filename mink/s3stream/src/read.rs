@@ -548,9 +548,6 @@ impl S3Stream {
             for (object_id, run) in runs {
                 let blocks: Vec<BlockIndex> = run.iter().map(|(e, _)| *e).collect();
                 let load = load(Arc::clone(engine), object_id, blocks, ahead).shared();
-                // Driven to the end even if every read awaiting it is dropped (a client gone
-                // mid-fetch): its blocks land in the cache and leave the loads in flight.
-                tokio::spawn(load.clone().map(drop));
                 awaited.push(load.clone());
                 let at = awaited.len() - 1;
                 for (k, (entry, slot)) in run.iter().enumerate() {
