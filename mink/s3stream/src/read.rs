@@ -583,13 +583,18 @@ impl S3Stream {
             return;
         };
         let readers = engine.readers.lock().expect("readers lock");
+        // The run's own stream is left out: its blocks are the read's (a run the read split
+        // off may be next), and it reads ahead by itself.
+        let own = run[0].0.stream_id;
         let wanted = |e: &BlockIndex| {
             let key = (object_id, e.position);
-            readers.get(&e.stream_id).is_some_and(|r| {
-                r.stride > 0
-                    && e.end_offset > r.next
-                    && e.start_offset <= r.next.saturating_add(r.stride.saturating_mul(2))
-            }) && !loads.contains_key(&key)
+            e.stream_id != own
+                && readers.get(&e.stream_id).is_some_and(|r| {
+                    r.stride > 0
+                        && e.end_offset > r.next
+                        && e.start_offset <= r.next.saturating_add(r.stride.saturating_mul(2))
+                })
+                && !loads.contains_key(&key)
                 && !engine.block_cache.contains(&key)
         };
         let bytes = |run: &[(BlockIndex, Option<usize>)]| {
