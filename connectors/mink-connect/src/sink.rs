@@ -499,8 +499,7 @@ async fn tail(
         let mut stream = match client.scan(&scan).await {
             Ok(s) => s,
             Err(e) => {
-                retry_or_end(&e, &key, &mut failing_since).await?;
-                if e.code() == Some(ErrorCode::NotFound) {
+                if retry_or_end(&e, &key, &mut failing_since).await? {
                     return Ok(key);
                 }
                 continue;
@@ -528,8 +527,7 @@ async fn tail(
                     }
                 }
                 Ok(Some(Err(e))) => {
-                    retry_or_end(&e, &key, &mut failing_since).await?;
-                    if e.code() == Some(ErrorCode::NotFound) {
+                    if retry_or_end(&e, &key, &mut failing_since).await? {
                         return Ok(key);
                     }
                     break;
@@ -612,16 +610,16 @@ async fn send(
     }
 }
 
-/// A failed read of a bucket: gone (its partition was dropped), worth retrying (waits a
-/// moment), or the end of the connector.
+/// A failed read of a bucket: gone (its partition was dropped: `true`, the tail ends), worth
+/// retrying (waits a moment), or the end of the connector.
 async fn retry_or_end(
     e: &ClientError,
     key: &BucketKey,
     failing_since: &mut Option<Instant>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<bool> {
     if key.1.is_some() && e.code() == Some(ErrorCode::NotFound) {
         tracing::info!(table = %key.0, partition = ?key.1, "the partition is gone: its tail ends");
-        return Ok(());
+        return Ok(true);
     }
     let since = *failing_since.get_or_insert_with(Instant::now);
     if !e.is_retriable() || since.elapsed() >= RETRY_FOR {
@@ -629,7 +627,7 @@ async fn retry_or_end(
     }
     tracing::warn!(table = %key.0, bucket = key.2, error = %e, "reading again");
     tokio::time::sleep(Duration::from_millis(200)).await;
-    Ok(())
+    Ok(false)
 }
 
 #[cfg(test)]
