@@ -47,6 +47,14 @@ impl LogTablet {
         }
     }
 
+    /// Stores what this handle appends with `compression` instead of the table's (readers
+    /// decode either: each stored batch says how its buffers are compressed).
+    #[must_use]
+    pub fn with_compression(mut self, compression: Compression) -> Self {
+        self.compression = compression;
+        self
+    }
+
     /// Appends only while the stream is open on this node at `epoch`: a writer whose batches
     /// depend on what it read (a primary-key changelog) never appends to a later opening.
     #[must_use]

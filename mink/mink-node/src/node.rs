@@ -278,6 +278,10 @@ pub struct WriteTarget {
     /// record times); the leader's clock at append when `None`. Log tables only, and kept only
     /// by a write its leader takes directly (a forwarded write is stamped by the leader).
     pub timestamp_ms: Option<i64>,
+    /// Log tables: stores the rows with this compression instead of the table's (a Kafka
+    /// producer's choice under Kafka's `compression.type=producer`). Like `timestamp_ms`, kept
+    /// only by a write its leader takes directly.
+    pub compression: Option<mink_log::codec::Compression>,
 }
 
 impl WriteTarget {
@@ -776,10 +780,13 @@ impl Node {
             let ipc = target.ipc.as_ref().filter(|_| rows == whole_rows);
             let (appending, unsent) = match self.tablet(&record, partition_id, b).await {
                 Ok(tablet) => (
-                    tablet
-                        .submit_received(&part, ipc, target.writer, target.timestamp_ms)
-                        .await
-                        .map_err(NodeError::from),
+                    match target.compression {
+                        Some(c) => tablet.with_compression(c),
+                        None => tablet,
+                    }
+                    .submit_received(&part, ipc, target.writer, target.timestamp_ms)
+                    .await
+                    .map_err(NodeError::from),
                     None,
                 ),
                 Err(e @ NodeError::NotLeader { .. }) => (Err(e), routed.then_some(part)),

@@ -154,7 +154,7 @@ impl MinkFlight {
             writer,
             columns: d.columns.clone(),
             ipc,
-            timestamp_ms: None,
+            ..WriteTarget::default()
         };
         let pending = session
             .submit(&d.database, &d.table, batch, &target)
