@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::FutureExt as _;
+use futures::{FutureExt as _, StreamExt as _};
 use kafka_protocol::ResponseError;
 use kafka_protocol::messages::api_versions_response::ApiVersion;
 use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
@@ -347,15 +347,7 @@ async fn create_topics(cx: &Context, request: CreateTopicsRequest) -> CreateTopi
                 "replica assignments are not taken: the cluster places buckets".to_string(),
             ))
         } else {
-            t.configs.first().map(|c| {
-                (
-                    ResponseError::InvalidConfig,
-                    format!(
-                        "topic config {} is not supported yet: create the table with its Mink options instead",
-                        c.name.as_str()
-                    ),
-                )
-            })
+            topic_options(&t.configs).err()
         };
         if let Some((code, message)) = refused {
             results.push(
@@ -373,7 +365,8 @@ async fn create_topics(cx: &Context, request: CreateTopicsRequest) -> CreateTopi
             );
             continue;
         }
-        let created = create_raw_topic(cx, &database, &table, partitions, false).await;
+        let options = topic_options(&t.configs).unwrap_or_default();
+        let created = create_raw_topic(cx, &database, &table, partitions, options, false).await;
         results.push(match created {
             Ok(_) => result
                 .with_num_partitions(partitions)
@@ -384,6 +377,77 @@ async fn create_topics(cx: &Context, request: CreateTopicsRequest) -> CreateTopi
         });
     }
     CreateTopicsResponse::default().with_topics(results)
+}
+
+/// Kafka's `compression.type` of a topic: how its records are stored.
+const COMPRESSION_TYPE: &str = "compression.type";
+
+/// The Mink options a CreateTopics request's configs make: `compression.type` is taken
+/// (`producer`, Kafka's default: as each producer sent its batches; `zstd`; `uncompressed`),
+/// any other config is refused.
+fn topic_options(
+    configs: &[kafka_protocol::messages::create_topics_request::CreatableTopicConfig],
+) -> std::result::Result<Vec<(String, String)>, (ResponseError, String)> {
+    let mut options = Vec::new();
+    for c in configs {
+        let value = c.value.as_ref().map_or("", |v| v.as_str());
+        match (c.name.as_str(), value) {
+            (COMPRESSION_TYPE, "producer") => {}
+            (COMPRESSION_TYPE, "zstd") => {
+                options.push((
+                    mink_log::options::LOG_COMPRESSION.to_string(),
+                    "ZSTD".into(),
+                ));
+            }
+            (COMPRESSION_TYPE, "uncompressed") => {
+                options.push((
+                    mink_log::options::LOG_COMPRESSION.to_string(),
+                    "NONE".into(),
+                ));
+            }
+            (COMPRESSION_TYPE, other) => {
+                return Err((
+                    ResponseError::InvalidConfig,
+                    format!(
+                        "compression.type {other:?}: a topic stores Arrow record batches, so producer, zstd or uncompressed"
+                    ),
+                ));
+            }
+            (name, _) => {
+                return Err((
+                    ResponseError::InvalidConfig,
+                    format!(
+                        "topic config {name} is not supported yet: create the table with its Mink options instead"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(options)
+}
+
+/// How a topic of the raw schema stores a producer's batches: as its table's
+/// `table.log.arrow.compression.type` says when that is set (a topic created with
+/// `compression.type` `zstd` or `uncompressed`), otherwise as Kafka's `compression.type`
+/// `producer`: ZSTD (Arrow's codec) when the producer compressed them, uncompressed when it did
+/// not, so a node spends no CPU compressing what a producer chose not to. `None` (the table's
+/// compression) for other tables.
+fn stored_compression(
+    info: &TableInfo,
+    producer_compressed: bool,
+) -> Option<mink_log::codec::Compression> {
+    if !records::is_raw(&info.schema)
+        || info
+            .options
+            .contains_key(mink_log::options::LOG_COMPRESSION)
+    {
+        return None;
+    }
+    Some(if producer_compressed {
+        mink_log::codec::Compression::Zstd
+    } else {
+        mink_log::codec::Compression::None
+    })
 }
 
 /// One partition's produce outcome, before it is durable.
@@ -475,7 +539,7 @@ async fn produce(cx: Context, request: ProduceRequest) -> Result<Answer> {
                                     };
                                     Err((code, e.to_string()))
                                 }
-                                Ok((rows, writer, timestamp_ms)) => cx
+                                Ok((rows, writer, timestamp_ms, compressed)) => cx
                                     .node
                                     .submit_write(
                                         &info.database,
@@ -485,6 +549,7 @@ async fn produce(cx: Context, request: ProduceRequest) -> Result<Answer> {
                                             bucket: Some(bucket),
                                             writer,
                                             timestamp_ms,
+                                            compression: stored_compression(info, compressed),
                                             ..Default::default()
                                         },
                                     )
@@ -567,7 +632,8 @@ fn written(
 /// one sent them: the records' producer id and epoch and their sequence range, which the
 /// stream checks as Kafka does (start at 0, no gaps, duplicates answered with their offsets),
 /// and the rows' time: the latest record time of a raw topic (Kafka's CreateTime, which its
-/// time index keeps), none for a typed table (stamped at append, LogAppendTime).
+/// time index keeps), none for a typed table (stamped at append, LogAppendTime); and whether
+/// the producer compressed any of its batches.
 #[allow(clippy::type_complexity)]
 fn rows_of(
     table: &TableInfo,
@@ -577,6 +643,7 @@ fn rows_of(
         arrow::array::RecordBatch,
         Option<WriterBatchId>,
         Option<i64>,
+        bool,
     ),
     RecordError,
 > {
@@ -587,6 +654,7 @@ fn rows_of(
         });
     };
     let batches = records::check_batches(records)?;
+    let compressed = batches.iter().any(records::is_compressed);
     let mut all = Vec::new();
     for (i, b) in batches.iter().enumerate() {
         all.extend(records::decode_batch(i, b)?);
@@ -598,9 +666,14 @@ fn rows_of(
             reason: e.to_string(),
         })?;
         let time = all.iter().map(|r| r.timestamp).max().filter(|t| *t >= 0);
-        Ok((rows, writer, time))
+        Ok((rows, writer, time, compressed))
     } else {
-        Ok((records::json_rows(&table.schema, &all)?, writer, None))
+        Ok((
+            records::json_rows(&table.schema, &all)?,
+            writer,
+            None,
+            compressed,
+        ))
     }
 }
 
@@ -672,23 +745,13 @@ async fn fetch_partition(
     let raw = records::is_raw(&info.schema);
     let mut out = bytes::BytesMut::new();
     for r in read {
-        let rows = if raw {
-            records::records_of_raw(&r.batch, r.base_offset)
-        } else {
-            match records::records_of_json(&r.batch, r.base_offset, r.timestamp_ms) {
-                Ok(rows) => rows,
-                Err(e) => {
-                    tracing::warn!(error = %e, "encoding rows as JSON failed");
-                    return data.with_error_code(ResponseError::UnknownServerError.code());
-                }
-            }
-        };
-        match records::encode_records(&rows) {
-            Ok(bytes) => out.extend_from_slice(&bytes),
-            Err(e) => {
-                tracing::warn!(error = %e, "encoding a record batch failed");
-                return data.with_error_code(ResponseError::UnknownServerError.code());
-            }
+        if raw {
+            records::encode_raw(&r.batch, r.base_offset, &mut out);
+        } else if let Err(e) =
+            records::encode_json(&r.batch, r.base_offset, r.timestamp_ms, &mut out)
+        {
+            tracing::warn!(error = %e, "encoding rows as JSON failed");
+            return data.with_error_code(ResponseError::UnknownServerError.code());
         }
         if out.len() >= max_bytes {
             break;
@@ -697,42 +760,70 @@ async fn fetch_partition(
     data.with_records(Some(out.freeze()))
 }
 
+/// Partitions of one fetch read at once, at most.
+const PARALLEL_PARTITION_READS: usize = 16;
+
 async fn fetch(cx: &Context, request: &FetchRequest) -> FetchResponse {
     let wait = Duration::from_millis(u64::try_from(request.max_wait_ms).unwrap_or(0))
         .min(cx.config.max_fetch_wait);
     let deadline = tokio::time::Instant::now() + wait;
     loop {
+        let tables: Vec<_> = request
+            .topics
+            .iter()
+            .map(|t| topic_table(cx, t.topic.0.as_str()))
+            .collect();
+        // The partitions are read side by side: a cold read of one (from object storage) does
+        // not wait behind another's.
+        let mut reads: Vec<futures::future::BoxFuture<'_, PartitionData>> = Vec::new();
+        for (t, table) in request.topics.iter().zip(&tables) {
+            for p in &t.partitions {
+                reads.push(match table {
+                    Err(code) => futures::future::ready(
+                        PartitionData::default()
+                            .with_partition_index(p.partition)
+                            .with_error_code(code.code()),
+                    )
+                    .boxed(),
+                    Ok(info) => {
+                        let max = usize::try_from(p.partition_max_bytes).unwrap_or(0);
+                        fetch_partition(cx, info, p.partition, p.fetch_offset, max).boxed()
+                    }
+                });
+            }
+        }
+        let mut read = futures::stream::iter(reads)
+            .buffered(PARALLEL_PARTITION_READS)
+            .collect::<Vec<_>>()
+            .await
+            .into_iter();
+        let max_bytes = usize::try_from(request.max_bytes).unwrap_or(usize::MAX);
         let mut responses = Vec::with_capacity(request.topics.len());
         let mut bytes = 0usize;
         // Partitions to wait on: read to their end.
         let mut idle = Vec::new();
-        for t in &request.topics {
-            let name = t.topic.0.as_str();
-            let table = topic_table(cx, name);
+        for (t, table) in request.topics.iter().zip(&tables) {
             let mut partitions = Vec::with_capacity(t.partitions.len());
             for p in &t.partitions {
-                let data = match &table {
-                    Err(code) => PartitionData::default()
-                        .with_partition_index(p.partition)
-                        .with_error_code(code.code()),
-                    Ok(info) => {
-                        let max = usize::try_from(p.partition_max_bytes).unwrap_or(0);
-                        let d = fetch_partition(cx, info, p.partition, p.fetch_offset, max).await;
-                        let got = d.records.as_ref().map_or(0, Bytes::len);
-                        if got == 0
-                            && d.error_code == 0
-                            && let Ok(b) = u32::try_from(p.partition)
-                        {
-                            idle.push((
-                                BucketRef::new(&info.database, &info.name, None, b),
-                                u64::try_from(p.fetch_offset).unwrap_or(0),
-                            ));
-                        }
-                        bytes += got;
-                        d
-                    }
-                };
-                partitions.push(data);
+                let mut d = read.next().expect("a read per partition");
+                let got = d.records.as_ref().map_or(0, Bytes::len);
+                if bytes > 0 && bytes + got > max_bytes {
+                    // Over the response's limit (the first records always go): fetched again
+                    // from the same offset next time, from the cache.
+                    d = d.with_records(Some(Bytes::new()));
+                } else {
+                    bytes += got;
+                }
+                if got == 0
+                    && d.error_code == 0
+                    && let (Ok(info), Ok(b)) = (table, u32::try_from(p.partition))
+                {
+                    idle.push((
+                        BucketRef::new(&info.database, &info.name, None, b),
+                        u64::try_from(p.fetch_offset).unwrap_or(0),
+                    ));
+                }
+                partitions.push(d);
             }
             responses.push(
                 FetchableTopicResponse::default()
@@ -1309,6 +1400,23 @@ fn describe_configs(cx: &Context, request: &DescribeConfigsRequest) -> DescribeC
                                 },
                                 config("cleanup.policy", "delete".to_string()),
                             ];
+                            if records::is_raw(&info.schema) {
+                                configs.push(
+                                    match info
+                                        .options
+                                        .get(mink_log::options::LOG_COMPRESSION)
+                                        .map(String::as_str)
+                                    {
+                                        Some("NONE") => {
+                                            config(COMPRESSION_TYPE, "uncompressed".into())
+                                                .with_config_source(1)
+                                        }
+                                        Some(_) => config(COMPRESSION_TYPE, "zstd".into())
+                                            .with_config_source(1),
+                                        None => config(COMPRESSION_TYPE, "producer".into()),
+                                    },
+                                );
+                            }
                             configs.extend(
                                 info.options
                                     .iter()
@@ -1358,6 +1466,7 @@ async fn create_raw_topic(
     database: &str,
     table: &str,
     partitions: i32,
+    options: Vec<(String, String)>,
     if_not_exists: bool,
 ) -> std::result::Result<TableInfo, NodeError> {
     if database == cx.config.database {
@@ -1369,7 +1478,9 @@ async fn create_raw_topic(
             name: table.to_string(),
             schema: records::raw_schema(),
             primary_key: vec![],
-            options: [("bucket.num".to_string(), partitions.to_string())].into(),
+            options: std::iter::once(("bucket.num".to_string(), partitions.to_string()))
+                .chain(options)
+                .collect(),
             partition_keys: vec![],
             comment: String::new(),
             if_not_exists,
@@ -1394,7 +1505,8 @@ async fn auto_create(cx: &Context, request: &MetadataRequest) {
             continue;
         }
         let partitions = i32::try_from(partitions).unwrap_or(1);
-        if let Err(e) = create_raw_topic(cx, &database, &table, partitions, true).await {
+        if let Err(e) = create_raw_topic(cx, &database, &table, partitions, Vec::new(), true).await
+        {
             tracing::debug!(topic = name.0.as_str(), error = %e, "auto-creating a topic failed");
         }
     }

@@ -2,13 +2,12 @@
 //! anything is decoded from it, raw rows from records, records from rows.
 
 use arrow::array::{Array, AsArray as _, RecordBatch};
+use arrow::datatypes::ArrowNativeType as _;
 use arrow::datatypes::{Schema, SchemaRef, TimestampMicrosecondType};
-use bytes::{Buf as _, Bytes};
-use kafka_protocol::indexmap::IndexMap;
-use kafka_protocol::protocol::StrBytes;
+use bytes::{Buf as _, BufMut as _, Bytes, BytesMut};
 use kafka_protocol::records::{
     Compression, NO_PARTITION_LEADER_EPOCH, NO_PRODUCER_EPOCH, NO_PRODUCER_ID, NO_SEQUENCE, Record,
-    RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+    RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions,
 };
 
 /// The bytes of a v2 batch header before its records; `batchLength` counts from byte 12.
@@ -94,6 +93,11 @@ pub fn check_batches(records: &Bytes) -> Result<Vec<Bytes>, RecordError> {
         at += batch.len();
     }
     Ok(batches)
+}
+
+/// Whether a checked batch's records are compressed (any codec).
+pub fn is_compressed(batch: &Bytes) -> bool {
+    i16::from_be_bytes([batch[21], batch[22]]) & 0x7 != 0
 }
 
 /// The records of one checked batch.
@@ -196,73 +200,144 @@ pub fn raw_rows(records: &[Record]) -> Result<RecordBatch, arrow::error::ArrowEr
     )
 }
 
-/// Raw rows stored from `base_offset` on as records, their offsets the rows'.
-pub fn records_of_raw(batch: &RecordBatch, base_offset: u64) -> Vec<Record> {
+/// Raw rows stored from `base_offset` on, appended to `out` as one uncompressed v2 record
+/// batch: each row a record at its offset, with its key, value, headers and time.
+pub fn encode_raw(batch: &RecordBatch, base_offset: u64, out: &mut BytesMut) {
     let schema: SchemaRef = batch.schema();
     let column = |name: &str| schema.index_of(name).ok().map(|i| batch.column(i));
     let keys = column("key").map(|c| c.as_binary::<i32>());
     let values = column("value").map(|c| c.as_binary::<i32>());
     let headers = column("headers").map(|c| c.as_list::<i32>());
     let timestamps = column("timestamp").map(|c| c.as_primitive::<TimestampMicrosecondType>());
-    (0..batch.num_rows())
-        .map(|i| {
-            let bytes = |a: Option<&arrow::array::BinaryArray>| {
-                a.filter(|a| a.is_valid(i))
-                    .map(|a| Bytes::copy_from_slice(a.value(i)))
-            };
-            let mut record_headers = IndexMap::new();
-            if let Some(h) = headers.filter(|h| h.is_valid(i)) {
-                let entries = h.value(i);
-                let entries = entries.as_struct();
-                let (k, v) = (
-                    entries.column(0).as_string::<i32>(),
-                    entries.column(1).as_binary::<i32>(),
-                );
-                for j in 0..entries.len() {
-                    record_headers.insert(
-                        StrBytes::from_string(k.value(j).to_string()),
-                        v.is_valid(j).then(|| Bytes::copy_from_slice(v.value(j))),
-                    );
-                }
-            }
-            record(
-                base_offset + i as u64,
-                timestamps.map_or(-1, |t| t.value(i) / 1000),
-                bytes(keys),
-                bytes(values),
-                record_headers,
-            )
+    // Header entries, when any row has some: (keys, values, each row's range of entries).
+    let entries = headers.filter(|h| !h.values().is_empty()).map(|h| {
+        let entries = h.values().as_struct();
+        (
+            entries.column(0).as_string::<i32>(),
+            entries.column(1).as_binary::<i32>(),
+            h,
+        )
+    });
+    let mut row_headers: Vec<mink_log::raw::Header<'_>> = Vec::new();
+    let mut header_at = Vec::with_capacity(batch.num_rows() + 1);
+    header_at.push(0);
+    for i in 0..batch.num_rows() {
+        if let Some((k, v, h)) = entries.filter(|(_, _, h)| h.is_valid(i)) {
+            let range = h.value_offsets()[i].as_usize()..h.value_offsets()[i + 1].as_usize();
+            row_headers.extend(range.map(|j| (k.value(j), v.is_valid(j).then(|| v.value(j)))));
+        }
+        header_at.push(row_headers.len());
+    }
+    let records: Vec<mink_log::raw::Record<'_>> = (0..batch.num_rows())
+        .map(|i| mink_log::raw::Record {
+            key: binary(keys, i),
+            value: binary(values, i),
+            headers: &row_headers[header_at[i]..header_at[i + 1]],
+            timestamp_ms: timestamps.map_or(-1, |t| t.value(i) / 1000),
         })
-        .collect()
+        .collect();
+    encode_batch(&records, base_offset, out);
 }
 
-pub(crate) fn record(
-    offset: u64,
-    timestamp_ms: i64,
-    key: Option<Bytes>,
-    value: Option<Bytes>,
-    headers: IndexMap<StrBytes, Option<Bytes>>,
-) -> Record {
-    Record {
-        transactional: false,
-        control: false,
-        delete_horizon: false,
-        partition_leader_epoch: NO_PARTITION_LEADER_EPOCH,
-        producer_id: NO_PRODUCER_ID,
-        producer_epoch: NO_PRODUCER_EPOCH,
-        timestamp_type: TimestampType::Creation,
-        offset: i64::try_from(offset).unwrap_or(i64::MAX),
-        sequence: NO_SEQUENCE,
-        timestamp: timestamp_ms,
-        key,
-        value,
-        headers,
+/// Row `i` of a nullable binary column (`None` when there is no such column).
+fn binary(column: Option<&arrow::array::BinaryArray>, i: usize) -> Option<&[u8]> {
+    column.filter(|a| a.is_valid(i)).map(|a| a.value(i))
+}
+
+/// `records` at consecutive offsets from `base_offset`, appended to `out` as one uncompressed
+/// v2 record batch (what a broker returns for a batch its producer did not compress).
+pub fn encode_batch(records: &[mink_log::raw::Record<'_>], base_offset: u64, out: &mut BytesMut) {
+    let Some(first) = records.first() else {
+        return;
+    };
+    let (min_time, max_time) = records
+        .iter()
+        .fold((first.timestamp_ms, first.timestamp_ms), |(lo, hi), r| {
+            (lo.min(r.timestamp_ms), hi.max(r.timestamp_ms))
+        });
+    let start = out.len();
+    out.reserve(
+        HEADER
+            + records
+                .iter()
+                .map(|r| {
+                    8 + r.key.map_or(0, <[u8]>::len)
+                        + r.value.map_or(0, <[u8]>::len)
+                        + r.headers.len() * 8
+                })
+                .sum::<usize>(),
+    );
+    out.put_i64(i64::try_from(base_offset).unwrap_or(i64::MAX));
+    out.put_i32(0); // the batch's length, filled in below
+    out.put_i32(NO_PARTITION_LEADER_EPOCH);
+    out.put_i8(2);
+    out.put_u32(0); // the CRC, filled in below
+    out.put_i16(0); // attributes: uncompressed, CreateTime, not transactional
+    out.put_i32(i32::try_from(records.len() - 1).unwrap_or(i32::MAX));
+    out.put_i64(min_time);
+    out.put_i64(max_time);
+    out.put_i64(NO_PRODUCER_ID);
+    out.put_i16(NO_PRODUCER_EPOCH);
+    out.put_i32(NO_SEQUENCE);
+    out.put_i32(i32::try_from(records.len()).unwrap_or(i32::MAX));
+    let length = |b: Option<&[u8]>| b.map_or(-1, |b| i64::try_from(b.len()).unwrap_or(i64::MAX));
+    for (delta, r) in records.iter().enumerate() {
+        let delta = i64::try_from(delta).unwrap_or(i64::MAX);
+        let time = r.timestamp_ms - min_time;
+        let mut size = 1 + varint_len(time) + varint_len(delta);
+        for part in [r.key, r.value] {
+            size += varint_len(length(part)) + part.map_or(0, <[u8]>::len);
+        }
+        size += varint_len(r.headers.len() as i64);
+        for (k, v) in r.headers {
+            size += varint_len(k.len() as i64) + k.len() + varint_len(length(*v));
+            size += v.map_or(0, <[u8]>::len);
+        }
+        put_varint(out, size as i64);
+        out.put_i8(0);
+        put_varint(out, time);
+        put_varint(out, delta);
+        for part in [r.key, r.value] {
+            put_varint(out, length(part));
+            out.put_slice(part.unwrap_or_default());
+        }
+        put_varint(out, r.headers.len() as i64);
+        for (k, v) in r.headers {
+            put_varint(out, k.len() as i64);
+            out.put_slice(k.as_bytes());
+            put_varint(out, length(*v));
+            out.put_slice(v.unwrap_or_default());
+        }
     }
+    let batch_length = i32::try_from(out.len() - start - LENGTH_BASE).unwrap_or(i32::MAX);
+    out[start + 8..start + 12].copy_from_slice(&batch_length.to_be_bytes());
+    let crc = crc32c::crc32c(&out[start + 21..]);
+    out[start + 17..start + 21].copy_from_slice(&crc.to_be_bytes());
+}
+
+/// A zigzag varint (Kafka's `varint` and `varlong`).
+fn put_varint(out: &mut BytesMut, v: i64) {
+    #[allow(clippy::cast_sign_loss)] // zigzag: the sign moves to the lowest bit
+    let mut z = ((v << 1) ^ (v >> 63)) as u64;
+    while z >= 0x80 {
+        #[allow(clippy::cast_possible_truncation)] // the low 7 bits
+        out.put_u8((z as u8 & 0x7f) | 0x80);
+        z >>= 7;
+    }
+    #[allow(clippy::cast_possible_truncation)] // below 0x80
+    out.put_u8(z as u8);
+}
+
+/// The bytes [`put_varint`] writes for `v`.
+fn varint_len(v: i64) -> usize {
+    #[allow(clippy::cast_sign_loss)]
+    let z = ((v << 1) ^ (v >> 63)) as u64;
+    (64 - z.leading_zeros() as usize).max(1).div_ceil(7)
 }
 
 /// `records` (consecutive offsets) as one uncompressed v2 record batch.
 pub fn encode_records(records: &[Record]) -> Result<Bytes, RecordError> {
-    let mut buf = bytes::BytesMut::new();
+    let mut buf = BytesMut::new();
     RecordBatchEncoder::encode(
         &mut buf,
         records,
@@ -288,36 +363,31 @@ pub fn json_rows(schema: &SchemaRef, records: &[Record]) -> Result<RecordBatch, 
     })
 }
 
-/// Rows of a typed table stored from `base_offset` on as records whose values are the rows as
-/// JSON objects (no key; nulls left out), each with its stored batch's time.
-pub fn records_of_json(
+/// Rows of a typed table stored from `base_offset` on, appended to `out` as one record batch
+/// whose values are the rows as JSON objects (no key; nulls left out), each with its stored
+/// batch's time.
+pub fn encode_json(
     batch: &RecordBatch,
     base_offset: u64,
     timestamp_ms: i64,
-) -> Result<Vec<Record>, arrow::error::ArrowError> {
-    let mut out = Vec::new();
-    let mut w = arrow::json::LineDelimitedWriter::new(&mut out);
+    out: &mut BytesMut,
+) -> Result<(), arrow::error::ArrowError> {
+    let mut values = Vec::new();
+    let mut w = arrow::json::LineDelimitedWriter::new(&mut values);
     w.write(batch)?;
     w.finish()?;
-    let values = Bytes::from(out);
-    let mut records = Vec::with_capacity(batch.num_rows());
-    let mut at = 0;
-    for (i, line) in values
+    let records: Vec<mink_log::raw::Record<'_>> = values
         .split(|b| *b == b'\n')
         .take(batch.num_rows())
-        .enumerate()
-    {
-        let value = values.slice(at..at + line.len());
-        at += line.len() + 1;
-        records.push(record(
-            base_offset + i as u64,
+        .map(|line| mink_log::raw::Record {
+            key: None,
+            value: Some(line),
+            headers: &[],
             timestamp_ms,
-            None,
-            Some(value),
-            IndexMap::new(),
-        ));
-    }
-    Ok(records)
+        })
+        .collect();
+    encode_batch(&records, base_offset, out);
+    Ok(())
 }
 
 /// The first row of a batch of raw `timestamp`s (microseconds) at or after `timestamp_ms`: its

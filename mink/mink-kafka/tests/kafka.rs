@@ -743,6 +743,116 @@ async fn idempotent_producers_store_a_retried_batch_once() {
     s.stop().await;
 }
 
+/// A topic created with Kafka's defaults (`compression.type=producer`) stores what a producer
+/// compressed compressed (ZSTD, Arrow's codec) and what it did not uncompressed; fetched, both
+/// are the records produced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_are_stored_compressed_as_their_producer_sent_them() {
+    use kafka_protocol::records::{Compression, RecordBatchEncoder, RecordEncodeOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve(dir.path()).await;
+    raw_topic(&s.node, "t", 1).await;
+    let mut socket = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
+    // 50 records of 1 000 identical bytes: 50 000 bytes uncompressed, a few hundred compressed.
+    let records: Vec<_> = (0..50)
+        .map(|i| record(i, -1, -1, -1, 1_000 + i, None, Some("a".repeat(1_000))))
+        .collect();
+    for compression in [Compression::None, Compression::Gzip] {
+        let mut batch = BytesMut::new();
+        RecordBatchEncoder::encode(
+            &mut batch,
+            &records,
+            &RecordEncodeOptions {
+                version: 2,
+                compression,
+            },
+        )
+        .unwrap();
+        let frame = produce_frame(batch.freeze());
+        assert_eq!(
+            produce_error(exchange(&mut socket, &frame).await.unwrap()),
+            0
+        );
+    }
+    let stream_id = s
+        .node
+        .view()
+        .state
+        .buckets
+        .values()
+        .map(|b| b.stream_id)
+        .next()
+        .unwrap();
+    let stored = s.node.streams().fetch(stream_id, 0, 1 << 24).await.unwrap();
+    let sizes: Vec<usize> = stored.iter().map(|b| b.payload.len()).collect();
+    assert_eq!(sizes.len(), 2, "{sizes:?}");
+    assert!(sizes[0] > 50_000, "stored uncompressed: {sizes:?}");
+    assert!(sizes[1] < 5_000, "stored compressed: {sizes:?}");
+    let rows = s.rows("kafka", "t", 0).await;
+    let values: Vec<usize> = rows
+        .iter()
+        .flat_map(|b| {
+            let v = b.column_by_name("value").unwrap().as_binary::<i32>();
+            (0..arrow::array::Array::len(v))
+                .map(|i| v.value(i).len())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(values, vec![1_000; 100]);
+    s.stop().await;
+}
+
+/// Stored raw rows fetched as one record batch (not one per record, as kafka-protocol's encoder
+/// splits records without a producer): every record's offset, time, key, value and headers,
+/// null keys, values and header values included, decoded by kafka-protocol's decoder; two
+/// batches back to back decode one after the other.
+#[test]
+fn raw_rows_encode_as_one_record_batch() {
+    use kafka_protocol::records::RecordBatchDecoder;
+    use mink_log::raw;
+    let header_sets: Vec<Vec<raw::Header<'_>>> = vec![
+        vec![],
+        vec![("h", Some(b"v".as_slice())), ("n", None)],
+        vec![("only", Some(b"".as_slice()))],
+    ];
+    let written: Vec<raw::Record<'_>> = (0..3)
+        .map(|i| raw::Record {
+            key: (i != 1).then_some(b"key".as_slice()),
+            value: (i != 2).then_some(b"value".as_slice()),
+            headers: &header_sets[i],
+            // Not in order: the batch's base time is the least.
+            timestamp_ms: [5_000, 1_000, 300_000_000][i],
+        })
+        .collect();
+    let rows = raw::rows(written.iter().copied()).unwrap();
+    let mut out = BytesMut::new();
+    mink_kafka::records::encode_raw(&rows, 100, &mut out);
+    mink_kafka::records::encode_raw(&rows.slice(2, 1), 103, &mut out);
+    let mut buf = out.freeze();
+    assert_eq!(mink_kafka::records::check_batches(&buf).unwrap().len(), 2);
+    let first = RecordBatchDecoder::decode(&mut buf).unwrap().records;
+    let second = RecordBatchDecoder::decode(&mut buf).unwrap().records;
+    assert!(buf.is_empty());
+    let read: Vec<_> = first.iter().chain(&second).collect();
+    assert_eq!(read.len(), 4);
+    for (r, (offset, w)) in read
+        .iter()
+        .zip([(100, 0), (101, 1), (102, 2), (103, 2)].map(|(o, i)| (o, &written[i])))
+    {
+        assert_eq!(r.offset, offset);
+        assert_eq!(r.timestamp, w.timestamp_ms);
+        assert_eq!(r.key.as_deref(), w.key);
+        assert_eq!(r.value.as_deref(), w.value);
+        let headers: Vec<(&str, Option<&[u8]>)> = r
+            .headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_deref()))
+            .collect();
+        assert_eq!(headers, w.headers);
+        assert_eq!(r.producer_id, -1);
+    }
+}
+
 fn encode_one() -> Bytes {
     let r = record(0, -1, -1, -1, 5, Some("k".to_string()), None);
     mink_kafka::records::encode_records(&[r]).unwrap()

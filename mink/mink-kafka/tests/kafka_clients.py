@@ -195,6 +195,37 @@ except InvalidPartitionsError as e:
     assert "fixed" in str(e), e
 admin.create_topics([NewTopic("doomed", num_partitions=1, replication_factor=1)])
 admin.delete_topics(["doomed"])
+# compression.type: zstd and uncompressed are stored as Mink options; a codec Arrow does not
+# store is refused with INVALID_CONFIG naming the choices.
+from kafka.errors import InvalidConfigurationError
+
+admin.create_topics(
+    [
+        NewTopic(
+            "squeezed",
+            num_partitions=1,
+            replication_factor=1,
+            topic_configs={"compression.type": "zstd"},
+        )
+    ]
+)
+configs = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, "squeezed")])
+assert "'table.log.arrow.compression.type': {'value': 'ZSTD'" in repr(configs), configs
+try:
+    admin.create_topics(
+        [
+            NewTopic(
+                "lz4ed",
+                num_partitions=1,
+                replication_factor=1,
+                topic_configs={"compression.type": "lz4"},
+            )
+        ]
+    )
+    raise AssertionError("compression.type lz4 was taken")
+except InvalidConfigurationError as e:
+    assert "producer, zstd or uncompressed" in str(e), e
+assert "lz4ed" not in admin.list_topics(), admin.list_topics()
 assert "doomed" not in admin.list_topics(), admin.list_topics()
 admin.close()
 print("ok")
