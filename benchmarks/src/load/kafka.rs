@@ -160,8 +160,17 @@ async fn produce(
     let chunk = rate.map_or(args.batch_records as u64, |r| {
         (r / 100.0).ceil().max(1.0) as u64
     });
-    let in_flight = (IN_FLIGHT_BYTES / args.record_size).max(1);
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<(Instant, DeliveryFuture)>(in_flight);
+    // Records in flight: a permit each, returned with its delivery report. (librdkafka's own
+    // queue holds up to 1 GiB by default: without this bound an unthrottled run measures how
+    // long records wait in the client, not the broker.)
+    let room = Arc::new(tokio::sync::Semaphore::new(
+        (IN_FLIGHT_BYTES / args.record_size).max(1),
+    ));
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(
+        Instant,
+        DeliveryFuture,
+        tokio::sync::OwnedSemaphorePermit,
+    )>();
     let collector = tokio::spawn({
         let args = args.clone();
         async move {
@@ -171,7 +180,11 @@ async fn produce(
             loop {
                 tokio::select! {
                     next = rx.recv(), if open => match next {
-                        Some((due, delivery)) => in_flight.push(async move { (due, delivery.await) }),
+                        Some((due, delivery, permit)) => in_flight.push(async move {
+                            let done = delivery.await;
+                            drop(permit);
+                            (due, done)
+                        }),
                         None => open = false,
                     },
                     Some(done) = in_flight.next(), if !in_flight.is_empty() => {
@@ -188,6 +201,11 @@ async fn produce(
         let n = share.map_or(chunk, |s| chunk.min(s - sent));
         let first_due = pacer.next(n).await;
         for i in 0..n {
+            // Before the record is due: an unthrottled record is sent once there is room.
+            let permit = Arc::clone(&room)
+                .acquire_owned()
+                .await
+                .context("the in-flight bound")?;
             let due = match rate {
                 Some(r) => first_due + Duration::from_secs_f64(i as f64 / r),
                 None => Instant::now(),
@@ -206,7 +224,7 @@ async fn produce(
                     Err((e, _)) => return Err(e).context("producing"),
                 }
             };
-            if tx.send((due, delivery)).await.is_err() {
+            if tx.send((due, delivery, permit)).is_err() {
                 // The collector stopped: its error is the run's.
                 break 'sending;
             }
