@@ -42,6 +42,8 @@ pub(crate) struct Reader {
     next: u64,
     /// Offsets its last sequential fetch covered.
     stride: u64,
+    /// Offsets its read-ahead window covers: the stride times the fetches a window holds.
+    reach: u64,
     ahead_from: u64,
     ahead_to: u64,
     loading: bool,
@@ -49,10 +51,26 @@ pub(crate) struct Reader {
 
 /// Streams whose sequential reads are remembered at most (past it, forgotten all at once).
 const READERS: usize = 65_536;
+/// A read-ahead window is this many of its reader's fetches (at most `read_ahead_bytes`).
+const READ_AHEAD_FETCHES: u64 = 4;
+/// Fetches count as at least this many bytes when sizing a window.
+const MIN_FETCH_BYTES: u64 = 256 << 10;
 
 /// Adjacent blocks of one object to read in one GET, each with the slot of the read that asked
 /// for it (none: widened in for another stream's reader).
-type Run = Vec<(BlockIndex, Option<usize>)>;
+type Run = Vec<(BlockIndex, Take)>;
+
+/// Why a block is in a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Take {
+    /// The `i`-th block the read asked for.
+    Asked(usize),
+    /// Another stream's reader will ask for it soon.
+    Widened,
+    /// Cached or being loaded already: read along only to reach wanted blocks beyond it in
+    /// the same GET (a few bytes again instead of a GET of their own).
+    Passing,
+}
 
 /// A block a fetch needs: at hand, or the `k`-th block of the `i`-th load it awaits.
 enum Slot {
@@ -136,6 +154,16 @@ impl S3Stream {
             .plan_blocks(&view.state, stream_id, offset, end, max_bytes as u64)
             .await?;
         let wanted: Vec<(u64, BlockIndex)> = plan.iter().map(|&(o, e, _)| (o, e)).collect();
+        if let Some(&(_, last, limit)) = plan.last() {
+            let planned = plan.iter().map(|(_, e, _)| u64::from(e.size)).sum();
+            self.note_reader(
+                stream_id,
+                start,
+                offset,
+                last.end_offset.min(limit),
+                planned,
+            );
+        }
         let blocks = self.load_blocks(&wanted).await?;
         let mut out = Vec::new();
         let mut next = offset;
@@ -165,7 +193,7 @@ impl S3Stream {
                 }
             }
         }
-        self.read_ahead(stream_id, offset, next, end);
+        self.read_ahead(stream_id, end, offset, next, bytes as u64);
         Ok(out)
     }
 
@@ -211,25 +239,30 @@ impl S3Stream {
         Ok(plan)
     }
 
-    /// After a fetch of `[offset, next)` from object storage: when it continued the stream's
-    /// previous one (a sequential reader) and has reached the window the last read-ahead
-    /// loaded (or there is none), starts loading the next `read_ahead_bytes` of the stream
-    /// into the block cache: the reader consumes one window while the next one loads.
+    /// After a fetch of `[offset, next)` (`bytes` of batches) of the stream that ends at `end`:
+    /// when it continued the stream's previous one (a sequential reader) and has reached the
+    /// window the last read-ahead loaded (or there is none),
+    /// starts loading the next window of the stream into the block cache: the reader consumes
+    /// one window while the next one loads. A window is [`READ_AHEAD_FETCHES`] of the reader's
+    /// fetches, at most `read_ahead_bytes`: a reader of small fetches (a Kafka consumer's
+    /// megabyte per partition) reads ahead less, so that many of them fit the budget.
     /// Read-aheads in flight stay under a quarter of the block cache.
-    fn read_ahead(&self, stream_id: u64, offset: u64, next: u64, end: u64) {
+    fn read_ahead(&self, stream_id: u64, end: u64, offset: u64, next: u64, bytes: u64) {
         let engine = &self.engine;
-        let window = engine.config.read_ahead_bytes as u64;
+        let window = self.window(bytes);
         let from = {
             let mut readers = engine.readers.lock().expect("readers lock");
             if readers.len() >= READERS && !readers.contains_key(&stream_id) {
                 readers.clear();
             }
+            let n = readers.len().max(1);
             let r = readers.entry(stream_id).or_default();
             let sequential =
                 (r.next == offset && offset > 0) || (r.ahead_from <= offset && offset < r.ahead_to);
             r.next = next;
             if sequential {
                 r.stride = next - offset;
+                r.reach = self.reach(r.stride, bytes, n);
             }
             if !sequential {
                 // A new reader (or another one) of the stream: an earlier window is not its.
@@ -290,6 +323,44 @@ impl S3Stream {
                 .fetch_sub(window, Ordering::Relaxed);
             this.engine.read_ahead_ended.notify_waiters();
         });
+    }
+
+    /// How far ahead of a reader whose fetches of `stride` offsets take `bytes` other
+    /// streams' GETs take its blocks along ([`S3Stream::widen`]), among `readers` sequential
+    /// readers: `read_ahead_bytes` of its offsets, but no more than its share of the
+    /// read-ahead budget (a quarter of the block cache), so that blocks taken early are still
+    /// cached when their reader gets there; two fetches at least (and without read-ahead).
+    /// Wider than its own window: readers of a stream-set object's streams drift apart, and a
+    /// GET that takes a block a little early saves a GET of that block alone.
+    fn reach(&self, stride: u64, bytes: u64, readers: usize) -> u64 {
+        let config = &self.engine.config;
+        let share = (config.block_cache_bytes / 4 / readers.max(1)) as u64;
+        let horizon = (config.read_ahead_bytes as u64).min(share);
+        stride.saturating_mul(horizon.div_ceil(bytes.max(1)).max(2))
+    }
+
+    /// The read-ahead window of a reader whose fetches take `bytes`.
+    fn window(&self, bytes: u64) -> u64 {
+        (self.engine.config.read_ahead_bytes as u64)
+            .min(READ_AHEAD_FETCHES * bytes.max(MIN_FETCH_BYTES))
+    }
+
+    /// Before a fetch of `[offset, to)` (`bytes` of blocks) loads its blocks: a reader starting
+    /// at the stream's start (or continuing) is known as one from now on, not only once its
+    /// fetch is done, so that the GETs of readers of other streams starting together take its
+    /// blocks along ([`S3Stream::widen`]).
+    fn note_reader(&self, stream_id: u64, start: u64, offset: u64, to: u64, bytes: u64) {
+        let mut readers = self.engine.readers.lock().expect("readers lock");
+        if readers.len() >= READERS && !readers.contains_key(&stream_id) {
+            readers.clear();
+        }
+        let n = readers.len().max(1);
+        let r = readers.entry(stream_id).or_default();
+        if r.stride == 0 && (offset == start || (r.next == offset && offset > 0)) && to > offset {
+            r.next = offset;
+            r.stride = to - offset;
+            r.reach = self.reach(r.stride, bytes, n);
+        }
     }
 
     /// Waits until no read-ahead is loading: for measuring what readers fetch themselves.
@@ -534,25 +605,24 @@ impl S3Stream {
                                 .is_some_and(|(l, _)| l.range().end == entry.position)
                             && entry.range().end - run[0].0.position <= cap =>
                     {
-                        run.push((entry, Some(i)));
+                        run.push((entry, Take::Asked(i)));
                     }
-                    _ => runs.push((object_id, vec![(entry, Some(i))])),
+                    _ => runs.push((object_id, vec![(entry, Take::Asked(i))])),
                 }
             }
-            // A read-ahead is one stream's: widening it would load far ahead of the others.
-            if !ahead {
-                for (object_id, run) in &mut runs {
-                    self.widen(*object_id, run, &loads);
-                }
+            // Read-aheads too: other readers take what lies within their own windows.
+            for (object_id, run) in &mut runs {
+                self.widen(*object_id, run, &loads);
             }
             for (object_id, run) in runs {
-                let blocks: Vec<BlockIndex> = run.iter().map(|(e, _)| *e).collect();
-                let load = load(Arc::clone(engine), object_id, blocks, ahead).shared();
+                let load = load(Arc::clone(engine), object_id, run.clone(), ahead).shared();
                 awaited.push(load.clone());
                 let at = awaited.len() - 1;
-                for (k, (entry, slot)) in run.iter().enumerate() {
-                    loads.insert((object_id, entry.position), (load.clone(), k));
-                    if let Some(i) = slot {
+                for (k, (entry, take)) in run.iter().enumerate() {
+                    if *take != Take::Passing {
+                        loads.insert((object_id, entry.position), (load.clone(), k));
+                    }
+                    if let Take::Asked(i) = take {
                         slots[*i] = Some(Slot::Loading(at, k));
                     }
                 }
@@ -574,9 +644,9 @@ impl S3Stream {
 
 impl S3Stream {
     /// Widens a run of blocks of an object with the adjacent blocks of other streams that
-    /// their sequential readers are about to ask for (within about two of their fetches),
-    /// up to `COALESCE_BYTES`: readers catching up on many streams at once then share the
-    /// GETs of the stream-set objects their streams are thin slices of.
+    /// their sequential readers are about to ask for (within their read-ahead window), up to
+    /// `COALESCE_BYTES`: readers catching up on many streams at once then share the GETs of
+    /// the stream-set objects their streams are thin slices of, read-aheads included.
     fn widen(&self, object_id: u64, run: &mut Run, loads: &Loads) {
         let engine = &self.engine;
         let Some(index) = engine.index_cache.get(&object_id) else {
@@ -586,46 +656,71 @@ impl S3Stream {
         // The run's own stream is left out: its blocks are the read's (a run the read split
         // off may be next), and it reads ahead by itself.
         let own = run[0].0.stream_id;
-        let wanted = |e: &BlockIndex| {
+        // Whether a block is another stream's that its reader asks for soon (`Some(true)`:
+        // yet to load; `Some(false)`: loaded or loading), or none of the readers' (`None`).
+        let soon = |e: &BlockIndex| {
             let key = (object_id, e.position);
-            e.stream_id != own
+            let wanted = e.stream_id != own
                 && readers.get(&e.stream_id).is_some_and(|r| {
                     r.stride > 0
                         && e.end_offset > r.next
-                        && e.start_offset <= r.next.saturating_add(r.stride.saturating_mul(2))
-                })
-                && !loads.contains_key(&key)
-                && !engine.block_cache.contains(&key)
+                        && e.start_offset <= r.next.saturating_add(r.reach)
+                });
+            if loads.contains_key(&key) || engine.block_cache.contains(&key) {
+                Some(false)
+            } else {
+                wanted.then_some(true)
+            }
         };
-        let bytes = |run: &[(BlockIndex, Option<usize>)]| {
-            run.last().map_or(0, |(l, _)| l.range().end) - run[0].0.position
-        };
-        let Some(first) = index.iter().position(|e| e.position == run[0].0.position) else {
+        let Some(at) = index.iter().position(|e| e.position == run[0].0.position) else {
             return;
         };
-        let mut last = first + run.len() - 1;
+        let mut bytes = run.last().map_or(0, |(l, _)| l.range().end) - run[0].0.position;
+        // Forwards, then backwards: blocks to take, passing over loaded ones only to reach a
+        // wanted one within `COALESCE_BYTES`.
+        let mut after = Vec::new();
+        let mut passing = Vec::new();
+        let mut last = at + run.len() - 1;
         while let Some(e) = index.get(last + 1) {
-            if e.position != index[last].range().end
-                || bytes(run) + u64::from(e.size) > COALESCE_BYTES
-                || !wanted(e)
-            {
+            if e.position != index[last].range().end || bytes + u64::from(e.size) > COALESCE_BYTES {
                 break;
             }
-            run.push((*e, None));
+            match soon(e) {
+                None => break,
+                Some(false) => passing.push((*e, Take::Passing)),
+                Some(true) => {
+                    after.append(&mut passing);
+                    after.push((*e, Take::Widened));
+                }
+            }
+            bytes += u64::from(e.size);
             last += 1;
         }
-        let mut first = first;
+        bytes -= passing.iter().map(|(e, _)| u64::from(e.size)).sum::<u64>();
+        let mut before = Vec::new();
+        passing.clear();
+        let mut first = at;
         while first > 0 {
             let e = &index[first - 1];
-            if e.range().end != index[first].position
-                || bytes(run) + u64::from(e.size) > COALESCE_BYTES
-                || !wanted(e)
+            if e.range().end != index[first].position || bytes + u64::from(e.size) > COALESCE_BYTES
             {
                 break;
             }
-            run.insert(0, (*e, None));
+            match soon(e) {
+                None => break,
+                Some(false) => passing.push((*e, Take::Passing)),
+                Some(true) => {
+                    before.append(&mut passing);
+                    before.push((*e, Take::Widened));
+                }
+            }
+            bytes += u64::from(e.size);
             first -= 1;
         }
+        before.reverse();
+        before.append(run);
+        before.extend(after);
+        *run = before;
     }
 }
 
@@ -634,9 +729,15 @@ impl S3Stream {
 fn load(
     engine: Arc<Engine>,
     object_id: u64,
-    run: Vec<BlockIndex>,
+    run: Run,
     ahead: bool,
 ) -> BoxFuture<'static, Result<Arc<Vec<Bytes>>, StreamError>> {
+    let registered: Vec<u64> = run
+        .iter()
+        .filter(|(_, t)| *t != Take::Passing)
+        .map(|(e, _)| e.position)
+        .collect();
+    let run: Vec<BlockIndex> = run.into_iter().map(|(e, _)| e).collect();
     async move {
         let start = run[0].position;
         let end = run.last().expect("a run has blocks").range().end;
@@ -678,8 +779,8 @@ fn load(
             }
         }
         let mut loads = engine.loads.lock().expect("loads lock");
-        for e in &run {
-            loads.remove(&(object_id, e.position));
+        for position in registered {
+            loads.remove(&(object_id, position));
         }
         drop(loads);
         blocks.map(Arc::new)

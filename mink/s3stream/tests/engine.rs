@@ -1718,6 +1718,47 @@ async fn cold_reads_coalesce_blocks_and_read_ahead(world: World) {
 }
 suite!(cold_reads_coalesce_blocks_and_read_ahead);
 
+/// A sequential reader's read-ahead window is four of its fetches, not `read_ahead_bytes`:
+/// many small readers (Kafka consumers fetch a megabyte per partition) fit the budget.
+async fn read_ahead_windows_follow_their_readers_fetches(world: World) {
+    let engine = world.node(1).await;
+    let s = new_stream(&engine).await;
+    let appends: Vec<_> = (0..2048u64)
+        .map(|i| engine.append(s, 1, Bytes::from(vec![(i % 251) as u8; 1024]), None))
+        .collect();
+    for a in futures::future::join_all(appends).await {
+        a.unwrap();
+    }
+    let reader = world.node_on(2, Arc::clone(&world.store), config()).await;
+    let first = reader.fetch(s, 0, 300 << 10).await.unwrap();
+    let got = reader
+        .fetch(s, first.last().unwrap().end_offset(), 300 << 10)
+        .await
+        .unwrap();
+    let fetched: usize = got.iter().map(|b| b.payload.len()).sum();
+    tokio::time::timeout(Duration::from_secs(30), reader.read_aheads_settled())
+        .await
+        .expect("waited 30 s for the read-ahead started by two sequential fetches to end");
+    let ahead = reader.stats().read_ahead_bytes.load(Ordering::Relaxed) as usize;
+    // Blocks are 4 KiB: the window ends within a block (and its framing) of four fetches.
+    assert!(
+        (4 * fetched..4 * fetched + (8 << 10)).contains(&ahead),
+        "{ahead} bytes read ahead after a fetch of {fetched}: expected four fetches' worth"
+    );
+    let before = fetch_reads(&reader);
+    let next = got.last().unwrap().end_offset();
+    let again = reader.fetch(s, next, 300 << 10).await.unwrap();
+    assert_eq!(again[0].base_offset, next);
+    assert_eq!(
+        fetch_reads(&reader),
+        before,
+        "the second fetch was read ahead"
+    );
+    reader.shutdown().await;
+    engine.shutdown().await;
+}
+suite!(read_ahead_windows_follow_their_readers_fetches);
+
 async fn readers_of_many_streams_share_gets(world: World) {
     let engine = world.node(1).await;
     let (a, b) = (new_stream(&engine).await, new_stream(&engine).await);
@@ -1772,3 +1813,72 @@ async fn readers_of_many_streams_share_gets(world: World) {
     engine.shutdown().await;
 }
 suite!(readers_of_many_streams_share_gets);
+
+/// A GET widened for other streams' readers reads over a block some earlier read loaded (a
+/// reader ahead of the others) to reach the wanted blocks beyond it, rather than stopping there
+/// and leaving each of them a GET of its own.
+async fn widened_gets_pass_over_loaded_blocks(world: World) {
+    let engine = world.node(1).await;
+    let (a, b, c) = (
+        new_stream(&engine).await,
+        new_stream(&engine).await,
+        new_stream(&engine).await,
+    );
+    // Two objects, each one block of `a`, one of `b`, one of `c` (4 batches each: offsets
+    // 4r..4r+4 in object r).
+    for round in 0..2u8 {
+        let appends: Vec<_> = [a, b, c]
+            .into_iter()
+            .flat_map(|s| (0..4).map(move |_| (s, round)))
+            .map(|(s, round)| engine.append(s, 1, Bytes::from(vec![round; 1024]), None))
+            .collect();
+        for r in futures::future::join_all(appends).await {
+            r.unwrap();
+        }
+    }
+    let reader = world
+        .node_on(
+            2,
+            Arc::clone(&world.store),
+            EngineConfig {
+                flush_bytes: 8 << 20,
+                read_ahead_bytes: 0,
+                ..config()
+            },
+        )
+        .await;
+    let read = async |s: u64, offset: u64| {
+        let got = reader.fetch(s, offset, 1).await.unwrap();
+        assert_eq!(got[0].base_offset, offset);
+        assert_eq!(
+            got[0].payload[0],
+            (offset / 4) as u8,
+            "stream {s} offset {offset}"
+        );
+    };
+    // `b` jumps ahead into the second object (nobody else reads yet: its block alone).
+    read(b, 4).await;
+    // `a` and `c` read sequentially through the first object.
+    for offset in 0..4 {
+        read(a, offset).await;
+        read(c, offset).await;
+    }
+    // `a` moves on: its GET takes `c`'s block along, over `b`'s loaded one between them.
+    let before = fetch_reads(&reader);
+    read(a, 4).await;
+    assert_eq!(
+        fetch_reads(&reader),
+        before + 1,
+        "one GET for a's and c's blocks"
+    );
+    read(c, 4).await;
+    read(b, 5).await;
+    assert_eq!(
+        fetch_reads(&reader),
+        before + 1,
+        "c's block came with a's GET, b's was loaded: no GET for either"
+    );
+    reader.shutdown().await;
+    engine.shutdown().await;
+}
+suite!(widened_gets_pass_over_loaded_blocks);

@@ -59,7 +59,7 @@ pub struct EngineConfig {
     /// Target size of a data block (a reader fetches about this much per miss).
     pub block_bytes: usize,
     /// How far ahead of a sequential reader the next blocks of its stream are loaded into the
-    /// block cache (0: no read-ahead).
+    /// block cache, at most (a window is four of the reader's fetches; 0: no read-ahead).
     pub read_ahead_bytes: usize,
     pub log_cache_bytes: usize,
     pub block_cache_bytes: usize,
