@@ -5,6 +5,8 @@
 //! Kafka figure is given as a ratio to Flight's (goal ≥ 0.8); the acknowledgement p99 beside
 //! the 250 ms limit. On the durable local store, and on moto when an S3 endpoint is given.
 
+use std::sync::atomic::Ordering;
+
 use anyhow::Context as _;
 use mink_node::NodeConfig;
 use serde::Serialize;
@@ -41,6 +43,10 @@ struct Row {
     path: &'static str,
     produce: Figures,
     consume: Figures,
+    /// GETs the node made while this path consumed (object indexes and runs of blocks).
+    consume_gets: u64,
+    /// Bytes the node's read-ahead loaded meanwhile.
+    read_ahead_bytes: u64,
 }
 
 /// A workload of `mode` over `transport` at `address`.
@@ -106,14 +112,25 @@ async fn one_store(a: &Args, store_name: &str, store: &str) -> anyhow::Result<Ve
             duration: 600.0,
             ..workload(a, path, &address, &format!("bench-{path}"))
         };
+        let stats = || {
+            let s = served.node.streams().stats();
+            (
+                s.object_reads.load(Ordering::Relaxed),
+                s.read_ahead_bytes.load(Ordering::Relaxed),
+            )
+        };
+        let before = stats();
         let m = load::measure(Mode::Consume, &w)
             .await
             .with_context(|| format!("consuming over {path}"))?;
+        let after = stats();
         rows.push(Row {
             store: store_name.to_string(),
             path,
             produce,
             consume: m.figures.into_iter().next().context("consume figures")?,
+            consume_gets: after.0 - before.0,
+            read_ahead_bytes: after.1 - before.1,
         });
     }
     served.stop().await;
@@ -151,16 +168,16 @@ pub(crate) async fn run(a: Args) -> anyhow::Result<()> {
         a.record_size, a.partitions, a.producers, a.consumers, a.seconds
     );
     println!(
-        "| store | path | produce MB/s | / flight | ack p50 ms | ack p99 ms | p99 / 250 ms | consume MB/s | / flight |"
+        "| store | path | produce MB/s | / flight | ack p50 ms | ack p99 ms | p99 / 250 ms | consume MB/s | / flight | consume GETs | read ahead MB |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         let flight = rows
             .iter()
             .find(|f| f.store == r.store && f.path == "flight")
             .context("a flight row")?;
         println!(
-            "| {} | {} | {:.1} | {:.2} | {:.1} | {:.1} | {:.2} | {:.1} | {:.2} |",
+            "| {} | {} | {:.1} | {:.2} | {:.1} | {:.1} | {:.2} | {:.1} | {:.2} | {} | {:.0} |",
             r.store,
             r.path,
             r.produce.mb_per_s,
@@ -170,6 +187,8 @@ pub(crate) async fn run(a: Args) -> anyhow::Result<()> {
             r.produce.p99_ms / 250.0,
             r.consume.mb_per_s,
             r.consume.mb_per_s / flight.consume.mb_per_s,
+            r.consume_gets,
+            r.read_ahead_bytes as f64 / 1e6,
         );
     }
     if a.json {

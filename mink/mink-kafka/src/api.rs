@@ -743,7 +743,13 @@ async fn fetch_partition(
         Err(e) => return data.with_error_code(error_code(&e).code()),
     };
     let raw = records::is_raw(&info.schema);
-    let mut out = bytes::BytesMut::new();
+    // Room for every batch at once: growing the buffer batch by batch would copy what is
+    // encoded again and again.
+    let mut out = bytes::BytesMut::with_capacity(if raw {
+        read.iter().map(|r| records::raw_size_bound(&r.batch)).sum()
+    } else {
+        0
+    });
     for r in read {
         if raw {
             records::encode_raw(&r.batch, r.base_offset, &mut out);

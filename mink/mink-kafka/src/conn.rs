@@ -57,7 +57,9 @@ pub(crate) fn respond(
     body: &impl Encodable,
 ) -> Option<Bytes> {
     let version = header.request_api_version;
-    let mut buf = BytesMut::new();
+    // Sized up front: a fetch response carries megabytes of records, and growing the buffer
+    // would copy them again.
+    let mut buf = BytesMut::with_capacity(64 + body.compute_size(version).unwrap_or(0));
     buf.put_i32(0);
     let response_header = ResponseHeader::default().with_correlation_id(header.correlation_id);
     let encoded = response_header

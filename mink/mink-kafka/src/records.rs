@@ -239,6 +239,20 @@ pub fn encode_raw(batch: &RecordBatch, base_offset: u64, out: &mut BytesMut) {
     encode_batch(&records, base_offset, out);
 }
 
+/// At least the bytes [`encode_raw`] writes for `batch`.
+pub fn raw_size_bound(batch: &RecordBatch) -> usize {
+    let data = |name: &str| {
+        batch
+            .column_by_name(name)
+            .map_or(0, |c| match c.as_binary_opt::<i32>() {
+                Some(b) => (b.value_offsets()[b.len()] - b.value_offsets()[0]).as_usize(),
+                // Headers: their entries' keys and values, and their lengths.
+                None => c.get_array_memory_size(),
+            })
+    };
+    HEADER + 39 * batch.num_rows() + data("key") + data("value") + data("headers")
+}
+
 /// Row `i` of a nullable binary column (`None` when there is no such column).
 fn binary(column: Option<&arrow::array::BinaryArray>, i: usize) -> Option<&[u8]> {
     column.filter(|a| a.is_valid(i)).map(|a| a.value(i))
@@ -256,14 +270,19 @@ pub fn encode_batch(records: &[mink_log::raw::Record<'_>], base_offset: u64, out
             (lo.min(r.timestamp_ms), hi.max(r.timestamp_ms))
         });
     let start = out.len();
+    // At most: a record's length, attributes, two deltas, two lengths and a count take 39
+    // bytes; a header's two lengths 10.
     out.reserve(
         HEADER
             + records
                 .iter()
                 .map(|r| {
-                    8 + r.key.map_or(0, <[u8]>::len)
+                    39 + r.key.map_or(0, <[u8]>::len)
                         + r.value.map_or(0, <[u8]>::len)
-                        + r.headers.len() * 8
+                        + r.headers
+                            .iter()
+                            .map(|(k, v)| 10 + k.len() + v.map_or(0, <[u8]>::len))
+                            .sum::<usize>()
                 })
                 .sum::<usize>(),
     );
