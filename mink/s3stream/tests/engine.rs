@@ -1759,21 +1759,26 @@ async fn read_ahead_windows_follow_their_readers_fetches(world: World) {
 }
 suite!(read_ahead_windows_follow_their_readers_fetches);
 
-async fn readers_of_many_streams_share_gets(world: World) {
-    let engine = world.node(1).await;
-    let (a, b) = (new_stream(&engine).await, new_stream(&engine).await);
-    // Four objects, each one block of `a` (4 batches, offsets 4r..4r+4) then one of `b`.
-    for round in 0..4u8 {
-        let appends: Vec<_> = [a, b]
-            .into_iter()
-            .flat_map(|s| (0..4).map(move |_| (s, round)))
-            .map(|(s, round)| engine.append(s, 1, Bytes::from(vec![round; 1024]), None))
+/// `rounds` stream-set objects of `streams`: in object `r`, one 4 KiB block of each stream
+/// in turn (4 batches of 1 KiB holding `r`, offsets 4r..4r+4). Then a node without read-ahead
+/// to read them, block by block.
+async fn stream_set_objects(
+    world: &World,
+    engine: &S3Stream,
+    streams: &[u64],
+    rounds: u8,
+) -> S3Stream {
+    for round in 0..rounds {
+        let appends: Vec<_> = streams
+            .iter()
+            .flat_map(|&s| (0..4).map(move |_| s))
+            .map(|s| engine.append(s, 1, Bytes::from(vec![round; 1024]), None))
             .collect();
         for r in futures::future::join_all(appends).await {
             r.unwrap();
         }
     }
-    let reader = world
+    world
         .node_on(
             2,
             Arc::clone(&world.store),
@@ -1783,16 +1788,27 @@ async fn readers_of_many_streams_share_gets(world: World) {
                 ..config()
             },
         )
-        .await;
-    let read = async |s: u64, offset: u64| {
-        let got = reader.fetch(s, offset, 1).await.unwrap();
-        assert_eq!(got[0].base_offset, offset);
-        assert_eq!(
-            got[0].payload[0],
-            (offset / 4) as u8,
-            "stream {s} offset {offset}"
-        );
-    };
+        .await
+}
+
+/// Reads the batch at `offset` of `s` on `reader`, which holds `offset / 4` (see
+/// [`stream_set_objects`]).
+async fn read_batch(reader: &S3Stream, s: u64, offset: u64) {
+    let got = reader.fetch(s, offset, 1).await.unwrap();
+    assert_eq!(got[0].base_offset, offset);
+    assert_eq!(
+        got[0].payload[0],
+        (offset / 4) as u8,
+        "stream {s} offset {offset}"
+    );
+}
+
+async fn readers_of_many_streams_share_gets(world: World) {
+    let engine = world.node(1).await;
+    let (a, b) = (new_stream(&engine).await, new_stream(&engine).await);
+    // Four objects, each one block of `a` then one of `b`.
+    let reader = stream_set_objects(&world, &engine, &[a, b], 4).await;
+    let read = async |s: u64, offset: u64| read_batch(&reader, s, offset).await;
     // Both streams read sequentially through the first object.
     for offset in 0..4 {
         read(a, offset).await;
@@ -1824,38 +1840,9 @@ async fn widened_gets_pass_over_loaded_blocks(world: World) {
         new_stream(&engine).await,
         new_stream(&engine).await,
     );
-    // Two objects, each one block of `a`, one of `b`, one of `c` (4 batches each: offsets
-    // 4r..4r+4 in object r).
-    for round in 0..2u8 {
-        let appends: Vec<_> = [a, b, c]
-            .into_iter()
-            .flat_map(|s| (0..4).map(move |_| (s, round)))
-            .map(|(s, round)| engine.append(s, 1, Bytes::from(vec![round; 1024]), None))
-            .collect();
-        for r in futures::future::join_all(appends).await {
-            r.unwrap();
-        }
-    }
-    let reader = world
-        .node_on(
-            2,
-            Arc::clone(&world.store),
-            EngineConfig {
-                flush_bytes: 8 << 20,
-                read_ahead_bytes: 0,
-                ..config()
-            },
-        )
-        .await;
-    let read = async |s: u64, offset: u64| {
-        let got = reader.fetch(s, offset, 1).await.unwrap();
-        assert_eq!(got[0].base_offset, offset);
-        assert_eq!(
-            got[0].payload[0],
-            (offset / 4) as u8,
-            "stream {s} offset {offset}"
-        );
-    };
+    // Two objects, each one block of `a`, one of `b`, one of `c`.
+    let reader = stream_set_objects(&world, &engine, &[a, b, c], 2).await;
+    let read = async |s: u64, offset: u64| read_batch(&reader, s, offset).await;
     // `b` jumps ahead into the second object (nobody else reads yet: its block alone).
     read(b, 4).await;
     // `a` and `c` read sequentially through the first object.
