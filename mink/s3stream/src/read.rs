@@ -51,6 +51,16 @@ pub(crate) struct Reader {
 
 /// Streams whose sequential reads are remembered at most (past it, forgotten all at once).
 const READERS: usize = 65_536;
+/// The reader of `stream_id` (new ones start blank; past [`READERS`] all are forgotten first),
+/// and how many streams have one.
+fn reader_of(readers: &mut HashMap<u64, Reader>, stream_id: u64) -> (usize, &mut Reader) {
+    if readers.len() >= READERS && !readers.contains_key(&stream_id) {
+        readers.clear();
+    }
+    let n = readers.len().max(1);
+    (n, readers.entry(stream_id).or_default())
+}
+
 /// A read-ahead window is this many of its reader's fetches (at most `read_ahead_bytes`).
 const READ_AHEAD_FETCHES: u64 = 4;
 /// Fetches count as at least this many bytes when sizing a window.
@@ -252,11 +262,7 @@ impl S3Stream {
         let window = self.window(bytes);
         let from = {
             let mut readers = engine.readers.lock().expect("readers lock");
-            if readers.len() >= READERS && !readers.contains_key(&stream_id) {
-                readers.clear();
-            }
-            let n = readers.len().max(1);
-            let r = readers.entry(stream_id).or_default();
+            let (n, r) = reader_of(&mut readers, stream_id);
             let sequential =
                 (r.next == offset && offset > 0) || (r.ahead_from <= offset && offset < r.ahead_to);
             r.next = next;
@@ -351,11 +357,7 @@ impl S3Stream {
     /// blocks along ([`S3Stream::widen`]).
     fn note_reader(&self, stream_id: u64, start: u64, offset: u64, to: u64, bytes: u64) {
         let mut readers = self.engine.readers.lock().expect("readers lock");
-        if readers.len() >= READERS && !readers.contains_key(&stream_id) {
-            readers.clear();
-        }
-        let n = readers.len().max(1);
-        let r = readers.entry(stream_id).or_default();
+        let (n, r) = reader_of(&mut readers, stream_id);
         if r.stride == 0 && (offset == start || (r.next == offset && offset > 0)) && to > offset {
             r.next = offset;
             r.stride = to - offset;
@@ -676,47 +678,32 @@ impl S3Stream {
             return;
         };
         let mut bytes = run.last().map_or(0, |(l, _)| l.range().end) - run[0].0.position;
-        // Forwards, then backwards: blocks to take, passing over loaded ones only to reach a
-        // wanted one within `COALESCE_BYTES`.
-        let mut after = Vec::new();
-        let mut passing = Vec::new();
-        let mut last = at + run.len() - 1;
-        while let Some(e) = index.get(last + 1) {
-            if e.position != index[last].range().end || bytes + u64::from(e.size) > COALESCE_BYTES {
-                break;
-            }
-            match soon(e) {
-                None => break,
-                Some(false) => passing.push((*e, Take::Passing)),
-                Some(true) => {
-                    after.append(&mut passing);
-                    after.push((*e, Take::Widened));
+        // The blocks next to the run on one side, nearest first: taken while they adjoin and
+        // fit in `COALESCE_BYTES`, passing over loaded ones only to reach a wanted one.
+        let mut grow = |side: &mut dyn Iterator<Item = &BlockIndex>, edge: BlockIndex| {
+            let (mut taken, mut passing, mut edge) = (Vec::new(), Vec::new(), edge);
+            for e in side {
+                let adjoins = e.position == edge.range().end || e.range().end == edge.position;
+                if !adjoins || bytes + u64::from(e.size) > COALESCE_BYTES {
+                    break;
                 }
-            }
-            bytes += u64::from(e.size);
-            last += 1;
-        }
-        bytes -= passing.iter().map(|(e, _)| u64::from(e.size)).sum::<u64>();
-        let mut before = Vec::new();
-        passing.clear();
-        let mut first = at;
-        while first > 0 {
-            let e = &index[first - 1];
-            if e.range().end != index[first].position || bytes + u64::from(e.size) > COALESCE_BYTES
-            {
-                break;
-            }
-            match soon(e) {
-                None => break,
-                Some(false) => passing.push((*e, Take::Passing)),
-                Some(true) => {
-                    before.append(&mut passing);
-                    before.push((*e, Take::Widened));
+                match soon(e) {
+                    None => break,
+                    Some(false) => passing.push((*e, Take::Passing)),
+                    Some(true) => {
+                        taken.append(&mut passing);
+                        taken.push((*e, Take::Widened));
+                    }
                 }
+                bytes += u64::from(e.size);
+                edge = *e;
             }
-            bytes += u64::from(e.size);
-            first -= 1;
-        }
+            bytes -= passing.iter().map(|(e, _)| u64::from(e.size)).sum::<u64>();
+            taken
+        };
+        let last = at + run.len() - 1;
+        let after = grow(&mut index[last + 1..].iter(), index[last]);
+        let mut before = grow(&mut index[..at].iter().rev(), index[at]);
         before.reverse();
         before.append(run);
         before.extend(after);
