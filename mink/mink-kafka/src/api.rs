@@ -382,42 +382,43 @@ async fn create_topics(cx: &Context, request: CreateTopicsRequest) -> CreateTopi
 /// Kafka's `compression.type` of a topic: how its records are stored.
 const COMPRESSION_TYPE: &str = "compression.type";
 
-/// The Mink options a CreateTopics request's configs make: `compression.type` is taken
-/// (`producer`, Kafka's default: as each producer sent its batches; `zstd`; `uncompressed`),
-/// any other config is refused.
+/// The `compression.type`s a topic takes and the `table.log.arrow.compression.type` each sets
+/// (`producer`, Kafka's default, sets none: each produce is stored as its producer sent it).
+const COMPRESSION_TYPES: [(&str, Option<&str>); 3] = [
+    ("producer", None),
+    ("zstd", Some("ZSTD")),
+    ("uncompressed", Some("NONE")),
+];
+
+/// The Mink options a CreateTopics request's configs make: `compression.type` is taken (see
+/// [`COMPRESSION_TYPES`]), any other config is refused.
 fn topic_options(
     configs: &[kafka_protocol::messages::create_topics_request::CreatableTopicConfig],
 ) -> std::result::Result<Vec<(String, String)>, (ResponseError, String)> {
     let mut options = Vec::new();
     for c in configs {
         let value = c.value.as_ref().map_or("", |v| v.as_str());
-        match (c.name.as_str(), value) {
-            (COMPRESSION_TYPE, "producer") => {}
-            (COMPRESSION_TYPE, "zstd") => {
-                options.push((
+        if c.name.as_str() != COMPRESSION_TYPE {
+            return Err((
+                ResponseError::InvalidConfig,
+                format!(
+                    "topic config {} is not supported yet: create the table with its Mink options instead",
+                    c.name.as_str()
+                ),
+            ));
+        }
+        match COMPRESSION_TYPES.iter().find(|(kafka, _)| *kafka == value) {
+            Some((_, option)) => options.extend(option.map(|o| {
+                (
                     mink_log::options::LOG_COMPRESSION.to_string(),
-                    "ZSTD".into(),
-                ));
-            }
-            (COMPRESSION_TYPE, "uncompressed") => {
-                options.push((
-                    mink_log::options::LOG_COMPRESSION.to_string(),
-                    "NONE".into(),
-                ));
-            }
-            (COMPRESSION_TYPE, other) => {
+                    o.to_string(),
+                )
+            })),
+            None => {
                 return Err((
                     ResponseError::InvalidConfig,
                     format!(
-                        "compression.type {other:?}: a topic stores Arrow record batches, so producer, zstd or uncompressed"
-                    ),
-                ));
-            }
-            (name, _) => {
-                return Err((
-                    ResponseError::InvalidConfig,
-                    format!(
-                        "topic config {name} is not supported yet: create the table with its Mink options instead"
+                        "compression.type {value:?}: a topic stores Arrow record batches, so producer, zstd or uncompressed"
                     ),
                 ));
             }
@@ -1407,21 +1408,22 @@ fn describe_configs(cx: &Context, request: &DescribeConfigsRequest) -> DescribeC
                                 config("cleanup.policy", "delete".to_string()),
                             ];
                             if records::is_raw(&info.schema) {
-                                configs.push(
-                                    match info
-                                        .options
-                                        .get(mink_log::options::LOG_COMPRESSION)
-                                        .map(String::as_str)
-                                    {
-                                        Some("NONE") => {
-                                            config(COMPRESSION_TYPE, "uncompressed".into())
-                                                .with_config_source(1)
-                                        }
-                                        Some(_) => config(COMPRESSION_TYPE, "zstd".into())
-                                            .with_config_source(1),
-                                        None => config(COMPRESSION_TYPE, "producer".into()),
-                                    },
-                                );
+                                let option = info
+                                    .options
+                                    .get(mink_log::options::LOG_COMPRESSION)
+                                    .map(String::as_str);
+                                // An option set to another spelling than ours reads as ZSTD,
+                                // the table's only other codec.
+                                let kafka = COMPRESSION_TYPES
+                                    .iter()
+                                    .find(|(_, o)| *o == option)
+                                    .map_or("zstd", |(k, _)| k);
+                                let c = config(COMPRESSION_TYPE, kafka.to_string());
+                                configs.push(if option.is_some() {
+                                    c.with_config_source(1)
+                                } else {
+                                    c
+                                });
                             }
                             configs.extend(
                                 info.options

@@ -199,29 +199,21 @@ admin.delete_topics(["doomed"])
 # store is refused with INVALID_CONFIG naming the choices.
 from kafka.errors import InvalidConfigurationError
 
-admin.create_topics(
-    [
-        NewTopic(
-            "squeezed",
-            num_partitions=1,
-            replication_factor=1,
-            topic_configs={"compression.type": "zstd"},
-        )
-    ]
-)
+
+def compressed_topic(name, compression):
+    return NewTopic(
+        name,
+        num_partitions=1,
+        replication_factor=1,
+        topic_configs={"compression.type": compression},
+    )
+
+
+admin.create_topics([compressed_topic("squeezed", "zstd")])
 configs = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, "squeezed")])
 assert "'table.log.arrow.compression.type': {'value': 'ZSTD'" in repr(configs), configs
 try:
-    admin.create_topics(
-        [
-            NewTopic(
-                "lz4ed",
-                num_partitions=1,
-                replication_factor=1,
-                topic_configs={"compression.type": "lz4"},
-            )
-        ]
-    )
+    admin.create_topics([compressed_topic("lz4ed", "lz4")])
     raise AssertionError("compression.type lz4 was taken")
 except InvalidConfigurationError as e:
     assert "producer, zstd or uncompressed" in str(e), e
