@@ -239,7 +239,8 @@ pub fn encode_raw(batch: &RecordBatch, base_offset: u64, out: &mut BytesMut) {
     encode_batch(&records, base_offset, out);
 }
 
-/// At least the bytes [`encode_raw`] writes for `batch`.
+/// About the bytes [`encode_raw`] writes for `batch` (a capacity to reserve: exact for keys and
+/// values, estimated for headers).
 pub fn raw_size_bound(batch: &RecordBatch) -> usize {
     let data = |name: &str| {
         batch
