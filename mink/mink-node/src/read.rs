@@ -154,6 +154,25 @@ pub(crate) fn readable_from(
     }
 }
 
+/// The lake snapshot a union read takes a bucket's rows at `offset` from: the plan's, unless
+/// it stops at or below `offset`; then the newest, when it holds `offset`. Retention trims the
+/// log up to the newest snapshot's tiered offset, so a read planned before a tiering round may
+/// find the log's start past what its snapshot holds. A log table's rows at an offset are the
+/// same in every snapshot that holds them, so its read stays the planned cut; a primary-key
+/// bucket is then read at the newer snapshot's state.
+fn union_snapshot<'a>(
+    planned: Option<&'a mink_metadata::LakeSnapshotRecord>,
+    newest: Option<&'a mink_metadata::LakeSnapshotRecord>,
+    (partition_id, bucket): (u64, u32),
+    offset: u64,
+) -> Option<&'a mink_metadata::LakeSnapshotRecord> {
+    let holds = |l: &&mink_metadata::LakeSnapshotRecord| {
+        l.tiered_offset(partition_id, bucket)
+            .is_some_and(|t| t > offset)
+    };
+    planned.filter(holds).or(newest.filter(holds)).or(planned)
+}
+
 /// Rows read from the lake per read step at most.
 const LAKE_STEP_ROWS: u64 = 65_536;
 
@@ -759,7 +778,15 @@ impl Node {
             Some(name) => mink_log::routing::partition_values(&record.partition_keys, name)?,
             None => Default::default(),
         };
-        let lake = plan.lake.as_ref();
+        let lake = match plan.source {
+            ReadSource::Union => union_snapshot(
+                plan.lake.as_ref(),
+                view.state.lake_snapshots.get(&record.table_id),
+                (bucket.partition_id, b.bucket.bucket),
+                offset,
+            ),
+            _ => plan.lake.as_ref(),
+        };
         let tiered = lake.and_then(|l| l.tiered_offset(bucket.partition_id, b.bucket.bucket));
         let Some(range) = mink_read::lake_range(
             plan.source,
@@ -861,15 +888,25 @@ impl Node {
                 Some(name) => mink_log::routing::partition_values(&record.partition_keys, name)?,
                 None => Default::default(),
             };
-            let tiered = plan
-                .lake
+            let (start, end) = self.bucket_offsets(&b.bucket)?;
+            let lake_snapshot = match plan.source {
+                // The changes below the log's start must be in the snapshot.
+                ReadSource::Union if start > 0 => union_snapshot(
+                    plan.lake.as_ref(),
+                    self.view().state.lake_snapshots.get(&record.table_id),
+                    (bucket.partition_id, b.bucket.bucket),
+                    start.saturating_sub(1),
+                )
+                .cloned(),
+                _ => plan.lake.clone(),
+            };
+            let tiered = lake_snapshot
                 .as_ref()
                 .and_then(|l| l.tiered_offset(bucket.partition_id, b.bucket.bucket));
-            let snapshot = tiered.and(plan.lake.as_ref().map(|l| l.snapshot_id));
+            let snapshot = tiered.and(lake_snapshot.as_ref().map(|l| l.snapshot_id));
             let to = b.to.unwrap_or(0);
             let mut tail = Vec::new();
             if plan.source == ReadSource::Union {
-                let (start, end) = self.bucket_offsets(&b.bucket)?;
                 let from = tiered.unwrap_or(0);
                 if from < start {
                     // Neither the lake nor the log holds the changes below the log's start.

@@ -1718,7 +1718,7 @@ async fn the_lake_enabled_after_trimming_begins_at_the_logs_start() {
             observed[b]
         );
     }
-    until_trimmed_past(&node, &starts).await;
+    until_trimmed_past(&node, "clicks", &starts).await;
     let info = node.describe_table("app", "clicks").unwrap();
     let mut ids = Vec::new();
     for b in &info.buckets {
@@ -1746,20 +1746,149 @@ async fn the_lake_enabled_after_trimming_begins_at_the_logs_start() {
 }
 
 /// Waits until retention has trimmed every bucket of `app.clicks` past `starts`.
-async fn until_trimmed_past(node: &Node, starts: &BTreeMap<u32, u64>) {
-    until_view(node, "retention trimming past the lake's start", |_| {
-        let info = node.describe_table("app", "clicks").unwrap();
-        if info
-            .buckets
-            .iter()
-            .all(|b| b.start_offset > starts[&b.bucket])
-        {
-            Ok(())
-        } else {
-            Err(info.buckets)
-        }
-    })
+async fn until_trimmed_past(node: &Node, table: &str, starts: &BTreeMap<u32, u64>) {
+    until_view(
+        node,
+        &format!("retention trimming {table} past {starts:?}"),
+        |_| {
+            let info = node.describe_table("app", table).unwrap();
+            if info
+                .buckets
+                .iter()
+                .all(|b| b.start_offset > starts[&b.bucket])
+            {
+                Ok(())
+            } else {
+                Err(info.buckets)
+            }
+        },
+    )
     .await;
+}
+
+/// A union read planned before a tiering round after which retention trims the log past
+/// what the planned snapshot holds takes those rows from the newer snapshot: the planned cut,
+/// whole (it failed with offset out of range).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_union_read_outlives_the_snapshot_it_was_planned_at() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path());
+    c.retention_interval = Duration::from_millis(100);
+    let node = Node::start(c).await.unwrap();
+    node.create_database("app", false).await.unwrap();
+    // Tiered when the test says so; the log kept 1 s past its tiered offset.
+    node.create_table(clicks(&[
+        ("bucket.num", "2"),
+        ("bucket.key", "user_id"),
+        ("table.log.ttl", "1s"),
+        ("table.datalake.enabled", "true"),
+        ("table.datalake.freshness", "1h"),
+    ]))
+    .await
+    .unwrap();
+    write(&node, 0..40).await;
+    assert!(node.tier_now("app", "clicks").await.unwrap());
+    write(&node, 40..60).await;
+    let plan = node
+        .plan_read(&mink_node::ReadRequest {
+            database: "app".into(),
+            table: "clicks".into(),
+            source: mink_node::ReadSource::Union,
+            ..Default::default()
+        })
+        .unwrap();
+    let tiered_at_plan: BTreeMap<u32, u64> = node
+        .describe_table("app", "clicks")
+        .unwrap()
+        .buckets
+        .iter()
+        .map(|b| (b.bucket, b.tiered_offset.unwrap()))
+        .collect();
+    for b in &plan.buckets {
+        assert!(
+            b.to.unwrap() > tiered_at_plan[&b.bucket.bucket],
+            "the plan reads bucket {} past its snapshot",
+            b.bucket.bucket
+        );
+    }
+    assert!(node.tier_now("app", "clicks").await.unwrap());
+    until_trimmed_past(&node, "clicks", &tiered_at_plan).await;
+
+    let mut per_bucket: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    let mut ids = Vec::new();
+    for item in read_plan(&node, plan).await {
+        let values = int64(&item.data, "user_id");
+        for (i, id) in values.values().iter().enumerate() {
+            per_bucket
+                .entry(item.bucket.bucket)
+                .or_default()
+                .push(item.offset + i as u64);
+            ids.push(*id);
+        }
+    }
+    for (bucket, offsets) in per_bucket {
+        assert_eq!(
+            offsets,
+            (0..offsets.len() as u64).collect::<Vec<_>>(),
+            "bucket {bucket}"
+        );
+    }
+    ids.sort_unstable();
+    assert_eq!(ids, (0..60).collect::<Vec<_>>());
+    node.shutdown().await;
+}
+
+/// The same for a primary-key table: a bucket whose changes after the planned snapshot were
+/// trimmed is read at the newer snapshot, which holds them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_key_union_read_outlives_the_snapshot_it_was_planned_at() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path());
+    c.retention_interval = Duration::from_millis(100);
+    c.kv_snapshot_interval = Duration::from_millis(100);
+    let node = Node::start(c).await.unwrap();
+    node.create_database("app", false).await.unwrap();
+    let mut spec = users();
+    spec.options
+        .insert("table.datalake.freshness".into(), "1h".into());
+    spec.options.insert("table.log.ttl".into(), "1s".into());
+    node.create_table(spec).await.unwrap();
+    let first: Vec<(i64, Option<&str>)> = (0..40).map(|id| (id, Some("a"))).collect();
+    change_users(&node, &first).await;
+    assert!(node.tier_now("app", "users").await.unwrap());
+    let second: Vec<(i64, Option<&str>)> = (0..40)
+        .map(|id| (id, (id % 3 != 0).then_some("b")))
+        .collect();
+    change_users(&node, &second).await;
+    let plan = node
+        .plan_read(&mink_node::ReadRequest {
+            database: "app".into(),
+            table: "users".into(),
+            source: mink_node::ReadSource::Union,
+            ..Default::default()
+        })
+        .unwrap();
+    let tiered_at_plan: BTreeMap<u32, u64> = node
+        .describe_table("app", "users")
+        .unwrap()
+        .buckets
+        .iter()
+        .map(|b| (b.bucket, b.tiered_offset.unwrap()))
+        .collect();
+    assert!(node.tier_now("app", "users").await.unwrap());
+    until_trimmed_past(&node, "users", &tiered_at_plan).await;
+
+    let batches: Vec<RecordBatch> = read_plan(&node, plan)
+        .await
+        .into_iter()
+        .map(|item| item.data)
+        .collect();
+    let want: BTreeMap<i64, String> = (0..40)
+        .filter(|id| id % 3 != 0)
+        .map(|id| (id, "b".to_string()))
+        .collect();
+    assert_eq!(names(&batches), want);
+    node.shutdown().await;
 }
 
 /// Edge cases of the union read: a bucket with no lake data (nor rows) yet, empty reads, a
