@@ -175,9 +175,9 @@ impl Lake {
 
 impl Lake {
     /// Every live row of `bucket` (in the partition with key values `partition`) in snapshot
-    /// `snapshot_id` of `database.table`, deletes applied, as batches of `schema` (the Mink
-    /// table's columns): a primary-key bucket's state as of its tiered offset. With `prune`,
-    /// only the rows that meet its predicate.
+    /// `snapshot_id` of `database.table`, deletes applied, as a stream of batches of `schema`
+    /// (the Mink table's columns): a primary-key bucket's state as of its tiered offset, read
+    /// as it streams, not held. With `prune`, only the rows that meet its predicate.
     #[allow(clippy::too_many_arguments)]
     pub async fn read_bucket_state(
         &self,
@@ -188,7 +188,8 @@ impl Lake {
         bucket: u32,
         schema: &SchemaRef,
         prune: Option<&dyn Prune>,
-    ) -> LakeResult<Vec<RecordBatch>> {
+    ) -> LakeResult<futures::stream::BoxStream<'static, LakeResult<RecordBatch>>> {
+        use futures::StreamExt as _;
         let t = self
             .table_with_snapshot(database, table, snapshot_id)
             .await?;
@@ -203,20 +204,21 @@ impl Lake {
             Some(p) => filter.and(p),
             None => filter,
         };
-        let batches: Vec<RecordBatch> = t
+        let batches = t
             .scan()
             .snapshot_id(snapshot_id)
             .with_filter(filter)
             .with_batch_size(Some(BATCH_ROWS))
             .build()?
             .to_arrow()
-            .await?
-            .try_collect()
             .await?;
-        batches
-            .iter()
-            .map(|b| as_table_rows(schema, &[b], None, b.num_rows()))
-            .collect()
+        let schema = Arc::clone(schema);
+        Ok(batches
+            .map(move |b| {
+                let b = b?;
+                as_table_rows(&schema, &[&b], None, b.num_rows())
+            })
+            .boxed())
     }
 }
 

@@ -11,6 +11,7 @@ use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use bytes::Bytes;
 use futures::StreamExt as _;
+use futures::TryStreamExt as _;
 use futures::stream::BoxStream;
 use mink_kv::changelog;
 use mink_log::LogTablet;
@@ -862,7 +863,8 @@ impl Node {
 
     /// The union read of a primary-key table into `tx`: per bucket, its rows in the plan's
     /// lake snapshot merged with its changelog from the snapshot's tiered offset to the
-    /// planned end (a lake read: the snapshot's rows alone), one batch per bucket.
+    /// planned end (a lake read: the snapshot's rows alone), batches as the lake streams them,
+    /// each at the planned end's offset.
     async fn send_merged(
         &self,
         plan: &ReadPlan,
@@ -935,7 +937,7 @@ impl Node {
                     }
                 }
             }
-            let merged = mink_read::read_primary_key_bucket(
+            let mut merged = mink_read::read_primary_key_bucket(
                 lake,
                 &b.bucket.database,
                 &b.bucket.table,
@@ -948,15 +950,23 @@ impl Node {
                 &plan.filter,
             )
             .await?;
-            let merged = mink_log::codec::project(&merged, &plan.columns)?;
-            rows_sent += merged.num_rows() as u64;
-            let item = ReadItem {
-                bucket: b.bucket.clone(),
-                offset: to,
-                data: ReadData::Rows(merged),
-            };
-            if tx.send(Ok(item)).await.is_err() {
-                return Ok(());
+            while let Some(rows) = merged.try_next().await? {
+                let rows = mink_log::codec::project(&rows, &plan.columns)?;
+                if rows.num_rows() == 0 {
+                    continue;
+                }
+                rows_sent += rows.num_rows() as u64;
+                let item = ReadItem {
+                    bucket: b.bucket.clone(),
+                    offset: to,
+                    data: ReadData::Rows(rows),
+                };
+                if tx.send(Ok(item)).await.is_err() {
+                    return Ok(());
+                }
+                if plan.max_rows.is_some_and(|m| rows_sent >= m) {
+                    break;
+                }
             }
         }
         Ok(())

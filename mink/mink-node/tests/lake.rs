@@ -1388,12 +1388,16 @@ async fn the_union_read_of_a_primary_key_table_is_its_state_under_concurrent_tie
                 .map(|b| (b.bucket.bucket, b.to.unwrap()))
                 .collect();
             let items = read_plan(&node, plan).await;
-            let mut per_bucket: BTreeMap<u32, BTreeMap<i64, String>> = BTreeMap::new();
+            let mut batches: BTreeMap<u32, Vec<RecordBatch>> = BTreeMap::new();
             for item in items {
                 let b = item.data;
                 assert_eq!(b.schema().field(0).name(), "name");
-                per_bucket.insert(item.bucket.bucket, names(&[b]));
+                batches.entry(item.bucket.bucket).or_default().push(b);
             }
+            let per_bucket: BTreeMap<u32, BTreeMap<i64, String>> = batches
+                .into_iter()
+                .map(|(bucket, b)| (bucket, names(&b)))
+                .collect();
             (ends, per_bucket)
         }
     };
@@ -1888,6 +1892,50 @@ async fn a_primary_key_union_read_outlives_the_snapshot_it_was_planned_at() {
         .map(|id| (id, "b".to_string()))
         .collect();
     assert_eq!(names(&batches), want);
+    node.shutdown().await;
+}
+
+/// A primary-key bucket's union read streams the lake's rows batch by batch as they are read,
+/// the log's changes merged in, rather than holding the bucket as one batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_key_union_read_streams_the_lake() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(config(dir.path())).await.unwrap();
+    node.create_database("app", false).await.unwrap();
+    let mut spec = users();
+    spec.options
+        .insert("table.datalake.freshness".into(), "1h".into());
+    node.create_table(spec).await.unwrap();
+    let rows: Vec<(i64, Option<&str>)> = (0..40_000).map(|id| (id, Some("a"))).collect();
+    change_users(&node, &rows).await;
+    assert!(node.tier_now("app", "users").await.unwrap());
+    change_users(&node, &[(5, Some("z")), (6, None), (50_000, Some("new"))]).await;
+
+    let items = read_rows(
+        &node,
+        mink_node::ReadRequest {
+            database: "app".into(),
+            table: "users".into(),
+            source: mink_node::ReadSource::Union,
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut batches_per_bucket: BTreeMap<u32, usize> = BTreeMap::new();
+    for item in &items {
+        *batches_per_bucket.entry(item.bucket.bucket).or_default() += 1;
+    }
+    assert!(
+        batches_per_bucket.len() == 4 && batches_per_bucket.values().all(|&n| n >= 2),
+        "batches per bucket: {batches_per_bucket:?}"
+    );
+    let batches: Vec<RecordBatch> = items.into_iter().map(|item| item.data).collect();
+    let union = names(&batches);
+    assert_eq!(union.len(), 40_000);
+    assert_eq!(union[&5], "z");
+    assert!(!union.contains_key(&6));
+    assert_eq!(union[&50_000], "new");
+    assert_eq!(union, kv_state(&node).await);
     node.shutdown().await;
 }
 

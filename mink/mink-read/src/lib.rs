@@ -7,11 +7,12 @@
 //! - **Primary-key tables** merge by key: the bucket's rows in the pinned snapshot (its state
 //!   at the snapshot's tiered offset), then the changelog from that offset to the high
 //!   watermark fixed when the read was planned; the log's latest change of a key wins and a
-//!   delete removes it ([`merge_by_key`], [`read_primary_key_bucket`]).
+//!   delete removes it ([`KeyedTail`], [`read_primary_key_bucket`]). The lake's rows stream
+//!   through the merge; only the changelog tail is held.
 //!
 //! A filter on a non-key column of a primary-key table must be applied after the merge: a lake
 //! row it would drop may be replaced by a later change in the log that it would keep, and the
-//! other way round. [`merge_by_key`] therefore takes an unfiltered tail.
+//! other way round. [`KeyedTail`] therefore takes an unfiltered tail.
 
 pub mod prune;
 
@@ -155,20 +156,111 @@ pub fn merge_by_key(
     base: &[RecordBatch],
     changes: &[ChangeRows],
 ) -> ReadResult<RecordBatch> {
-    let key_columns: Vec<usize> = key
+    let tail = KeyedTail::new(schema, key, changes)?;
+    let mut parts = base
         .iter()
-        .map(|k| schema.index_of(k).map_err(invalid))
-        .collect::<ReadResult<_>>()?;
-    let converter = RowConverter::new(
-        key_columns
+        .map(|b| tail.untouched(b))
+        .collect::<ReadResult<Vec<_>>>()?;
+    parts.push(tail.upserts()?);
+    arrow::compute::concat_batches(schema, &parts).map_err(invalid)
+}
+
+/// A primary-key bucket's changes after some offset, by key: what a merge with the bucket's
+/// rows at that offset needs, so those rows can stream through it batch by batch.
+#[derive(Debug)]
+pub struct KeyedTail {
+    schema: SchemaRef,
+    key_columns: Vec<usize>,
+    converter: RowConverter,
+    /// The changes' rows as `schema`.
+    sources: Vec<RecordBatch>,
+    /// The last change of each changed key: (source, row), or None for a delete.
+    last: HashMap<Vec<u8>, Option<(usize, usize)>>,
+    /// Upserted keys' last changes, in the order they were made.
+    upserted: Vec<(usize, usize)>,
+}
+
+impl KeyedTail {
+    pub fn new(schema: &SchemaRef, key: &[String], changes: &[ChangeRows]) -> ReadResult<Self> {
+        let key_columns: Vec<usize> = key
             .iter()
-            .map(|&c| SortField::new(schema.field(c).data_type().clone()))
-            .collect(),
-    )
-    .map_err(invalid)?;
-    // Every source batch as `schema` (the changes may lack no column, and must not reorder).
-    let align = |b: &RecordBatch| -> ReadResult<RecordBatch> {
-        let columns = schema
+            .map(|k| schema.index_of(k).map_err(invalid))
+            .collect::<ReadResult<_>>()?;
+        let converter = RowConverter::new(
+            key_columns
+                .iter()
+                .map(|&c| SortField::new(schema.field(c).data_type().clone()))
+                .collect(),
+        )
+        .map_err(invalid)?;
+        let mut tail = KeyedTail {
+            schema: Arc::clone(schema),
+            key_columns,
+            converter,
+            sources: Vec::with_capacity(changes.len()),
+            last: HashMap::new(),
+            upserted: Vec::new(),
+        };
+        let mut order: BTreeMap<u64, (usize, usize)> = BTreeMap::new();
+        for (i, c) in changes.iter().enumerate() {
+            let rows = tail.align(&c.rows)?;
+            for (r, k) in tail.keys_of(&rows)?.into_iter().enumerate() {
+                // A key changed twice is placed once, at its last change.
+                if let Some(Some(earlier)) = tail.last.get(&k) {
+                    order.remove(&changes[earlier.0].offsets[earlier.1]);
+                }
+                if c.upsert[r] {
+                    order.insert(c.offsets[r], (i, r));
+                }
+                tail.last.insert(k, c.upsert[r].then_some((i, r)));
+            }
+            tail.sources.push(rows);
+        }
+        tail.upserted = order.into_values().collect();
+        Ok(tail)
+    }
+
+    /// The rows of `base` (a batch of the bucket's rows before the changes) whose key no change
+    /// touches, as `schema`.
+    pub fn untouched(&self, base: &RecordBatch) -> ReadResult<RecordBatch> {
+        let base = self.align(base)?;
+        if self.last.is_empty() {
+            return Ok(base);
+        }
+        let keep: arrow::array::BooleanArray = self
+            .keys_of(&base)?
+            .iter()
+            .map(|k| Some(!self.last.contains_key(k)))
+            .collect();
+        arrow::compute::filter_record_batch(&base, &keep).map_err(invalid)
+    }
+
+    /// The last image of every upserted key, in the order of their last changes.
+    pub fn upserts(&self) -> ReadResult<RecordBatch> {
+        let columns = (0..self.schema.fields().len())
+            .map(|c| {
+                let arrays: Vec<&dyn Array> =
+                    self.sources.iter().map(|b| b.column(c).as_ref()).collect();
+                if arrays.is_empty() {
+                    return Ok(arrow::array::new_empty_array(
+                        self.schema.field(c).data_type(),
+                    ));
+                }
+                arrow::compute::interleave(&arrays, &self.upserted).map_err(invalid)
+            })
+            .collect::<ReadResult<Vec<_>>>()?;
+        RecordBatch::try_new_with_options(
+            Arc::clone(&self.schema),
+            columns,
+            &arrow::array::RecordBatchOptions::new().with_row_count(Some(self.upserted.len())),
+        )
+        .map_err(invalid)
+    }
+
+    /// `b` as `schema`: columns cast to its types, a missing one null, none reordered.
+    fn align(&self, b: &RecordBatch) -> ReadResult<RecordBatch> {
+        let columns = self
+            .schema
             .fields()
             .iter()
             .map(|f| match b.column_by_name(f.name()) {
@@ -177,72 +269,29 @@ pub fn merge_by_key(
             })
             .collect::<ReadResult<Vec<ArrayRef>>>()?;
         RecordBatch::try_new_with_options(
-            Arc::clone(schema),
+            Arc::clone(&self.schema),
             columns,
             &arrow::array::RecordBatchOptions::new().with_row_count(Some(b.num_rows())),
         )
         .map_err(invalid)
-    };
-    let sources: Vec<RecordBatch> = base
-        .iter()
-        .chain(changes.iter().map(|c| &c.rows))
-        .map(align)
-        .collect::<ReadResult<_>>()?;
-    let keys_of = |b: &RecordBatch| -> ReadResult<Vec<Vec<u8>>> {
-        let columns: Vec<ArrayRef> = key_columns
+    }
+
+    fn keys_of(&self, b: &RecordBatch) -> ReadResult<Vec<Vec<u8>>> {
+        let columns: Vec<ArrayRef> = self
+            .key_columns
             .iter()
             .map(|&c| Arc::clone(b.column(c)))
             .collect();
-        let rows = converter.convert_columns(&columns).map_err(invalid)?;
+        let rows = self.converter.convert_columns(&columns).map_err(invalid)?;
         Ok(rows.iter().map(|r| r.as_ref().to_vec()).collect())
-    };
-    // The last change of each changed key: (source batch, row), or None for a delete.
-    let mut last: HashMap<Vec<u8>, Option<(usize, usize)>> = HashMap::new();
-    let mut order: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
-    for (i, c) in changes.iter().enumerate() {
-        let batch = base.len() + i;
-        for (r, k) in keys_of(&sources[batch])?.into_iter().enumerate() {
-            order.insert(c.offsets[r], k.clone());
-            last.insert(k, c.upsert[r].then_some((batch, r)));
-        }
     }
-    let mut picked: Vec<(usize, usize)> = Vec::new();
-    for (b, batch) in sources.iter().enumerate().take(base.len()) {
-        for (r, k) in keys_of(batch)?.into_iter().enumerate() {
-            if !last.contains_key(&k) {
-                picked.push((b, r));
-            }
-        }
-    }
-    // Upserted keys in the order of their last change (a key changed twice is placed once).
-    for (offset, k) in &order {
-        if let Some(Some((b, r))) = last.get(k) {
-            let i = b - base.len();
-            if changes[i].offsets[*r] == *offset {
-                picked.push((*b, *r));
-            }
-        }
-    }
-    let columns = (0..schema.fields().len())
-        .map(|c| {
-            let arrays: Vec<&dyn Array> = sources.iter().map(|b| b.column(c).as_ref()).collect();
-            if arrays.is_empty() {
-                return Ok(arrow::array::new_empty_array(schema.field(c).data_type()));
-            }
-            arrow::compute::interleave(&arrays, &picked).map_err(invalid)
-        })
-        .collect::<ReadResult<Vec<_>>>()?;
-    RecordBatch::try_new_with_options(
-        Arc::clone(schema),
-        columns,
-        &arrow::array::RecordBatchOptions::new().with_row_count(Some(picked.len())),
-    )
-    .map_err(invalid)
 }
 
 /// The union read of a primary-key bucket: its rows in lake snapshot `snapshot_id` (none if
 /// the bucket has not been tiered) merged with `tail`, its changes from the snapshot's tiered
-/// offset to the read's end, as one batch of `schema`; then the rows that meet `filter`.
+/// offset to the read's end, as batches of `schema` that meet `filter`: the lake's rows whose
+/// key the tail leaves alone as the lake streams them, then the tail's upserted rows. Only the
+/// tail is held in memory.
 ///
 /// The filter prunes the lake's rows too: a key the tail changes takes its row from the tail
 /// whether or not its lake row was read, and a key it leaves alone keeps a lake row only if
@@ -260,7 +309,8 @@ pub async fn read_primary_key_bucket(
     key: &[String],
     tail: &[ChangeRows],
     filter: &BoundFilter,
-) -> ReadResult<RecordBatch> {
+) -> ReadResult<futures::stream::BoxStream<'static, ReadResult<RecordBatch>>> {
+    use futures::StreamExt as _;
     let prune = prune::LakePrune(filter);
     let prune = (!filter.is_empty()).then_some(&prune as &dyn mink_lake::Prune);
     let base = match snapshot_id {
@@ -268,9 +318,19 @@ pub async fn read_primary_key_bucket(
             lake.read_bucket_state(database, table, s, partition, bucket, schema, prune)
                 .await?
         }
-        None => Vec::new(),
+        None => futures::stream::empty().boxed(),
     };
-    Ok(filter.apply(merge_by_key(schema, key, &base, tail)?)?)
+    let tail = Arc::new(KeyedTail::new(schema, key, tail)?);
+    let filter = Arc::new(filter.clone());
+    let upserts = {
+        let tail = Arc::clone(&tail);
+        futures::stream::once(async move { tail.upserts() })
+    };
+    Ok(base
+        .map(move |b| tail.untouched(&b?))
+        .chain(upserts)
+        .map(move |b| -> ReadResult<RecordBatch> { Ok(filter.apply(b?)?) })
+        .boxed())
 }
 
 #[cfg(test)]
@@ -323,6 +383,26 @@ mod tests {
                 (5, "e".into()),
                 (2, "b3".into())
             ]
+        );
+    }
+
+    #[test]
+    fn lake_batches_stream_through_the_tail() {
+        let changes = ChangeRows {
+            rows: rows(&[3, 3, 7, 3, 1], &["x", "-", "g", "y", "-"]),
+            offsets: vec![20, 21, 22, 23, 24],
+            timestamps_us: vec![0; 5],
+            upsert: vec![true, false, true, true, false],
+        };
+        let tail = KeyedTail::new(&schema(), &["id".into()], &[changes]).unwrap();
+        let first = tail.untouched(&rows(&[1, 2, 3], &["a", "b", "c"])).unwrap();
+        let second = tail.untouched(&rows(&[4, 5], &["d", "e"])).unwrap();
+        assert_eq!(pairs(&first), vec![(2, "b".into())]);
+        assert_eq!(pairs(&second), vec![(4, "d".into()), (5, "e".into())]);
+        // Key 3, upserted, deleted and upserted again, is placed once, at its last change.
+        assert_eq!(
+            pairs(&tail.upserts().unwrap()),
+            vec![(7, "g".into()), (3, "y".into())]
         );
     }
 
