@@ -25,6 +25,9 @@ pub struct MinkScanExec {
     table: String,
     schema: SchemaRef,
     splits: Vec<Ticket>,
+    /// Per split, the address of its bucket's leader, which reads it (see
+    /// [`MinkScanExec::at_leaders`]); none: the connected node.
+    leaders: Vec<Option<String>>,
     /// Where to report the rows read once every split is done (a lake table's log tails).
     report: Option<Arc<TailReport>>,
     /// Rows each split holds, where the cut says (offsets count rows of log tables).
@@ -49,6 +52,7 @@ impl MinkScanExec {
             table,
             schema,
             splits,
+            leaders: Vec::new(),
             report: None,
             rows,
             exact: false,
@@ -64,6 +68,14 @@ impl MinkScanExec {
             .splits
             .iter()
             .all(|t| t.filter.is_empty() && t.max_rows.is_none());
+        self
+    }
+
+    /// Reads each split at its bucket's leader (`leaders[i]` for split `i`), where the log
+    /// cache holds the recent appends and a primary-key bucket's rows live; a leader that
+    /// cannot be reached leaves its split to the connected node.
+    pub fn at_leaders(mut self, leaders: Vec<Option<String>>) -> Self {
+        self.leaders = leaders;
         self
     }
 
@@ -158,23 +170,26 @@ impl ExecutionPlan for MinkScanExec {
             return Ok(empty_stream(schema));
         };
         let client = self.client.clone();
+        let leader = self.leaders.get(partition).cloned().flatten();
         let out = Arc::clone(&schema);
         let report = self.report.clone().map(SplitDone);
-        let batches =
-            futures::stream::once(
-                async move { client.scan(&Scan(ticket)).await.map_err(client_error) },
-            )
-            .map_ok(|s| s.map_err(client_error))
-            .try_flatten()
-            .map(move |r| {
-                let r = r?;
-                if let Some(SplitDone(report)) = &report {
-                    report
-                        .rows
-                        .fetch_add(r.batch.num_rows() as u64, Ordering::Relaxed);
-                }
-                as_plan_batch(&out, &r.batch)
-            });
+        let batches = futures::stream::once(async move {
+            client
+                .scan_at_leader(&Scan(ticket), leader.as_deref())
+                .await
+                .map_err(client_error)
+        })
+        .map_ok(|s| s.map_err(client_error))
+        .try_flatten()
+        .map(move |r| {
+            let r = r?;
+            if let Some(SplitDone(report)) = &report {
+                report
+                    .rows
+                    .fetch_add(r.batch.num_rows() as u64, Ordering::Relaxed);
+            }
+            as_plan_batch(&out, &r.batch)
+        });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, batches)))
     }
 }

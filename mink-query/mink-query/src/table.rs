@@ -352,9 +352,16 @@ impl MinkTable {
                 )
             })
             .collect();
+        let leaders = leaders_of(
+            d.buckets
+                .iter()
+                .filter(|b| b.end_offset > b.tiered_offset.unwrap_or(0)),
+        );
         // The tail's offsets are its rows: the lake holds everything below them.
         let mut log_side =
-            MinkScanExec::new(self.client.clone(), name, Arc::clone(projected), tails).exact_rows();
+            MinkScanExec::new(self.client.clone(), name, Arc::clone(projected), tails)
+                .exact_rows()
+                .at_leaders(leaders);
         // The tail's rows go to the node tiering the table (its first bucket's leader).
         if self.report_tails
             && let Some(first) = d.buckets.first().filter(|b| !b.leader_address.is_empty())
@@ -538,11 +545,13 @@ impl TableProvider for MinkTable {
             TableView::Rows if lake => Some(b.end_offset),
             _ => Some(b.end_offset.saturating_sub(b.start_offset)),
         };
+        // A bucket nothing was written to has no offsets to read.
+        let read = |b: &&mink_client::BucketDescription| !positioned || b.end_offset > 0;
+        let leaders = leaders_of(d.buckets.iter().filter(read));
         let splits: Vec<(Ticket, Option<u64>)> = d
             .buckets
             .iter()
-            // A bucket nothing was written to has no offsets to read.
-            .filter(|b| !positioned || b.end_offset > 0)
+            .filter(read)
             .map(|b| {
                 (
                     Ticket {
@@ -567,7 +576,8 @@ impl TableProvider for MinkTable {
             format!("{}.{}", d.database, d.table),
             projected,
             splits,
-        );
+        )
+        .at_leaders(leaders);
         // A log table's offsets from its start are its rows (not a lake table's: its lake may
         // begin past offset 0; not a changelog's: writers' markers take offsets too).
         let exact = !self.is_primary_key_table()
@@ -575,4 +585,13 @@ impl TableProvider for MinkTable {
             && matches!(view, TableView::Rows | TableView::Log);
         Ok(Arc::new(if exact { scan.exact_rows() } else { scan }))
     }
+}
+
+/// The leader address of each bucket (none while a bucket has no leader).
+fn leaders_of<'a>(
+    buckets: impl Iterator<Item = &'a mink_client::BucketDescription>,
+) -> Vec<Option<String>> {
+    buckets
+        .map(|b| Some(b.leader_address.clone()).filter(|a| !a.is_empty()))
+        .collect()
 }

@@ -925,3 +925,84 @@ fn manifest_dir() -> PathBuf {
     std::env::var_os("CARGO_MANIFEST_DIR")
         .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
 }
+
+/// Waits (on the metadata's progress, 20 s at most) until `done` holds, naming `what` if not.
+async fn until(node: &mink_node::Node, what: &str, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !done().await {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        assert!(!left.is_zero(), "{what} never happened");
+        let next = node.view().applied_index + 1;
+        let _ = node
+            .wait_applied(next, left.min(std::time::Duration::from_millis(100)))
+            .await;
+    }
+}
+
+/// A query reads each bucket's log at the bucket's leader, whose log cache holds the recent
+/// appends; when a leader cannot be reached, the connected node reads its buckets instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn log_reads_go_to_the_bucket_leaders() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path()).await;
+    let second = c.add_node(dir.path(), 2).await;
+    // Both nodes live before the table exists, so its buckets spread over them.
+    until(&c.node, "two live nodes", async || {
+        c.node.live_nodes().await.unwrap().len() == 2
+    })
+    .await;
+    c.rows("CREATE SCHEMA app").await;
+    c.rows("CREATE TABLE app.spread (id BIGINT NOT NULL, v VARCHAR) WITH ('bucket.num' = '8')")
+        .await;
+    let led_by = |node: u64| {
+        c.node
+            .describe_table("app", "spread")
+            .unwrap()
+            .buckets
+            .iter()
+            .filter(|b| b.leader_node_id == node)
+            .count()
+    };
+    until(&c.node, "buckets led by both nodes", async || {
+        led_by(1) + led_by(2) == 8 && led_by(2) > 0 && led_by(1) > 0
+    })
+    .await;
+    let values: Vec<String> = (0..200).map(|i| format!("({i}, 'v{i}')")).collect();
+    c.rows(&format!(
+        "INSERT INTO app.spread VALUES {}",
+        values.join(", ")
+    ))
+    .await;
+    let with_rows = |node: u64| {
+        c.node
+            .describe_table("app", "spread")
+            .unwrap()
+            .buckets
+            .iter()
+            .filter(|b| b.leader_node_id == node && b.end_offset > 0)
+            .count() as u64
+    };
+    let want = strings(&[&["200", "19900"]]);
+    let sql = "SELECT count(v), sum(id) FROM app.spread";
+
+    let (first_before, second_before) = (c.node.reads_served(), second.node.reads_served());
+    assert_eq!(c.rows(sql).await, want);
+    assert_eq!(
+        second.node.reads_served() - second_before,
+        with_rows(2),
+        "reads at the second node"
+    );
+    assert_eq!(c.node.reads_served() - first_before, with_rows(1));
+
+    // The second node stops serving Flight but still leads its buckets.
+    let second = second.stop_flight().await;
+    let first_before = c.node.reads_served();
+    assert_eq!(c.rows(sql).await, want);
+    assert_eq!(
+        c.node.reads_served() - first_before,
+        with_rows(1) + with_rows(2),
+        "every bucket read at the connected node"
+    );
+    second.shutdown().await;
+    c.stop().await;
+}

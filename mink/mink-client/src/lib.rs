@@ -736,6 +736,26 @@ impl Client {
         self.scan_at(&self.inner.address.clone(), &scan.0).await
     }
 
+    /// [`Client::scan`] of one bucket's log at `leader`, the node that leads it: its log
+    /// cache holds the recent appends, so a tail is read there without object-store GETs.
+    /// Any node serves a log read, so when `leader` cannot be reached (or is `None`), the
+    /// connected node reads it instead.
+    pub async fn scan_at_leader(
+        &self,
+        scan: &Scan,
+        leader: Option<&str>,
+    ) -> ClientResult<BoxStream<'static, ClientResult<ReadBatch>>> {
+        if let Some(leader) = leader.filter(|l| normalize(l) != normalize(&self.inner.address)) {
+            match self.scan_at(leader, &scan.0).await {
+                Err(ClientError::Transport { address, message }) => {
+                    tracing::debug!(%address, %message, "leader unreachable: reading at the connected node");
+                }
+                other => return other,
+            }
+        }
+        self.scan(scan).await
+    }
+
     /// A `DoGet` of `ticket` at `address`.
     async fn scan_at(
         &self,

@@ -331,6 +331,8 @@ pub(crate) struct Inner {
     pub(crate) forwarder: RwLock<Option<Arc<dyn crate::Forwarder>>>,
     /// Tiering rounds run here (`Node::lake_rounds`).
     pub(crate) lake_rounds: AtomicU64,
+    /// Reads served here (`Node::reads_served`).
+    pub(crate) reads_served: AtomicU64,
     /// Table id → log-tail rows queries reported scanning since its last round here.
     pub(crate) tail_demand: Mutex<HashMap<u64, u64>>,
     /// Held through a tiering round: the scheduler's and `tier_now`'s rounds of a table would
@@ -394,6 +396,7 @@ impl Node {
                 described: RwLock::new(HashMap::new()),
                 forwarder: RwLock::new(None),
                 lake_rounds: AtomicU64::new(0),
+                reads_served: AtomicU64::new(0),
                 tail_demand: Default::default(),
                 tiering: Default::default(),
                 kv_opening: tokio::sync::Mutex::new(()),

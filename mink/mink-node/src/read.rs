@@ -579,6 +579,9 @@ impl Node {
         plan: ReadPlan,
         options: ReadOptions,
     ) -> BoxStream<'static, NodeResult<ReadItem>> {
+        self.inner
+            .reads_served
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let node = self.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(8);
         tokio::spawn(async move {
@@ -592,6 +595,13 @@ impl Node {
             }
         });
         tokio_stream::wrappers::ReceiverStream::new(rx).boxed()
+    }
+
+    /// How many reads (`read_stream` calls, whatever the frontend) this node has served.
+    pub fn reads_served(&self) -> u64 {
+        self.inner
+            .reads_served
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Log or changelog batches of every bucket of the plan into `tx`; `Ok` when done or

@@ -34,26 +34,12 @@ impl Cluster {
 
     /// A cluster whose node's settings `tune` changes.
     pub async fn start_with(dir: &std::path::Path, tune: impl FnOnce(&mut NodeConfig)) -> Cluster {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap().to_string();
-        let mut c = NodeConfig::new(
-            1,
-            &format!("sqlite://{}", dir.join("meta.db").display()),
-            dir.join("objects").to_str().unwrap(),
-        );
-        c.advertised_address = address.clone();
-        c.lease_ttl = Duration::from_millis(1000);
-        c.engine.flush_delay = Duration::from_millis(5);
-        c.leadership_interval = Duration::from_millis(20);
-        tune(&mut c);
-        let node = Node::start(c).await.unwrap();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let flight = tokio::spawn(
-            mink_flight::serve(node.clone(), server_config(), listener, async {
-                let _ = stopped.await;
-            })
-            .map(|r| r.unwrap()),
-        );
+        let Served {
+            node,
+            address,
+            stop,
+            task: flight,
+        } = Served::start(dir, 1, tune).await;
         let client = Client::connect(&address).await.unwrap();
         // The engine reads lake snapshots itself, from the node's catalog and object store.
         let objects = dir.join("objects");
@@ -84,6 +70,11 @@ impl Cluster {
             stops: vec![stop, sql_stop],
             tasks: vec![flight, sql],
         }
+    }
+
+    /// Another node of the cluster (same metadata and object store), serving Flight.
+    pub async fn add_node(&self, dir: &std::path::Path, id: u64) -> Served {
+        Served::start(dir, id, |_| {}).await
     }
 
     pub async fn stop(mut self) {
@@ -211,6 +202,53 @@ async fn create(c: &Client, name: &str, schema: &Schema, key: &[&str], buckets: 
     })
     .await
     .unwrap();
+}
+
+/// A node serving Flight on a loopback port.
+pub struct Served {
+    pub node: Node,
+    pub address: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Served {
+    /// Node `id` on the metadata and objects under `dir`, its settings changed by `tune`.
+    async fn start(dir: &std::path::Path, id: u64, tune: impl FnOnce(&mut NodeConfig)) -> Served {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let mut c = NodeConfig::new(
+            id,
+            &format!("sqlite://{}", dir.join("meta.db").display()),
+            dir.join("objects").to_str().unwrap(),
+        );
+        c.advertised_address = address.clone();
+        c.lease_ttl = Duration::from_millis(1000);
+        c.engine.flush_delay = Duration::from_millis(5);
+        c.leadership_interval = Duration::from_millis(20);
+        tune(&mut c);
+        let node = Node::start(c).await.unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(
+            mink_flight::serve(node.clone(), server_config(), listener, async {
+                let _ = stopped.await;
+            })
+            .map(|r| r.unwrap()),
+        );
+        Served {
+            node,
+            address,
+            stop,
+            task,
+        }
+    }
+
+    /// Stops serving Flight; the node goes on (it still leads its buckets).
+    pub async fn stop_flight(self) -> Node {
+        let _ = self.stop.send(());
+        let _ = self.task.await;
+        self.node
+    }
 }
 
 /// The node's Flight settings: a request for a metadata index the node has not applied fails
