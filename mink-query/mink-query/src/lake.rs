@@ -7,7 +7,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::common::Statistics;
+use datafusion::common::stats::Precision;
+use datafusion::common::{ColumnStatistics, ScalarValue, Statistics};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -32,7 +33,18 @@ pub struct MinkLakeExec {
     schema: SchemaRef,
     /// Whether the files' record counts are the rows read (see [`MinkLakeExec::exact_rows`]).
     exact: bool,
+    /// Per file, per column of `schema`: what its manifest entry records (see
+    /// [`MinkLakeExec::with_column_stats`]); empty when unknown.
+    files: Vec<Vec<FileColumn>>,
     properties: Arc<PlanProperties>,
+}
+
+/// A column of one data file: its null count and bounds, as the plan's types.
+#[derive(Clone, Debug, Default)]
+struct FileColumn {
+    nulls: Option<usize>,
+    min: Option<ScalarValue>,
+    max: Option<ScalarValue>,
 }
 
 impl MinkLakeExec {
@@ -56,8 +68,92 @@ impl MinkLakeExec {
             read_schema,
             schema,
             exact: false,
+            files: Vec::new(),
             properties,
         }
+    }
+
+    /// The files' column statistics (per task of the splits, per column of the plan's schema),
+    /// from [`LakeSplits::column_stats`]: what the planner is told of each column's nulls and
+    /// range.
+    pub fn with_column_stats(mut self, stats: &[Vec<mink_lake::ColumnStats>]) -> Self {
+        let scalar = |a: &Option<arrow::array::ArrayRef>, i: usize| {
+            let field = self.schema.field(i);
+            a.as_ref()
+                .and_then(|a| arrow::compute::cast(a, field.data_type()).ok())
+                .and_then(|a| ScalarValue::try_from_array(&a, 0).ok())
+                .filter(|v| !v.is_null())
+        };
+        self.files = stats
+            .iter()
+            .map(|columns| {
+                columns
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| FileColumn {
+                        nulls: c.null_count.and_then(|n| usize::try_from(n).ok()),
+                        min: scalar(&c.min, i),
+                        max: scalar(&c.max, i),
+                    })
+                    .collect()
+            })
+            .collect();
+        self
+    }
+
+    /// Column statistics over `files`: null counts summed and ranges joined where every file
+    /// records them. Exact for an exact read (no filter, no deletes) where the bounds are the
+    /// values themselves (not strings, whose bounds may be truncated; not floats, whose bounds
+    /// leave NaN out); otherwise bounds.
+    fn column_statistics(&self, files: &[usize]) -> Vec<ColumnStatistics> {
+        let known = |f: &Vec<FileColumn>| f.len() == self.schema.fields().len();
+        if files.is_empty() || !files.iter().all(|&i| self.files.get(i).is_some_and(known)) {
+            return Statistics::unknown_column(&self.schema);
+        }
+        self.schema
+            .fields()
+            .iter()
+            .enumerate()
+            .map(|(c, field)| {
+                let column = files.iter().map(|&i| &self.files[i][c]);
+                let nulls: Option<usize> = column.clone().map(|f| f.nulls).sum();
+                let join = |pick: fn(&FileColumn) -> &Option<ScalarValue>, keep_less: bool| {
+                    column.clone().map(|f| pick(f).clone()).try_fold(
+                        None::<ScalarValue>,
+                        |acc, v| {
+                            let v = v?;
+                            Some(Some(match acc {
+                                Some(a) if (a < v) == keep_less => a,
+                                _ => v,
+                            }))
+                        },
+                    )
+                };
+                let exact_values = self.exact
+                    && (field.data_type().is_integer()
+                        || field.data_type().is_temporal()
+                        || matches!(
+                            field.data_type(),
+                            arrow::datatypes::DataType::Boolean
+                                | arrow::datatypes::DataType::Decimal128(..)
+                        ));
+                let precision = |v: Option<ScalarValue>, exact: bool| match v {
+                    Some(v) if exact => Precision::Exact(v),
+                    Some(v) => Precision::Inexact(v),
+                    None => Precision::Absent,
+                };
+                ColumnStatistics {
+                    null_count: match nulls {
+                        Some(n) if self.exact => Precision::Exact(n),
+                        Some(n) => Precision::Inexact(n),
+                        None => Precision::Absent,
+                    },
+                    min_value: precision(join(|f| &f.min, true).flatten(), exact_values),
+                    max_value: precision(join(|f| &f.max, false).flatten(), exact_values),
+                    ..ColumnStatistics::new_unknown()
+                }
+            })
+            .collect()
     }
 
     /// Declares the files' record counts the rows read: an unpruned read of a log table's lake
@@ -110,8 +206,9 @@ impl ExecutionPlan for MinkLakeExec {
         leaf_with_new_children(self, &children)
     }
 
-    /// The files' record counts (from the manifests): exact where [`MinkLakeExec::exact_rows`]
-    /// says, otherwise an upper bound (filters read fewer, deletes remove rows).
+    /// The files' record counts and column statistics (from the manifests): exact where
+    /// [`MinkLakeExec::exact_rows`] says, otherwise bounds (filters read fewer, deletes remove
+    /// rows).
     fn partition_statistics(&self, partition: Option<usize>) -> Result<Statistics> {
         let files: Vec<usize> = match partition {
             Some(p) => self.groups.get(p).cloned().unwrap_or_default(),
@@ -121,7 +218,9 @@ impl ExecutionPlan for MinkLakeExec {
             .iter()
             .map(|&i| self.splits.tasks[i].record_count)
             .sum();
-        Ok(crate::exec::row_statistics(&self.schema, rows, self.exact))
+        let mut stats = crate::exec::row_statistics(&self.schema, rows, self.exact);
+        stats.column_statistics = self.column_statistics(&files);
+        Ok(stats)
     }
 
     fn execute(

@@ -315,6 +315,10 @@ impl MinkTable {
             )
             .await
             .map_err(crate::lake::lake_error)?;
+        let column_stats = splits
+            .column_stats(projected)
+            .await
+            .map_err(crate::lake::lake_error)?;
         let name = format!("{}.{}", d.database, d.table);
         let mut lake_side = crate::lake::MinkLakeExec::new(
             name.clone(),
@@ -322,7 +326,8 @@ impl MinkTable {
             state.config().target_partitions(),
             read_schema,
             Arc::clone(projected),
-        );
+        )
+        .with_column_stats(&column_stats);
         if bound.is_empty() && !self.is_primary_key_table() {
             lake_side = lake_side.exact_rows();
         }

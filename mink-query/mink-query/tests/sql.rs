@@ -213,6 +213,83 @@ async fn scans_report_row_counts() {
     c.stop().await;
 }
 
+/// A lake scan tells the planner each column's null count and range from the data files'
+/// manifest entries: exact for an unfiltered read of a log table's lake (so `min` and `max`
+/// of an integer column are answered without reading), bounds otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lake_scans_report_column_statistics() {
+    use datafusion::common::ScalarValue;
+    use datafusion::common::stats::Precision;
+    use datafusion::physical_plan::ExecutionPlan;
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path()).await;
+    c.load().await;
+    lake_table_lk(&c).await;
+    fn lake(plan: &std::sync::Arc<dyn ExecutionPlan>) -> Option<std::sync::Arc<dyn ExecutionPlan>> {
+        if plan.name() == "MinkLakeExec" {
+            return Some(std::sync::Arc::clone(plan));
+        }
+        plan.children().into_iter().find_map(lake)
+    }
+    let columns = |sql: &'static str| {
+        let engine = c.engine.clone();
+        async move {
+            let plan = engine
+                .sql(sql)
+                .await
+                .unwrap()
+                .create_physical_plan()
+                .await
+                .unwrap();
+            lake(&plan)
+                .unwrap()
+                .partition_statistics(None)
+                .unwrap()
+                .column_statistics
+        }
+    };
+    let nulls: usize = c
+        .rows("SELECT count(*) FROM app.lk WHERE id < 50 AND v IS NULL")
+        .await[0][0]
+        .parse()
+        .unwrap();
+    let stats = columns("SELECT id, v FROM app.\"lk$lake\"").await;
+    assert_eq!(
+        stats[0].min_value,
+        Precision::Exact(ScalarValue::Int64(Some(0)))
+    );
+    assert_eq!(
+        stats[0].max_value,
+        Precision::Exact(ScalarValue::Int64(Some(49)))
+    );
+    assert_eq!(stats[0].null_count, Precision::Exact(0));
+    assert_eq!(stats[1].null_count, Precision::Exact(nulls));
+    assert!(
+        matches!(
+            stats[1].min_value,
+            Precision::Inexact(ScalarValue::Utf8(Some(_)))
+        ),
+        "{:?}",
+        stats[1]
+    );
+    // Filtered: the files' ranges bound what is read.
+    let stats = columns("SELECT id FROM app.\"lk$lake\" WHERE id > 10").await;
+    assert_eq!(
+        stats[0].max_value,
+        Precision::Inexact(ScalarValue::Int64(Some(49)))
+    );
+    // Exact ranges answer min and max without a scan.
+    let plan = c
+        .rows("EXPLAIN SELECT min(id), max(id) FROM app.\"lk$lake\"")
+        .await;
+    assert!(!format!("{plan:?}").contains("MinkLakeExec"), "{plan:?}");
+    assert_eq!(
+        c.rows("SELECT min(id), max(id) FROM app.\"lk$lake\"").await,
+        strings(&[&["0", "49"]])
+    );
+    c.stop().await;
+}
+
 /// A statement reads the cut fixed when it was planned: rows written between `GetFlightInfo`
 /// and `DoGet` are not in it; the next statement sees them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

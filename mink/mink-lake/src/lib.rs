@@ -13,7 +13,7 @@ mod drop;
 pub mod maintain;
 pub mod pk;
 mod read;
-pub use read::{LakeSplits, Prune};
+pub use read::{ColumnStats, LakeSplits, Prune};
 pub mod storage;
 pub mod table;
 pub mod tier;

@@ -368,6 +368,7 @@ fn gather(
 #[derive(Clone, Debug)]
 pub struct LakeSplits {
     table: iceberg::table::Table,
+    snapshot_id: i64,
     /// One task per data file the filter may match (deletes attached).
     pub tasks: Vec<iceberg::scan::FileScanTask>,
 }
@@ -442,11 +443,86 @@ impl Lake {
                 })
             });
         }
-        Ok(LakeSplits { table: t, tasks })
+        Ok(LakeSplits {
+            table: t,
+            snapshot_id,
+            tasks,
+        })
     }
 }
 
+/// What a data file's manifest entry records of one column: its null count and bounds (each a
+/// one-row array of the lake's type; a string's may be truncated, so they bound the values
+/// rather than equal the extremes), when written.
+#[derive(Clone, Debug, Default)]
+pub struct ColumnStats {
+    pub null_count: Option<u64>,
+    pub min: Option<arrow::array::ArrayRef>,
+    pub max: Option<arrow::array::ArrayRef>,
+}
+
 impl LakeSplits {
+    /// Per task, per column of `schema` (by name; a column the lake lacks: nothing known), the
+    /// statistics its data file's manifest entry records. Reads the snapshot's data manifests.
+    pub async fn column_stats(&self, schema: &SchemaRef) -> LakeResult<Vec<Vec<ColumnStats>>> {
+        let metadata = self.table.metadata();
+        let lake_schema = metadata.current_schema();
+        let ids: Vec<Option<i32>> = schema
+            .fields()
+            .iter()
+            .map(|f| lake_schema.field_by_name(f.name()).map(|l| l.id))
+            .collect();
+        let paths: std::collections::HashSet<&str> = self
+            .tasks
+            .iter()
+            .map(|t| t.data_file_path.as_str())
+            .collect();
+        let mut by_path: std::collections::HashMap<String, Vec<ColumnStats>> =
+            std::collections::HashMap::new();
+        let Some(snapshot) = metadata.snapshot_by_id(self.snapshot_id) else {
+            return Ok(vec![
+                vec![ColumnStats::default(); ids.len()];
+                self.tasks.len()
+            ]);
+        };
+        let list = self.table.manifest_list_reader(snapshot).load().await?;
+        for manifest_file in list.entries() {
+            if manifest_file.content != iceberg::spec::ManifestContentType::Data {
+                continue;
+            }
+            let manifest = manifest_file.load_manifest(self.table.file_io()).await?;
+            for entry in manifest.entries() {
+                if !entry.is_alive() || !paths.contains(entry.file_path()) {
+                    continue;
+                }
+                let file = entry.data_file();
+                let bound = |d: Option<&Datum>| d.and_then(datum_array);
+                let columns = ids
+                    .iter()
+                    .map(|id| match id {
+                        Some(id) => ColumnStats {
+                            null_count: file.null_value_counts().get(id).copied(),
+                            min: bound(file.lower_bounds().get(id)),
+                            max: bound(file.upper_bounds().get(id)),
+                        },
+                        None => ColumnStats::default(),
+                    })
+                    .collect();
+                by_path.insert(entry.file_path().to_string(), columns);
+            }
+        }
+        Ok(self
+            .tasks
+            .iter()
+            .map(|t| {
+                by_path
+                    .get(&t.data_file_path)
+                    .cloned()
+                    .unwrap_or_else(|| vec![ColumnStats::default(); ids.len()])
+            })
+            .collect())
+    }
+
     /// The rows of `tasks` (some of [`LakeSplits::tasks`]) as batches of `schema` (a column the
     /// lake lacks reads as null) of up to `batch_rows` rows, files read concurrently.
     pub fn read(
@@ -472,4 +548,38 @@ impl LakeSplits {
             })
             .boxed())
     }
+}
+
+/// An Iceberg bound as a one-row Arrow array of the lake's type (`None` for types without a
+/// plain Arrow equivalent here).
+fn datum_array(d: &Datum) -> Option<arrow::array::ArrayRef> {
+    use arrow::array::{
+        BinaryArray, BooleanArray, Date32Array, Decimal128Array, Float32Array, Float64Array,
+        Int32Array, Int64Array, StringArray, TimestampMicrosecondArray,
+    };
+    use iceberg::spec::{PrimitiveLiteral as L, PrimitiveType as T};
+    let array: arrow::array::ArrayRef = match (d.data_type(), d.literal()) {
+        (T::Boolean, L::Boolean(v)) => Arc::new(BooleanArray::from(vec![*v])),
+        (T::Int, L::Int(v)) => Arc::new(Int32Array::from(vec![*v])),
+        (T::Long, L::Long(v)) => Arc::new(Int64Array::from(vec![*v])),
+        (T::Float, L::Float(v)) => Arc::new(Float32Array::from(vec![v.into_inner()])),
+        (T::Double, L::Double(v)) => Arc::new(Float64Array::from(vec![v.into_inner()])),
+        (T::String, L::String(v)) => Arc::new(StringArray::from(vec![v.as_str()])),
+        (T::Binary, L::Binary(v)) => Arc::new(BinaryArray::from(vec![v.as_slice()])),
+        (T::Date, L::Int(v)) => Arc::new(Date32Array::from(vec![*v])),
+        (T::Timestamp, L::Long(v)) => Arc::new(TimestampMicrosecondArray::from(vec![*v])),
+        (T::Timestamptz, L::Long(v)) => {
+            Arc::new(TimestampMicrosecondArray::from(vec![*v]).with_timezone("+00:00"))
+        }
+        (T::Decimal { precision, scale }, L::Int128(v)) => Arc::new(
+            Decimal128Array::from(vec![*v])
+                .with_precision_and_scale(
+                    u8::try_from(*precision).ok()?,
+                    i8::try_from(*scale).ok()?,
+                )
+                .ok()?,
+        ),
+        _ => return None,
+    };
+    Some(array)
 }
