@@ -39,6 +39,10 @@ pub struct Maintenance {
     pub snapshot_age_ms: i64,
     /// Unreferenced files older than this many milliseconds are removed.
     pub orphan_age_ms: i64,
+    /// Whether [`Lake::maintain`] compacts.
+    pub compact: bool,
+    /// Whether [`Lake::maintain`] expires snapshots and removes orphan files.
+    pub expire: bool,
 }
 
 impl Default for Maintenance {
@@ -49,6 +53,8 @@ impl Default for Maintenance {
             max_input_bytes: 128 << 20,
             snapshot_age_ms: 60 * 60 * 1000,
             orphan_age_ms: 60 * 60 * 1000,
+            compact: true,
+            expire: true,
         }
     }
 }
@@ -111,15 +117,22 @@ impl Lake {
         now_ms: i64,
         keep: &[i64],
     ) -> LakeResult<Maintained> {
-        let compacted = self.compact(database, table, policy).await?;
+        let compacted = match policy.compact {
+            true => self.compact(database, table, policy).await?,
+            false => None,
+        };
         let mut keep = keep.to_vec();
         keep.extend(compacted.as_ref().map(|c| c.snapshot_id));
-        let snapshots_expired = self
-            .expire_snapshots(database, table, now_ms - policy.snapshot_age_ms, &keep)
-            .await?;
-        let orphans_removed = self
-            .remove_orphans(database, table, now_ms - policy.orphan_age_ms)
-            .await?;
+        let (snapshots_expired, orphans_removed) = if policy.expire {
+            (
+                self.expire_snapshots(database, table, now_ms - policy.snapshot_age_ms, &keep)
+                    .await?,
+                self.remove_orphans(database, table, now_ms - policy.orphan_age_ms)
+                    .await?,
+            )
+        } else {
+            (Vec::new(), Vec::new())
+        };
         Ok(Maintained {
             compacted,
             snapshots_expired,

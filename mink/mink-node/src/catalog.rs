@@ -112,7 +112,7 @@ pub const MAX_PARTITIONS_PER_TABLE: usize = 1024;
 
 /// Options that only mean something for primary-key tables.
 /// Table options Mink acts on under the prefixes Apache Fluss reserves (`table.`, `bucket.`).
-const KNOWN_OPTIONS: [&str; 13] = [
+const KNOWN_OPTIONS: [&str; 19] = [
     mink_log::options::BUCKET_NUM,
     mink_log::options::BUCKET_KEY,
     mink_log::options::LOG_TTL,
@@ -121,6 +121,12 @@ const KNOWN_OPTIONS: [&str; 13] = [
     mink_log::options::DATALAKE_ENABLED,
     mink_log::options::DATALAKE_FORMAT,
     mink_log::options::DATALAKE_FRESHNESS,
+    mink_log::options::DATALAKE_AUTO_COMPACTION,
+    mink_log::options::DATALAKE_COMPACTION_MIN_FILES,
+    mink_log::options::DATALAKE_COMPACTION_SMALL_FILE_SIZE,
+    mink_log::options::DATALAKE_AUTO_EXPIRE_SNAPSHOT,
+    mink_log::options::DATALAKE_SNAPSHOT_RETENTION,
+    mink_log::options::DATALAKE_MAINTENANCE_INTERVAL,
     mink_kv::definition::MERGE_ENGINE,
     mink_kv::definition::VERSION_COLUMN,
     mink_kv::definition::DELETE_BEHAVIOR,

@@ -1,18 +1,20 @@
 //! Lake maintenance, run by the lease holder beside tiering: every lake-enabled table is
 //! compacted, its old snapshots expired and its orphan files removed
 //! ([`mink_lake::Lake::maintain`]) once per [`interval`] (five freshness periods, at least a
-//! minute: about ten tiering rounds of small files each time). Tiering goes on meanwhile: a
-//! compaction commits on top of the rounds tiered while it ran.
+//! minute: about ten tiering rounds of small files each time), as the table's
+//! `table.datalake.*` maintenance options say. Tiering goes on meanwhile: a compaction commits
+//! on top of the rounds tiered while it ran.
 //!
 //! The snapshot the command log records is kept by expiry (readers plan on it); a compaction's
 //! snapshot is recorded once committed, so readers move onto the compacted files and the old
-//! ones can go an hour later. Recording it does not move the lake's commit time: no offset
+//! ones can go once the snapshot retention (an hour by default) has passed. Recording it does not move the lake's commit time: no offset
 //! advanced.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use mink_lake::maintain::{Maintained, Maintenance};
+use mink_log::options::TableOptions;
 use mink_metadata::TableRecord;
 
 use crate::{Node, NodeResult};
@@ -20,9 +22,32 @@ use crate::{Node, NodeResult};
 /// How often the lease holder looks for tables due maintenance.
 const MAINTENANCE_TICK: Duration = Duration::from_secs(5);
 
-/// Time between two maintenance runs of a table tiered every `freshness / 2`.
-pub(crate) fn interval(freshness: Duration) -> Duration {
-    (freshness * 5).max(Duration::from_secs(60))
+/// Time between two maintenance runs of a table tiered every `freshness / 2`, unless its
+/// `table.datalake.maintenance.interval` says otherwise.
+pub(crate) fn interval(table: &TableRecord, freshness: Duration) -> Duration {
+    TableOptions::parse(&table.options)
+        .ok()
+        .and_then(|o| o.lake_maintenance.interval)
+        .unwrap_or_else(|| (freshness * 5).max(Duration::from_secs(60)))
+}
+
+/// Files no snapshot references are this old at least before they are removed: a tiering
+/// round writes its files before it commits them.
+const ORPHAN_MIN_AGE: Duration = Duration::from_secs(3600);
+
+/// The table's maintenance policy, from its options.
+fn policy(table: &TableRecord) -> NodeResult<Maintenance> {
+    let m = TableOptions::parse(&table.options)?.lake_maintenance;
+    let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+    Ok(Maintenance {
+        small_file_bytes: m.small_file_bytes,
+        min_files: m.min_files,
+        snapshot_age_ms: ms(m.snapshot_retention),
+        orphan_age_ms: ms(m.snapshot_retention.max(ORPHAN_MIN_AGE)),
+        compact: m.compaction,
+        expire: m.expire_snapshots,
+        ..Maintenance::default()
+    })
 }
 
 pub(crate) async fn run(node: Node) {
@@ -37,7 +62,7 @@ pub(crate) async fn run(node: Node) {
             let now_ms = node.inner.config.clock.now_ms();
             for (table, freshness) in crate::tiering::lake_tables(&view) {
                 let since = *last.entry(table.table_id).or_insert(now_ms);
-                let due = u64::try_from(interval(freshness).as_millis()).unwrap_or(u64::MAX);
+                let due = u64::try_from(interval(table, freshness).as_millis()).unwrap_or(u64::MAX);
                 if now_ms.saturating_sub(since) < due {
                     continue;
                 }
@@ -78,13 +103,7 @@ async fn maintain_table(
     let keep: Vec<i64> = record.map(|r| r.snapshot_id).into_iter().collect();
     let now_ms = i64::try_from(node.inner.config.clock.now_ms()).unwrap_or(i64::MAX);
     let done = lake
-        .maintain(
-            &table.database,
-            &table.name,
-            &Maintenance::default(),
-            now_ms,
-            &keep,
-        )
+        .maintain(&table.database, &table.name, &policy(table)?, now_ms, &keep)
         .await?;
     if done.compacted.is_some() || dropped {
         crate::tiering::record_lake_snapshot(node, coordinator_epoch, table, record).await?;

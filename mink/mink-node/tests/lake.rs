@@ -989,6 +989,88 @@ async fn compaction_keeps_the_union_read_whole() {
     node.shutdown().await;
 }
 
+/// Lake maintenance follows the table's options: compaction once a partition has the set
+/// number of small files, none when switched off; snapshot expiry only when switched on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintenance_follows_the_tables_options() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(config(dir.path())).await.unwrap();
+    node.create_database("app", false).await.unwrap();
+    node.create_table(clicks(&[
+        ("table.datalake.enabled", "true"),
+        ("table.datalake.freshness", "1h"),
+        ("table.datalake.compaction.min-files", "3"),
+        ("table.datalake.auto-expire-snapshot", "false"),
+        // Every earlier snapshot would go, were expiry on.
+        ("table.datalake.snapshot.retention", "1ms"),
+    ]))
+    .await
+    .unwrap();
+    let mut next = 0;
+    let mut rounds = async |n: i64| {
+        for _ in 0..n {
+            write(&node, next..next + 10).await;
+            next += 10;
+            assert!(node.tier_now("app", "clicks").await.unwrap());
+        }
+    };
+    rounds(2).await;
+    let done = node.maintain_lake_now("app", "clicks").await.unwrap();
+    assert!(
+        done.compacted.is_none(),
+        "two small files, three wanted: {done:?}"
+    );
+    rounds(1).await;
+    let done = node.maintain_lake_now("app", "clicks").await.unwrap();
+    assert_eq!(
+        done.compacted.as_ref().map(|c| c.files_removed),
+        Some(3),
+        "{done:?}"
+    );
+    assert!(done.snapshots_expired.is_empty(), "expiry is off: {done:?}");
+
+    let set = |options: &[(&str, &str)]| mink_node::TableChange {
+        set_options: options
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..Default::default()
+    };
+    node.alter_table(
+        "app",
+        "clicks",
+        set(&[
+            ("table.datalake.auto-compaction", "false"),
+            ("table.datalake.auto-expire-snapshot", "true"),
+        ]),
+    )
+    .await
+    .unwrap();
+    rounds(4).await;
+    let done = node.maintain_lake_now("app", "clicks").await.unwrap();
+    assert!(done.compacted.is_none(), "compaction is off: {done:?}");
+    assert!(!done.snapshots_expired.is_empty(), "expiry is on: {done:?}");
+    let e = node
+        .alter_table(
+            "app",
+            "clicks",
+            set(&[("table.datalake.compaction.min-files", "1")]),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("table.datalake.compaction.min-files"), "{e}");
+
+    let mut ids: Vec<i64> = read_source(&node, None, mink_node::ReadSource::Lake)
+        .await
+        .iter()
+        .map(|r| r.2)
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..70).collect::<Vec<_>>());
+    node.shutdown().await;
+}
+
 /// `app.users` (`id` key, `name`), four buckets, tiered every half second.
 fn users() -> TableSpec {
     TableSpec {
