@@ -47,18 +47,54 @@ pub(crate) struct Reader {
     ahead_from: u64,
     ahead_to: u64,
     loading: bool,
+    /// When it last read (the engine's clock).
+    seen_ms: u64,
 }
 
 /// Streams whose sequential reads are remembered at most (past it, forgotten all at once).
 const READERS: usize = 65_536;
-/// The reader of `stream_id` (new ones start blank; past [`READERS`] all are forgotten first),
-/// and how many streams have one.
-fn reader_of(readers: &mut HashMap<u64, Reader>, stream_id: u64) -> (usize, &mut Reader) {
-    if readers.len() >= READERS && !readers.contains_key(&stream_id) {
-        readers.clear();
+/// A reader that has not read for this long is forgotten: it no longer takes a share of the
+/// read-ahead budget ([`S3Stream::reach`]).
+const READER_IDLE_MS: u64 = 30_000;
+/// Idle readers are looked for at most this often.
+const PRUNE_EVERY_MS: u64 = 1_000;
+
+/// The streams read sequentially of late, by stream id.
+#[derive(Debug, Default)]
+pub(crate) struct Readers {
+    by_stream: HashMap<u64, Reader>,
+    pruned_ms: u64,
+}
+
+impl Readers {
+    /// The reader of `stream_id`, reading at `now_ms` (new ones start blank), and how many
+    /// streams have read within [`READER_IDLE_MS`] (give or take [`PRUNE_EVERY_MS`]).
+    fn of(&mut self, stream_id: u64, now_ms: u64) -> (usize, &mut Reader) {
+        let known = self.by_stream.contains_key(&stream_id);
+        if now_ms >= self.pruned_ms.saturating_add(PRUNE_EVERY_MS)
+            || (self.by_stream.len() >= READERS && !known)
+        {
+            // A reader whose read-ahead is loading stays: the load reports to it.
+            self.by_stream
+                .retain(|_, r| r.loading || r.seen_ms.saturating_add(READER_IDLE_MS) > now_ms);
+            self.pruned_ms = now_ms;
+            if self.by_stream.len() >= READERS && !known {
+                self.by_stream.clear();
+            }
+        }
+        let n = self.by_stream.len().max(1);
+        let r = self.by_stream.entry(stream_id).or_default();
+        r.seen_ms = now_ms;
+        (n, r)
     }
-    let n = readers.len().max(1);
-    (n, readers.entry(stream_id).or_default())
+
+    fn get(&self, stream_id: u64) -> Option<&Reader> {
+        self.by_stream.get(&stream_id)
+    }
+
+    fn get_mut(&mut self, stream_id: u64) -> Option<&mut Reader> {
+        self.by_stream.get_mut(&stream_id)
+    }
 }
 
 /// A read-ahead window is this many of its reader's fetches (at most `read_ahead_bytes`).
@@ -261,8 +297,9 @@ impl S3Stream {
         let engine = &self.engine;
         let window = self.window(bytes);
         let from = {
+            let now_ms = engine.config.clock.now_ms();
             let mut readers = engine.readers.lock().expect("readers lock");
-            let (n, r) = reader_of(&mut readers, stream_id);
+            let (n, r) = readers.of(stream_id, now_ms);
             let sequential =
                 (r.next == offset && offset > 0) || (r.ahead_from <= offset && offset < r.ahead_to);
             r.next = next;
@@ -316,7 +353,7 @@ impl S3Stream {
             }
             .await;
             let mut readers = this.engine.readers.lock().expect("readers lock");
-            if let Some(r) = readers.get_mut(&stream_id) {
+            if let Some(r) = readers.get_mut(stream_id) {
                 r.loading = false;
                 // On an error the reader's own fetch reads the blocks (and reports it).
                 if r.ahead_from == from {
@@ -356,8 +393,9 @@ impl S3Stream {
     /// fetch is done, so that the GETs of readers of other streams starting together take its
     /// blocks along ([`S3Stream::widen`]).
     fn note_reader(&self, stream_id: u64, start: u64, offset: u64, to: u64, bytes: u64) {
+        let now_ms = self.engine.config.clock.now_ms();
         let mut readers = self.engine.readers.lock().expect("readers lock");
-        let (n, r) = reader_of(&mut readers, stream_id);
+        let (n, r) = readers.of(stream_id, now_ms);
         if r.stride == 0 && (offset == start || (r.next == offset && offset > 0)) && to > offset {
             r.next = offset;
             r.stride = to - offset;
@@ -663,7 +701,7 @@ impl S3Stream {
         let soon = |e: &BlockIndex| {
             let key = (object_id, e.position);
             let wanted = e.stream_id != own
-                && readers.get(&e.stream_id).is_some_and(|r| {
+                && readers.get(e.stream_id).is_some_and(|r| {
                     r.stride > 0
                         && e.end_offset > r.next
                         && e.start_offset <= r.next.saturating_add(r.reach)
@@ -773,4 +811,28 @@ fn load(
         blocks.map(Arc::new)
     }
     .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Readers count toward the read-ahead shares while they read, and not once idle.
+    #[test]
+    fn idle_readers_are_forgotten() {
+        let mut readers = Readers::default();
+        for stream in 0..10 {
+            readers.of(stream, 0);
+        }
+        // The count is of the others: those that read within the idle time.
+        assert_eq!(readers.of(10, 15_000).0, 10);
+        assert_eq!(readers.of(0, 20_000).0, 11);
+        // Past the idle time, only the two that read since count.
+        assert_eq!(readers.of(10, READER_IDLE_MS + 1_000).0, 2);
+        assert!(readers.get(5).is_none());
+        // A reader whose read-ahead is loading is kept, however long the load takes.
+        readers.get_mut(10).unwrap().loading = true;
+        assert_eq!(readers.of(0, 10 * READER_IDLE_MS).0, 1);
+        assert!(readers.get(10).is_some());
+    }
 }

@@ -373,7 +373,7 @@ pub(crate) struct Engine {
     /// Blocks being read from object storage, so no block is read twice at once.
     pub(crate) loads: Mutex<crate::read::Loads>,
     /// Streams being read sequentially from object storage (for read-ahead).
-    pub(crate) readers: Mutex<HashMap<u64, crate::read::Reader>>,
+    pub(crate) readers: Mutex<crate::read::Readers>,
     /// Bytes of read-ahead windows being loaded.
     pub(crate) read_ahead_inflight: AtomicU64,
     /// Told whenever a read-ahead ends.
@@ -407,7 +407,7 @@ impl S3Stream {
             index_cache: IndexCache::new(config.index_cache_bytes),
             block_cache: BlockCache::new(config.block_cache_bytes),
             loads: Mutex::new(HashMap::new()),
-            readers: Mutex::new(HashMap::new()),
+            readers: Mutex::new(crate::read::Readers::default()),
             read_ahead_inflight: AtomicU64::new(0),
             read_ahead_ended: Notify::new(),
             sink,
