@@ -406,6 +406,8 @@ pub fn encode_json(
             timestamp_ms,
         })
         .collect();
+    // The batch's room at once: the JSON is only known here, after the response was sized.
+    out.reserve(HEADER + 39 * records.len() + values.len());
     encode_batch(&records, base_offset, out);
     Ok(())
 }
