@@ -111,20 +111,7 @@ pub(crate) async fn restore(
     codec: &RowCodec,
     store: &KvStore,
 ) -> KvResult<u64> {
-    let bytes = objects
-        .get(location)
-        .await
-        .map_err(storage)?
-        .bytes()
-        .await
-        .map_err(storage)?;
-    let reader = StreamReader::try_new(Cursor::new(bytes), None)?;
-    let recorded = reader.schema().metadata().get(NEXT_OFFSET).cloned();
-    if recorded.as_deref() != Some(log_offset.to_string().as_str()) {
-        return Err(KvError::Store(format!(
-            "KV snapshot {location} covers offset {recorded:?}, the metadata says {log_offset}"
-        )));
-    }
+    let reader = open(objects, location, log_offset).await?;
     // Rows land under offset 0 until the last page, so a crash midway leaves a copy that is
     // replayed from scratch or restored again, never one that looks complete.
     store.reset(0)?;
@@ -147,4 +134,40 @@ pub(crate) async fn restore(
     store.apply(&[], log_offset)?;
     store.sync()?;
     Ok(rows)
+}
+
+/// The rows of the KV snapshot at `location`, which the metadata records as covering the
+/// changes below `log_offset`: a bucket's whole state at that offset, as batches of its
+/// table's columns, held in memory.
+pub async fn read_snapshot(
+    objects: &Arc<dyn ObjectStore>,
+    location: &Path,
+    log_offset: u64,
+) -> KvResult<Vec<RecordBatch>> {
+    Ok(open(objects, location, log_offset)
+        .await?
+        .collect::<Result<_, _>>()?)
+}
+
+/// A reader of the snapshot at `location`, checked to cover `log_offset`.
+async fn open(
+    objects: &Arc<dyn ObjectStore>,
+    location: &Path,
+    log_offset: u64,
+) -> KvResult<StreamReader<Cursor<Bytes>>> {
+    let bytes = objects
+        .get(location)
+        .await
+        .map_err(storage)?
+        .bytes()
+        .await
+        .map_err(storage)?;
+    let reader = StreamReader::try_new(Cursor::new(bytes), None)?;
+    let recorded = reader.schema().metadata().get(NEXT_OFFSET).cloned();
+    if recorded.as_deref() != Some(log_offset.to_string().as_str()) {
+        return Err(KvError::Store(format!(
+            "KV snapshot {location} covers offset {recorded:?}, the metadata says {log_offset}"
+        )));
+    }
+    Ok(reader)
 }

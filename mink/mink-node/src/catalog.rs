@@ -455,16 +455,9 @@ impl Node {
             )));
         }
         if enabling {
-            // A primary-key table's first round must hold its whole state, which its
-            // changelog may no longer have.
-            if record.is_primary_key_table() {
-                return Err(NodeError::Invalid(format!(
-                    "option {}: a primary-key table is tiered into the lake from its creation; enabling it later is not built yet",
-                    mink_log::options::DATALAKE_ENABLED
-                )));
-            }
             // The lake table first (created, or attached after the checks): a retried alter
-            // finds it. Tiering then starts at each bucket's log start.
+            // finds it. Tiering then starts at each bucket's log start; a primary-key bucket
+            // whose changelog no longer begins at 0 starts from its latest KV snapshot.
             let schema = self.table_schema(&record)?;
             self.lake()
                 .await?

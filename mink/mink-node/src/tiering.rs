@@ -27,7 +27,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use mink_lake::pk::BucketChanges;
+use arrow::array::RecordBatch;
+use mink_lake::pk::{BucketChanges, ChangeRows};
 use mink_lake::tier::{BucketRound, LogRows, Tiered, lake_starts, tiered_offsets};
 use mink_log::options::TableOptions;
 use mink_metadata::{BucketOffset, Command, CommitLakeSnapshot, LakeSnapshotRecord, TableRecord};
@@ -248,18 +249,48 @@ pub(crate) async fn tier_round(
         let Some(stream) = view.state.streams.get(&b.stream_id) else {
             continue;
         };
-        let tiered = record
-            .and_then(|r| r.tiered_offset(partition_id, bucket))
-            .unwrap_or(stream.start_offset);
-        if stream.end_offset <= tiered {
-            continue;
-        }
+        let recorded = record.and_then(|r| r.tiered_offset(partition_id, bucket));
         let partition = view
             .state
             .partitions
             .get(&(table.table_id, partition_id))
             .map(|p| p.name.clone());
         if table.is_partitioned() && partition.is_none() {
+            continue;
+        }
+        let partition_values = || match &partition {
+            Some(name) => mink_log::routing::partition_values(&table.partition_keys, name),
+            None => Ok(Default::default()),
+        };
+        if table.is_primary_key_table() && recorded.is_none() && stream.start_offset > 0 {
+            // The lake enabled on a table whose changelog no longer begins at 0: the first
+            // round is the bucket's latest KV snapshot, its whole state at one offset (none
+            // yet: a later round); the changelog after it follows.
+            let key = (table.table_id, partition_id, bucket);
+            let Some(snapshot) = view.state.latest_kv_snapshot(key) else {
+                continue;
+            };
+            let batches = mink_kv::snapshot::read_snapshot(
+                &node.inner.streams.object_store(),
+                &object_store::path::Path::from(snapshot.location.as_str()),
+                snapshot.log_offset,
+            )
+            .await?;
+            changes.push(BucketChanges {
+                partition_id,
+                partition: partition_values()?,
+                bucket,
+                start_offset: 0,
+                end_offset: snapshot.log_offset,
+                changes: batches
+                    .into_iter()
+                    .map(|rows| state_as_changes(rows, snapshot.log_offset, now_us))
+                    .collect(),
+            });
+            continue;
+        }
+        let tiered = recorded.unwrap_or(stream.start_offset);
+        if stream.end_offset <= tiered {
             continue;
         }
         let at = BucketRef::new(&table.database, &table.name, partition.as_deref(), bucket);
@@ -279,10 +310,7 @@ pub(crate) async fn tier_round(
         if table.is_primary_key_table() {
             changes.push(BucketChanges {
                 partition_id,
-                partition: match &partition {
-                    Some(name) => mink_log::routing::partition_values(&table.partition_keys, name)?,
-                    None => Default::default(),
-                },
+                partition: partition_values()?,
                 bucket,
                 start_offset: tiered,
                 end_offset: offset,
@@ -333,6 +361,19 @@ pub(crate) async fn tier_round(
         Tiered::AlreadyTiered { .. } => {}
     }
     Ok(())
+}
+
+/// A primary-key bucket's rows in a KV snapshot covering the changes below `log_offset`, as
+/// upserts: each row takes the snapshot's last offset (its last change is at or below it) and
+/// the round's time as its `__offset` and `__timestamp`.
+fn state_as_changes(rows: RecordBatch, log_offset: u64, now_us: i64) -> ChangeRows {
+    let n = rows.num_rows();
+    ChangeRows {
+        rows,
+        offsets: vec![log_offset.saturating_sub(1); n],
+        timestamps_us: vec![now_us; n],
+        upsert: vec![true; n],
+    }
 }
 
 /// Records the lake table's current snapshot of `table` and the tiered offsets its summary

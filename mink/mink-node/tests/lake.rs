@@ -989,6 +989,92 @@ async fn compaction_keeps_the_union_read_whole() {
     node.shutdown().await;
 }
 
+/// The lake enabled on a primary-key table whose changelog was trimmed: its first round is
+/// each bucket's latest KV snapshot, later rounds the changelog after it, and the lake and
+/// the union read hold the table's current rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lake_of_a_primary_key_table_can_be_enabled_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path());
+    c.retention_interval = Duration::from_millis(100);
+    c.kv_snapshot_interval = Duration::from_millis(100);
+    let node = Node::start(c).await.unwrap();
+    node.create_database("app", false).await.unwrap();
+    let mut spec = users();
+    spec.options.clear();
+    spec.options.insert("bucket.num".into(), "4".into());
+    spec.options.insert("table.log.ttl".into(), "1s".into());
+    node.create_table(spec).await.unwrap();
+    let first: Vec<(i64, Option<&str>)> = (0..60).map(|id| (id, Some("a"))).collect();
+    change_users(&node, &first).await;
+    let second: Vec<(i64, Option<&str>)> = (0..60)
+        .filter(|id| id % 4 != 0)
+        .map(|id| (id, (id % 4 != 1).then_some("b")))
+        .collect();
+    change_users(&node, &second).await;
+    // Every bucket's changelog trimmed: its first changes are gone from the log.
+    until_trimmed(&node, "users").await;
+
+    node.alter_table(
+        "app",
+        "users",
+        mink_node::TableChange {
+            set_options: [
+                ("table.datalake.enabled".to_string(), "true".to_string()),
+                ("table.datalake.freshness".to_string(), "1h".to_string()),
+            ]
+            .into(),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert!(node.tier_now("app", "users").await.unwrap());
+    let lake_state = |node: &Node| {
+        let node = node.clone();
+        async move {
+            let batches: Vec<RecordBatch> = read_rows(
+                &node,
+                mink_node::ReadRequest {
+                    database: "app".into(),
+                    table: "users".into(),
+                    source: mink_node::ReadSource::Lake,
+                    ..Default::default()
+                },
+            )
+            .await
+            .into_iter()
+            .map(|item| item.data)
+            .collect();
+            names(&batches)
+        }
+    };
+    let want = kv_state(&node).await;
+    assert_eq!(want.len(), 45);
+    assert_eq!(lake_state(&node).await, want);
+
+    // Later changes come from the changelog after the snapshot.
+    change_users(&node, &[(0, None), (1, Some("c")), (100, Some("d"))]).await;
+    assert!(node.tier_now("app", "users").await.unwrap());
+    let want = kv_state(&node).await;
+    assert_eq!(lake_state(&node).await, want);
+    let union: Vec<RecordBatch> = read_rows(
+        &node,
+        mink_node::ReadRequest {
+            database: "app".into(),
+            table: "users".into(),
+            source: mink_node::ReadSource::Union,
+            ..Default::default()
+        },
+    )
+    .await
+    .into_iter()
+    .map(|item| item.data)
+    .collect();
+    assert_eq!(names(&union), want);
+    node.shutdown().await;
+}
+
 /// Lake maintenance follows the table's options: compaction once a partition has the set
 /// number of small files, none when switched off; snapshot expiry only when switched on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

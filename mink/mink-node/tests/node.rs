@@ -974,24 +974,6 @@ async fn options_whose_feature_does_not_exist_are_refused() {
         matches!(&refused, Err(NodeError::Invalid(m)) if m.contains("disabling")),
         "{refused:?}"
     );
-    // A primary-key table's lake must start with its whole state: not enabled later.
-    let mut pk = pk_spec("pk_later", &[]);
-    pk.database = "app".into();
-    node.create_table(pk).await.unwrap();
-    let refused = node
-        .alter_table(
-            "app",
-            "pk_later",
-            TableChange {
-                set_options: BTreeMap::from([("table.datalake.enabled".into(), "true".into())]),
-                ..Default::default()
-            },
-        )
-        .await;
-    assert!(
-        matches!(&refused, Err(NodeError::Invalid(m)) if m.contains("primary-key table is tiered into the lake from its creation")),
-        "{refused:?}"
-    );
     node.shutdown().await;
 }
 
