@@ -149,33 +149,10 @@ async fn filters_and_limits_go_to_the_nodes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scans_report_row_counts() {
     use datafusion::common::stats::Precision;
-    use datafusion::physical_plan::ExecutionPlan;
     let dir = tempfile::tempdir().unwrap();
     let c = Cluster::start(dir.path()).await;
     c.load().await;
-    fn scan(plan: &std::sync::Arc<dyn ExecutionPlan>) -> Option<std::sync::Arc<dyn ExecutionPlan>> {
-        if plan.name() == "MinkScanExec" {
-            return Some(std::sync::Arc::clone(plan));
-        }
-        plan.children().into_iter().find_map(scan)
-    }
-    let rows = |sql: &'static str| {
-        let engine = c.engine.clone();
-        async move {
-            let plan = engine
-                .sql(sql)
-                .await
-                .unwrap()
-                .create_physical_plan()
-                .await
-                .unwrap();
-            scan(&plan)
-                .unwrap()
-                .partition_statistics(None)
-                .unwrap()
-                .num_rows
-        }
-    };
+    let rows = async |sql: &str| leaf_statistics(&c, sql, "MinkScanExec").await.num_rows;
     // Unfiltered and unlimited: exactly the cut's rows; otherwise at most that.
     assert_eq!(
         rows("SELECT * FROM app.events").await,
@@ -213,6 +190,33 @@ async fn scans_report_row_counts() {
     c.stop().await;
 }
 
+/// What the plan node named `leaf` (the first found) of `sql`'s physical plan reports of all
+/// its partitions.
+async fn leaf_statistics(c: &Cluster, sql: &str, leaf: &str) -> datafusion::common::Statistics {
+    use datafusion::physical_plan::ExecutionPlan;
+    fn find(
+        plan: &std::sync::Arc<dyn ExecutionPlan>,
+        leaf: &str,
+    ) -> Option<std::sync::Arc<dyn ExecutionPlan>> {
+        if plan.name() == leaf {
+            return Some(std::sync::Arc::clone(plan));
+        }
+        plan.children().into_iter().find_map(|p| find(p, leaf))
+    }
+    let plan = c
+        .engine
+        .sql(sql)
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    find(&plan, leaf)
+        .unwrap_or_else(|| panic!("no {leaf} in the plan of {sql}"))
+        .partition_statistics(None)
+        .unwrap()
+}
+
 /// A lake scan tells the planner each column's null count and range from the data files'
 /// manifest entries: exact for an unfiltered read of a log table's lake (so `min` and `max`
 /// of an integer column are answered without reading), bounds otherwise.
@@ -220,33 +224,14 @@ async fn scans_report_row_counts() {
 async fn lake_scans_report_column_statistics() {
     use datafusion::common::ScalarValue;
     use datafusion::common::stats::Precision;
-    use datafusion::physical_plan::ExecutionPlan;
     let dir = tempfile::tempdir().unwrap();
     let c = Cluster::start(dir.path()).await;
     c.load().await;
     lake_table_lk(&c).await;
-    fn lake(plan: &std::sync::Arc<dyn ExecutionPlan>) -> Option<std::sync::Arc<dyn ExecutionPlan>> {
-        if plan.name() == "MinkLakeExec" {
-            return Some(std::sync::Arc::clone(plan));
-        }
-        plan.children().into_iter().find_map(lake)
-    }
-    let columns = |sql: &'static str| {
-        let engine = c.engine.clone();
-        async move {
-            let plan = engine
-                .sql(sql)
-                .await
-                .unwrap()
-                .create_physical_plan()
-                .await
-                .unwrap();
-            lake(&plan)
-                .unwrap()
-                .partition_statistics(None)
-                .unwrap()
-                .column_statistics
-        }
+    let columns = async |sql: &str| {
+        leaf_statistics(&c, sql, "MinkLakeExec")
+            .await
+            .column_statistics
     };
     let nulls: usize = c
         .rows("SELECT count(*) FROM app.lk WHERE id < 50 AND v IS NULL")

@@ -995,11 +995,7 @@ async fn compaction_keeps_the_union_read_whole() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lake_of_a_primary_key_table_can_be_enabled_later() {
     let dir = tempfile::tempdir().unwrap();
-    let mut c = config(dir.path());
-    c.retention_interval = Duration::from_millis(100);
-    c.kv_snapshot_interval = Duration::from_millis(100);
-    let node = Node::start(c).await.unwrap();
-    node.create_database("app", false).await.unwrap();
+    let node = trimming_node(dir.path()).await;
     let mut spec = users();
     spec.options.clear();
     spec.options.insert("bucket.num".into(), "4".into());
@@ -1939,16 +1935,43 @@ async fn until_trimmed_past(node: &Node, table: &str, starts: &BTreeMap<u32, u64
     .await;
 }
 
+/// A node that runs retention and snapshots KV tablets every 100 ms, with database `app`.
+async fn trimming_node(dir: &std::path::Path) -> Node {
+    let mut c = config(dir);
+    c.retention_interval = Duration::from_millis(100);
+    c.kv_snapshot_interval = Duration::from_millis(100);
+    let node = Node::start(c).await.unwrap();
+    node.create_database("app", false).await.unwrap();
+    node
+}
+
+/// A union read of `app.<table>` planned now, and each bucket's tiered offset as it was.
+fn plan_union(node: &Node, table: &str) -> (mink_node::ReadPlan, BTreeMap<u32, u64>) {
+    let plan = node
+        .plan_read(&mink_node::ReadRequest {
+            database: "app".into(),
+            table: table.into(),
+            source: mink_node::ReadSource::Union,
+            ..Default::default()
+        })
+        .unwrap();
+    let tiered = node
+        .describe_table("app", table)
+        .unwrap()
+        .buckets
+        .iter()
+        .map(|b| (b.bucket, b.tiered_offset.unwrap()))
+        .collect();
+    (plan, tiered)
+}
+
 /// A union read planned before a tiering round after which retention trims the log past
 /// what the planned snapshot holds takes those rows from the newer snapshot: the planned cut,
 /// whole (it failed with offset out of range).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_union_read_outlives_the_snapshot_it_was_planned_at() {
     let dir = tempfile::tempdir().unwrap();
-    let mut c = config(dir.path());
-    c.retention_interval = Duration::from_millis(100);
-    let node = Node::start(c).await.unwrap();
-    node.create_database("app", false).await.unwrap();
+    let node = trimming_node(dir.path()).await;
     // Tiered when the test says so; the log kept 1 s past its tiered offset.
     node.create_table(clicks(&[
         ("bucket.num", "2"),
@@ -1962,21 +1985,7 @@ async fn a_union_read_outlives_the_snapshot_it_was_planned_at() {
     write(&node, 0..40).await;
     assert!(node.tier_now("app", "clicks").await.unwrap());
     write(&node, 40..60).await;
-    let plan = node
-        .plan_read(&mink_node::ReadRequest {
-            database: "app".into(),
-            table: "clicks".into(),
-            source: mink_node::ReadSource::Union,
-            ..Default::default()
-        })
-        .unwrap();
-    let tiered_at_plan: BTreeMap<u32, u64> = node
-        .describe_table("app", "clicks")
-        .unwrap()
-        .buckets
-        .iter()
-        .map(|b| (b.bucket, b.tiered_offset.unwrap()))
-        .collect();
+    let (plan, tiered_at_plan) = plan_union(&node, "clicks");
     for b in &plan.buckets {
         assert!(
             b.to.unwrap() > tiered_at_plan[&b.bucket.bucket],
@@ -2016,11 +2025,7 @@ async fn a_union_read_outlives_the_snapshot_it_was_planned_at() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_key_union_read_outlives_the_snapshot_it_was_planned_at() {
     let dir = tempfile::tempdir().unwrap();
-    let mut c = config(dir.path());
-    c.retention_interval = Duration::from_millis(100);
-    c.kv_snapshot_interval = Duration::from_millis(100);
-    let node = Node::start(c).await.unwrap();
-    node.create_database("app", false).await.unwrap();
+    let node = trimming_node(dir.path()).await;
     let mut spec = users();
     spec.options
         .insert("table.datalake.freshness".into(), "1h".into());
@@ -2033,21 +2038,7 @@ async fn a_primary_key_union_read_outlives_the_snapshot_it_was_planned_at() {
         .map(|id| (id, (id % 3 != 0).then_some("b")))
         .collect();
     change_users(&node, &second).await;
-    let plan = node
-        .plan_read(&mink_node::ReadRequest {
-            database: "app".into(),
-            table: "users".into(),
-            source: mink_node::ReadSource::Union,
-            ..Default::default()
-        })
-        .unwrap();
-    let tiered_at_plan: BTreeMap<u32, u64> = node
-        .describe_table("app", "users")
-        .unwrap()
-        .buckets
-        .iter()
-        .map(|b| (b.bucket, b.tiered_offset.unwrap()))
-        .collect();
+    let (plan, tiered_at_plan) = plan_union(&node, "users");
     assert!(node.tier_now("app", "users").await.unwrap());
     until_trimmed_past(&node, "users", &tiered_at_plan).await;
 
