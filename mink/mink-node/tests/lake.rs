@@ -1170,6 +1170,14 @@ fn users() -> TableSpec {
     }
 }
 
+/// [`users`] tiered when the test says so (`tier_now`), not on a schedule.
+fn users_on_demand() -> TableSpec {
+    let mut spec = users();
+    spec.options
+        .insert("table.datalake.freshness".into(), "1h".into());
+    spec
+}
+
 /// Upserts (`Some(name)`) and deletes (`None`) to `app.users`.
 async fn change_users(node: &Node, rows: &[(i64, Option<&str>)]) {
     let batch = RecordBatch::try_from_iter(vec![
@@ -1611,10 +1619,7 @@ async fn a_primary_key_filter_on_other_columns_applies_after_the_merge() {
     let dir = tempfile::tempdir().unwrap();
     let node = Node::start(config(dir.path())).await.unwrap();
     node.create_database("app", false).await.unwrap();
-    let mut spec = users();
-    spec.options
-        .insert("table.datalake.freshness".into(), "1h".into());
-    node.create_table(spec).await.unwrap();
+    node.create_table(users_on_demand()).await.unwrap();
     change_users(&node, &[(1, Some("a")), (2, Some("b")), (3, Some("a"))]).await;
     until_view(&node, "the coordinator's lease", |view| {
         match &view.state.coordinator {
@@ -2026,9 +2031,7 @@ async fn a_union_read_outlives_the_snapshot_it_was_planned_at() {
 async fn a_primary_key_union_read_outlives_the_snapshot_it_was_planned_at() {
     let dir = tempfile::tempdir().unwrap();
     let node = trimming_node(dir.path()).await;
-    let mut spec = users();
-    spec.options
-        .insert("table.datalake.freshness".into(), "1h".into());
+    let mut spec = users_on_demand();
     spec.options.insert("table.log.ttl".into(), "1s".into());
     node.create_table(spec).await.unwrap();
     let first: Vec<(i64, Option<&str>)> = (0..40).map(|id| (id, Some("a"))).collect();
@@ -2062,10 +2065,7 @@ async fn a_primary_key_union_read_streams_the_lake() {
     let dir = tempfile::tempdir().unwrap();
     let node = Node::start(config(dir.path())).await.unwrap();
     node.create_database("app", false).await.unwrap();
-    let mut spec = users();
-    spec.options
-        .insert("table.datalake.freshness".into(), "1h".into());
-    node.create_table(spec).await.unwrap();
+    node.create_table(users_on_demand()).await.unwrap();
     let rows: Vec<(i64, Option<&str>)> = (0..40_000).map(|id| (id, Some("a"))).collect();
     change_users(&node, &rows).await;
     assert!(node.tier_now("app", "users").await.unwrap());
