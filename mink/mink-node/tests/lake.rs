@@ -207,6 +207,40 @@ async fn until_table_tiered(node: &Node, table: &str, rows: u64) {
     .await;
 }
 
+/// `duty` (a tiering round, lake maintenance) done now, on this node once it holds the
+/// coordinator's lease (a node takes it a moment after it starts): retried while it answers
+/// `Unavailable`, for 30 s at most.
+async fn on_lease_holder<T>(
+    node: &Node,
+    what: &str,
+    mut duty: impl AsyncFnMut() -> mink_node::NodeResult<T>,
+) -> T {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match duty().await {
+            Err(mink_node::NodeError::Unavailable(m)) => {
+                assert!(tokio::time::Instant::now() < deadline, "{what}: {m}");
+                let next = node.view().applied_index + 1;
+                let _ = node.wait_applied(next, Duration::from_millis(100)).await;
+            }
+            done => return done.unwrap(),
+        }
+    }
+}
+
+/// A tiering round of `app.<table>` now: whether it recorded a snapshot.
+async fn tier(node: &Node, table: &str) -> bool {
+    on_lease_holder(node, "tiering", async || node.tier_now("app", table).await).await
+}
+
+/// Lake maintenance of `app.<table>` now.
+async fn maintain(node: &Node, table: &str) -> mink_lake::maintain::Maintained {
+    on_lease_holder(node, "lake maintenance", async || {
+        node.maintain_lake_now("app", table).await
+    })
+    .await
+}
+
 /// A node (retention every 100 ms) with `app.clicks` in two buckets, its log kept 1 s and
 /// tiered every half second.
 async fn short_lived_clicks(dir: &std::path::Path) -> Node {
@@ -430,7 +464,7 @@ async fn a_round_lost_before_the_metadata_record_rolls_forward() {
     .unwrap();
     // The metadata still says 40; a round plans from there and stores nothing twice.
     write(&node, 70..75).await;
-    assert!(node.tier_now("app", "clicks").await.unwrap());
+    assert!(tier(&node, "clicks").await);
     until_tiered(&node, 75).await;
     assert_eq!(
         lake_rows(&node)
@@ -479,7 +513,7 @@ async fn lake_rows_keep_the_time_of_their_batch() {
         times[1] >= before,
         "stamped at append: {times:?}, before {before}"
     );
-    assert!(node.tier_now("app", "clicks").await.unwrap());
+    assert!(tier(&node, "clicks").await);
     until_tiered(&node, 5).await;
     let mut lake = Vec::new();
     for b in node
@@ -970,7 +1004,7 @@ async fn compaction_keeps_the_union_read_whole() {
     assert_eq!(union_ids().await, (0..100).collect::<Vec<_>>());
     let before = node.describe_table("app", "clicks").unwrap().lake.unwrap();
 
-    let done = node.maintain_lake_now("app", "clicks").await.unwrap();
+    let done = maintain(&node, "clicks").await;
     let compacted = done.compacted.expect("ten rounds of small files");
     assert!(compacted.files_removed >= 8, "{compacted:?}");
     let after = node.describe_table("app", "clicks").unwrap().lake.unwrap();
@@ -1025,7 +1059,7 @@ async fn the_lake_of_a_primary_key_table_can_be_enabled_later() {
     )
     .await
     .unwrap();
-    assert!(node.tier_now("app", "users").await.unwrap());
+    assert!(tier(&node, "users").await);
     let lake_state = |node: &Node| {
         let node = node.clone();
         async move {
@@ -1051,7 +1085,7 @@ async fn the_lake_of_a_primary_key_table_can_be_enabled_later() {
 
     // Later changes come from the changelog after the snapshot.
     change_users(&node, &[(0, None), (1, Some("c")), (100, Some("d"))]).await;
-    assert!(node.tier_now("app", "users").await.unwrap());
+    assert!(tier(&node, "users").await);
     let want = kv_state(&node).await;
     assert_eq!(lake_state(&node).await, want);
     let union: Vec<RecordBatch> = read_rows(
@@ -1093,17 +1127,17 @@ async fn maintenance_follows_the_tables_options() {
         for _ in 0..n {
             write(&node, next..next + 10).await;
             next += 10;
-            assert!(node.tier_now("app", "clicks").await.unwrap());
+            assert!(tier(&node, "clicks").await);
         }
     };
     rounds(2).await;
-    let done = node.maintain_lake_now("app", "clicks").await.unwrap();
+    let done = maintain(&node, "clicks").await;
     assert!(
         done.compacted.is_none(),
         "two small files, three wanted: {done:?}"
     );
     rounds(1).await;
-    let done = node.maintain_lake_now("app", "clicks").await.unwrap();
+    let done = maintain(&node, "clicks").await;
     assert_eq!(
         done.compacted.as_ref().map(|c| c.files_removed),
         Some(3),
@@ -1129,7 +1163,7 @@ async fn maintenance_follows_the_tables_options() {
     .await
     .unwrap();
     rounds(4).await;
-    let done = node.maintain_lake_now("app", "clicks").await.unwrap();
+    let done = maintain(&node, "clicks").await;
     assert!(done.compacted.is_none(), "compaction is off: {done:?}");
     assert!(!done.snapshots_expired.is_empty(), "expiry is on: {done:?}");
     let e = node
@@ -1300,7 +1334,7 @@ async fn a_primary_key_table_is_tiered_as_its_current_rows() {
     let want = kv_state(&node).await;
     assert_eq!(want.len(), 45 - 10 + 1 - 1);
 
-    let done = node.maintain_lake_now("app", "users").await.unwrap();
+    let done = maintain(&node, "users").await;
     assert!(done.compacted.is_some(), "{done:?}");
     assert_eq!(lake_state().await, want);
     change_users(&node, &[(2, Some("after")), (3, None)]).await;
@@ -1628,7 +1662,7 @@ async fn a_primary_key_filter_on_other_columns_applies_after_the_merge() {
         }
     })
     .await;
-    assert!(node.tier_now("app", "users").await.unwrap());
+    assert!(tier(&node, "users").await);
     // After the round: 1 becomes b, 2 becomes a, 3 is deleted, 4 is new.
     change_users(
         &node,
@@ -1988,7 +2022,7 @@ async fn a_union_read_outlives_the_snapshot_it_was_planned_at() {
     .await
     .unwrap();
     write(&node, 0..40).await;
-    assert!(node.tier_now("app", "clicks").await.unwrap());
+    assert!(tier(&node, "clicks").await);
     write(&node, 40..60).await;
     let (plan, tiered_at_plan) = plan_union(&node, "clicks");
     for b in &plan.buckets {
@@ -1998,7 +2032,7 @@ async fn a_union_read_outlives_the_snapshot_it_was_planned_at() {
             b.bucket.bucket
         );
     }
-    assert!(node.tier_now("app", "clicks").await.unwrap());
+    assert!(tier(&node, "clicks").await);
     until_trimmed_past(&node, "clicks", &tiered_at_plan).await;
 
     let mut per_bucket: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
@@ -2036,13 +2070,13 @@ async fn a_primary_key_union_read_outlives_the_snapshot_it_was_planned_at() {
     node.create_table(spec).await.unwrap();
     let first: Vec<(i64, Option<&str>)> = (0..40).map(|id| (id, Some("a"))).collect();
     change_users(&node, &first).await;
-    assert!(node.tier_now("app", "users").await.unwrap());
+    assert!(tier(&node, "users").await);
     let second: Vec<(i64, Option<&str>)> = (0..40)
         .map(|id| (id, (id % 3 != 0).then_some("b")))
         .collect();
     change_users(&node, &second).await;
     let (plan, tiered_at_plan) = plan_union(&node, "users");
-    assert!(node.tier_now("app", "users").await.unwrap());
+    assert!(tier(&node, "users").await);
     until_trimmed_past(&node, "users", &tiered_at_plan).await;
 
     let batches: Vec<RecordBatch> = read_plan(&node, plan)
@@ -2068,7 +2102,7 @@ async fn a_primary_key_union_read_streams_the_lake() {
     node.create_table(users_on_demand()).await.unwrap();
     let rows: Vec<(i64, Option<&str>)> = (0..40_000).map(|id| (id, Some("a"))).collect();
     change_users(&node, &rows).await;
-    assert!(node.tier_now("app", "users").await.unwrap());
+    assert!(tier(&node, "users").await);
     change_users(&node, &[(5, Some("z")), (6, None), (50_000, Some("new"))]).await;
 
     let items = read_rows(
