@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use mink_lake::maintain::{Maintained, Maintenance};
-use mink_log::options::TableOptions;
+use mink_log::options::{LakeMaintenance, TableOptions};
 use mink_metadata::TableRecord;
 
 use crate::{Node, NodeResult};
@@ -24,10 +24,9 @@ const MAINTENANCE_TICK: Duration = Duration::from_secs(5);
 
 /// Time between two maintenance runs of a table tiered every `freshness / 2`, unless its
 /// `table.datalake.maintenance.interval` says otherwise.
-pub(crate) fn interval(table: &TableRecord, freshness: Duration) -> Duration {
-    TableOptions::parse(&table.options)
-        .ok()
-        .and_then(|o| o.lake_maintenance.interval)
+pub(crate) fn interval(freshness: Duration, maintenance: &LakeMaintenance) -> Duration {
+    maintenance
+        .interval
         .unwrap_or_else(|| (freshness * 5).max(Duration::from_secs(60)))
 }
 
@@ -60,9 +59,10 @@ pub(crate) async fn run(node: Node) {
         if let Some(epoch) = epoch {
             let view = node.view();
             let now_ms = node.inner.config.clock.now_ms();
-            for (table, freshness) in crate::tiering::lake_tables(&view) {
+            for (table, freshness, options) in crate::tiering::lake_tables(&view) {
                 let since = *last.entry(table.table_id).or_insert(now_ms);
-                let due = u64::try_from(interval(table, freshness).as_millis()).unwrap_or(u64::MAX);
+                let due = u64::try_from(interval(freshness, &options.lake_maintenance).as_millis())
+                    .unwrap_or(u64::MAX);
                 if now_ms.saturating_sub(since) < due {
                     continue;
                 }

@@ -63,7 +63,7 @@ pub(crate) async fn run(node: Node) {
     loop {
         let view = node.view();
         let now_ms = node.inner.config.clock.now_ms();
-        for (table, freshness) in lake_tables(&view) {
+        for (table, freshness, _) in lake_tables(&view) {
             if tiering_node(&view, table) != Some(node.node_id()) {
                 continue;
             }
@@ -124,7 +124,7 @@ async fn record_moved(
 ) -> NodeResult<()> {
     let lake = node.lake().await?;
     let heads = lake.metadata_locations().await?;
-    for (table, _) in lake_tables(view) {
+    for (table, _, _) in lake_tables(view) {
         let record = view.state.lake_snapshots.get(&table.table_id);
         let Some(head) = heads.get(&(table.database.clone(), table.name.clone())) else {
             continue;
@@ -144,10 +144,10 @@ async fn record_moved(
 /// Every table tiered into the lake, with its `table.datalake.freshness`.
 pub(crate) fn lake_tables(
     view: &mink_metadata::View,
-) -> impl Iterator<Item = (&TableRecord, Duration)> {
+) -> impl Iterator<Item = (&TableRecord, Duration, TableOptions)> {
     view.state.tables.values().filter_map(|t| {
-        let freshness = TableOptions::parse(&t.options).ok()?.lake_freshness?;
-        Some((t, freshness))
+        let options = TableOptions::parse(&t.options).ok()?;
+        Some((t, options.lake_freshness?, options))
     })
 }
 

@@ -1060,48 +1060,16 @@ async fn the_lake_of_a_primary_key_table_can_be_enabled_later() {
     .await
     .unwrap();
     assert!(tier(&node, "users").await);
-    let lake_state = |node: &Node| {
-        let node = node.clone();
-        async move {
-            let batches: Vec<RecordBatch> = read_rows(
-                &node,
-                mink_node::ReadRequest {
-                    database: "app".into(),
-                    table: "users".into(),
-                    source: mink_node::ReadSource::Lake,
-                    ..Default::default()
-                },
-            )
-            .await
-            .into_iter()
-            .map(|item| item.data)
-            .collect();
-            names(&batches)
-        }
-    };
     let want = kv_state(&node).await;
     assert_eq!(want.len(), 45);
-    assert_eq!(lake_state(&node).await, want);
+    assert_eq!(users_from(&node, mink_node::ReadSource::Lake).await, want);
 
     // Later changes come from the changelog after the snapshot.
     change_users(&node, &[(0, None), (1, Some("c")), (100, Some("d"))]).await;
     assert!(tier(&node, "users").await);
     let want = kv_state(&node).await;
-    assert_eq!(lake_state(&node).await, want);
-    let union: Vec<RecordBatch> = read_rows(
-        &node,
-        mink_node::ReadRequest {
-            database: "app".into(),
-            table: "users".into(),
-            source: mink_node::ReadSource::Union,
-            ..Default::default()
-        },
-    )
-    .await
-    .into_iter()
-    .map(|item| item.data)
-    .collect();
-    assert_eq!(names(&union), want);
+    assert_eq!(users_from(&node, mink_node::ReadSource::Lake).await, want);
+    assert_eq!(users_from(&node, mink_node::ReadSource::Union).await, want);
     node.shutdown().await;
 }
 
@@ -1257,11 +1225,17 @@ fn names(batches: &[RecordBatch]) -> BTreeMap<i64, String> {
 
 /// The current rows of `app.users` (the KV snapshot scan).
 async fn kv_state(node: &Node) -> BTreeMap<i64, String> {
+    users_from(node, mink_node::ReadSource::Auto).await
+}
+
+/// The rows of `app.users` read from `source`, by key.
+async fn users_from(node: &Node, source: mink_node::ReadSource) -> BTreeMap<i64, String> {
     let items = read_rows(
         node,
         mink_node::ReadRequest {
             database: "app".into(),
             table: "users".into(),
+            source,
             ..Default::default()
         },
     )
