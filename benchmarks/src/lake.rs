@@ -9,6 +9,11 @@
 //!   side: filtered scan, checked for holes, ordered by offset, cast back to the table's
 //!   types), beside a plain iceberg-rust scan of the same rows with the same filter; each
 //!   twice, alternating, the best of each.
+//! - **Primary-key rounds**: a table of `--pk-keys` keys over 4 buckets, then rounds of
+//!   `--pk-changes` changes to random keys (one in ten a delete) through `Lake::tier_changes`:
+//!   each round on a lake whose key-location index is warm (it reads only the files added
+//!   since its snapshot), beside the same round on a fresh lake (the index rebuilt from every
+//!   live file first: what every round cost before the index was kept). Median round time.
 //! - **Lake lag**: a node tiering a table with `table.datalake.freshness` under a sustained
 //!   write load; its lag (how long the oldest untiered row has waited, as `describe_table`
 //!   reports it) sampled every 100 ms after the first round, p99 beside the freshness (the
@@ -44,6 +49,15 @@ pub(crate) struct Args {
     /// Rows per second written during the lag measurement.
     #[arg(long, default_value_t = 50_000)]
     lag_rows_per_s: u64,
+    /// Keys of the primary-key table (0 skips the primary-key rounds).
+    #[arg(long, default_value_t = 1_000_000)]
+    pk_keys: usize,
+    /// Changes per primary-key round.
+    #[arg(long, default_value_t = 10_000)]
+    pk_changes: usize,
+    /// Primary-key rounds of each kind.
+    #[arg(long, default_value_t = 4)]
+    pk_rounds: usize,
     #[arg(long)]
     json: bool,
 }
@@ -287,10 +301,215 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
         },
     ];
     print(&points, args.json, total_rows, args.rounds)?;
+    if args.pk_keys > 0 {
+        let pk = pk_rounds(&args, dir.path(), url, &store).await?;
+        print_pk(&pk, args.json)?;
+    }
     if args.lag_seconds > 0 {
         let lag = lake_lag(&args).await?;
         print_lag(&lag, args.json)?;
     }
+    Ok(())
+}
+
+#[derive(Debug, Serialize)]
+struct PkRounds {
+    keys: usize,
+    changes: usize,
+    rounds: usize,
+    /// Median round time with the key index warm.
+    indexed_ms: f64,
+    /// Key-column file reads per round with the index warm.
+    indexed_files_per_round: f64,
+    /// Median round time on a fresh lake (the index rebuilt from every live file first).
+    rebuilt_ms: f64,
+    rebuilt_files_per_round: f64,
+    /// Rebuilt over indexed: how many times cheaper a round is with the index kept.
+    ratio: f64,
+}
+
+/// `n` changes to keys below `keys`, spread over the buckets by key (`key % 4`), at offsets
+/// continuing each bucket's `next`; one in ten a delete.
+fn pk_changes(
+    schema: &SchemaRef,
+    rng: &mut impl rand::Rng,
+    keys: usize,
+    n: usize,
+    next: &mut [u64],
+    label: &str,
+) -> anyhow::Result<Vec<mink_lake::pk::BucketChanges>> {
+    let mut per_bucket: Vec<Vec<(i64, bool)>> = vec![Vec::new(); BUCKETS as usize];
+    for _ in 0..n {
+        let k = rng.random_range(0..keys as i64);
+        per_bucket[usize::try_from(k % i64::from(BUCKETS))?]
+            .push((k, rng.random_range(0..10) != 0));
+    }
+    let mut out = Vec::new();
+    for (b, ops) in per_bucket.into_iter().enumerate() {
+        if ops.is_empty() {
+            continue;
+        }
+        let from = next[b];
+        let end = from + ops.len() as u64;
+        next[b] = end;
+        let rows = RecordBatch::try_new(
+            Arc::clone(schema),
+            vec![
+                Arc::new(Int64Array::from_iter_values(ops.iter().map(|o| o.0))),
+                Arc::new(Int64Array::from_iter_values((from..end).map(|o| o as i64))),
+                Arc::new(StringArray::from_iter_values(ops.iter().map(|_| label))),
+                Arc::new(Float64Array::from_iter_values(
+                    ops.iter().map(|o| o.0 as f64),
+                )),
+            ],
+        )?;
+        out.push(mink_lake::pk::BucketChanges {
+            partition_id: 0,
+            partition: Default::default(),
+            bucket: u32::try_from(b)?,
+            start_offset: from,
+            end_offset: end,
+            changes: vec![mink_lake::pk::ChangeRows {
+                rows,
+                offsets: (from..end).collect(),
+                timestamps_us: vec![1_700_000_000_000_000; ops.len()],
+                upsert: ops.iter().map(|o| o.1).collect(),
+            }],
+        });
+    }
+    Ok(out)
+}
+
+fn median(mut v: Vec<Duration>) -> f64 {
+    v.sort_unstable();
+    v.get(v.len() / 2).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+}
+
+/// The primary-key rounds (see the module doc), on the benchmark's store and catalog.
+async fn pk_rounds(
+    args: &Args,
+    dir: &std::path::Path,
+    url: &str,
+    store: &Arc<dyn object_store::ObjectStore>,
+) -> anyhow::Result<PkRounds> {
+    use rand::SeedableRng as _;
+    let metadata = format!("sqlite://{}", dir.join("metadata.db").display());
+    let open = || Lake::open(&metadata, url, Arc::clone(store));
+    let schema: SchemaRef = Arc::new(columns());
+    let key = vec!["user_id".to_string()];
+    let warm = open().await?;
+    warm.create_table("bench", "users", &schema, &[]).await?;
+    let mut next = vec![0u64; BUCKETS as usize];
+    // Every key once, in 4 rounds (files of a quarter of the table each).
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    for part in 0..4 {
+        let keys: Vec<i64> = (0..args.pk_keys as i64)
+            .filter(|k| (k / 1000) % 4 == part)
+            .collect();
+        let mut rounds = Vec::new();
+        for b in 0..BUCKETS {
+            let mine: Vec<i64> = keys
+                .iter()
+                .copied()
+                .filter(|k| k % i64::from(BUCKETS) == i64::from(b))
+                .collect();
+            let from = next[b as usize];
+            let end = from + mine.len() as u64;
+            next[b as usize] = end;
+            let rows = RecordBatch::try_new(
+                Arc::clone(&schema),
+                vec![
+                    Arc::new(Int64Array::from(mine.clone())),
+                    Arc::new(Int64Array::from_iter_values((from..end).map(|o| o as i64))),
+                    Arc::new(StringArray::from_iter_values(mine.iter().map(|_| "first"))),
+                    Arc::new(Float64Array::from_iter_values(
+                        mine.iter().map(|k| *k as f64),
+                    )),
+                ],
+            )?;
+            rounds.push(mink_lake::pk::BucketChanges {
+                partition_id: 0,
+                partition: Default::default(),
+                bucket: b,
+                start_offset: from,
+                end_offset: end,
+                changes: vec![mink_lake::pk::ChangeRows {
+                    rows,
+                    offsets: (from..end).collect(),
+                    timestamps_us: vec![1_700_000_000_000_000; mine.len()],
+                    upsert: vec![true; mine.len()],
+                }],
+            });
+        }
+        warm.tier_changes("bench", "users", &key, rounds).await?;
+    }
+    let (mut indexed, mut rebuilt) = (Vec::new(), Vec::new());
+    let (mut indexed_files, mut rebuilt_files) = (0u64, 0u64);
+    for _ in 0..args.pk_rounds {
+        let changes = pk_changes(
+            &schema,
+            &mut rng,
+            args.pk_keys,
+            args.pk_changes,
+            &mut next,
+            "warm",
+        )?;
+        let read = warm.key_files_read();
+        let started = Instant::now();
+        warm.tier_changes("bench", "users", &key, changes).await?;
+        indexed.push(started.elapsed());
+        indexed_files += warm.key_files_read() - read;
+
+        let cold = open().await?;
+        let changes = pk_changes(
+            &schema,
+            &mut rng,
+            args.pk_keys,
+            args.pk_changes,
+            &mut next,
+            "cold",
+        )?;
+        let started = Instant::now();
+        cold.tier_changes("bench", "users", &key, changes).await?;
+        rebuilt.push(started.elapsed());
+        rebuilt_files += cold.key_files_read();
+    }
+    let live = warm.scan("bench", "users").await?;
+    anyhow::ensure!(
+        live.iter().map(RecordBatch::num_rows).sum::<usize>() <= args.pk_keys,
+        "more live rows than keys"
+    );
+    let rounds = args.pk_rounds as f64;
+    let (indexed_ms, rebuilt_ms) = (median(indexed), median(rebuilt));
+    Ok(PkRounds {
+        keys: args.pk_keys,
+        changes: args.pk_changes,
+        rounds: args.pk_rounds,
+        indexed_ms,
+        indexed_files_per_round: indexed_files as f64 / rounds,
+        rebuilt_ms,
+        rebuilt_files_per_round: rebuilt_files as f64 / rounds,
+        ratio: rebuilt_ms / indexed_ms,
+    })
+}
+
+#[allow(clippy::print_stdout)]
+fn print_pk(pk: &PkRounds, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(pk)?);
+        return Ok(());
+    }
+    println!(
+        "Primary-key rounds of {} changes on {} keys, {} each: key index kept {:.0} ms ({:.1} files read), rebuilt first {:.0} ms ({:.1} files read); rebuilt/kept {:.1}",
+        pk.changes,
+        pk.keys,
+        pk.rounds,
+        pk.indexed_ms,
+        pk.indexed_files_per_round,
+        pk.rebuilt_ms,
+        pk.rebuilt_files_per_round,
+        pk.ratio
+    );
     Ok(())
 }
 

@@ -10,6 +10,7 @@
 
 mod commit;
 mod drop;
+mod keys;
 pub mod maintain;
 pub mod pk;
 mod read;
@@ -89,6 +90,11 @@ pub struct Lake {
     /// Tables as last loaded for reading: a read of a snapshot they hold needs no catalog
     /// round trip (a union read asks once per read step).
     loaded: Arc<std::sync::Mutex<HashMap<(String, String), Table>>>,
+    /// Where primary-key tables' key-location indexes live (memory when `None`).
+    key_index_dir: Option<std::path::PathBuf>,
+    /// The indexes open, by (database, table).
+    key_indexes: Arc<std::sync::Mutex<HashMap<(String, String), keys::SharedIndex>>>,
+    key_files_read: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// The SQL catalog's URL for a metadata URL (`sqlite://...` or `postgres://...`): SQLite files
@@ -141,6 +147,9 @@ impl Lake {
             storage,
             warehouse,
             loaded: Arc::default(),
+            key_index_dir: None,
+            key_indexes: Arc::default(),
+            key_files_read: Arc::default(),
         })
     }
 

@@ -222,3 +222,136 @@ async fn upserts_and_deletes_leave_one_row_per_live_key() {
     );
     assert_eq!(state(&l).await, expected(&rounds));
 }
+
+/// Asserts the lake holds exactly the state `rounds` leave, naming the keys that differ.
+async fn same_state(l: &Lake, rounds: &[Round<'_>]) {
+    let (got, want) = (state(l).await, expected(rounds));
+    let wrong: Vec<_> = got
+        .iter()
+        .filter(|(k, v)| want.get(k) != Some(v))
+        .map(|(k, v)| (k, Some(v), want.get(k)))
+        .chain(
+            want.iter()
+                .filter(|(k, _)| !got.contains_key(k))
+                .map(|(k, v)| (k, None, Some(v))),
+        )
+        .collect();
+    assert!(wrong.is_empty(), "(key, lake, expected): {wrong:?}");
+}
+
+async fn open_lake(db: &std::path::Path, objects: &std::path::Path) -> Lake {
+    let url = objects.to_str().unwrap();
+    Lake::open(
+        &format!("sqlite://{}", db.display()),
+        url,
+        s3stream::store::open(url).unwrap(),
+    )
+    .await
+    .unwrap()
+}
+
+/// The rounds' key locations come from the key index, which reads only the data files added
+/// since the snapshot it reflects: one file per round here, whatever the table's size. Another
+/// node's rounds and a compaction are caught up from their files; an index kept on disk
+/// outlives its process; an index dropped, or of another table of the name, is rebuilt from
+/// the live files once. The lake's rows stay exactly the expected state throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_key_index_reads_only_what_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, objects) = (dir.path().join("metadata.db"), dir.path().join("objects"));
+    let keys_dir = dir.path().join("keys");
+    let l = open_lake(&db, &objects)
+        .await
+        .with_key_index_dir(keys_dir.clone());
+    l.create_table("app", "users", &columns(), &[])
+        .await
+        .unwrap();
+
+    let mut rounds: Vec<Round<'static>> = vec![(0, 0, (0..1000).map(|i| (i, Some("a"))).collect())];
+    let mut next = 1000u64;
+    // Round k: 10 upserts and 2 deletes, then `extra`.
+    let mut round = |rounds: &mut Vec<Round<'static>>,
+                     k: i64,
+                     extra: &[(i64, Option<&'static str>)]| {
+        let mut ops: Vec<(i64, Option<&str>)> = (0..10).map(|i| (k * 37 + i, Some("b"))).collect();
+        ops.extend([(k * 11 + 500, None), (k * 13 + 700, None)]);
+        ops.extend_from_slice(extra);
+        let from = next;
+        next += ops.len() as u64;
+        rounds.push((0, from, ops));
+    };
+    tier(&l, &rounds[0]).await;
+    // The first round's own file, read once the commit landed.
+    assert_eq!(l.key_files_read(), 1);
+    for k in 1..=4 {
+        round(&mut rounds, k, &[]);
+        tier(&l, rounds.last().unwrap()).await;
+        assert_eq!(l.key_files_read(), 1 + k as u64, "round {k}");
+    }
+    same_state(&l, &rounds).await;
+
+    // Another node (an index in memory) tiers a round: it indexes every live file once.
+    let other = open_lake(&db, &objects).await;
+    round(&mut rounds, 5, &[]);
+    tier(&other, rounds.last().unwrap()).await;
+    assert_eq!(other.key_files_read(), 6, "a rebuild reads every live file");
+    // This one catches up from that round's file, then reads its own.
+    round(&mut rounds, 6, &[]);
+    tier(&l, rounds.last().unwrap()).await;
+    assert_eq!(l.key_files_read(), 5 + 2);
+    same_state(&l, &rounds).await;
+
+    // A compaction elsewhere: its output is read once, and the next round finds keys in it.
+    other
+        .compact("app", "users", &Maintenance::default())
+        .await
+        .unwrap()
+        .expect("deletes to fold");
+    round(&mut rounds, 7, &[(3, Some("after compaction"))]);
+    tier(&l, rounds.last().unwrap()).await;
+    assert_eq!(l.key_files_read(), 7 + 2);
+    same_state(&l, &rounds).await;
+
+    // Restarted with the same directory: the index is still at the last snapshot.
+    drop(l);
+    let l = open_lake(&db, &objects)
+        .await
+        .with_key_index_dir(keys_dir.clone());
+    round(&mut rounds, 8, &[]);
+    tier(&l, rounds.last().unwrap()).await;
+    assert_eq!(
+        l.key_files_read(),
+        1,
+        "a restart reads only the round's own file"
+    );
+    same_state(&l, &rounds).await;
+
+    // Dropped (the table is no longer tiered here): the next round rebuilds.
+    l.retain_key_indexes(&Default::default());
+    assert_eq!(std::fs::read_dir(&keys_dir).unwrap().count(), 0);
+    round(&mut rounds, 9, &[]);
+    tier(&l, rounds.last().unwrap()).await;
+    let live = l
+        .load_table("app", "users")
+        .await
+        .unwrap()
+        .metadata()
+        .current_snapshot()
+        .unwrap()
+        .summary()
+        .additional_properties["total-data-files"]
+        .parse::<u64>()
+        .unwrap();
+    // Every file live before the round, then the round's own.
+    assert_eq!(l.key_files_read(), 1 + (live - 1) + 1);
+    same_state(&l, &rounds).await;
+
+    // A table of the same name, created again: its index starts empty.
+    assert!(l.drop_table("app", "users").await.unwrap());
+    l.create_table("app", "users", &columns(), &[])
+        .await
+        .unwrap();
+    let again: Vec<Round<'_>> = vec![(0, 0, vec![(1, Some("new")), (2, Some("new"))])];
+    tier(&l, &again[0]).await;
+    same_state(&l, &again).await;
+}

@@ -86,6 +86,10 @@ impl NodeConfig {
     }
 }
 
+/// Where, under `kv_dir`, the key-location indexes of the primary-key lake tables this node
+/// tiers live (a cache of the lake, like the working copies).
+pub(crate) const LAKE_KEYS_DIR: &str = "lake-keys";
+
 /// A directory per cluster (metadata database) and node under the system's temporary directory:
 /// working copies are a cache, and two nodes on one host never share one.
 fn default_kv_dir(node_id: u64, metadata_url: &str) -> std::path::PathBuf {
@@ -448,13 +452,13 @@ impl Node {
             .lake
             .get_or_try_init(|| async {
                 let config = &self.inner.config;
-                mink_lake::Lake::open(
+                let lake = mink_lake::Lake::open(
                     &config.metadata_url,
                     &config.object_store_url,
                     self.inner.streams.object_store(),
                 )
-                .await
-                .map_err(NodeError::from)
+                .await?;
+                Ok::<_, NodeError>(lake.with_key_index_dir(config.kv_dir.join(LAKE_KEYS_DIR)))
             })
             .await
     }

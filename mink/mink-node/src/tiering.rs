@@ -39,6 +39,8 @@ use crate::{BucketRef, Node, NodeError, NodeResult};
 const TIERING_TICK: Duration = Duration::from_millis(500);
 /// Rounds that queries' tail scans bring forward come at most this often per table.
 const MIN_ROUND_INTERVAL: Duration = Duration::from_secs(1);
+/// Every this many ticks (a minute), a node drops the key indexes of tables gone from the lake.
+const KEY_INDEX_PRUNE_TICKS: u64 = 120;
 /// Log bytes read per bucket and round at most (the rest waits for the next round).
 const ROUND_BYTES_PER_BUCKET: usize = 64 << 20;
 
@@ -60,9 +62,20 @@ pub(crate) async fn run(node: Node) {
     let mut ran: HashMap<u64, u64> = HashMap::new();
     // table id -> the catalog's metadata location last checked against the record.
     let mut checked: HashMap<u64, String> = HashMap::new();
+    let mut ticks: u64 = 0;
     loop {
         let view = node.view();
         let now_ms = node.inner.config.clock.now_ms();
+        // The key indexes of tables dropped (or no longer in the lake) go, now and then.
+        if ticks.is_multiple_of(KEY_INDEX_PRUNE_TICKS)
+            && let Some(lake) = node.inner.lake.get()
+        {
+            let keep = lake_tables(&view)
+                .map(|(t, _, _)| (t.database.clone(), t.name.clone()))
+                .collect();
+            lake.retain_key_indexes(&keep);
+        }
+        ticks += 1;
         for (table, freshness, _) in lake_tables(&view) {
             if tiering_node(&view, table) != Some(node.node_id()) {
                 continue;

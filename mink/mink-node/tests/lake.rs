@@ -1253,67 +1253,98 @@ async fn a_primary_key_table_is_tiered_as_its_current_rows() {
     let node = Node::start(config(dir.path())).await.unwrap();
     node.create_database("app", false).await.unwrap();
     node.create_table(users()).await.unwrap();
-    let lake_state = || async {
-        let batches = node
-            .lake()
-            .await
-            .unwrap()
-            .scan("app", "users")
-            .await
-            .unwrap();
-        names(&batches)
-    };
-    let until_lake_matches = || async {
-        let want = kv_state(&node).await;
-        until_view(&node, "the lake to hold the table's current rows", |view| {
-            let t = view
-                .state
-                .tables
-                .values()
-                .find(|t| t.name == "users")
-                .unwrap();
-            let tiered: u64 = view
-                .state
-                .lake_snapshots
-                .get(&t.table_id)
-                .map_or(0, |r| r.bucket_offsets.iter().map(|b| b.offset).sum());
-            let end: u64 = view
-                .state
-                .buckets
-                .values()
-                .filter(|b| b.table_id == t.table_id)
-                .filter_map(|b| view.state.streams.get(&b.stream_id))
-                .map(|s| s.end_offset)
-                .sum();
-            if tiered == end {
-                Ok(())
-            } else {
-                Err((tiered, end))
-            }
-        })
-        .await;
-        assert_eq!(lake_state().await, want);
-    };
-
     let first: Vec<(i64, Option<&str>)> = (0..40).map(|i| (i, Some("a"))).collect();
     change_users(&node, &first).await;
-    until_lake_matches().await;
+    until_lake_holds_users(&node).await;
     let mut second: Vec<(i64, Option<&str>)> = (0..10).map(|i| (i, Some("b"))).collect();
     second.extend((10..20).map(|i| (i, None)));
     second.extend((40..45).map(|i| (i, Some("new"))));
     change_users(&node, &second).await;
-    until_lake_matches().await;
+    until_lake_holds_users(&node).await;
     change_users(&node, &[(10, Some("back")), (0, None), (1, Some("c"))]).await;
-    until_lake_matches().await;
+    until_lake_holds_users(&node).await;
     let want = kv_state(&node).await;
     assert_eq!(want.len(), 45 - 10 + 1 - 1);
 
     let done = maintain(&node, "users").await;
     assert!(done.compacted.is_some(), "{done:?}");
-    assert_eq!(lake_state().await, want);
+    assert_eq!(lake_users(&node).await, want);
     change_users(&node, &[(2, Some("after")), (3, None)]).await;
-    until_lake_matches().await;
+    until_lake_holds_users(&node).await;
+
+    // The rounds' key index is kept on disk: after a restart a round reads the key columns of
+    // its own data file only, not the table's (no compaction in between).
+    node.alter_table(
+        "app",
+        "users",
+        mink_node::TableChange {
+            set_options: [(
+                "table.datalake.auto-compaction".to_string(),
+                "false".to_string(),
+            )]
+            .into(),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let kv_dir = config(dir.path()).kv_dir;
+    let indexes = std::fs::read_dir(kv_dir.join("lake-keys")).unwrap().count();
+    assert_eq!(indexes, 1, "one key index, for app.users");
     node.shutdown().await;
+    drop(node);
+    let node = Node::start(config(dir.path())).await.unwrap();
+    change_users(&node, &[(4, Some("restarted")), (5, Some("restarted"))]).await;
+    until_lake_holds_users(&node).await;
+    assert_eq!(node.lake().await.unwrap().key_files_read(), 1);
+    node.shutdown().await;
+}
+
+/// The rows of `app.users`'s lake table, by name.
+async fn lake_users(node: &Node) -> BTreeMap<i64, String> {
+    names(
+        &node
+            .lake()
+            .await
+            .unwrap()
+            .scan("app", "users")
+            .await
+            .unwrap(),
+    )
+}
+
+/// Waits until `app.users` is tiered to its log's end, then checks the lake holds exactly
+/// the table's current rows.
+async fn until_lake_holds_users(node: &Node) {
+    let want = kv_state(node).await;
+    until_view(node, "the lake to hold the table's current rows", |view| {
+        let t = view
+            .state
+            .tables
+            .values()
+            .find(|t| t.name == "users")
+            .unwrap();
+        let tiered: u64 = view
+            .state
+            .lake_snapshots
+            .get(&t.table_id)
+            .map_or(0, |r| r.bucket_offsets.iter().map(|b| b.offset).sum());
+        let end: u64 = view
+            .state
+            .buckets
+            .values()
+            .filter(|b| b.table_id == t.table_id)
+            .filter_map(|b| view.state.streams.get(&b.stream_id))
+            .map(|s| s.end_offset)
+            .sum();
+        if tiered == end {
+            Ok(())
+        } else {
+            Err((tiered, end))
+        }
+    })
+    .await;
+    assert_eq!(lake_users(node).await, want);
 }
 
 /// A small deterministic generator (the tests' writes are reproducible).
