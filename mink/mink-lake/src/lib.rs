@@ -34,6 +34,11 @@ use crate::storage::{ObjectStoreStorage, ObjectStoreStorageFactory};
 /// catalog's tables; pyiceberg's `SqlCatalog("mink", ...)` finds them).
 pub const CATALOG_NAME: &str = "mink";
 
+/// The Iceberg table property naming the Mink table whose lake it is (`<table id>@<created
+/// at ms>` in its cluster): a lake disabled and enabled again resumes on its own table, and
+/// another table of the same name is refused it.
+pub const OWNER_PROPERTY: &str = "mink.owner";
+
 #[derive(Debug, thiserror::Error)]
 pub enum LakeError {
     /// A Mink table and an Iceberg table (or Iceberg itself) disagree about a column.
@@ -207,8 +212,9 @@ impl Lake {
         table: &str,
         columns: &ArrowSchema,
         partition_keys: &[String],
+        owner: Option<&str>,
     ) -> LakeResult<Table> {
-        match self.attach_table(database, table, columns).await {
+        match self.attach_table(database, table, columns, owner).await {
             Err(LakeError::NotFound(_)) => {
                 self.create_table(database, table, columns, partition_keys)
                     .await
@@ -218,15 +224,22 @@ impl Lake {
     }
 
     /// The Iceberg table `database.table` as Mink table `database.table`'s lake, after checking
-    /// it can hold the table's `columns` ([`table::check_compatible`]).
+    /// it can hold the table's `columns` ([`table::check_compatible`]) and holds no rows Mink
+    /// tiered, unless they are `owner`'s ([`Lake::set_owner`]: its own lake, disabled and
+    /// enabled again).
     pub async fn attach_table(
         &self,
         database: &str,
         table: &str,
         columns: &ArrowSchema,
+        owner: Option<&str>,
     ) -> LakeResult<Table> {
         let loaded = self.load_table(database, table).await?;
         table::check_compatible(loaded.metadata().current_schema(), columns)?;
+        let owned = loaded.metadata().properties().get(OWNER_PROPERTY);
+        if owner.is_some() && owned.map(String::as_str) == owner {
+            return Ok(loaded);
+        }
         // Its offsets would say the new table's rows are tiered already.
         if !tier::tiered_offsets(&loaded).is_empty() {
             return Err(LakeError::Stale(format!(
@@ -234,6 +247,29 @@ impl Lake {
             )));
         }
         Ok(loaded)
+    }
+
+    /// Marks the lake table of `database.table` as Mink table `owner`'s ([`OWNER_PROPERTY`]),
+    /// so that [`Lake::attach_table`] gives it back to that table only.
+    pub async fn set_owner(&self, database: &str, table: &str, owner: &str) -> LakeResult<()> {
+        use iceberg::transaction::{ApplyTransactionAction as _, Transaction};
+        let loaded = self.load_table(database, table).await?;
+        if loaded
+            .metadata()
+            .properties()
+            .get(OWNER_PROPERTY)
+            .map(String::as_str)
+            == Some(owner)
+        {
+            return Ok(());
+        }
+        let tx = Transaction::new(&loaded);
+        let tx = tx
+            .update_table_properties()
+            .set(OWNER_PROPERTY.to_string(), owner.to_string())
+            .apply(tx)?;
+        tx.commit(self.catalog.as_ref()).await?;
+        Ok(())
     }
 
     /// Evolves the lake table of `database.table` with `added` columns (optional, at the end),

@@ -106,13 +106,20 @@ async fn creates_and_reloads(metadata_url: &str, dir: &std::path::Path) {
     // It can be attached by a table of the same columns, or without optional ones (tiering
     // leaves them null), not without a required one.
     other
-        .attach_table("app", "events", &columns())
+        .attach_table("app", "events", &columns(), None)
         .await
         .unwrap();
     let fewer = ArrowSchema::new(columns().fields()[..4].to_vec());
-    other.attach_table("app", "events", &fewer).await.unwrap();
+    other
+        .attach_table("app", "events", &fewer, None)
+        .await
+        .unwrap();
     let without_day = ArrowSchema::new(columns().fields()[..3].to_vec());
-    let (column, _) = incompatible(other.attach_table("app", "events", &without_day).await);
+    let (column, _) = incompatible(
+        other
+            .attach_table("app", "events", &without_day, None)
+            .await,
+    );
     assert_eq!(column, "day");
 }
 
@@ -158,7 +165,7 @@ async fn an_incompatible_table_is_refused_naming_the_column() {
     let mut changed = columns().fields().to_vec();
     changed[1] = Arc::new(Field::new("event", DataType::Int32, true));
     let (column, reason) = incompatible(
-        l.attach_table("app", "events", &ArrowSchema::new(changed))
+        l.attach_table("app", "events", &ArrowSchema::new(changed), None)
             .await,
     );
     assert_eq!(column, "event");
@@ -172,6 +179,7 @@ async fn an_incompatible_table_is_refused_naming_the_column() {
             "app",
             "events",
             &with(Field::new("extra", DataType::Int64, true)),
+            None,
         )
         .await,
     );
@@ -180,7 +188,7 @@ async fn an_incompatible_table_is_refused_naming_the_column() {
     let mut nullable = columns().fields().to_vec();
     nullable[0] = Arc::new(Field::new("user_id", DataType::Int64, true));
     let (column, _) = incompatible(
-        l.attach_table("app", "events", &ArrowSchema::new(nullable))
+        l.attach_table("app", "events", &ArrowSchema::new(nullable), None)
             .await,
     );
     assert_eq!(column, "user_id");

@@ -41,8 +41,13 @@ pub use state::{BucketKey, State, View};
 ///
 /// History: 1 — the base command set; 2 — producer offsets (`RegisterProducerOffsets`,
 /// `DeleteProducerOffsets`, `ExpireProducerOffsets`); 3 — `RegisterNode` records an address
-/// per listener (`listeners`).
-pub const METADATA_VERSION: u32 = 3;
+/// per listener (`listeners`); 4 — an `AlterTable` turning `table.datalake.enabled` off
+/// forgets the table's lake snapshot record, and `CommitLakeSnapshot` is refused for a table
+/// without the lake.
+pub const METADATA_VERSION: u32 = 4;
+
+/// The cluster `metadata_version` from which a table's lake can be disabled.
+pub const LAKE_DISABLE_VERSION: u32 = 4;
 
 /// Fluss's option that turns lake tiering on for a table; it sets a retention floor.
 pub const OPTION_DATALAKE_ENABLED: &str = "table.datalake.enabled";

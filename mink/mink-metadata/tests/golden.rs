@@ -523,6 +523,31 @@ fn catalog_and_buckets() {
     );
     t.done(N1, lake(2, 90));
     t.done(N1, trim(N1, users_stream, 1, 60));
+    // Disabling the lake (a rule of metadata_version 4): its record goes, so reads and
+    // retention are the log's; a round recorded late is refused; enabling again starts with
+    // no record (the lake's own summary says where it resumes).
+    t.done(
+        N1,
+        Command::UpgradeMetadataVersion(UpgradeMetadataVersion {
+            coordinator_epoch: 1,
+            version: LAKE_DISABLE_VERSION,
+        }),
+    );
+    let lake_enabled = |value: &str| {
+        Command::AlterTable(AlterTable {
+            table_id: users.table_id,
+            set_options: [("table.datalake.enabled".to_string(), value.to_string())].into(),
+            reset_options: vec![],
+            new_schema: vec![],
+            expected_schema_version: 0,
+        })
+    };
+    t.done(N1, lake_enabled("false"));
+    assert!(!t.driver.state.lake_snapshots.contains_key(&users.table_id));
+    t.step(N1, lake(3, 95), Rejected(RejectionKind::InvalidArgument));
+    t.done(N1, lake_enabled("true"));
+    assert!(!t.driver.state.lake_snapshots.contains_key(&users.table_id));
+    t.done(N1, lake(3, 95));
     let drop_snap = |id| {
         Command::DropKvSnapshot(DropKvSnapshot {
             coordinator_epoch: 1,

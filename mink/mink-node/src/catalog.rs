@@ -377,7 +377,13 @@ impl Node {
         {
             self.lake()
                 .await?
-                .ensure_table(&spec.database, &spec.name, schema, &spec.partition_keys)
+                .ensure_table(
+                    &spec.database,
+                    &spec.name,
+                    schema,
+                    &spec.partition_keys,
+                    None,
+                )
                 .await?;
         }
         let proposed = self
@@ -449,20 +455,39 @@ impl Node {
         };
         let enabling = lake(&options) && !lake(&record.options);
         if lake(&record.options) && !lake(&options) {
-            return Err(NodeError::Invalid(format!(
-                "option {}: disabling the lake of a table is not built yet",
-                mink_log::options::DATALAKE_ENABLED
-            )));
+            // Tiering stops, the log's TTL alone trims it, reads are the log's; the Iceberg
+            // table stays, marked as this table's so that enabling the lake again resumes it.
+            let version = self.view().state.metadata_version;
+            if version < mink_metadata::LAKE_DISABLE_VERSION {
+                return Err(NodeError::Unavailable(format!(
+                    "disabling the lake needs cluster metadata_version {} (this cluster is at {version}): every node must run a binary that supports it",
+                    mink_metadata::LAKE_DISABLE_VERSION
+                )));
+            }
+            let lake = self.lake().await?;
+            match lake.set_owner(database, table, &lake_owner(&record)).await {
+                Ok(()) | Err(mink_lake::LakeError::NotFound(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
         if enabling {
             // The lake table first (created, or attached after the checks): a retried alter
             // finds it. Tiering then starts at each bucket's log start; a primary-key bucket
-            // whose changelog no longer begins at 0 starts from its latest KV snapshot.
+            // whose changelog no longer begins at 0 starts from its latest KV snapshot. The
+            // table's own lake, disabled before, resumes where it stopped.
             let schema = self.table_schema(&record)?;
-            self.lake()
+            let lake_table = self
+                .lake()
                 .await?
-                .ensure_table(database, table, &schema, &record.partition_keys)
+                .ensure_table(
+                    database,
+                    table,
+                    &schema,
+                    &record.partition_keys,
+                    Some(&lake_owner(&record)),
+                )
                 .await?;
+            self.check_lake_resumes(&record, &mink_lake::tier::tiered_offsets(&lake_table))?;
         }
         if record.is_primary_key_table() {
             // The working copies and the changelog are encoded by the schema and keys.
@@ -668,6 +693,47 @@ impl Node {
             .await?)
     }
 
+    /// Refuses to enable the lake of `record` when its lake table holds rows tiered (to
+    /// `tiered`, by partition and bucket) before the lake was disabled and the log no longer
+    /// holds every row since: the rows in between would be in neither.
+    fn check_lake_resumes(
+        &self,
+        record: &TableRecord,
+        tiered: &BTreeMap<(u64, u32), u64>,
+    ) -> NodeResult<()> {
+        let view = self.view();
+        let buckets = view
+            .state
+            .buckets
+            .range((record.table_id, 0, 0)..=(record.table_id, u64::MAX, u32::MAX));
+        for (&(_, partition_id, bucket), b) in buckets {
+            let (Some(&lake_end), Some(stream)) = (
+                tiered.get(&(partition_id, bucket)),
+                view.state.streams.get(&b.stream_id),
+            ) else {
+                continue;
+            };
+            if stream.start_offset > lake_end {
+                let partition = view
+                    .state
+                    .partitions
+                    .get(&(record.table_id, partition_id))
+                    .map(|p| format!(" of partition {}", p.name))
+                    .unwrap_or_default();
+                return Err(NodeError::Invalid(format!(
+                    "the lake of {}.{} cannot resume: it holds bucket {bucket}{partition} up to offset {lake_end}, and the log has been trimmed to {} since the lake was disabled, so offsets {lake_end}..{} are in neither. Drop the Iceberg table {}.{} (for example with pyiceberg) to start a new lake",
+                    record.database,
+                    record.name,
+                    stream.start_offset,
+                    stream.start_offset,
+                    record.database,
+                    record.name
+                )));
+            }
+        }
+        Ok(())
+    }
+
     pub async fn drop_table(&self, database: &str, table: &str, if_exists: bool) -> NodeResult<()> {
         let lake = self
             .table_record(database, table)
@@ -785,4 +851,10 @@ impl Node {
             lake,
         })
     }
+}
+
+/// The identity of `record`'s Mink table in its lake table ([`mink_lake::OWNER_PROPERTY`]):
+/// unique in the cluster, even across tables dropped and created again under one name.
+fn lake_owner(record: &TableRecord) -> String {
+    format!("{}@{}", record.table_id, record.created_at_ms)
 }

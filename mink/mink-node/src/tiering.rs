@@ -254,6 +254,15 @@ pub(crate) async fn tier_round(
         .unwrap_or(i64::MAX)
         .saturating_mul(1000);
     let (mut rounds, mut changes) = (Vec::new(), Vec::new());
+    // No record: a new lake, or one disabled and enabled again, whose own summary says how far
+    // it got (the metadata forgot it when it was disabled).
+    let resumed = match record {
+        Some(_) => Default::default(),
+        None => {
+            let lake = node.lake().await?;
+            tiered_offsets(&lake.load_table(&table.database, &table.name).await?)
+        }
+    };
     let buckets = view
         .state
         .buckets
@@ -262,7 +271,10 @@ pub(crate) async fn tier_round(
         let Some(stream) = view.state.streams.get(&b.stream_id) else {
             continue;
         };
-        let recorded = record.and_then(|r| r.tiered_offset(partition_id, bucket));
+        let recorded = match record {
+            Some(r) => r.tiered_offset(partition_id, bucket),
+            None => resumed.get(&(partition_id, bucket)).copied(),
+        };
         let partition = view
             .state
             .partitions

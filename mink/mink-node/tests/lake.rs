@@ -2237,3 +2237,235 @@ async fn union_read_edge_cases() {
     assert_eq!(b0, (0..31).collect::<Vec<_>>());
     node.shutdown().await;
 }
+
+/// `table.datalake.enabled` set to `value` on `app.<table>`, with `more` options.
+async fn set_lake(
+    node: &Node,
+    table: &str,
+    value: &str,
+    more: &[(&str, &str)],
+) -> mink_node::NodeResult<mink_node::TableInfo> {
+    let mut set_options: BTreeMap<String, String> =
+        [("table.datalake.enabled".to_string(), value.to_string())].into();
+    set_options.extend(more.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    node.alter_table(
+        "app",
+        table,
+        mink_node::TableChange {
+            set_options,
+            ..Default::default()
+        },
+    )
+    .await
+}
+
+/// Waits until the cluster's metadata allows disabling a lake.
+async fn until_lake_can_be_disabled(node: &Node) {
+    until_view(node, "metadata_version 4 (disabling a lake)", |view| {
+        if view.state.metadata_version >= mink_metadata::LAKE_DISABLE_VERSION {
+            Ok(())
+        } else {
+            Err(view.state.metadata_version)
+        }
+    })
+    .await;
+}
+
+/// The lake disabled: tiering stops, reads are the log's, the Iceberg table stays as it was.
+/// Enabled again, it resumes where it stopped: every row once. Disabled while retention trims
+/// the log past what the lake holds, it cannot resume and says why; once its Iceberg table is
+/// dropped, enabling starts a new lake at the log's start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lake_can_be_disabled_and_enabled_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = trimming_node(dir.path()).await;
+    node.create_table(clicks(&[
+        ("bucket.num", "2"),
+        ("bucket.key", "user_id"),
+        ("table.datalake.enabled", "true"),
+        ("table.datalake.freshness", "1h"),
+    ]))
+    .await
+    .unwrap();
+    write(&node, 0..40).await;
+    assert!(tier(&node, "clicks").await);
+    let lake_before = lake_rows(&node).await;
+    assert_eq!(lake_before.len(), 40);
+
+    until_lake_can_be_disabled(&node).await;
+    set_lake(&node, "clicks", "false", &[]).await.unwrap();
+    let table_id = node.describe_table("app", "clicks").unwrap().table_id;
+    assert!(
+        !node.view().state.lake_snapshots.contains_key(&table_id),
+        "the metadata forgets a disabled lake"
+    );
+    write(&node, 40..80).await;
+    assert!(matches!(
+        node.tier_now("app", "clicks").await,
+        Err(mink_node::NodeError::Invalid(_))
+    ));
+    let refused = node.plan_read(&mink_node::ReadRequest {
+        database: "app".into(),
+        table: "clicks".into(),
+        source: mink_node::ReadSource::Lake,
+        ..Default::default()
+    });
+    assert!(
+        matches!(&refused, Err(mink_node::NodeError::Invalid(m)) if m.contains("not tiered")),
+        "{refused:?}"
+    );
+    assert_eq!(
+        lake_rows(&node).await,
+        lake_before,
+        "the Iceberg table stays"
+    );
+    let log: Vec<i64> = read_source(&node, None, mink_node::ReadSource::Auto)
+        .await
+        .into_iter()
+        .map(|r| r.2)
+        .collect();
+    assert_eq!(log.len(), 80);
+
+    // Enabled again: the lake resumes at its own end, so every row is in it once.
+    set_lake(
+        &node,
+        "clicks",
+        "true",
+        &[("table.datalake.freshness", "1h")],
+    )
+    .await
+    .unwrap();
+    assert!(tier(&node, "clicks").await);
+    let ids: Vec<i64> = lake_rows(&node).await.into_iter().map(|r| r.0).collect();
+    assert_eq!(ids, (0..80).collect::<Vec<_>>());
+    let mut union = read_source(&node, None, mink_node::ReadSource::Union).await;
+    let mut log = read_source(&node, None, mink_node::ReadSource::Log).await;
+    union.sort_unstable();
+    log.sort_unstable();
+    assert_eq!(union, log);
+
+    // Off again while the log's TTL trims past the lake's end: it cannot resume.
+    let lake_ends: BTreeMap<u32, u64> = node
+        .view()
+        .state
+        .lake_snapshots
+        .get(&table_id)
+        .unwrap()
+        .bucket_offsets
+        .iter()
+        .map(|b| (b.bucket, b.offset))
+        .collect();
+    set_lake(&node, "clicks", "false", &[("table.log.ttl", "1s")])
+        .await
+        .unwrap();
+    write(&node, 80..100).await;
+    until_trimmed_past(&node, "clicks", &lake_ends).await;
+    let refused = set_lake(&node, "clicks", "true", &[]).await;
+    assert!(
+        matches!(&refused, Err(mink_node::NodeError::Invalid(m)) if m.contains("cannot resume") && m.contains("bucket")),
+        "{refused:?}"
+    );
+    assert!(
+        node.describe_table("app", "clicks").unwrap().lake.is_none(),
+        "a refused enable changes nothing"
+    );
+
+    // Its Iceberg table dropped, the lake starts anew at the log's start.
+    assert!(
+        node.lake()
+            .await
+            .unwrap()
+            .drop_table("app", "clicks")
+            .await
+            .unwrap()
+    );
+    set_lake(&node, "clicks", "true", &[("table.log.ttl", "1h")])
+        .await
+        .unwrap();
+    write(&node, 100..110).await;
+    assert!(tier(&node, "clicks").await);
+    let mut lake: Vec<i64> = lake_rows(&node).await.into_iter().map(|r| r.0).collect();
+    let mut log: Vec<i64> = read_source(&node, None, mink_node::ReadSource::Log)
+        .await
+        .into_iter()
+        .map(|r| r.2)
+        .collect();
+    lake.sort_unstable();
+    log.sort_unstable();
+    assert!(log.contains(&105) && !log.contains(&0), "{log:?}");
+    assert_eq!(lake, log);
+    node.shutdown().await;
+}
+
+/// A primary-key table's lake disabled while keys are upserted and deleted, then enabled
+/// again after its changelog was trimmed and a KV snapshot taken: it resumes from the
+/// changelog where it stopped (not from the snapshot, which cannot say which keys the lake
+/// holds that were deleted meanwhile), so the deletes made while it was off reach it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_key_lake_resumes_with_the_changes_made_while_it_was_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = trimming_node(dir.path()).await;
+    let mut spec = users();
+    spec.options
+        .insert("table.datalake.freshness".into(), "1h".into());
+    spec.options.insert("table.log.ttl".into(), "1s".into());
+    node.create_table(spec).await.unwrap();
+    let first: Vec<(i64, Option<&str>)> = (0..20).map(|i| (i, Some("a"))).collect();
+    change_users(&node, &first).await;
+    assert!(tier(&node, "users").await);
+    // Trimmed up to what the lake holds (never past it while the lake is on).
+    until_trimmed(&node, "users").await;
+    let before = lake_users(&node).await;
+    assert_eq!(before, kv_state(&node).await);
+
+    until_lake_can_be_disabled(&node).await;
+    set_lake(&node, "users", "false", &[("table.log.ttl", "1h")])
+        .await
+        .unwrap();
+    let mut off: Vec<(i64, Option<&str>)> = (0..5).map(|i| (i, None)).collect();
+    off.extend((5..10).map(|i| (i, Some("b"))));
+    off.extend((30..35).map(|i| (i, Some("new"))));
+    change_users(&node, &off).await;
+    assert_eq!(lake_users(&node).await, before, "nothing tiered while off");
+    // A KV snapshot of every bucket covering the changes made while off.
+    let table_id = node.describe_table("app", "users").unwrap().table_id;
+    until_view(&node, "KV snapshots up to every bucket's end", |view| {
+        let behind: Vec<u32> = view
+            .state
+            .buckets
+            .values()
+            .filter(|b| b.table_id == table_id)
+            .filter(|b| {
+                let end = view
+                    .state
+                    .streams
+                    .get(&b.stream_id)
+                    .map_or(0, |s| s.end_offset);
+                view.state
+                    .latest_kv_snapshot((table_id, b.partition_id, b.bucket))
+                    .is_none_or(|s| s.log_offset < end)
+            })
+            .map(|b| b.bucket)
+            .collect();
+        if behind.is_empty() {
+            Ok(())
+        } else {
+            Err(behind)
+        }
+    })
+    .await;
+
+    set_lake(
+        &node,
+        "users",
+        "true",
+        &[("table.datalake.freshness", "1h")],
+    )
+    .await
+    .unwrap();
+    assert!(tier(&node, "users").await);
+    let want = kv_state(&node).await;
+    assert_eq!(want.len(), 20 - 5 + 5);
+    assert_eq!(lake_users(&node).await, want);
+    node.shutdown().await;
+}

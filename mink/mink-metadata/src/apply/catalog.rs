@@ -291,6 +291,14 @@ impl State {
         if &updated == table {
             return redundant(Reply::Id(c.table_id));
         }
+        // The lake turned off: its record goes (reads of the table are the log's again, and
+        // retention is the log's TTL alone); the Iceberg table stays as it is.
+        if self.metadata_version >= crate::LAKE_DISABLE_VERSION
+            && table.is_lake_enabled()
+            && !updated.is_lake_enabled()
+        {
+            self.lake_snapshots.remove(&c.table_id);
+        }
         self.tables.insert(c.table_id, updated);
         done(Reply::Id(c.table_id))
     }
@@ -493,7 +501,14 @@ impl State {
         c: &CommitLakeSnapshot,
         at_ms: u64,
     ) -> CommandResult {
-        self.table(c.table_id)?;
+        let table = self.table(c.table_id)?;
+        // A round that was under way when the lake was disabled records nothing.
+        if self.metadata_version >= crate::LAKE_DISABLE_VERSION && !table.is_lake_enabled() {
+            return Err(rej(
+                RejectionKind::InvalidArgument,
+                format!("table {} is not tiered into the lake", c.table_id),
+            ));
+        }
         let previous = self.lake_snapshots.get(&c.table_id);
         if previous.is_some_and(|p| p.snapshot_id == c.snapshot_id) {
             return redundant(Reply::Id(c.table_id));
