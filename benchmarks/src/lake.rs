@@ -328,6 +328,45 @@ struct PkRounds {
     ratio: f64,
 }
 
+/// Bucket `bucket`'s changes `ops` ((key, upsert)) at offsets from `next[bucket]` on, which
+/// moves past them; each row's `event` is `label`.
+fn bucket_changes(
+    schema: &SchemaRef,
+    bucket: u32,
+    ops: &[(i64, bool)],
+    next: &mut [u64],
+    label: &str,
+) -> anyhow::Result<mink_lake::pk::BucketChanges> {
+    let at = usize::try_from(bucket)?;
+    let from = next[at];
+    let end = from + ops.len() as u64;
+    next[at] = end;
+    let rows = RecordBatch::try_new(
+        Arc::clone(schema),
+        vec![
+            Arc::new(Int64Array::from_iter_values(ops.iter().map(|o| o.0))),
+            Arc::new(Int64Array::from_iter_values((from..end).map(|o| o as i64))),
+            Arc::new(StringArray::from_iter_values(ops.iter().map(|_| label))),
+            Arc::new(Float64Array::from_iter_values(
+                ops.iter().map(|o| o.0 as f64),
+            )),
+        ],
+    )?;
+    Ok(mink_lake::pk::BucketChanges {
+        partition_id: 0,
+        partition: Default::default(),
+        bucket,
+        start_offset: from,
+        end_offset: end,
+        changes: vec![mink_lake::pk::ChangeRows {
+            rows,
+            offsets: (from..end).collect(),
+            timestamps_us: vec![1_700_000_000_000_000; ops.len()],
+            upsert: ops.iter().map(|o| o.1).collect(),
+        }],
+    })
+}
+
 /// `n` changes to keys below `keys`, spread over the buckets by key (`key % 4`), at offsets
 /// continuing each bucket's `next`; one in ten a delete.
 fn pk_changes(
@@ -344,40 +383,11 @@ fn pk_changes(
         per_bucket[usize::try_from(k % i64::from(BUCKETS))?]
             .push((k, rng.random_range(0..10) != 0));
     }
-    let mut out = Vec::new();
-    for (b, ops) in per_bucket.into_iter().enumerate() {
-        if ops.is_empty() {
-            continue;
-        }
-        let from = next[b];
-        let end = from + ops.len() as u64;
-        next[b] = end;
-        let rows = RecordBatch::try_new(
-            Arc::clone(schema),
-            vec![
-                Arc::new(Int64Array::from_iter_values(ops.iter().map(|o| o.0))),
-                Arc::new(Int64Array::from_iter_values((from..end).map(|o| o as i64))),
-                Arc::new(StringArray::from_iter_values(ops.iter().map(|_| label))),
-                Arc::new(Float64Array::from_iter_values(
-                    ops.iter().map(|o| o.0 as f64),
-                )),
-            ],
-        )?;
-        out.push(mink_lake::pk::BucketChanges {
-            partition_id: 0,
-            partition: Default::default(),
-            bucket: u32::try_from(b)?,
-            start_offset: from,
-            end_offset: end,
-            changes: vec![mink_lake::pk::ChangeRows {
-                rows,
-                offsets: (from..end).collect(),
-                timestamps_us: vec![1_700_000_000_000_000; ops.len()],
-                upsert: ops.iter().map(|o| o.1).collect(),
-            }],
-        });
-    }
-    Ok(out)
+    (0..BUCKETS)
+        .zip(per_bucket)
+        .filter(|(_, ops)| !ops.is_empty())
+        .map(|(b, ops)| bucket_changes(schema, b, &ops, next, label))
+        .collect()
 }
 
 fn median(mut v: Vec<Duration>) -> f64 {
@@ -406,41 +416,16 @@ async fn pk_rounds(
         let keys: Vec<i64> = (0..args.pk_keys as i64)
             .filter(|k| (k / 1000) % 4 == part)
             .collect();
-        let mut rounds = Vec::new();
-        for b in 0..BUCKETS {
-            let mine: Vec<i64> = keys
-                .iter()
-                .copied()
-                .filter(|k| k % i64::from(BUCKETS) == i64::from(b))
-                .collect();
-            let from = next[b as usize];
-            let end = from + mine.len() as u64;
-            next[b as usize] = end;
-            let rows = RecordBatch::try_new(
-                Arc::clone(&schema),
-                vec![
-                    Arc::new(Int64Array::from(mine.clone())),
-                    Arc::new(Int64Array::from_iter_values((from..end).map(|o| o as i64))),
-                    Arc::new(StringArray::from_iter_values(mine.iter().map(|_| "first"))),
-                    Arc::new(Float64Array::from_iter_values(
-                        mine.iter().map(|k| *k as f64),
-                    )),
-                ],
-            )?;
-            rounds.push(mink_lake::pk::BucketChanges {
-                partition_id: 0,
-                partition: Default::default(),
-                bucket: b,
-                start_offset: from,
-                end_offset: end,
-                changes: vec![mink_lake::pk::ChangeRows {
-                    rows,
-                    offsets: (from..end).collect(),
-                    timestamps_us: vec![1_700_000_000_000_000; mine.len()],
-                    upsert: vec![true; mine.len()],
-                }],
-            });
-        }
+        let rounds = (0..BUCKETS)
+            .map(|b| {
+                let mine: Vec<(i64, bool)> = keys
+                    .iter()
+                    .filter(|k| *k % i64::from(BUCKETS) == i64::from(b))
+                    .map(|k| (*k, true))
+                    .collect();
+                bucket_changes(&schema, b, &mine, &mut next, "first")
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
         warm.tier_changes("bench", "users", &key, rounds).await?;
     }
     let (mut indexed, mut rebuilt) = (Vec::new(), Vec::new());

@@ -1979,6 +1979,21 @@ async fn until_trimmed_past(node: &Node, table: &str, starts: &BTreeMap<u32, u64
     .await;
 }
 
+/// `app.clicks` in two buckets (with `more` options), tiered when the test says so (freshness
+/// an hour), its rows 0..40 written and tiered.
+async fn tiered_clicks(node: &Node, more: &[(&str, &str)]) {
+    let mut options = vec![
+        ("bucket.num", "2"),
+        ("bucket.key", "user_id"),
+        ("table.datalake.enabled", "true"),
+        ("table.datalake.freshness", "1h"),
+    ];
+    options.extend_from_slice(more);
+    node.create_table(clicks(&options)).await.unwrap();
+    write(node, 0..40).await;
+    assert!(tier(node, "clicks").await);
+}
+
 /// A node that runs retention and snapshots KV tablets every 100 ms, with database `app`.
 async fn trimming_node(dir: &std::path::Path) -> Node {
     let mut c = config(dir);
@@ -2016,18 +2031,8 @@ fn plan_union(node: &Node, table: &str) -> (mink_node::ReadPlan, BTreeMap<u32, u
 async fn a_union_read_outlives_the_snapshot_it_was_planned_at() {
     let dir = tempfile::tempdir().unwrap();
     let node = trimming_node(dir.path()).await;
-    // Tiered when the test says so; the log kept 1 s past its tiered offset.
-    node.create_table(clicks(&[
-        ("bucket.num", "2"),
-        ("bucket.key", "user_id"),
-        ("table.log.ttl", "1s"),
-        ("table.datalake.enabled", "true"),
-        ("table.datalake.freshness", "1h"),
-    ]))
-    .await
-    .unwrap();
-    write(&node, 0..40).await;
-    assert!(tier(&node, "clicks").await);
+    // The log kept 1 s past its tiered offset.
+    tiered_clicks(&node, &[("table.log.ttl", "1s")]).await;
     write(&node, 40..60).await;
     let (plan, tiered_at_plan) = plan_union(&node, "clicks");
     for b in &plan.buckets {
@@ -2279,16 +2284,7 @@ async fn until_lake_can_be_disabled(node: &Node) {
 async fn a_lake_can_be_disabled_and_enabled_again() {
     let dir = tempfile::tempdir().unwrap();
     let node = trimming_node(dir.path()).await;
-    node.create_table(clicks(&[
-        ("bucket.num", "2"),
-        ("bucket.key", "user_id"),
-        ("table.datalake.enabled", "true"),
-        ("table.datalake.freshness", "1h"),
-    ]))
-    .await
-    .unwrap();
-    write(&node, 0..40).await;
-    assert!(tier(&node, "clicks").await);
+    tiered_clicks(&node, &[]).await;
     let lake_before = lake_rows(&node).await;
     assert_eq!(lake_before.len(), 40);
 
