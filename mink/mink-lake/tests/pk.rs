@@ -355,3 +355,96 @@ async fn the_key_index_reads_only_what_changed() {
     tier(&l, &again[0]).await;
     same_state(&l, &again).await;
 }
+
+/// A partitioned primary-key table: each partition's changes replace rows in that
+/// partition's files, and its position deletes go with them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_table_keeps_one_row_per_live_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let l = open_lake(&dir.path().join("metadata.db"), &dir.path().join("objects")).await;
+    let schema = ArrowSchema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("day", DataType::Utf8, false),
+        Field::new("name", DataType::Utf8, true),
+    ]);
+    l.create_table("app", "users", &schema, &["day".to_string()])
+        .await
+        .unwrap();
+    let key = vec!["id".to_string(), "day".to_string()];
+    // (day, first offset, changes) of bucket 0 of each day's partition.
+    let round = |day: &str, partition_id: u64, from: u64, ops: &[(i64, Option<&str>)]| {
+        let end = from + ops.len() as u64;
+        let rows = RecordBatch::try_new(
+            Arc::new(schema.clone()),
+            vec![
+                Arc::new(Int64Array::from_iter_values(ops.iter().map(|o| o.0))),
+                Arc::new(StringArray::from_iter_values(ops.iter().map(|_| day))),
+                Arc::new(StringArray::from_iter(
+                    ops.iter().map(|o| Some(o.1.unwrap_or("gone"))),
+                )),
+            ],
+        )
+        .unwrap();
+        BucketChanges {
+            partition_id,
+            partition: [("day".to_string(), day.to_string())].into(),
+            bucket: 0,
+            start_offset: from,
+            end_offset: end,
+            changes: vec![ChangeRows {
+                rows,
+                offsets: (from..end).collect(),
+                timestamps_us: vec![1_700_000_000_000_000; ops.len()],
+                upsert: ops.iter().map(|o| o.1.is_some()).collect(),
+            }],
+        }
+    };
+    let a = [(1, Some("a")), (2, Some("a")), (3, Some("a"))];
+    l.tier_changes(
+        "app",
+        "users",
+        &key,
+        vec![round("2026-12-01", 1, 0, &a), round("2026-12-02", 2, 0, &a)],
+    )
+    .await
+    .unwrap();
+    let b = [(1, Some("b")), (2, None)];
+    l.tier_changes(
+        "app",
+        "users",
+        &key,
+        vec![
+            round("2026-12-01", 1, 3, &b),
+            round("2026-12-02", 2, 3, &[(3, None)]),
+        ],
+    )
+    .await
+    .unwrap();
+    let mut rows = Vec::new();
+    for batch in l.scan("app", "users").await.unwrap() {
+        let id = batch
+            .column_by_name("id")
+            .unwrap()
+            .as_primitive::<Int64Type>();
+        let day = batch.column_by_name("day").unwrap().as_string::<i32>();
+        let name = batch.column_by_name("name").unwrap().as_string::<i32>();
+        for i in 0..batch.num_rows() {
+            rows.push((
+                day.value(i).to_string(),
+                id.value(i),
+                name.value(i).to_string(),
+            ));
+        }
+    }
+    rows.sort();
+    let row = |d: &str, i: i64, n: &str| (d.to_string(), i, n.to_string());
+    assert_eq!(
+        rows,
+        vec![
+            row("2026-12-01", 1, "b"),
+            row("2026-12-01", 3, "a"),
+            row("2026-12-02", 1, "a"),
+            row("2026-12-02", 2, "a"),
+        ]
+    );
+}
