@@ -21,7 +21,7 @@ use arrow::datatypes::{DataType, Int64Type, Schema as ArrowSchema};
 use arrow::row::{RowConverter, SortField};
 use futures::TryStreamExt as _;
 use iceberg::scan::FileScanTask;
-use iceberg::spec::{DataContentType, ManifestStatus, Struct};
+use iceberg::spec::{DataContentType, ManifestStatus};
 use iceberg::table::Table;
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
@@ -638,27 +638,4 @@ fn equality_deletes(path: &str) -> LakeError {
     err(format!(
         "{path} holds equality deletes: Mink writes and reads position deletes only"
     ))
-}
-
-/// The partition of every live data file of `table`'s current snapshot, by path (for the
-/// position deletes of a partitioned table, which go with their data file's partition).
-pub(crate) async fn file_partitions(table: &Table) -> LakeResult<HashMap<String, Struct>> {
-    let mut out = HashMap::new();
-    let Some(snapshot) = table.metadata().current_snapshot() else {
-        return Ok(out);
-    };
-    let list = table.manifest_list_reader(snapshot).load().await?;
-    for manifest_file in list.entries() {
-        if manifest_file.content != iceberg::spec::ManifestContentType::Data {
-            continue;
-        }
-        let manifest = manifest_file.load_manifest(table.file_io()).await?;
-        for entry in manifest.entries().iter().filter(|e| e.is_alive()) {
-            out.insert(
-                entry.file_path().to_string(),
-                entry.data_file().partition().clone(),
-            );
-        }
-    }
-    Ok(out)
 }

@@ -17,7 +17,7 @@ use arrow::datatypes::SchemaRef;
 use iceberg::arrow::schema_to_arrow_schema;
 use iceberg::metadata_columns::{delete_file_path_field, delete_file_pos_field};
 use iceberg::spec::{
-    DataContentType, DataFile, DataFileFormat, Operation, PartitionKey, Schema, Struct,
+    DataContentType, DataFile, DataFileFormat, Literal, Operation, PartitionKey, Schema, Struct,
 };
 use iceberg::table::Table;
 use iceberg::writer::file_writer::ParquetWriterBuilder;
@@ -64,6 +64,38 @@ fn err(e: impl std::fmt::Display) -> LakeError {
     LakeError::Iceberg(e.to_string())
 }
 
+/// The partition value (identity on the table's partition columns) whose columns hold
+/// `partition` (column → value, as Mink names partitions); `None` for an unpartitioned table.
+fn partition_struct(
+    table: &Table,
+    partition: &BTreeMap<String, String>,
+) -> LakeResult<Option<Struct>> {
+    let metadata = table.metadata();
+    let spec = metadata.default_partition_spec();
+    if spec.is_unpartitioned() {
+        return Ok(None);
+    }
+    let schema = metadata.current_schema();
+    spec.fields()
+        .iter()
+        .map(|f| {
+            let column = schema
+                .field_by_id(f.source_id)
+                .ok_or_else(|| err(format!("partition field {} without a column", f.name)))?
+                .name
+                .clone();
+            let value = partition.get(&column).ok_or_else(|| {
+                err(format!(
+                    "a round without a value of partition column {column}"
+                ))
+            })?;
+            let datum = crate::read::partition_datum(schema, &column, value)?;
+            Ok(Some(Literal::Primitive(datum.literal().clone())))
+        })
+        .collect::<LakeResult<Struct>>()
+        .map(Some)
+}
+
 /// Position deletes ((data file, position) pairs) of one partition.
 type PartitionDeletes = (Option<Struct>, Vec<(String, i64)>);
 
@@ -99,8 +131,6 @@ impl Lake {
         let mut offsets = before.clone();
         let arrow_schema: SchemaRef =
             Arc::new(schema_to_arrow_schema(base.metadata().current_schema()).map_err(err)?);
-        let partitioned = !base.metadata().default_partition_spec().is_unpartitioned();
-        let mut partitions: Option<HashMap<String, Struct>> = None;
         let mut upserts = Vec::new();
         let mut deletes: Vec<PartitionDeletes> = Vec::new();
         for round in &rounds {
@@ -160,25 +190,17 @@ impl Lake {
                 upserts
                     .push(RecordBatch::try_new(Arc::clone(&arrow_schema), columns).map_err(err)?);
             }
-            if partitioned && !replaced.is_empty() && partitions.is_none() {
-                partitions = Some(crate::keys::file_partitions(&base).await?);
-            }
+            // A key never leaves its partition (the partition columns are part of the key):
+            // the rows it replaces are in this round's partition.
+            let partition = partition_struct(&base, &round.partition)?;
             for (path, mut positions) in replaced {
                 positions.sort_unstable();
-                let partition = match &partitions {
-                    Some(p) => Some(p.get(&path).cloned().ok_or_else(|| {
-                        err(format!(
-                            "{path} is in the key index but not live in the lake"
-                        ))
-                    })?),
-                    None => None,
-                };
                 match deletes.iter_mut().find(|(p, _)| *p == partition) {
                     Some((_, rows)) => {
                         rows.extend(positions.into_iter().map(|p| (path.clone(), p)))
                     }
                     None => deletes.push((
-                        partition,
+                        partition.clone(),
                         positions.into_iter().map(|p| (path.clone(), p)).collect(),
                     )),
                 }
