@@ -338,12 +338,49 @@ pub fn same_schema_header(stored: &[u8], current: &[u8]) -> bool {
 /// Decodes a stored batch. The bytes come from storage, so anything malformed is an error,
 /// never a panic.
 pub fn decode_batch(bytes: &[u8]) -> LogResult<RecordBatch> {
-    check_framing(bytes)?;
-    let mut reader = StreamReader::try_new(Cursor::new(bytes), None)?;
-    let batch = reader
-        .next()
-        .ok_or_else(|| LogError::Invalid("a stored batch holds no records".into()))??;
-    Ok(batch)
+    decode_stored(&Bytes::copy_from_slice(bytes), |_| None)
+}
+
+/// Decodes a stored batch, keeping the columns `projection` picks from the schema it was
+/// stored under (all of them for `None`). A batch of one schema message and one record batch
+/// message (what [`encode_batch`] and [`stored_as_received`] store) is decoded in place: its
+/// arrays share `bytes` (a block read from storage or the log cache) instead of being copied
+/// into fresh buffers, but for buffers not aligned for their type. Anything else (dictionaries)
+/// goes through the stream reader.
+fn decode_stored(
+    bytes: &Bytes,
+    projection: impl FnOnce(&Schema) -> Option<Vec<usize>>,
+) -> LogResult<RecordBatch> {
+    let bad = |why: &str| LogError::Invalid(format!("malformed Arrow IPC stream: {why}"));
+    let Some(wire) = wire_batch(bytes) else {
+        check_framing(bytes)?;
+        let stored = StreamReader::try_new(Cursor::new(&bytes[..]), None)?.schema();
+        let mut reader =
+            StreamReader::try_new(Cursor::new(&bytes[..]), projection(stored.as_ref()))?;
+        return reader
+            .next()
+            .ok_or_else(|| LogError::Invalid("a stored batch holds no records".into()))?
+            .map_err(Into::into);
+    };
+    let schema = arrow::ipc::root_as_message(&wire.schema_header)
+        .ok()
+        .and_then(|m| m.header_as_schema())
+        .ok_or_else(|| bad("no schema message"))?;
+    let schema = Arc::new(arrow::ipc::convert::fb_to_schema(schema));
+    let message = arrow::ipc::root_as_message(&wire.header)
+        .map_err(|e| bad(&format!("invalid header: {e}")))?;
+    let batch = message
+        .header_as_record_batch()
+        .ok_or_else(|| bad("no record batch message"))?;
+    let projection = projection(&schema);
+    Ok(arrow::ipc::reader::read_record_batch(
+        &arrow::buffer::Buffer::from(wire.body.clone()),
+        batch,
+        schema,
+        &std::collections::HashMap::new(),
+        projection.as_deref(),
+        &message.version(),
+    )?)
 }
 
 /// The named `columns` of a stored batch (every column when empty), in the order given, as
@@ -351,30 +388,27 @@ pub fn decode_batch(bytes: &[u8]) -> LogResult<RecordBatch> {
 /// nulls (see [`evolve`]). Only the named columns' buffers are decompressed and decoded, so a
 /// narrow read of a wide table costs what its columns hold. Unknown names are an error.
 pub fn decode_columns(
-    bytes: &[u8],
+    bytes: &Bytes,
     schema: &SchemaRef,
     columns: &[String],
 ) -> LogResult<RecordBatch> {
     if columns.is_empty() {
-        return evolve(schema, &decode_batch(bytes)?);
+        return evolve(schema, &decode_stored(bytes, |_| None)?);
     }
     let indices = column_indices(schema, columns)?;
-    check_framing(bytes)?;
     // Stored columns are a prefix of the table's (evolution appends), so a column's stored
     // index is its index in the table, if the batch has it.
-    let stored = StreamReader::try_new(Cursor::new(bytes), None)?
-        .schema()
-        .fields()
-        .len();
-    let mut wanted: Vec<usize> = indices.iter().copied().filter(|&i| i < stored).collect();
-    wanted.sort_unstable();
-    wanted.dedup();
-    if wanted.is_empty() && stored > 0 {
-        wanted.push(0); // for the row count
-    }
-    let batch = StreamReader::try_new(Cursor::new(bytes), Some(wanted))?
-        .next()
-        .ok_or_else(|| LogError::Invalid("a stored batch holds no records".into()))??;
+    let mut stored = 0;
+    let batch = decode_stored(bytes, |schema| {
+        stored = schema.fields().len();
+        let mut wanted: Vec<usize> = indices.iter().copied().filter(|&i| i < stored).collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        if wanted.is_empty() && stored > 0 {
+            wanted.push(0); // for the row count
+        }
+        Some(wanted)
+    })?;
     let read = batch.schema();
     let arrays = indices
         .iter()

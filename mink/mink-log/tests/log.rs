@@ -472,6 +472,38 @@ fn a_narrow_read_decodes_the_named_columns_in_the_table_schema() {
     }
 }
 
+/// An uncompressed stored batch decodes in place: its values point into the stored bytes (a
+/// block read from storage) instead of a copy; every type still decodes whole.
+#[test]
+fn a_stored_batch_decodes_without_copying_its_values() {
+    let values = BinaryArray::from_iter_values((0..100).map(|i| vec![i as u8; 1024]));
+    let batch = RecordBatch::try_from_iter(vec![("value", Arc::new(values) as ArrayRef)]).unwrap();
+    let stored = codec::encode_batch(&batch, Compression::None).unwrap();
+    let read = codec::decode_columns(&stored, &batch.schema(), &[]).unwrap();
+    assert_eq!(read, batch);
+    let at = read.column(0).as_binary::<i32>().values().as_ptr() as usize;
+    let range = stored.as_ptr() as usize..stored.as_ptr() as usize + stored.len();
+    assert!(
+        range.contains(&at),
+        "the values were copied out of the stored bytes"
+    );
+    // Nested types, nulls and compression decode as before, projected or not.
+    let wide = wide_batch();
+    for compression in [Compression::None, Compression::Zstd] {
+        let stored = codec::encode_batch(&wide, compression).unwrap();
+        let all = codec::decode_columns(&stored, &wide.schema(), &[]).unwrap();
+        assert_eq!(all, wide, "{compression:?}");
+        let names: Vec<String> = wide
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        let named = codec::decode_columns(&stored, &wide.schema(), &names).unwrap();
+        assert_eq!(named, wide, "{compression:?}");
+    }
+}
+
 #[test]
 fn crafted_ipc_messages_are_refused_before_the_reader_sees_them() {
     let batch = RecordBatch::try_from_iter(vec![(
