@@ -338,16 +338,16 @@ pub fn same_schema_header(stored: &[u8], current: &[u8]) -> bool {
 /// Decodes a stored batch. The bytes come from storage, so anything malformed is an error,
 /// never a panic.
 pub fn decode_batch(bytes: &[u8]) -> LogResult<RecordBatch> {
-    decode_stored(&Bytes::copy_from_slice(bytes), |_| None)
+    decode_in_place(&Bytes::copy_from_slice(bytes), |_| None)
 }
 
 /// Decodes a stored batch, keeping the columns `projection` picks from the schema it was
 /// stored under (all of them for `None`). A batch of one schema message and one record batch
 /// message (what [`encode_batch`] and [`stored_as_received`] store) is decoded in place: its
 /// arrays share `bytes` (a block read from storage or the log cache) instead of being copied
-/// into fresh buffers, but for buffers not aligned for their type. Anything else (dictionaries)
-/// goes through the stream reader.
-fn decode_stored(
+/// into fresh buffers, but for buffers not aligned for their type. Anything else (dictionaries,
+/// or bytes the framing checks refuse) goes through the stream reader, which reports it.
+fn decode_in_place(
     bytes: &Bytes,
     projection: impl FnOnce(&Schema) -> Option<Vec<usize>>,
 ) -> LogResult<RecordBatch> {
@@ -393,13 +393,13 @@ pub fn decode_columns(
     columns: &[String],
 ) -> LogResult<RecordBatch> {
     if columns.is_empty() {
-        return evolve(schema, &decode_stored(bytes, |_| None)?);
+        return evolve(schema, &decode_in_place(bytes, |_| None)?);
     }
     let indices = column_indices(schema, columns)?;
     // Stored columns are a prefix of the table's (evolution appends), so a column's stored
     // index is its index in the table, if the batch has it.
     let mut stored = 0;
-    let batch = decode_stored(bytes, |schema| {
+    let batch = decode_in_place(bytes, |schema| {
         stored = schema.fields().len();
         let mut wanted: Vec<usize> = indices.iter().copied().filter(|&i| i < stored).collect();
         wanted.sort_unstable();
