@@ -732,7 +732,24 @@ impl Node {
             return Ok(step);
         }
         let tablet = self.bucket_log(&b.bucket, Arc::clone(&plan.table_schema))?;
-        for s in tablet.read_stored(offset, step_bytes).await? {
+        let stored = match tablet
+            .read_stored(offset, step_bytes)
+            .await
+            .map_err(NodeError::from)
+        {
+            // Retention trimmed the log past `offset` after the lake step looked: it trims
+            // only what the lake holds, so a read that takes the lake below the log's start
+            // finds the rows there now.
+            Err(e @ NodeError::OffsetOutOfRange { start, .. })
+                if offset < start
+                    && plan.kind == ReadKind::Log
+                    && plan.source != ReadSource::Log =>
+            {
+                return self.lake_step(plan, b, offset).await?.ok_or(e);
+            }
+            read => read?,
+        };
+        for s in stored {
             if !plan.filter.time_may_match(s.timestamp_ms)? {
                 // Every row of a stored batch has its time.
                 next = next.max(b.to.map_or(s.end_offset, |to| s.end_offset.min(to)));
