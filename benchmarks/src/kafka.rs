@@ -28,6 +28,11 @@ pub(crate) struct Args {
     /// Concurrent consumers per path.
     #[arg(long, default_value_t = 4)]
     consumers: usize,
+    /// Bytes each producer has in flight, MiB (a comma-separated sweep, in this order): a
+    /// Kafka producer's unacknowledged records, a Flight writer's one write. The main table's
+    /// produce figures are the last point's; the sweep finds where the node saturates.
+    #[arg(long, value_delimiter = ',', default_values_t = [2, 4, 8])]
+    in_flight_mib: Vec<usize>,
     /// Also on an S3-compatible store (moto).
     #[arg(long, env = "MINK_BENCH_S3_ENDPOINT")]
     s3_endpoint: Option<String>,
@@ -35,6 +40,15 @@ pub(crate) struct Args {
     s3_bucket: String,
     #[arg(long)]
     json: bool,
+}
+
+/// One path's produce at one in-flight bound.
+#[derive(Debug, Serialize)]
+struct ProducePoint {
+    store: String,
+    path: &'static str,
+    in_flight_mib: usize,
+    produce: Figures,
 }
 
 #[derive(Debug, Serialize)]
@@ -49,8 +63,15 @@ struct Row {
     read_ahead_bytes: u64,
 }
 
-/// A workload of `mode` over `transport` at `address`.
-fn workload(a: &Args, transport: &str, address: &str, topic: &str) -> load::Args {
+/// A workload over `transport` at `address`, each producer with `in_flight_mib` in flight.
+fn workload(
+    a: &Args,
+    transport: &str,
+    address: &str,
+    topic: &str,
+    in_flight_mib: usize,
+) -> load::Args {
+    let in_flight_bytes = in_flight_mib << 20;
     load::Args {
         flight: (transport == "flight").then(|| address.to_string()),
         kafka: (transport == "kafka").then(|| address.to_string()),
@@ -60,8 +81,9 @@ fn workload(a: &Args, transport: &str, address: &str, topic: &str) -> load::Args
         record_size: a.record_size,
         producers: a.producers,
         consumers: a.consumers,
-        // Flight writers are sequential (one write in flight each): 8 MB writes.
-        batch_records: 8192,
+        // Flight writers are sequential (one write in flight each).
+        batch_records: (in_flight_bytes / a.record_size).max(1),
+        in_flight_bytes,
         rate: 0,
         duration: a.seconds,
         max_records: None,
@@ -80,37 +102,50 @@ fn node_config(dir: &std::path::Path, store: &str) -> NodeConfig {
     )
 }
 
-async fn one_store(a: &Args, store_name: &str, store: &str) -> anyhow::Result<Vec<Row>> {
+async fn one_store(
+    a: &Args,
+    store_name: &str,
+    store: &str,
+) -> anyhow::Result<(Vec<Row>, Vec<ProducePoint>)> {
     let dir = tempfile::tempdir()?;
     let kafka_config = mink_kafka::KafkaConfig::default;
-    // Produce on a fresh node.
+    // Produce on a fresh node, at each in-flight bound in turn (into the same topics).
     let served = mink_testkit::serve_node(node_config(dir.path(), store), kafka_config()).await;
-    let mut produced = Vec::new();
+    let mut points = Vec::new();
+    for &in_flight_mib in &a.in_flight_mib {
+        for (path, address) in [
+            ("kafka", served.kafka.clone()),
+            ("flight", served.flight.clone()),
+        ] {
+            let w = workload(a, path, &address, &format!("bench-{path}"), in_flight_mib);
+            let m = load::measure(Mode::Produce, &w)
+                .await
+                .with_context(|| format!("producing over {path}"))?;
+            points.push(ProducePoint {
+                store: store_name.to_string(),
+                path,
+                in_flight_mib,
+                produce: m.figures.into_iter().next().context("produce figures")?,
+            });
+        }
+    }
+    served.stop().await;
+    let last = a
+        .in_flight_mib
+        .last()
+        .copied()
+        .context("an in-flight bound")?;
+    // Consume from a restarted node: cold caches, every byte from object storage.
+    let served = mink_testkit::serve_node(node_config(dir.path(), store), kafka_config()).await;
+    let mut rows = Vec::new();
     for (path, address) in [
         ("kafka", served.kafka.clone()),
         ("flight", served.flight.clone()),
     ] {
-        let w = workload(a, path, &address, &format!("bench-{path}"));
-        let m = load::measure(Mode::Produce, &w)
-            .await
-            .with_context(|| format!("producing over {path}"))?;
-        produced.push(m.figures.into_iter().next().context("produce figures")?);
-    }
-    served.stop().await;
-    // Consume from a restarted node: cold caches, every byte from object storage.
-    let served = mink_testkit::serve_node(node_config(dir.path(), store), kafka_config()).await;
-    let mut rows = Vec::new();
-    for ((path, address), produce) in [
-        ("kafka", served.kafka.clone()),
-        ("flight", served.flight.clone()),
-    ]
-    .into_iter()
-    .zip(produced)
-    {
         let w = load::Args {
             // Everything produced, however long that takes to read.
             duration: 600.0,
-            ..workload(a, path, &address, &format!("bench-{path}"))
+            ..workload(a, path, &address, &format!("bench-{path}"), last)
         };
         let stats = || {
             let s = served.node.streams().stats();
@@ -124,6 +159,13 @@ async fn one_store(a: &Args, store_name: &str, store: &str) -> anyhow::Result<Ve
             .await
             .with_context(|| format!("consuming over {path}"))?;
         let after = stats();
+        let produce = points
+            .iter()
+            .rev()
+            .find(|p| p.path == path)
+            .context("produce figures")?
+            .produce
+            .clone();
         rows.push(Row {
             store: store_name.to_string(),
             path,
@@ -134,21 +176,25 @@ async fn one_store(a: &Args, store_name: &str, store: &str) -> anyhow::Result<Ve
         });
     }
     served.stop().await;
-    Ok(rows)
+    Ok((rows, points))
 }
 
 #[allow(clippy::print_stdout)] // the benchmark's output
 pub(crate) async fn run(a: Args) -> anyhow::Result<()> {
-    let mut rows = Vec::new();
-    let local = tempfile::tempdir()?;
-    rows.extend(
-        one_store(
-            &a,
-            "local",
-            local.path().join("objects").to_str().context("utf-8")?,
-        )
-        .await?,
+    anyhow::ensure!(
+        !a.in_flight_mib.is_empty() && a.in_flight_mib.iter().all(|m| *m > 0),
+        "--in-flight-mib takes one or more positive sizes"
     );
+    let (mut rows, mut points) = (Vec::new(), Vec::new());
+    let local = tempfile::tempdir()?;
+    let (r, p) = one_store(
+        &a,
+        "local",
+        local.path().join("objects").to_str().context("utf-8")?,
+    )
+    .await?;
+    rows.extend(r);
+    points.extend(p);
     if let Some(endpoint) = &a.s3_endpoint {
         let prefix = format!("kafka-bench-{}", std::process::id());
         // moto takes any credentials; the environment's win when set.
@@ -161,11 +207,19 @@ pub(crate) async fn run(a: Args) -> anyhow::Result<()> {
             "s3://{}/{prefix}?endpoint={endpoint}&region=us-east-1{credentials}",
             a.s3_bucket
         );
-        rows.extend(one_store(&a, "moto", &url).await?);
+        let (r, p) = one_store(&a, "moto", &url).await?;
+        rows.extend(r);
+        points.extend(p);
     }
     println!(
-        "Kafka (librdkafka) beside Arrow Flight (mink-client) on one node: {} B records, {} partitions, {} producers and {} consumers per path, acks=all, {} s of produce; consumed from the start after a restart (cold caches)\n",
-        a.record_size, a.partitions, a.producers, a.consumers, a.seconds
+        "Kafka (librdkafka) beside Arrow Flight (mink-client) on one node: {} B records, {} partitions, {} producers and {} consumers per path, acks=all, {} s of produce per in-flight bound ({:?} MiB per producer; the table's produce figures are at {} MiB); everything consumed from the start after a restart (cold caches)\n",
+        a.record_size,
+        a.partitions,
+        a.producers,
+        a.consumers,
+        a.seconds,
+        a.in_flight_mib,
+        a.in_flight_mib.last().copied().unwrap_or_default(),
     );
     println!(
         "| store | path | produce MB/s | / flight | ack p50 ms | ack p99 ms | p99 / 250 ms | consume MB/s | / flight | consume GETs | read ahead MB |"
@@ -191,8 +245,58 @@ pub(crate) async fn run(a: Args) -> anyhow::Result<()> {
             r.read_ahead_bytes as f64 / 1e6,
         );
     }
+    print_sweep(&points);
     if a.json {
-        println!("{}", serde_json::to_string(&rows)?);
+        println!("{}", serde_json::to_string(&(&rows, &points))?);
     }
     Ok(())
+}
+
+/// The produce sweep: throughput and acknowledgement latency per in-flight bound. A path
+/// saturates at the smallest bound that reaches 0.9 of its best throughput in the sweep: past
+/// it, more bytes in flight only wait longer in the node's queue (Little's law), so its p99
+/// there is the one to hold against the 250 ms limit.
+#[allow(clippy::print_stdout)] // the benchmark's output
+fn print_sweep(points: &[ProducePoint]) {
+    println!(
+        "\nProduce by bytes in flight per producer (`*`: where the path saturates, the smallest bound with 0.9 of its best MB/s):\n"
+    );
+    println!(
+        "| store | path | in flight MiB | produce MB/s | / best | / flight | ack p50 ms | ack p99 ms | p99 / 250 ms |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for p in points {
+        let same = |q: &&ProducePoint| q.store == p.store && q.path == p.path;
+        let best = points
+            .iter()
+            .filter(same)
+            .map(|q| q.produce.mb_per_s)
+            .fold(0.0, f64::max);
+        let saturates = points
+            .iter()
+            .filter(same)
+            .filter(|q| q.produce.mb_per_s >= 0.9 * best)
+            .map(|q| q.in_flight_mib)
+            .min()
+            == Some(p.in_flight_mib);
+        let flight = points
+            .iter()
+            .find(|q| {
+                q.store == p.store && q.path == "flight" && q.in_flight_mib == p.in_flight_mib
+            })
+            .map_or(f64::NAN, |q| q.produce.mb_per_s);
+        println!(
+            "| {} | {} | {}{} | {:.1} | {:.2} | {:.2} | {:.1} | {:.1} | {:.2} |",
+            p.store,
+            p.path,
+            p.in_flight_mib,
+            if saturates { " *" } else { "" },
+            p.produce.mb_per_s,
+            p.produce.mb_per_s / best,
+            p.produce.mb_per_s / flight,
+            p.produce.p50_ms,
+            p.produce.p99_ms,
+            p.produce.p99_ms / 250.0,
+        );
+    }
 }

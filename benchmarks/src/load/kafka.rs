@@ -19,10 +19,6 @@ use rdkafka::{Message as _, Offset, TopicPartitionList};
 
 use super::{Args, Mode, Pacer, Shared, fill_random, now_us};
 
-/// Bytes of records a producer has in flight at most (librdkafka's queue holds them): enough
-/// to fill a broker's pipeline, little enough that a slow store shows as latency, not as
-/// records timing out in the queue.
-const IN_FLIGHT_BYTES: usize = 8 << 20;
 /// How long metadata and admin requests may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -135,7 +131,7 @@ async fn create_topic(args: &Args) -> anyhow::Result<()> {
 }
 
 /// One producer: records until the deadline or its share of `max_records`, at most
-/// [`IN_FLIGHT_BYTES`] unacknowledged; returns how many were acknowledged. Delivery reports are
+/// `--in-flight-bytes` unacknowledged; returns how many were acknowledged. Delivery reports are
 /// collected as they arrive, by a task of their own, so each latency is the report's.
 async fn produce(
     args: Args,
@@ -160,11 +156,9 @@ async fn produce(
     let chunk = rate.map_or(args.batch_records as u64, |r| {
         (r / 100.0).ceil().max(1.0) as u64
     });
-    // Records in flight: a permit each, returned with its delivery report. (librdkafka's own
-    // queue holds up to 1 GiB by default: without this bound an unthrottled run measures how
-    // long records wait in the client, not the broker.)
+    // Records in flight: a permit each, returned with its delivery report.
     let room = Arc::new(tokio::sync::Semaphore::new(
-        (IN_FLIGHT_BYTES / args.record_size).max(1),
+        (args.in_flight_bytes / args.record_size).max(1),
     ));
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(
         Instant,

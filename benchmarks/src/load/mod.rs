@@ -54,6 +54,12 @@ pub(crate) struct Args {
     /// `--kafka-config`).
     #[arg(long, default_value_t = 1000)]
     pub(crate) batch_records: usize,
+    /// Bytes of records a Kafka producer has unacknowledged at most (librdkafka's own queue
+    /// holds up to 1 GiB: without a bound an unthrottled run measures how long records wait
+    /// in the client, not the broker). A Flight writer has one write of `--batch-records` in
+    /// flight.
+    #[arg(long, default_value_t = 8 << 20)]
+    pub(crate) in_flight_bytes: usize,
     /// Records per second over all producers; 0 sends as fast as acknowledgements allow.
     #[arg(long, default_value_t = 0)]
     pub(crate) rate: u64,
@@ -261,7 +267,7 @@ pub(crate) fn restart(setup: Instant, produced: &Shared, consumed: &Shared) -> I
 }
 
 /// A run's figures for one side.
-#[derive(Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize)]
 pub(crate) struct Figures {
     pub side: &'static str,
     pub(crate) records: u64,
