@@ -19,6 +19,8 @@ use rdkafka::{Message as _, Offset, TopicPartitionList};
 
 use super::{Args, Mode, Pacer, Shared, fill_random, now_us};
 
+/// A producer's bytes in flight when `--in-flight-bytes` is not given.
+const DEFAULT_IN_FLIGHT_BYTES: usize = 8 << 20;
 /// How long metadata and admin requests may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -158,7 +160,7 @@ async fn produce(
     });
     // Records in flight: a permit each, returned with its delivery report.
     let room = Arc::new(tokio::sync::Semaphore::new(
-        (args.in_flight_bytes / args.record_size).max(1),
+        (args.in_flight_bytes.unwrap_or(DEFAULT_IN_FLIGHT_BYTES) / args.record_size).max(1),
     ));
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(
         Instant,

@@ -54,12 +54,12 @@ pub(crate) struct Args {
     /// `--kafka-config`).
     #[arg(long, default_value_t = 1000)]
     pub(crate) batch_records: usize,
-    /// Bytes of records a Kafka producer has unacknowledged at most (librdkafka's own queue
-    /// holds up to 1 GiB: without a bound an unthrottled run measures how long records wait
-    /// in the client, not the broker). A Flight writer has one write of `--batch-records` in
-    /// flight.
-    #[arg(long, default_value_t = 8 << 20)]
-    pub(crate) in_flight_bytes: usize,
+    /// Bytes of records a Kafka producer has unacknowledged at most, default 8 MiB
+    /// (librdkafka's own queue holds up to 1 GiB: without a bound an unthrottled run measures
+    /// how long records wait in the client, not the broker). A Flight writer has one write of
+    /// `--batch-records` in flight instead.
+    #[arg(long)]
+    pub(crate) in_flight_bytes: Option<usize>,
     /// Records per second over all producers; 0 sends as fast as acknowledgements allow.
     #[arg(long, default_value_t = 0)]
     pub(crate) rate: u64,
@@ -153,6 +153,11 @@ impl Args {
         }
         if self.flight.is_some() && !self.kafka_config.is_empty() {
             bail!("--kafka-config applies to --kafka");
+        }
+        if self.flight.is_some() && self.in_flight_bytes.is_some() {
+            bail!(
+                "--in-flight-bytes applies to --kafka (a Flight writer has one write of --batch-records in flight)"
+            );
         }
         if let Some(report) = &self.report {
             report::format_of(report)?;

@@ -450,13 +450,7 @@ fn a_narrow_read_decodes_the_named_columns_in_the_table_schema() {
         // Named order, not stored order; a repeated name twice; a late column as nulls.
         let read =
             codec::decode_columns(&stored, &table, &names(&["c", "late", "a", "c"])).unwrap();
-        let got: Vec<String> = read
-            .schema()
-            .fields()
-            .iter()
-            .map(|f| f.name().clone())
-            .collect();
-        assert_eq!(got, ["c", "late", "a", "c"]);
+        assert_eq!(field_names(&read.schema()), ["c", "late", "a", "c"]);
         assert_eq!(read.num_rows(), 3);
         assert_eq!(read.column(0).as_ref(), written.column(2).as_ref());
         assert_eq!(read.column(1).null_count(), 3);
@@ -493,13 +487,8 @@ fn a_stored_batch_decodes_without_copying_its_values() {
         let stored = codec::encode_batch(&wide, compression).unwrap();
         let all = codec::decode_columns(&stored, &wide.schema(), &[]).unwrap();
         assert_eq!(all, wide, "{compression:?}");
-        let names: Vec<String> = wide
-            .schema()
-            .fields()
-            .iter()
-            .map(|f| f.name().clone())
-            .collect();
-        let named = codec::decode_columns(&stored, &wide.schema(), &names).unwrap();
+        let named =
+            codec::decode_columns(&stored, &wide.schema(), &field_names(&wide.schema())).unwrap();
         assert_eq!(named, wide, "{compression:?}");
     }
 }
@@ -676,4 +665,9 @@ fn a_received_batch_is_stored_as_received_when_it_matches_the_table() {
     let with_dict = RecordBatch::try_from_iter(vec![("d", Arc::new(dict) as ArrayRef)]).unwrap();
     let ipc = received(&with_dict, None);
     assert!(codec::stored_as_received(&ipc, &with_dict.schema(), Compression::None).is_none());
+}
+
+/// The names of `schema`'s fields, in order.
+fn field_names(schema: &Schema) -> Vec<String> {
+    schema.fields().iter().map(|f| f.name().clone()).collect()
 }
