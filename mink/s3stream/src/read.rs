@@ -4,10 +4,12 @@
 //! Blocks missing from the cache are read with as few GETs as possible: adjacent blocks of one
 //! object (a stream's run in a compacted object) in one ranged GET of up to
 //! [`COALESCE_BYTES`], several GETs at once, and a block some read is already loading is
-//! awaited, never read twice. A stream read sequentially from object storage (a consumer
-//! catching up) is read ahead: each such fetch starts loading the next
+//! awaited, never read twice; an object's index too. A stream read sequentially from object
+//! storage (a consumer catching up) is read ahead: each such fetch starts loading the next
 //! `EngineConfig::read_ahead_bytes` of the stream into the block cache, so the next fetch finds
-//! its blocks there or on their way.
+//! its blocks there or on their way. A GET also takes along the adjacent blocks that readers
+//! (its own included) will ask for within their reach, so readers of many streams at once
+//! share the GETs of the objects their streams are slices of.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -26,6 +28,8 @@ use crate::format::{BlockIndex, FOOTER_LEN, RecordBatch, decode_block, parse_foo
 const TAIL_READ: u64 = 64 << 10;
 /// GETs one fetch has in flight at once.
 const FETCH_CONCURRENCY: usize = 16;
+/// A lone reader's missing blocks go in up to this many GETs at once (fewer with more readers).
+const READ_SPLIT: u64 = 4;
 /// Adjacent blocks of an object are read in one ranged GET of at most this many bytes.
 pub(crate) const COALESCE_BYTES: u64 = 8 << 20;
 
@@ -34,6 +38,10 @@ pub(crate) type Load = Shared<BoxFuture<'static, Result<Arc<Vec<Bytes>>, StreamE
 
 /// Blocks being loaded, by (object id, block position): the load and the block's place in it.
 pub(crate) type Loads = HashMap<(u64, u64), (Load, usize)>;
+
+/// Object indexes being read, by object id.
+pub(crate) type IndexLoads =
+    HashMap<u64, Shared<BoxFuture<'static, Result<Arc<Vec<BlockIndex>>, StreamError>>>>;
 
 /// A stream's sequential reading: where its last fetch from object storage ended, and the
 /// window of offsets its last read-ahead loaded (or is loading).
@@ -47,6 +55,8 @@ pub(crate) struct Reader {
     ahead_from: u64,
     ahead_to: u64,
     loading: bool,
+    /// Its last fetch continued the one before: it reads on (its own GETs may read ahead).
+    proven: bool,
     /// When it last read (the engine's clock).
     seen_ms: u64,
 }
@@ -86,6 +96,11 @@ impl Readers {
         let r = self.by_stream.entry(stream_id).or_default();
         r.seen_ms = now_ms;
         (n, r)
+    }
+
+    /// Streams read of late (give or take the idle ones not yet pruned).
+    fn len(&self) -> usize {
+        self.by_stream.len()
     }
 
     fn get(&self, stream_id: u64) -> Option<&Reader> {
@@ -194,6 +209,7 @@ impl S3Stream {
         {
             return Ok(batches);
         }
+        self.note_start(stream_id, start, offset);
         // Plan the blocks this read needs (about `max_bytes` of them), load the missing ones,
         // then decode them in order.
         let plan = self
@@ -303,6 +319,7 @@ impl S3Stream {
             let sequential =
                 (r.next == offset && offset > 0) || (r.ahead_from <= offset && offset < r.ahead_to);
             r.next = next;
+            r.proven = sequential;
             if sequential {
                 r.stride = next - offset;
                 r.reach = self.reach(r.stride, bytes, n);
@@ -402,6 +419,19 @@ impl S3Stream {
             r.next = offset;
             r.stride = to - offset;
             r.reach = self.reach(r.stride, bytes, n);
+        }
+    }
+
+    /// Before a fetch plans its blocks: a reader starting at the stream's start (or continuing)
+    /// is known as one at once, its reach unbounded until its plan is known, so that readers of
+    /// many streams starting together share their first GETs too ([`S3Stream::widen`]).
+    fn note_start(&self, stream_id: u64, start: u64, offset: u64) {
+        let now_ms = self.engine.config.clock.now_ms();
+        let mut readers = self.engine.readers.lock().expect("readers lock");
+        let (_, r) = readers.of(stream_id, now_ms);
+        if r.stride == 0 && (offset == start || (r.next == offset && offset > 0)) {
+            r.next = offset;
+            r.reach = u64::MAX;
         }
     }
 
@@ -539,6 +569,8 @@ impl S3Stream {
         .await
     }
 
+    /// An object's block index: from the index cache, or read once however many readers ask
+    /// for it at the same time (readers catching up together meet each new object together).
     pub(crate) async fn object_index(
         &self,
         object_id: u64,
@@ -548,42 +580,18 @@ impl S3Stream {
         if let Some(index) = engine.index_cache.get(&object_id) {
             return Ok(index);
         }
-        let path = object_path(&engine.config.object_prefix, object_id);
-        let corrupt = |e| StreamError::Storage(format!("object {object_id} is corrupt: {e}"));
-        if size < FOOTER_LEN as u64 {
-            return Err(StreamError::Storage(format!(
-                "object {object_id} is {size} bytes, too small to be an object"
-            )));
-        }
-        let tail_start = size.saturating_sub(TAIL_READ);
-        crate::engine::count_read(engine);
-        let tail = engine
-            .store
-            .get_range(&path, tail_start..size)
-            .await
-            .map_err(storage)?;
-        let footer = parse_footer(&tail, size).map_err(corrupt)?;
-        let index_bytes: Bytes = if footer.index_position >= tail_start {
-            let at = usize::try_from(footer.index_position - tail_start).unwrap_or(usize::MAX);
-            tail.slice(at..at + footer.index_len as usize)
-        } else {
-            crate::engine::count_read(engine);
-            engine
-                .store
-                .get_range(
-                    &path,
-                    footer.index_position..footer.index_position + u64::from(footer.index_len),
-                )
-                .await
-                .map_err(storage)?
+        let load = {
+            let mut loads = engine.index_loads.lock().expect("index loads lock");
+            // Looked at again under the lock: a load that ended in between cached its index.
+            if let Some(index) = engine.index_cache.get(&object_id) {
+                return Ok(index);
+            }
+            loads
+                .entry(object_id)
+                .or_insert_with(|| load_index(Arc::clone(engine), object_id, size).shared())
+                .clone()
         };
-        let index = Arc::new(parse_index(&index_bytes, &footer).map_err(corrupt)?);
-        engine.index_cache.insert(
-            object_id,
-            Arc::clone(&index),
-            index.len() * size_of::<BlockIndex>() + 64,
-        );
-        Ok(index)
+        load.await
     }
 
     async fn block(&self, object_id: u64, entry: BlockIndex) -> Result<Bytes, StreamError> {
@@ -632,10 +640,14 @@ impl S3Stream {
                 slots.push(None);
                 missing.push(i);
             }
-            // Runs of adjacent missing blocks, each at most a quarter of what is missing (so a
-            // read has GETs in flight together), between one block and `COALESCE_BYTES`.
+            // Runs of adjacent missing blocks, between one block and `COALESCE_BYTES`. A lone
+            // reader splits what it misses into four (so it has GETs in flight together);
+            // several readers are the parallelism themselves, and fewer, larger GETs cost less
+            // where each request costs (S3, moto).
             let total: u64 = missing.iter().map(|&i| u64::from(wanted[i].1.size)).sum();
-            let cap = (total / 4).clamp(engine.config.block_bytes as u64, COALESCE_BYTES);
+            let readers = engine.readers.lock().expect("readers lock").len() as u64;
+            let split = (READ_SPLIT / readers.max(1)).max(1);
+            let cap = (total / split).clamp(engine.config.block_bytes as u64, COALESCE_BYTES);
             let mut runs: Vec<(u64, Run)> = Vec::new();
             for i in missing {
                 let (object_id, entry) = wanted[i];
@@ -653,8 +665,10 @@ impl S3Stream {
                 }
             }
             // Read-aheads too: other readers take what lies within their own windows.
+            let asked: std::collections::HashSet<(u64, u64)> =
+                wanted.iter().map(|(o, e)| (*o, e.position)).collect();
             for (object_id, run) in &mut runs {
-                self.widen(*object_id, run, &loads);
+                self.widen(*object_id, run, &loads, &asked);
             }
             for (object_id, run) in runs {
                 let load = load(Arc::clone(engine), object_id, run.clone(), ahead).shared();
@@ -685,29 +699,38 @@ impl S3Stream {
 }
 
 impl S3Stream {
-    /// Widens a run of blocks of an object with the adjacent blocks of other streams that
-    /// their sequential readers are about to ask for (within their read-ahead window), up to
-    /// `COALESCE_BYTES`: readers catching up on many streams at once then share the GETs of
-    /// the stream-set objects their streams are thin slices of, read-aheads included.
-    fn widen(&self, object_id: u64, run: &mut Run, loads: &Loads) {
+    /// Widens a run of blocks of an object with the adjacent blocks that sequential readers
+    /// are about to ask for (within their reach; the run's own reader beyond what this read
+    /// asked), up to `COALESCE_BYTES`: readers catching up on many streams at once then share
+    /// the GETs of the stream-set objects their streams are thin slices of, read-aheads
+    /// included, and a reader of a stream object reads on in one GET.
+    fn widen(
+        &self,
+        object_id: u64,
+        run: &mut Run,
+        loads: &Loads,
+        asked: &std::collections::HashSet<(u64, u64)>,
+    ) {
         let engine = &self.engine;
         let Some(index) = engine.index_cache.get(&object_id) else {
             return;
         };
         let readers = engine.readers.lock().expect("readers lock");
-        // The run's own stream is left out: its blocks are the read's (a run the read split
-        // off may be next), and it reads ahead by itself.
+        // The run's own stream counts too once its reader has proven sequential, past what the
+        // read asked for (the rest of that is in its other runs): it reads on within its
+        // reach, whether or not a read-ahead window is free for it.
         let own = run[0].0.stream_id;
+        let reads_ahead = engine.config.read_ahead_bytes > 0;
         // Whether a block is another stream's that its reader asks for soon (`Some(true)`:
         // yet to load; `Some(false)`: loaded or loading), or none of the readers' (`None`).
         let soon = |e: &BlockIndex| {
             let key = (object_id, e.position);
-            let wanted = e.stream_id != own
-                && readers.get(e.stream_id).is_some_and(|r| {
-                    r.stride > 0
-                        && e.end_offset > r.next
-                        && e.start_offset <= r.next.saturating_add(r.reach)
-                });
+            let wanted = readers.get(e.stream_id).is_some_and(|r| {
+                (e.stream_id != own || (reads_ahead && r.proven && !asked.contains(&key)))
+                    && r.reach > 0
+                    && e.end_offset > r.next
+                    && e.start_offset <= r.next.saturating_add(r.reach)
+            });
             if loads.contains_key(&key) || engine.block_cache.contains(&key) {
                 Some(false)
             } else {
@@ -749,6 +772,68 @@ impl S3Stream {
         before.extend(after);
         *run = before;
     }
+}
+
+/// Reads an object's index (with its footer, in one GET when the index is in the object's
+/// last [`TAIL_READ`] bytes), caches it, then leaves the index loads in flight.
+fn load_index(
+    engine: Arc<Engine>,
+    object_id: u64,
+    size: u64,
+) -> BoxFuture<'static, Result<Arc<Vec<BlockIndex>>, StreamError>> {
+    async move {
+        let read = async {
+            let path = object_path(&engine.config.object_prefix, object_id);
+            let corrupt = |e| StreamError::Storage(format!("object {object_id} is corrupt: {e}"));
+            if size < FOOTER_LEN as u64 {
+                return Err(StreamError::Storage(format!(
+                    "object {object_id} is {size} bytes, too small to be an object"
+                )));
+            }
+            let tail_start = size.saturating_sub(TAIL_READ);
+            count_index_read(&engine);
+            let tail = engine
+                .store
+                .get_range(&path, tail_start..size)
+                .await
+                .map_err(storage)?;
+            let footer = parse_footer(&tail, size).map_err(corrupt)?;
+            let index_bytes: Bytes = if footer.index_position >= tail_start {
+                let at = usize::try_from(footer.index_position - tail_start).unwrap_or(usize::MAX);
+                tail.slice(at..at + footer.index_len as usize)
+            } else {
+                count_index_read(&engine);
+                engine
+                    .store
+                    .get_range(
+                        &path,
+                        footer.index_position..footer.index_position + u64::from(footer.index_len),
+                    )
+                    .await
+                    .map_err(storage)?
+            };
+            let index = Arc::new(parse_index(&index_bytes, &footer).map_err(corrupt)?);
+            engine.index_cache.insert(
+                object_id,
+                Arc::clone(&index),
+                index.len() * size_of::<BlockIndex>() + 64,
+            );
+            Ok(index)
+        }
+        .await;
+        engine
+            .index_loads
+            .lock()
+            .expect("index loads lock")
+            .remove(&object_id);
+        read
+    }
+    .boxed()
+}
+
+fn count_index_read(engine: &Engine) {
+    crate::engine::count_read(engine);
+    engine.stats.index_reads.fetch_add(1, Ordering::Relaxed);
 }
 
 /// One ranged GET of the adjacent blocks `run` of an object: each block goes into the block

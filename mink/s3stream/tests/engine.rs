@@ -1869,3 +1869,102 @@ async fn widened_gets_pass_over_loaded_blocks(world: World) {
     engine.shutdown().await;
 }
 suite!(widened_gets_pass_over_loaded_blocks);
+
+/// Readers of many streams starting together on a cold node (a consumer group catching up)
+/// read each object's index once, and share the GETs of the objects their streams are slices
+/// of from their first fetch on.
+async fn readers_starting_together_share_their_first_gets(world: World) {
+    let engine = world.node(1).await;
+    let mut streams = Vec::new();
+    for _ in 0..4 {
+        streams.push(new_stream(&engine).await);
+    }
+    // Two objects, each one block of every stream.
+    stream_set_objects(&world, &engine, &streams, 2)
+        .await
+        .shutdown()
+        .await;
+    // GETs that take a while, as real ones do (an in-memory store answers at once: then one
+    // reader's fetch is over before the next one starts).
+    let faults = ObjectFaults::new(3);
+    faults.latency_us.store(2_000, Ordering::Relaxed);
+    let slow: Arc<dyn ObjectStore> = Arc::new(FaultyObjectStore::new(
+        Arc::clone(&world.store),
+        Arc::clone(&faults),
+    ));
+    let reader = world
+        .node_on(
+            3,
+            slow,
+            EngineConfig {
+                read_ahead_bytes: 0,
+                ..config()
+            },
+        )
+        .await;
+    let got = futures::future::join_all(streams.iter().map(|&s| reader.fetch(s, 0, 1))).await;
+    for (s, got) in streams.iter().zip(got) {
+        assert_eq!(got.unwrap()[0].base_offset, 0, "stream {s}");
+    }
+    let stats = reader.stats();
+    let indexes = stats.index_reads.load(Ordering::Relaxed);
+    assert_eq!(indexes, 2, "each of the two objects' indexes read once");
+    assert_eq!(
+        fetch_reads(&reader) - indexes,
+        1,
+        "the four readers' first blocks, adjacent in the first object, in one GET"
+    );
+    reader.shutdown().await;
+    engine.shutdown().await;
+}
+suite!(readers_starting_together_share_their_first_gets);
+
+/// A sequential reader left without a read-ahead window (the budget is spent) still reads on:
+/// once its fetches have proven sequential, its GET takes along the next blocks of its stream
+/// within its reach, and the fetches after it read nothing themselves.
+async fn a_sequential_reader_without_a_window_reads_on_in_its_own_gets(world: World) {
+    let engine = world.node(1).await;
+    let s = new_stream(&engine).await;
+    // Objects of 64 KiB or more, blocks of 4 KiB, all of the one stream.
+    let appends: Vec<_> = (0..512u64)
+        .map(|i| engine.append(s, 1, Bytes::from(vec![(i % 251) as u8; 1024]), None))
+        .collect();
+    for a in futures::future::join_all(appends).await {
+        a.unwrap();
+    }
+    // A 64 KiB window never fits the read-ahead budget (a quarter of a 128 KiB cache).
+    let reader = world
+        .node_on(
+            2,
+            Arc::clone(&world.store),
+            EngineConfig {
+                read_ahead_bytes: 64 << 10,
+                block_cache_bytes: 128 << 10,
+                ..config()
+            },
+        )
+        .await;
+    let mut next = 0;
+    let fetch = async |next: &mut u64| {
+        let got = reader.fetch(s, *next, 4 << 10).await.unwrap();
+        assert_eq!(got[0].base_offset, *next);
+        *next = got.last().unwrap().end_offset();
+    };
+    fetch(&mut next).await;
+    fetch(&mut next).await;
+    let before = fetch_reads(&reader);
+    fetch(&mut next).await;
+    assert_eq!(fetch_reads(&reader), before + 1, "the third fetch: one GET");
+    for _ in 0..8 {
+        fetch(&mut next).await;
+    }
+    assert_eq!(
+        fetch_reads(&reader),
+        before + 1,
+        "32 KiB within the first object and the reader's reach came with that GET"
+    );
+    assert_eq!(reader.stats().read_ahead_reads.load(Ordering::Relaxed), 0);
+    reader.shutdown().await;
+    engine.shutdown().await;
+}
+suite!(a_sequential_reader_without_a_window_reads_on_in_its_own_gets);

@@ -273,6 +273,8 @@ pub struct EngineStats {
     pub fenced_ranges: AtomicU64,
     /// GETs of object data (indexes and runs of blocks).
     pub object_reads: AtomicU64,
+    /// GETs of object indexes (counted in `object_reads` too).
+    pub index_reads: AtomicU64,
     /// GETs of block runs made by read-ahead (counted in `object_reads` too).
     pub read_ahead_reads: AtomicU64,
     /// Blocks (and their bytes) read-aheads made sure of: loaded, or found loaded.
@@ -372,6 +374,8 @@ pub(crate) struct Engine {
     pub(crate) block_cache: BlockCache,
     /// Blocks being read from object storage, so no block is read twice at once.
     pub(crate) loads: Mutex<crate::read::Loads>,
+    /// Object indexes being read, so readers meeting a new object together read it once.
+    pub(crate) index_loads: Mutex<crate::read::IndexLoads>,
     /// Streams being read sequentially from object storage (for read-ahead).
     pub(crate) readers: Mutex<crate::read::Readers>,
     /// Bytes of read-ahead windows being loaded.
@@ -407,6 +411,7 @@ impl S3Stream {
             index_cache: IndexCache::new(config.index_cache_bytes),
             block_cache: BlockCache::new(config.block_cache_bytes),
             loads: Mutex::new(HashMap::new()),
+            index_loads: Mutex::new(HashMap::new()),
             readers: Mutex::new(crate::read::Readers::default()),
             read_ahead_inflight: AtomicU64::new(0),
             read_ahead_ended: Notify::new(),
