@@ -1626,6 +1626,16 @@ async fn an_impossible_rejection_fails_the_engine(world: World) {
 }
 suite!(an_impossible_rejection_fails_the_engine);
 
+/// Appends `n` records of 1 KiB to `s`, all in flight together (so they share objects).
+async fn append_kib_records(engine: &S3Stream, s: u64, n: u64) {
+    let appends: Vec<_> = (0..n)
+        .map(|i| engine.append(s, 1, Bytes::from(vec![(i % 251) as u8; 1024]), None))
+        .collect();
+    for a in futures::future::join_all(appends).await {
+        a.unwrap();
+    }
+}
+
 /// GETs of a node's foreground fetches (all of its object reads but the read-ahead's).
 fn fetch_reads(node: &S3Stream) -> u64 {
     let s = node.stats();
@@ -1637,12 +1647,7 @@ async fn cold_reads_coalesce_blocks_and_read_ahead(world: World) {
     let s = new_stream(&engine).await;
     // 1 KiB appends in flight together: objects of 64 KiB or more, blocks of 4 KiB, all of
     // the one stream, so each object holds a run of adjacent blocks.
-    let appends: Vec<_> = (0..512u64)
-        .map(|i| engine.append(s, 1, Bytes::from(vec![(i % 251) as u8; 1024]), None))
-        .collect();
-    for a in futures::future::join_all(appends).await {
-        a.unwrap();
-    }
+    append_kib_records(&engine, s, 512).await;
     let objects = engine.stats().flushes.load(Ordering::Relaxed);
     let hot = read_all(&engine, s, 0).await;
 
@@ -1723,12 +1728,7 @@ suite!(cold_reads_coalesce_blocks_and_read_ahead);
 async fn read_ahead_windows_follow_their_readers_fetches(world: World) {
     let engine = world.node(1).await;
     let s = new_stream(&engine).await;
-    let appends: Vec<_> = (0..2048u64)
-        .map(|i| engine.append(s, 1, Bytes::from(vec![(i % 251) as u8; 1024]), None))
-        .collect();
-    for a in futures::future::join_all(appends).await {
-        a.unwrap();
-    }
+    append_kib_records(&engine, s, 2048).await;
     let reader = world.node_on(2, Arc::clone(&world.store), config()).await;
     let first = reader.fetch(s, 0, 300 << 10).await.unwrap();
     let got = reader
@@ -1926,12 +1926,7 @@ async fn a_sequential_reader_without_a_window_reads_on_in_its_own_gets(world: Wo
     let engine = world.node(1).await;
     let s = new_stream(&engine).await;
     // Objects of 64 KiB or more, blocks of 4 KiB, all of the one stream.
-    let appends: Vec<_> = (0..512u64)
-        .map(|i| engine.append(s, 1, Bytes::from(vec![(i % 251) as u8; 1024]), None))
-        .collect();
-    for a in futures::future::join_all(appends).await {
-        a.unwrap();
-    }
+    append_kib_records(&engine, s, 512).await;
     // A 64 KiB window never fits the read-ahead budget (a quarter of a 128 KiB cache).
     let reader = world
         .node_on(
