@@ -177,8 +177,7 @@ impl S3Stream {
         for id in &sources {
             let bytes = self.read_object(*id).await?;
             report.bytes_read += bytes.len() as u64;
-            let blocks = decode_object(&bytes)
-                .map_err(|e| StreamError::Storage(format!("object {id} is corrupt: {e}")))?;
+            let blocks = decode_off_runtime(*id, bytes).await?;
             decoded.insert(
                 *id,
                 blocks
@@ -224,7 +223,7 @@ impl S3Stream {
             }
             previous_in_sources = Some(*stream_id);
         }
-        let mut stream_set = ObjectBuilder::new(self.engine.config.block_bytes);
+        let mut stream_set = Vec::new();
         let mut stream_set_ranges = Vec::new();
         let mut split = Vec::new();
         for (stream_id, stream_runs) in runs {
@@ -243,11 +242,7 @@ impl S3Stream {
                     split.push((stream_id, start, end, batches));
                     continue;
                 }
-                for b in &batches {
-                    stream_set
-                        .push(stream_id, b)
-                        .map_err(|e| StreamError::Failed(format!("compaction: {e}")))?;
-                }
+                stream_set.extend(batches.into_iter().map(|b| (stream_id, b)));
                 stream_set_ranges.push(StreamRange {
                     stream_id,
                     stream_epoch: 0,
@@ -269,7 +264,7 @@ impl S3Stream {
             }
         }
         // Then the rest into one stream-set object.
-        let (bytes, _) = stream_set.finish();
+        let bytes = build_off_runtime(self.engine.config.block_bytes, stream_set).await?;
         let object_id = self.engine.put_new_object(&bytes).await?;
         let node = self.engine.sink.node();
         let proposed = self
@@ -303,13 +298,11 @@ impl S3Stream {
         batches: &[RecordBatch],
         sources: &[u64],
     ) -> Result<Result<(), String>, StreamError> {
-        let mut builder = ObjectBuilder::new(self.engine.config.block_bytes);
-        for b in batches {
-            builder
-                .push(stream_id, b)
-                .map_err(|e| StreamError::Failed(format!("compaction: {e}")))?;
-        }
-        let (bytes, _) = builder.finish();
+        let bytes = build_off_runtime(
+            self.engine.config.block_bytes,
+            batches.iter().map(|b| (stream_id, b.clone())).collect(),
+        )
+        .await?;
         let object_id = self.engine.put_new_object(&bytes).await?;
         let node = self.engine.sink.node();
         let proposed = self
@@ -397,9 +390,7 @@ impl S3Stream {
             for id in &sources {
                 let bytes = self.read_object(*id).await?;
                 report.bytes_read += bytes.len() as u64;
-                for (e, bs) in decode_object(&bytes)
-                    .map_err(|e| StreamError::Storage(format!("object {id} is corrupt: {e}")))?
-                {
+                for (e, bs) in decode_off_runtime(*id, bytes).await? {
                     if e.stream_id == stream_id {
                         batches.extend(
                             bs.into_iter()
@@ -538,4 +529,35 @@ impl S3Stream {
             .await
             .map(|_| ())
     }
+}
+
+/// Decodes a whole object on the blocking pool: a round decodes hundreds of megabytes, which
+/// on a runtime worker would hold up the appends, commits and acknowledgements queued there.
+async fn decode_off_runtime(
+    object_id: u64,
+    bytes: Bytes,
+) -> Result<Vec<(crate::format::BlockIndex, Vec<RecordBatch>)>, StreamError> {
+    tokio::task::spawn_blocking(move || decode_object(&bytes))
+        .await
+        .map_err(|e| StreamError::Failed(format!("compaction: decoding stopped: {e}")))?
+        .map_err(|e| StreamError::Storage(format!("object {object_id} is corrupt: {e}")))
+}
+
+/// Builds an object of `batches` (stream id, batch; in order) on the blocking pool, for the
+/// same reason as [`decode_off_runtime`]: building copies every byte of it.
+async fn build_off_runtime(
+    block_bytes: usize,
+    batches: Vec<(u64, RecordBatch)>,
+) -> Result<Bytes, StreamError> {
+    tokio::task::spawn_blocking(move || {
+        let mut builder = ObjectBuilder::new(block_bytes);
+        for (stream_id, b) in &batches {
+            builder
+                .push(*stream_id, b)
+                .map_err(|e| StreamError::Failed(format!("compaction: {e}")))?;
+        }
+        Ok(builder.finish().0)
+    })
+    .await
+    .map_err(|e| StreamError::Failed(format!("compaction: building stopped: {e}")))?
 }
