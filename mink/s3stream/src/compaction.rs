@@ -256,7 +256,7 @@ impl S3Stream {
         let sources_list: Vec<u64> = sources.iter().copied().collect();
         for (stream_id, start, end, batches) in split {
             match self
-                .write_stream_object(stream_id, start, end, &batches, &sources_list)
+                .write_stream_object(stream_id, start, end, batches, &sources_list)
                 .await?
             {
                 Ok(()) => report.objects_written += 1,
@@ -295,12 +295,12 @@ impl S3Stream {
         stream_id: u64,
         start: u64,
         end: u64,
-        batches: &[RecordBatch],
+        batches: Vec<RecordBatch>,
         sources: &[u64],
     ) -> Result<Result<(), String>, StreamError> {
         let bytes = build_off_runtime(
             self.engine.config.block_bytes,
-            batches.iter().map(|b| (stream_id, b.clone())).collect(),
+            batches.into_iter().map(|b| (stream_id, b)).collect(),
         )
         .await?;
         let object_id = self.engine.put_new_object(&bytes).await?;
@@ -401,7 +401,7 @@ impl S3Stream {
             }
             report.sources += sources.len();
             match self
-                .write_stream_object(stream_id, start, end, &batches, &sources)
+                .write_stream_object(stream_id, start, end, batches, &sources)
                 .await?
             {
                 Ok(()) => report.objects_written += 1,

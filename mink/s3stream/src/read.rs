@@ -665,10 +665,10 @@ impl S3Stream {
                 }
             }
             // Read-aheads too: other readers take what lies within their own windows.
-            let asked: std::collections::HashSet<(u64, u64)> =
-                wanted.iter().map(|(o, e)| (*o, e.position)).collect();
+            // What the read asked for ends here (its blocks are of one stream, in order).
+            let asked_end = wanted.iter().map(|(_, e)| e.end_offset).max().unwrap_or(0);
             for (object_id, run) in &mut runs {
-                self.widen(*object_id, run, &loads, &asked);
+                self.widen(*object_id, run, &loads, asked_end);
             }
             for (object_id, run) in runs {
                 let load = load(Arc::clone(engine), object_id, run.clone(), ahead).shared();
@@ -704,21 +704,15 @@ impl S3Stream {
     /// asked), up to `COALESCE_BYTES`: readers catching up on many streams at once then share
     /// the GETs of the stream-set objects their streams are thin slices of, read-aheads
     /// included, and a reader of a stream object reads on in one GET.
-    fn widen(
-        &self,
-        object_id: u64,
-        run: &mut Run,
-        loads: &Loads,
-        asked: &std::collections::HashSet<(u64, u64)>,
-    ) {
+    fn widen(&self, object_id: u64, run: &mut Run, loads: &Loads, asked_end: u64) {
         let engine = &self.engine;
         let Some(index) = engine.index_cache.get(&object_id) else {
             return;
         };
         let readers = engine.readers.lock().expect("readers lock");
-        // The run's own stream counts too once its reader has proven sequential, past what the
-        // read asked for (the rest of that is in its other runs): it reads on within its
-        // reach, whether or not a read-ahead window is free for it.
+        // The run's own stream counts too once its reader has proven sequential, past the end
+        // of what the read asked for (the rest of that is in its other runs): it reads on
+        // within its reach, whether or not a read-ahead window is free for it.
         let own = run[0].0.stream_id;
         let reads_ahead = engine.config.read_ahead_bytes > 0;
         // Whether a block is another stream's that its reader asks for soon (`Some(true)`:
@@ -726,7 +720,7 @@ impl S3Stream {
         let soon = |e: &BlockIndex| {
             let key = (object_id, e.position);
             let wanted = readers.get(e.stream_id).is_some_and(|r| {
-                (e.stream_id != own || (reads_ahead && r.proven && !asked.contains(&key)))
+                (e.stream_id != own || (reads_ahead && r.proven && e.start_offset >= asked_end))
                     && r.reach > 0
                     && e.end_offset > r.next
                     && e.start_offset <= r.next.saturating_add(r.reach)
