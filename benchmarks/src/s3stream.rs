@@ -387,6 +387,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
                     let all_at_once = CompactionConfig {
                         split_stream_bytes: 1 << 20,
                         max_round_bytes: u64::MAX,
+                        max_bytes_per_sec: 0,
                         ..CompactionConfig::default()
                     };
                     node1.engine.compact_once(1, &all_at_once).await?;

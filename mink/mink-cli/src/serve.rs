@@ -54,6 +54,10 @@ pub(crate) struct NodeArgs {
     /// Longest an append waits to share an object with others (the WAL flush delay).
     #[arg(long, env = "MINK_FLUSH_DELAY_MS")]
     pub(crate) flush_delay_ms: Option<u64>,
+    /// Compaction's pace: its object reads and writes together move at most this many MiB
+    /// per second (0: unpaced). Default 64.
+    #[arg(long, env = "MINK_COMPACTION_MIB_PER_SEC")]
+    pub(crate) compaction_mib_per_sec: Option<u64>,
     /// Lease and heartbeat time-to-live: how long a crashed node holds its role.
     #[arg(long, env = "MINK_LEASE_TTL_MS")]
     pub(crate) lease_ttl_ms: Option<u64>,
@@ -86,6 +90,7 @@ impl NodeArgs {
                 .or(file.kafka_auto_create_partitions),
             otlp_endpoint: self.otlp_endpoint.or(file.otlp_endpoint),
             flush_delay_ms: self.flush_delay_ms.or(file.flush_delay_ms),
+            compaction_mib_per_sec: self.compaction_mib_per_sec.or(file.compaction_mib_per_sec),
             lease_ttl_ms: self.lease_ttl_ms.or(file.lease_ttl_ms),
             max_message_bytes: self.max_message_bytes.or(file.max_message_bytes),
             kv_dir: self.kv_dir.or(file.kv_dir),
@@ -243,6 +248,9 @@ pub(crate) async fn run(args: NodeArgs, dev: bool) -> anyhow::Result<()> {
     config.advertised_address = advertised.clone();
     if let Some(ms) = args.flush_delay_ms {
         config.engine.flush_delay = Duration::from_millis(ms);
+    }
+    if let Some(mib) = args.compaction_mib_per_sec {
+        config.compaction.max_bytes_per_sec = mib.saturating_mul(1 << 20);
     }
     if let Some(ms) = args.lease_ttl_ms {
         config.lease_ttl = Duration::from_millis(ms);

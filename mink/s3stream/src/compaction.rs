@@ -7,8 +7,10 @@
 //! - consecutive small stream objects of one stream merge into one, up to
 //!   `stream_object_bytes`.
 //!
-//! Each round moves at most `max_round_bytes`. Data moves whole batches, so offsets and batch
-//! boundaries never change. A source object whose every range moved becomes destroyed.
+//! Each round moves at most `max_round_bytes` of sources, paced to `max_bytes_per_sec` of GETs
+//! and PUTs together; a round that left sources for lack of budget is followed by the next at
+//! once. Data moves whole batches, so offsets and batch boundaries never change. A
+//! source object whose every range moved becomes destroyed.
 //!
 //! Cleanup (lease holder): expires prepared ids past their deadline, deletes destroyed objects
 //! once `destroyed_grace` has passed (readers holding an older view may still read them) and
@@ -42,6 +44,10 @@ pub struct CompactionConfig {
     pub stream_object_bytes: u64,
     /// At most this many bytes of sources per round.
     pub max_round_bytes: u64,
+    /// A round's object reads and writes together move at most this many bytes per second
+    /// (0: as fast as they go). A round at full speed takes the cores and the store from the
+    /// writes being acknowledged; paced, it spreads over its interval instead.
+    pub max_bytes_per_sec: u64,
     /// Destroyed objects are deleted this long after they were destroyed.
     pub destroyed_grace: Duration,
 }
@@ -53,6 +59,7 @@ impl Default for CompactionConfig {
             split_stream_bytes: 16 << 20,
             stream_object_bytes: 128 << 20,
             max_round_bytes: 512 << 20,
+            max_bytes_per_sec: 64 << 20,
             destroyed_grace: Duration::from_secs(300),
         }
     }
@@ -64,6 +71,12 @@ pub struct RoundReport {
     pub sources: usize,
     pub objects_written: usize,
     pub bytes_read: u64,
+    pub bytes_written: u64,
+    /// How long the round waited for its pace (`max_bytes_per_sec`).
+    pub paced: Duration,
+    /// Sources were left for lack of budget (`max_round_bytes`): the next round follows at
+    /// once.
+    pub more: bool,
     /// Commits the metadata log refused (a concurrent trim, delete or compaction): their
     /// sources stay and the next round tries again.
     pub refused: Vec<String>,
@@ -89,16 +102,31 @@ impl S3Stream {
         node_id: u64,
         config: &CompactionConfig,
     ) -> Result<RoundReport, StreamError> {
-        let mut report = self.compact_stream_sets(node_id, config).await?;
-        let merged = self.merge_stream_objects(node_id, config).await?;
+        let mut pacer = Pacer::new(config.max_bytes_per_sec);
+        let mut report = self
+            .compact_stream_sets(node_id, config, &mut pacer)
+            .await?;
+        let merged = self
+            .merge_stream_objects(node_id, config, &mut pacer)
+            .await?;
         report.sources += merged.sources;
         report.objects_written += merged.objects_written;
         report.bytes_read += merged.bytes_read;
+        report.bytes_written += merged.bytes_written;
         report.refused.extend(merged.refused);
+        report.more |= merged.more;
+        report.paced = pacer.paced;
         Ok(report)
     }
 
-    async fn read_object(&self, object_id: u64) -> Result<Bytes, StreamError> {
+    /// GETs a whole source object, once the pace allows its `size` bytes.
+    async fn read_object(
+        &self,
+        object_id: u64,
+        size: u64,
+        pacer: &mut Pacer,
+    ) -> Result<Bytes, StreamError> {
+        pacer.take(size).await;
         let path = object_path(&self.engine.config.object_prefix, object_id);
         let got = self
             .engine
@@ -137,18 +165,21 @@ impl S3Stream {
         &self,
         node_id: u64,
         config: &CompactionConfig,
+        pacer: &mut Pacer,
     ) -> Result<RoundReport, StreamError> {
         let view = self.engine.sink.view();
         let state = &view.state;
         // Oldest first, within the round's budget.
         let mut sources = BTreeSet::new();
         let mut budget = 0u64;
+        let mut more = false;
         for o in state
             .objects
             .values()
             .filter(|o| committed(o) && o.node_id == node_id && o.kind() == ObjectKind::StreamSet)
         {
             if budget + o.size > config.max_round_bytes && !sources.is_empty() {
+                more = true;
                 break;
             }
             budget += o.size;
@@ -172,10 +203,12 @@ impl S3Stream {
         let mut decoded: HashMap<u64, Vec<(u64, RecordBatch)>> = HashMap::new();
         let mut report = RoundReport {
             sources: sources.len(),
+            more,
             ..RoundReport::default()
         };
         for id in &sources {
-            let bytes = self.read_object(*id).await?;
+            let size = state.objects.get(id).map_or(0, |o| o.size);
+            let bytes = self.read_object(*id, size, pacer).await?;
             report.bytes_read += bytes.len() as u64;
             let blocks = decode_off_runtime(*id, bytes).await?;
             decoded.insert(
@@ -256,15 +289,19 @@ impl S3Stream {
         let sources_list: Vec<u64> = sources.iter().copied().collect();
         for (stream_id, start, end, batches) in split {
             match self
-                .write_stream_object(stream_id, start, end, batches, &sources_list)
+                .write_stream_object(stream_id, start, end, batches, &sources_list, pacer)
                 .await?
             {
-                Ok(()) => report.objects_written += 1,
+                Ok(written) => {
+                    report.objects_written += 1;
+                    report.bytes_written += written;
+                }
                 Err(refused) => report.refused.push(refused),
             }
         }
         // Then the rest into one stream-set object.
         let bytes = build_off_runtime(self.engine.config.block_bytes, stream_set).await?;
+        pacer.take(bytes.len() as u64).await;
         let object_id = self.engine.put_new_object(&bytes).await?;
         let node = self.engine.sink.node();
         let proposed = self
@@ -280,7 +317,10 @@ impl S3Stream {
             }))
             .await?;
         match proposed.result {
-            Ok(_) => report.objects_written += 1,
+            Ok(_) => {
+                report.objects_written += 1;
+                report.bytes_written += bytes.len() as u64;
+            }
             // Another compaction or a trim got there first: the sources stay; try next round.
             Err(r) => {
                 tracing::info!(%r, "stream-set compaction not committed");
@@ -297,12 +337,14 @@ impl S3Stream {
         end: u64,
         batches: Vec<RecordBatch>,
         sources: &[u64],
-    ) -> Result<Result<(), String>, StreamError> {
+        pacer: &mut Pacer,
+    ) -> Result<Result<u64, String>, StreamError> {
         let bytes = build_off_runtime(
             self.engine.config.block_bytes,
             batches.into_iter().map(|b| (stream_id, b)).collect(),
         )
         .await?;
+        pacer.take(bytes.len() as u64).await;
         let object_id = self.engine.put_new_object(&bytes).await?;
         let node = self.engine.sink.node();
         let proposed = self
@@ -320,7 +362,7 @@ impl S3Stream {
             }))
             .await?;
         match proposed.result {
-            Ok(Outcome::Done(_)) => Ok(Ok(())),
+            Ok(Outcome::Done(_)) => Ok(Ok(bytes.len() as u64)),
             Ok(other) => Ok(Err(format!(
                 "stream object of stream {stream_id}: {other:?}"
             ))),
@@ -335,6 +377,7 @@ impl S3Stream {
         &self,
         node_id: u64,
         config: &CompactionConfig,
+        pacer: &mut Pacer,
     ) -> Result<RoundReport, StreamError> {
         let view = self.engine.sink.view();
         let state = &view.state;
@@ -383,12 +426,14 @@ impl S3Stream {
         let mut budget = 0u64;
         for (stream_id, start, end, sources, size) in runs {
             if budget + size > config.max_round_bytes && budget > 0 {
+                report.more = true;
                 break;
             }
             budget += size;
             let mut batches = Vec::new();
             for id in &sources {
-                let bytes = self.read_object(*id).await?;
+                let size = state.objects.get(id).map_or(0, |o| o.size);
+                let bytes = self.read_object(*id, size, pacer).await?;
                 report.bytes_read += bytes.len() as u64;
                 for (e, bs) in decode_off_runtime(*id, bytes).await? {
                     if e.stream_id == stream_id {
@@ -401,10 +446,13 @@ impl S3Stream {
             }
             report.sources += sources.len();
             match self
-                .write_stream_object(stream_id, start, end, batches, &sources)
+                .write_stream_object(stream_id, start, end, batches, &sources, pacer)
                 .await?
             {
-                Ok(()) => report.objects_written += 1,
+                Ok(written) => {
+                    report.objects_written += 1;
+                    report.bytes_written += written;
+                }
                 Err(refused) => report.refused.push(refused),
             }
         }
@@ -508,26 +556,71 @@ impl S3Stream {
         let engine = self.clone();
         let task = tokio::spawn(async move {
             let mut shutdown = engine.shutdown_watch();
+            let mut more = false;
             loop {
-                tokio::select! {
-                    _ = tokio::time::sleep(config.interval) => {}
-                    _ = shutdown.changed() => return,
+                if !more {
+                    tokio::select! {
+                        _ = tokio::time::sleep(config.interval) => {}
+                        _ = shutdown.changed() => return,
+                    }
                 }
-                if let Err(e) = engine.background_round(&config).await {
-                    tracing::warn!(error = %e, "compaction round failed");
-                }
+                more = match engine.background_round(&config).await {
+                    Ok(report) => report.more,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "compaction round failed");
+                        false
+                    }
+                };
             }
         });
         self.add_task(task);
     }
 
-    async fn background_round(&self, config: &CompactionConfig) -> Result<(), StreamError> {
+    async fn background_round(
+        &self,
+        config: &CompactionConfig,
+    ) -> Result<RoundReport, StreamError> {
         // Only this node's own objects: the lease holder's duties (object cleanup, the objects
         // of dead nodes) are the coordinator's (`mink-coordinator`), which calls
         // `cleanup_once` and `compact_once` itself.
         self.compact_once(self.engine.sink.node().node_id, config)
             .await
-            .map(|_| ())
+    }
+}
+
+/// Spaces a round's GETs and PUTs so that together they move at most `bytes_per_sec`: each
+/// waits until the bytes before it have had their time at that pace. An object moves whole,
+/// so the pace holds on average over a round, not within one object.
+struct Pacer {
+    bytes_per_sec: u64,
+    /// When the bytes taken so far have had their time; `None` before the first.
+    paid_until: Option<tokio::time::Instant>,
+    paced: Duration,
+}
+
+impl Pacer {
+    fn new(bytes_per_sec: u64) -> Pacer {
+        Pacer {
+            bytes_per_sec,
+            paid_until: None,
+            paced: Duration::ZERO,
+        }
+    }
+
+    /// Waits until `bytes` may move, and books their time.
+    async fn take(&mut self, bytes: u64) {
+        if self.bytes_per_sec == 0 {
+            return;
+        }
+        let now = tokio::time::Instant::now();
+        let start = self.paid_until.map_or(now, |t| t.max(now));
+        if start > now {
+            self.paced += start - now;
+            tokio::time::sleep_until(start).await;
+        }
+        #[allow(clippy::cast_precision_loss)] // a duration, not an exact count
+        let time = Duration::from_secs_f64(bytes as f64 / self.bytes_per_sec as f64);
+        self.paid_until = Some(start + time);
     }
 }
 

@@ -642,6 +642,7 @@ fn compaction() -> CompactionConfig {
         split_stream_bytes: 8 << 10,
         stream_object_bytes: 64 << 10,
         max_round_bytes: 64 << 20,
+        max_bytes_per_sec: 0,
         destroyed_grace: Duration::ZERO,
     }
 }
@@ -670,6 +671,101 @@ async fn objects(engine: &S3Stream, world: &World) -> (usize, usize, Vec<u64>) {
         listed,
     )
 }
+
+async fn a_paced_round_moves_at_most_its_rate(world: World) {
+    let engine = world.node(1).await;
+    let first = engine.create_streams(2).await.unwrap();
+    let mut expected: BTreeMap<u64, Vec<RecordBatch>> = BTreeMap::new();
+    for s in first..first + 2 {
+        engine.open(s, 1).await.unwrap();
+    }
+    // Stream-set objects of 16 or 4 KiB: the first stream is split out, the second stays.
+    for round in 0..6u64 {
+        for s in first..first + 2 {
+            let size = if s == first { 16 << 10 } else { 4 << 10 };
+            let p = Bytes::from(vec![round as u8; size]);
+            let a = engine.append(s, 2, p.clone(), None).await.unwrap();
+            expected.entry(s).or_default().push(RecordBatch {
+                base_offset: a.base_offset,
+                count: 2,
+                timestamp_ms: 0,
+                payload: p,
+            });
+        }
+    }
+    let rate = 128 << 10;
+    let paced = CompactionConfig {
+        split_stream_bytes: 64 << 10,
+        max_bytes_per_sec: rate,
+        ..compaction()
+    };
+    let started = std::time::Instant::now();
+    let report = engine.compact_once(1, &paced).await.unwrap();
+    let took = started.elapsed();
+    assert!(report.sources >= 6, "{report:?}");
+    assert_eq!(report.objects_written, 2, "{report:?}");
+    // Each GET and PUT starts once the bytes before it had their time at the rate, so the
+    // last starts no sooner than all but the last (at most one object, < 128 KiB) allow.
+    let moved = report.bytes_read + report.bytes_written;
+    assert!(moved > 2 * 6 * (20 << 10), "{report:?}");
+    let least = Duration::from_secs_f64((moved - (128 << 10)) as f64 / rate as f64);
+    assert!(
+        took >= least && report.paced > Duration::ZERO,
+        "a round moving {moved} bytes at {rate} B/s took {took:?} (at least {least:?}): {report:?}"
+    );
+    for (s, batches) in &expected {
+        assert_eq!(&read_all(&world.node(2).await, *s, 0).await, batches);
+    }
+    // Unpaced, a round never waits.
+    for s in first..first + 2 {
+        engine.append(s, 1, payload(s, 1), None).await.unwrap();
+        engine.append(s, 1, payload(s, 2), None).await.unwrap();
+    }
+    let report = engine.compact_once(1, &compaction()).await.unwrap();
+    assert!(report.sources >= 2, "{report:?}");
+    assert_eq!(report.paced, Duration::ZERO);
+    engine.shutdown().await;
+}
+suite!(a_paced_round_moves_at_most_its_rate);
+
+async fn a_round_short_of_budget_says_more_remains(world: World) {
+    let engine = world.node(1).await;
+    let s = new_stream(&engine).await;
+    for offset in 0..8 {
+        engine.append(s, 1, payload(s, offset), None).await.unwrap();
+    }
+    let (sets, _, _) = objects(&engine, &world).await;
+    assert_eq!(sets, 8, "one stream-set object per append");
+    let size = engine
+        .sink()
+        .view()
+        .state
+        .objects
+        .values()
+        .map(|o| o.size)
+        .max()
+        .unwrap();
+    // A budget of three objects: rounds of three follow each other until no two objects fit
+    // in the budget together.
+    let small = CompactionConfig {
+        max_round_bytes: 3 * size,
+        ..compaction()
+    };
+    let mut rounds = Vec::new();
+    loop {
+        let report = engine.compact_once(1, &small).await.unwrap();
+        rounds.push((report.sources, report.more));
+        if !report.more {
+            break;
+        }
+        assert!(rounds.len() < 10, "rounds never end: {rounds:?}");
+    }
+    assert_eq!(rounds.first(), Some(&(3, true)), "{rounds:?}");
+    assert_eq!(objects(&engine, &world).await.0, 3, "{rounds:?}");
+    assert_eq!(read_all(&engine, s, 0).await.len(), 8);
+    engine.shutdown().await;
+}
+suite!(a_round_short_of_budget_says_more_remains);
 
 async fn coordinator_epoch(engine: &S3Stream) -> u64 {
     tokio::time::timeout(
