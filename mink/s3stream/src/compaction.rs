@@ -74,8 +74,8 @@ pub struct RoundReport {
     pub bytes_written: u64,
     /// How long the round waited for its pace (`max_bytes_per_sec`).
     pub paced: Duration,
-    /// Sources were left for lack of budget (`max_round_bytes`): the next round follows at
-    /// once.
+    /// Sources were left for lack of budget (`max_round_bytes`): the background loop starts
+    /// the next round at once when nothing was refused.
     pub more: bool,
     /// Commits the metadata log refused (a concurrent trim, delete or compaction): their
     /// sources stay and the next round tries again.
@@ -564,8 +564,10 @@ impl S3Stream {
                         _ = shutdown.changed() => return,
                     }
                 }
+                // Back to back only while rounds make progress: a refused commit (a
+                // concurrent trim or compaction) waits for the next interval.
                 more = match engine.background_round(&config).await {
-                    Ok(report) => report.more,
+                    Ok(report) => report.more && report.refused.is_empty(),
                     Err(e) => {
                         tracing::warn!(error = %e, "compaction round failed");
                         false
