@@ -31,7 +31,7 @@ const FETCH_CONCURRENCY: usize = 16;
 /// A lone reader's missing blocks go in up to this many GETs at once (fewer with more readers).
 const READ_SPLIT: u64 = 4;
 /// Adjacent blocks of an object are read in one ranged GET of at most this many bytes.
-pub(crate) const COALESCE_BYTES: u64 = 8 << 20;
+pub(crate) const COALESCE_BYTES: u64 = 16 << 20;
 
 /// A ranged GET of adjacent blocks of one object, shared by every read that needs them.
 pub(crate) type Load = Shared<BoxFuture<'static, Result<Arc<Vec<Bytes>>, StreamError>>>;
