@@ -46,7 +46,7 @@ pub struct CompactionConfig {
     pub max_round_bytes: u64,
     /// A round's object reads and writes together move at most this many bytes per second
     /// (0: as fast as they go). A round at full speed takes the cores and the store from the
-    /// writes being acknowledged; paced, it spreads over its interval instead.
+    /// writes being acknowledged for seconds at a time; paced, it costs them a steady share.
     pub max_bytes_per_sec: u64,
     /// Destroyed objects are deleted this long after they were destroyed.
     pub destroyed_grace: Duration,
