@@ -71,6 +71,7 @@ pub struct RoundReport {
     pub sources: usize,
     pub objects_written: usize,
     pub bytes_read: u64,
+    /// Bytes of the objects written whose commit was accepted.
     pub bytes_written: u64,
     /// How long the round waited for its pace (`max_bytes_per_sec`).
     pub paced: Duration,
@@ -137,6 +138,12 @@ impl S3Stream {
         got.bytes()
             .await
             .map_err(|e| StreamError::Storage(e.to_string()))
+    }
+
+    /// PUTs a new object built by the round, once the pace allows its bytes.
+    async fn put_object(&self, bytes: &Bytes, pacer: &mut Pacer) -> Result<u64, StreamError> {
+        pacer.take(bytes.len() as u64).await;
+        self.engine.put_new_object(bytes).await
     }
 
     /// Batches of `stream_id` overlapping `[start, end)` in a decoded object.
@@ -301,8 +308,7 @@ impl S3Stream {
         }
         // Then the rest into one stream-set object.
         let bytes = build_off_runtime(self.engine.config.block_bytes, stream_set).await?;
-        pacer.take(bytes.len() as u64).await;
-        let object_id = self.engine.put_new_object(&bytes).await?;
+        let object_id = self.put_object(&bytes, pacer).await?;
         let node = self.engine.sink.node();
         let proposed = self
             .engine
@@ -344,8 +350,7 @@ impl S3Stream {
             batches.into_iter().map(|b| (stream_id, b)).collect(),
         )
         .await?;
-        pacer.take(bytes.len() as u64).await;
-        let object_id = self.engine.put_new_object(&bytes).await?;
+        let object_id = self.put_object(&bytes, pacer).await?;
         let node = self.engine.sink.node();
         let proposed = self
             .engine
