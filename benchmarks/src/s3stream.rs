@@ -93,7 +93,12 @@ async fn node(
 ) -> anyhow::Result<S3Stream> {
     let meta = Arc::new(SqliteStore::connect(meta_url).await?);
     let sink = Sink::start(meta, SinkConfig::new(node_id)).await?;
-    Ok(S3Stream::start(sink, store, EngineConfig::default()))
+    // Reads with the parallelism of the raw GETs they are held against.
+    let config = EngineConfig {
+        max_reads_in_flight: RAW_GETS_IN_FLIGHT,
+        ..EngineConfig::default()
+    };
+    Ok(S3Stream::start(sink, store, config))
 }
 
 async fn fresh_node(store: Arc<dyn ObjectStore>) -> anyhow::Result<(Node, String)> {
@@ -227,6 +232,11 @@ async fn raw_puts(
     }
     Ok(written.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64() / 1e6)
 }
+
+/// Raw GETs in flight at once, the baseline's and the reading nodes' (`max_reads_in_flight`):
+/// a single-process store (moto) serves more at once slower, and a reader held against the
+/// baseline reads with the same parallelism.
+const RAW_GETS_IN_FLIGHT: usize = 8;
 
 /// Raw GETs of whole objects under `prefix`, `parallel` at a time, one pass: MB/s.
 async fn raw_gets(
@@ -365,7 +375,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
                 eprintln_point(&point);
                 // Fetches: once per store, with 100 streams and no injected latency.
                 if latency == 0 && n == 100.min(*args.streams.iter().max().unwrap_or(&100)) {
-                    let raw_get = raw_gets(&base, "s3stream/objects", 8).await?;
+                    let raw_get = raw_gets(&base, "s3stream/objects", RAW_GETS_IN_FLIGHT).await?;
                     // The last 64 MiB written is certainly still in the log cache.
                     let tail = (64 << 20) / (args.record_bytes as u64 * ids.len() as u64);
                     let gets = |e: &S3Stream| e.stats().object_reads.load(Ordering::Relaxed);

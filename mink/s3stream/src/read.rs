@@ -19,9 +19,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt as _, StreamExt as _, TryStreamExt as _};
-use object_store::ObjectStoreExt as _;
 
-use crate::engine::{Engine, S3Stream, StreamError, StreamInfo, object_path};
+use crate::engine::{Engine, S3Stream, StreamError, StreamInfo, object_path, read_range};
 use crate::format::{BlockIndex, FOOTER_LEN, RecordBatch, decode_block, parse_footer, parse_index};
 
 /// How much of an object's tail a first read fetches, hoping to get the index with the footer.
@@ -57,6 +56,9 @@ pub(crate) struct Reader {
     loading: bool,
     /// Its last fetch continued the one before: it reads on (its own GETs may read ahead).
     proven: bool,
+    /// Its first fetch is at the stream's start: a consumer catching up from the earliest
+    /// offset, which reads on too (its first GET may read ahead as well).
+    from_start: bool,
     /// When it last read (the engine's clock).
     seen_ms: u64,
 }
@@ -320,6 +322,7 @@ impl S3Stream {
                 (r.next == offset && offset > 0) || (r.ahead_from <= offset && offset < r.ahead_to);
             r.next = next;
             r.proven = sequential;
+            r.from_start = false;
             if sequential {
                 r.stride = next - offset;
                 r.reach = self.reach(r.stride, bytes, n);
@@ -432,6 +435,7 @@ impl S3Stream {
         if r.stride == 0 && (offset == start || (r.next == offset && offset > 0)) {
             r.next = offset;
             r.reach = u64::MAX;
+            r.from_start = offset == start;
         }
     }
 
@@ -710,9 +714,10 @@ impl S3Stream {
             return;
         };
         let readers = engine.readers.lock().expect("readers lock");
-        // The run's own stream counts too once its reader has proven sequential, past the end
-        // of what the read asked for (the rest of that is in its other runs): it reads on
-        // within its reach, whether or not a read-ahead window is free for it.
+        // The run's own stream counts too once its reader has proven sequential (or starts at
+        // the stream's start), past the end of what the read asked for (the rest of that is in
+        // its other runs): it reads on within its reach, whether or not a read-ahead window is
+        // free for it.
         let own = run[0].0.stream_id;
         let reads_ahead = engine.config.read_ahead_bytes > 0;
         // Whether a block is another stream's that its reader asks for soon (`Some(true)`:
@@ -720,7 +725,8 @@ impl S3Stream {
         let soon = |e: &BlockIndex| {
             let key = (object_id, e.position);
             let wanted = readers.get(e.stream_id).is_some_and(|r| {
-                (e.stream_id != own || (reads_ahead && r.proven && e.start_offset >= asked_end))
+                (e.stream_id != own
+                    || (reads_ahead && (r.proven || r.from_start) && e.start_offset >= asked_end))
                     && r.reach > 0
                     && e.end_offset > r.next
                     && e.start_offset <= r.next.saturating_add(r.reach)
@@ -786,9 +792,7 @@ fn load_index(
             }
             let tail_start = size.saturating_sub(TAIL_READ);
             count_index_read(&engine);
-            let tail = engine
-                .store
-                .get_range(&path, tail_start..size)
+            let tail = read_range(&engine, &path, tail_start..size)
                 .await
                 .map_err(storage)?;
             let footer = parse_footer(&tail, size).map_err(corrupt)?;
@@ -797,14 +801,9 @@ fn load_index(
                 tail.slice(at..at + footer.index_len as usize)
             } else {
                 count_index_read(&engine);
-                engine
-                    .store
-                    .get_range(
-                        &path,
-                        footer.index_position..footer.index_position + u64::from(footer.index_len),
-                    )
-                    .await
-                    .map_err(storage)?
+                let index =
+                    footer.index_position..footer.index_position + u64::from(footer.index_len);
+                read_range(&engine, &path, index).await.map_err(storage)?
             };
             let index = Arc::new(parse_index(&index_bytes, &footer).map_err(corrupt)?);
             engine.index_cache.insert(
@@ -826,7 +825,6 @@ fn load_index(
 }
 
 fn count_index_read(engine: &Engine) {
-    crate::engine::count_read(engine);
     engine.stats.index_reads.fetch_add(1, Ordering::Relaxed);
 }
 
@@ -847,19 +845,14 @@ fn load(
     async move {
         let start = run[0].position;
         let end = run.last().expect("a run has blocks").range().end;
-        crate::engine::count_read(&engine);
         if ahead {
             engine
                 .stats
                 .read_ahead_reads
                 .fetch_add(1, Ordering::Relaxed);
         }
-        let got = engine
-            .store
-            .get_range(
-                &object_path(&engine.config.object_prefix, object_id),
-                start..end,
-            )
+        let path = object_path(&engine.config.object_prefix, object_id);
+        let got = read_range(&engine, &path, start..end)
             .await
             .map_err(storage);
         let blocks = got.and_then(|bytes| {

@@ -2015,16 +2015,10 @@ async fn readers_starting_together_share_their_first_gets(world: World) {
 }
 suite!(readers_starting_together_share_their_first_gets);
 
-/// A sequential reader left without a read-ahead window (the budget is spent) still reads on:
-/// once its fetches have proven sequential, its GET takes along the next blocks of its stream
-/// within its reach, and the fetches after it read nothing themselves.
-async fn a_sequential_reader_without_a_window_reads_on_in_its_own_gets(world: World) {
-    let engine = world.node(1).await;
-    let s = new_stream(&engine).await;
-    // Objects of 64 KiB or more, blocks of 4 KiB, all of the one stream.
-    append_kib_records(&engine, s, 512).await;
-    // A 64 KiB window never fits the read-ahead budget (a quarter of a 128 KiB cache).
-    let reader = world
+/// A node whose read-ahead windows (64 KiB) never fit its budget (a quarter of a 128 KiB
+/// block cache), to read `s` with.
+async fn windowless_reader(world: &World) -> S3Stream {
+    world
         .node_on(
             2,
             Arc::clone(&world.store),
@@ -2034,8 +2028,20 @@ async fn a_sequential_reader_without_a_window_reads_on_in_its_own_gets(world: Wo
                 ..config()
             },
         )
-        .await;
-    let mut next = 0;
+        .await
+}
+
+/// A sequential reader left without a read-ahead window (the budget is spent) still reads on:
+/// once its fetches have proven sequential, its GET takes along the next blocks of its stream
+/// within its reach, and the fetches after it read nothing themselves.
+async fn a_sequential_reader_without_a_window_reads_on_in_its_own_gets(world: World) {
+    let engine = world.node(1).await;
+    let s = new_stream(&engine).await;
+    // Objects of 64 KiB or more, blocks of 4 KiB, all of the one stream.
+    append_kib_records(&engine, s, 512).await;
+    let reader = windowless_reader(&world).await;
+    // Not at the stream's start: the reader proves itself sequential first.
+    let mut next = 8;
     let fetch = async |next: &mut u64| {
         let got = reader.fetch(s, *next, 4 << 10).await.unwrap();
         assert_eq!(got[0].base_offset, *next);
@@ -2059,3 +2065,98 @@ async fn a_sequential_reader_without_a_window_reads_on_in_its_own_gets(world: Wo
     engine.shutdown().await;
 }
 suite!(a_sequential_reader_without_a_window_reads_on_in_its_own_gets);
+
+/// A reader whose first fetch is at the stream's start (a consumer catching up from the
+/// earliest offset) reads on from its first GET, which takes along the next blocks of its
+/// stream within its reach.
+async fn a_reader_from_the_start_reads_on_from_its_first_get(world: World) {
+    let engine = world.node(1).await;
+    let s = new_stream(&engine).await;
+    append_kib_records(&engine, s, 512).await;
+    let reader = windowless_reader(&world).await;
+    let mut next = 0;
+    let fetch = async |next: &mut u64| {
+        let got = reader.fetch(s, *next, 4 << 10).await.unwrap();
+        assert_eq!(got[0].base_offset, *next);
+        *next = got.last().unwrap().end_offset();
+    };
+    fetch(&mut next).await;
+    // Its GETs so far: indexes of the stream's first objects, and one run of blocks.
+    let before = fetch_reads(&reader);
+    for _ in 0..8 {
+        fetch(&mut next).await;
+    }
+    assert_eq!(
+        fetch_reads(&reader),
+        before,
+        "36 KiB within the first object and the reader's 64 KiB reach came with its first GET"
+    );
+    reader.shutdown().await;
+    engine.shutdown().await;
+}
+suite!(a_reader_from_the_start_reads_on_from_its_first_get);
+
+/// The read path has at most `max_reads_in_flight` GETs in flight; the others wait their turn
+/// (counted as queued), and every read completes with the right data.
+async fn reads_in_flight_are_bounded(world: World) {
+    let engine = world.node(1).await;
+    // Streams flushed one after another, each into objects of its own: cold readers of them
+    // all need GETs of their own.
+    let mut streams = Vec::new();
+    for _ in 0..6 {
+        let s = new_stream(&engine).await;
+        append_kib_records(&engine, s, 8).await;
+        streams.push(s);
+    }
+    let mut hot = Vec::new();
+    for &s in &streams {
+        hot.push(read_all(&engine, s, 0).await);
+    }
+    let faults = ObjectFaults::new(7);
+    let store = Arc::new(FaultyObjectStore::new(
+        Arc::clone(&world.store),
+        Arc::clone(&faults),
+    ));
+    let reader = world
+        .node_on(
+            2,
+            store,
+            EngineConfig {
+                max_reads_in_flight: 2,
+                ..config()
+            },
+        )
+        .await;
+    faults.pause();
+    let reads: Vec<_> = streams
+        .iter()
+        .map(|&s| {
+            let reader = reader.clone();
+            tokio::spawn(async move { read_all(&reader, s, 0).await })
+        })
+        .collect();
+    let queued = || reader.stats().reads_queued.load(Ordering::Relaxed);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while faults.gets_in_flight() < 2 || queued() == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "waited 30 s for 2 GETs at the paused store and more queued behind them: \
+             {} at the store, {} queued",
+            faults.gets_in_flight(),
+            queued()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    faults.resume();
+    for (read, hot) in reads.into_iter().zip(hot) {
+        assert_eq!(read.await.unwrap(), hot);
+    }
+    assert_eq!(
+        faults.max_gets_in_flight(),
+        2,
+        "at most max_reads_in_flight GETs at the store at once"
+    );
+    reader.shutdown().await;
+    engine.shutdown().await;
+}
+suite!(reads_in_flight_are_bounded);

@@ -63,6 +63,12 @@ pub struct EngineConfig {
     pub read_ahead_bytes: usize,
     pub log_cache_bytes: usize,
     pub block_cache_bytes: usize,
+    /// GETs the read path has in flight at once (object indexes and runs of blocks,
+    /// read-aheads included; at least 1); more wait their turn. S3 serves many at once; a
+    /// store that serves requests on a few cores (moto, a one-node MinIO) reads fastest with
+    /// about as many as it has cores to spare, as each request it takes on at once costs it
+    /// memory and CPU.
+    pub max_reads_in_flight: usize,
     pub index_cache_bytes: usize,
     /// Longest wait between retries of a failing PUT.
     pub max_backoff: Duration,
@@ -86,6 +92,7 @@ impl Default for EngineConfig {
             read_ahead_bytes: 16 << 20,
             log_cache_bytes: 256 << 20,
             block_cache_bytes: 256 << 20,
+            max_reads_in_flight: 64,
             index_cache_bytes: 16 << 20,
             max_backoff: Duration::from_secs(2),
             hedge_after: None,
@@ -277,6 +284,8 @@ pub struct EngineStats {
     pub index_reads: AtomicU64,
     /// GETs of block runs made by read-ahead (counted in `object_reads` too).
     pub read_ahead_reads: AtomicU64,
+    /// GETs of the read path that waited for one of `max_reads_in_flight` to end.
+    pub reads_queued: AtomicU64,
     /// Blocks (and their bytes) read-aheads made sure of: loaded, or found loaded.
     pub read_ahead_blocks: AtomicU64,
     pub read_ahead_bytes: AtomicU64,
@@ -286,8 +295,26 @@ fn add(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);
 }
 
-pub(crate) fn count_read(engine: &Engine) {
+/// A GET of the read path: counted, and in flight only with one of the engine's
+/// `max_reads_in_flight` permits.
+pub(crate) async fn read_range(
+    engine: &Engine,
+    path: &Path,
+    range: std::ops::Range<u64>,
+) -> object_store::Result<Bytes> {
     add(&engine.stats.object_reads, 1);
+    let _permit = match engine.reads.try_acquire() {
+        Ok(permit) => permit,
+        Err(_) => {
+            add(&engine.stats.reads_queued, 1);
+            engine
+                .reads
+                .acquire()
+                .await
+                .expect("the read permits are never closed")
+        }
+    };
+    engine.store.get_range(path, range).await
 }
 
 /// The path of an object id. Fixed-width hex keeps listings in id order.
@@ -382,6 +409,8 @@ pub(crate) struct Engine {
     pub(crate) read_ahead_inflight: AtomicU64,
     /// Told whenever a read-ahead ends.
     pub(crate) read_ahead_ended: Notify,
+    /// One permit per GET of the read path in flight (`max_reads_in_flight`).
+    pub(crate) reads: Semaphore,
     pub(crate) stats: EngineStats,
     shutdown: watch::Sender<bool>,
 }
@@ -415,6 +444,7 @@ impl S3Stream {
             readers: Mutex::new(crate::read::Readers::default()),
             read_ahead_inflight: AtomicU64::new(0),
             read_ahead_ended: Notify::new(),
+            reads: Semaphore::new(config.max_reads_in_flight.max(1)),
             sink,
             store,
             config,

@@ -50,6 +50,8 @@ pub struct ObjectFaults {
     paused: watch::Sender<bool>,
     dice: mink_sql::Dice,
     puts: AtomicU64,
+    gets: AtomicU64,
+    max_gets: AtomicU64,
 }
 
 impl ObjectFaults {
@@ -64,6 +66,8 @@ impl ObjectFaults {
             paused: watch::channel(false).0,
             dice: mink_sql::Dice::new(seed),
             puts: AtomicU64::new(0),
+            gets: AtomicU64::new(0),
+            max_gets: AtomicU64::new(0),
         })
     }
 
@@ -94,6 +98,16 @@ impl ObjectFaults {
         self.puts.load(Ordering::Relaxed)
     }
 
+    /// GETs in flight now (waiting at a pause included).
+    pub fn gets_in_flight(&self) -> u64 {
+        self.gets.load(Ordering::Relaxed)
+    }
+
+    /// The most GETs that were in flight at once.
+    pub fn max_gets_in_flight(&self) -> u64 {
+        self.max_gets.load(Ordering::Relaxed)
+    }
+
     fn roll(&self, per_mille: &AtomicU32) -> bool {
         self.dice.roll(per_mille)
     }
@@ -112,6 +126,23 @@ fn fault(kind: InjectedFault) -> object_store::Error {
     object_store::Error::Generic {
         store: "FaultyObjectStore",
         source: Box::new(kind),
+    }
+}
+
+/// A GET in flight, counted while it lives (cancelled ones too).
+struct InFlight<'a>(&'a ObjectFaults);
+
+impl<'a> InFlight<'a> {
+    fn new(faults: &'a ObjectFaults) -> Self {
+        let now = faults.gets.fetch_add(1, Ordering::Relaxed) + 1;
+        faults.max_gets.fetch_max(now, Ordering::Relaxed);
+        InFlight(faults)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.gets.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -179,11 +210,13 @@ impl ObjectStore for FaultyObjectStore {
     }
 
     async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
+        let _get = InFlight::new(&self.faults);
         self.read_gate().await?;
         self.inner.get_opts(location, options).await
     }
 
     async fn get_ranges(&self, location: &Path, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
+        let _get = InFlight::new(&self.faults);
         self.read_gate().await?;
         self.inner.get_ranges(location, ranges).await
     }
