@@ -792,7 +792,7 @@ fn load_index(
             }
             let tail_start = size.saturating_sub(TAIL_READ);
             count_index_read(&engine);
-            let tail = read_range(&engine, &path, tail_start..size)
+            let tail = read_range(&engine, &path, tail_start..size, false)
                 .await
                 .map_err(storage)?;
             let footer = parse_footer(&tail, size).map_err(corrupt)?;
@@ -803,7 +803,9 @@ fn load_index(
                 count_index_read(&engine);
                 let index =
                     footer.index_position..footer.index_position + u64::from(footer.index_len);
-                read_range(&engine, &path, index).await.map_err(storage)?
+                read_range(&engine, &path, index, false)
+                    .await
+                    .map_err(storage)?
             };
             let index = Arc::new(parse_index(&index_bytes, &footer).map_err(corrupt)?);
             engine.index_cache.insert(
@@ -845,14 +847,8 @@ fn load(
     async move {
         let start = run[0].position;
         let end = run.last().expect("a run has blocks").range().end;
-        if ahead {
-            engine
-                .stats
-                .read_ahead_reads
-                .fetch_add(1, Ordering::Relaxed);
-        }
         let path = object_path(&engine.config.object_prefix, object_id);
-        let got = read_range(&engine, &path, start..end)
+        let got = read_range(&engine, &path, start..end, ahead)
             .await
             .map_err(storage);
         let blocks = got.and_then(|bytes| {

@@ -295,14 +295,19 @@ fn add(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);
 }
 
-/// A GET of the read path: counted, and in flight only with one of the engine's
-/// `max_reads_in_flight` permits.
+/// A GET of the read path (a read-ahead's: `ahead`): counted, and in flight only with one of
+/// the engine's `max_reads_in_flight` permits.
 pub(crate) async fn read_range(
     engine: &Engine,
     path: &Path,
     range: std::ops::Range<u64>,
+    ahead: bool,
 ) -> object_store::Result<Bytes> {
+    // In this order: a fetch's GETs (all but the read-ahead's) never seem to go down.
     add(&engine.stats.object_reads, 1);
+    if ahead {
+        add(&engine.stats.read_ahead_reads, 1);
+    }
     let _permit = match engine.reads.try_acquire() {
         Ok(permit) => permit,
         Err(_) => {
