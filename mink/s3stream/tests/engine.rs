@@ -2135,17 +2135,20 @@ async fn reads_in_flight_are_bounded(world: World) {
             tokio::spawn(async move { read_all(&reader, s, 0).await })
         })
         .collect();
-    let queued = || reader.stats().reads_queued.load(Ordering::Relaxed);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while faults.gets_in_flight() < 2 || queued() == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
+    let bound_at_work = async {
+        faults.gets_in_flight_reach(2).await;
+        reader.reads_queued_reach(1).await;
+    };
+    if tokio::time::timeout(Duration::from_secs(30), bound_at_work)
+        .await
+        .is_err()
+    {
+        panic!(
             "waited 30 s for 2 GETs at the paused store and more queued behind them: \
              {} at the store, {} queued",
             faults.gets_in_flight(),
-            queued()
+            reader.stats().reads_queued.load(Ordering::Relaxed)
         );
-        tokio::time::sleep(Duration::from_millis(5)).await;
     }
     faults.resume();
     for (read, hot) in reads.into_iter().zip(hot) {

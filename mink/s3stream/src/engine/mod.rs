@@ -312,6 +312,7 @@ pub(crate) async fn read_range(
         Ok(permit) => permit,
         Err(_) => {
             add(&engine.stats.reads_queued, 1);
+            engine.reads_queued.send_modify(|n| *n += 1);
             engine
                 .reads
                 .acquire()
@@ -416,6 +417,8 @@ pub(crate) struct Engine {
     pub(crate) read_ahead_ended: Notify,
     /// One permit per GET of the read path in flight (`max_reads_in_flight`).
     pub(crate) reads: Semaphore,
+    /// `stats.reads_queued`, watchable.
+    reads_queued: watch::Sender<u64>,
     pub(crate) stats: EngineStats,
     shutdown: watch::Sender<bool>,
 }
@@ -450,6 +453,7 @@ impl S3Stream {
             read_ahead_inflight: AtomicU64::new(0),
             read_ahead_ended: Notify::new(),
             reads: Semaphore::new(config.max_reads_in_flight.max(1)),
+            reads_queued: watch::channel(0).0,
             sink,
             store,
             config,
@@ -480,6 +484,13 @@ impl S3Stream {
 
     pub fn stats(&self) -> &EngineStats {
         &self.engine.stats
+    }
+
+    /// Returns once at least `n` GETs of the read path have waited for a permit
+    /// ([`EngineStats::reads_queued`]), so a test can see the bound at work without polling.
+    pub async fn reads_queued_reach(&self, n: u64) {
+        let mut queued = self.engine.reads_queued.subscribe();
+        let _ = queued.wait_for(|&q| q >= n).await;
     }
 
     /// The engine clock's time, as [`S3Stream::append`] stamps batches with it.

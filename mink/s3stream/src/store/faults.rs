@@ -50,7 +50,8 @@ pub struct ObjectFaults {
     paused: watch::Sender<bool>,
     dice: mink_sql::Dice,
     puts: AtomicU64,
-    gets: AtomicU64,
+    /// GETs in flight now, watched by tests that wait for requests to reach the store.
+    gets: watch::Sender<u64>,
     max_gets: AtomicU64,
 }
 
@@ -66,7 +67,7 @@ impl ObjectFaults {
             paused: watch::channel(false).0,
             dice: mink_sql::Dice::new(seed),
             puts: AtomicU64::new(0),
-            gets: AtomicU64::new(0),
+            gets: watch::channel(0).0,
             max_gets: AtomicU64::new(0),
         })
     }
@@ -100,7 +101,13 @@ impl ObjectFaults {
 
     /// GETs in flight now (waiting at a pause included).
     pub fn gets_in_flight(&self) -> u64 {
-        self.gets.load(Ordering::Relaxed)
+        *self.gets.borrow()
+    }
+
+    /// Returns once at least `n` GETs are in flight at once (waiting at a pause included).
+    pub async fn gets_in_flight_reach(&self, n: u64) {
+        let mut gets = self.gets.subscribe();
+        let _ = gets.wait_for(|&g| g >= n).await;
     }
 
     /// The most GETs that were in flight at once.
@@ -134,7 +141,11 @@ struct InFlight<'a>(&'a ObjectFaults);
 
 impl<'a> InFlight<'a> {
     fn new(faults: &'a ObjectFaults) -> Self {
-        let now = faults.gets.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut now = 0;
+        faults.gets.send_modify(|g| {
+            *g += 1;
+            now = *g;
+        });
         faults.max_gets.fetch_max(now, Ordering::Relaxed);
         InFlight(faults)
     }
@@ -142,7 +153,7 @@ impl<'a> InFlight<'a> {
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.0.gets.fetch_sub(1, Ordering::Relaxed);
+        self.0.gets.send_modify(|g| *g -= 1);
     }
 }
 
