@@ -144,11 +144,22 @@ pub(crate) struct Lru<K, V> {
 
 #[derive(Debug)]
 struct LruInner<K, V> {
-    map: HashMap<K, (V, usize, u64)>,
+    map: HashMap<K, Entry<V>>,
     /// use tick -> key
     recency: BTreeMap<u64, K>,
     tick: u64,
     bytes: usize,
+    /// Bytes of entries inserted ahead of use ([`Lru::insert_unread`]) not read since.
+    unread: usize,
+}
+
+#[derive(Debug)]
+struct Entry<V> {
+    value: V,
+    size: usize,
+    used: u64,
+    /// Inserted ahead of use and not read since.
+    unread: bool,
 }
 
 impl<K: std::hash::Hash + Eq + Clone, V: Clone> Lru<K, V> {
@@ -159,6 +170,7 @@ impl<K: std::hash::Hash + Eq + Clone, V: Clone> Lru<K, V> {
                 recency: BTreeMap::new(),
                 tick: 0,
                 bytes: 0,
+                unread: 0,
             }),
             capacity,
             stats: CacheStats::default(),
@@ -169,12 +181,14 @@ impl<K: std::hash::Hash + Eq + Clone, V: Clone> Lru<K, V> {
         let mut c = self.inner.lock().expect("lru lock");
         c.tick += 1;
         let tick = c.tick;
-        let Some((value, _, used)) = c.map.get_mut(key) else {
+        let Some(entry) = c.map.get_mut(key) else {
             self.stats.miss();
             return None;
         };
-        let old = std::mem::replace(used, tick);
-        let value = value.clone();
+        let old = std::mem::replace(&mut entry.used, tick);
+        let value = entry.value.clone();
+        let read = std::mem::take(&mut entry.unread).then_some(entry.size);
+        c.unread -= read.unwrap_or(0);
         c.recency.remove(&old);
         c.recency.insert(tick, key.clone());
         self.stats.hit();
@@ -187,23 +201,58 @@ impl<K: std::hash::Hash + Eq + Clone, V: Clone> Lru<K, V> {
     }
 
     pub(crate) fn insert(&self, key: K, value: V, size: usize) {
+        self.insert_as(key, value, size, false);
+    }
+
+    /// Inserts an entry loaded ahead of its use: it counts in [`Lru::unread_bytes`] until it
+    /// is read or evicted.
+    pub(crate) fn insert_unread(&self, key: K, value: V, size: usize) {
+        self.insert_as(key, value, size, true);
+    }
+
+    /// Bytes of entries inserted with [`Lru::insert_unread`], cached and not read since: what
+    /// readers have been given ahead of their reading, so that more is loaded ahead only while
+    /// it fits beside them.
+    pub(crate) fn unread_bytes(&self) -> usize {
+        self.inner.lock().expect("lru lock").unread
+    }
+
+    fn insert_as(&self, key: K, value: V, size: usize, unread: bool) {
         let mut c = self.inner.lock().expect("lru lock");
         c.tick += 1;
         let tick = c.tick;
-        if let Some((_, old_size, old_tick)) = c.map.remove(&key) {
-            c.bytes -= old_size;
-            c.recency.remove(&old_tick);
+        if let Some(old) = c.map.remove(&key) {
+            c.remove_accounting(&old);
         }
-        c.map.insert(key.clone(), (value, size, tick));
+        c.map.insert(
+            key.clone(),
+            Entry {
+                value,
+                size,
+                used: tick,
+                unread,
+            },
+        );
         c.recency.insert(tick, key);
         c.bytes += size;
+        c.unread += if unread { size } else { 0 };
         while c.bytes > self.capacity {
             let Some((_, victim)) = c.recency.pop_first() else {
                 break;
             };
-            if let Some((_, size, _)) = c.map.remove(&victim) {
-                c.bytes -= size;
+            if let Some(old) = c.map.remove(&victim) {
+                c.remove_accounting(&old);
             }
+        }
+    }
+}
+
+impl<K, V> LruInner<K, V> {
+    fn remove_accounting(&mut self, old: &Entry<V>) {
+        self.bytes -= old.size;
+        self.recency.remove(&old.used);
+        if old.unread {
+            self.unread -= old.size;
         }
     }
 }
@@ -212,3 +261,31 @@ impl<K: std::hash::Hash + Eq + Clone, V: Clone> Lru<K, V> {
 pub(crate) type IndexCache = Lru<u64, std::sync::Arc<Vec<BlockIndex>>>;
 /// Fetched data blocks, keyed by (object id, block position).
 pub(crate) type BlockCache = Lru<(u64, u64), Bytes>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Entries inserted ahead of use count as unread until read or evicted, once each.
+    #[test]
+    fn unread_bytes_count_until_read_or_evicted() {
+        let lru: Lru<u32, u32> = Lru::new(100);
+        lru.insert_unread(1, 1, 30);
+        lru.insert_unread(2, 2, 30);
+        lru.insert(3, 3, 30);
+        assert_eq!(lru.unread_bytes(), 60);
+        assert_eq!(lru.get(&1), Some(1));
+        assert_eq!(lru.get(&1), Some(1));
+        assert_eq!(lru.unread_bytes(), 30);
+        // 2 is now the least recently used: evicted unread.
+        lru.insert(4, 4, 30);
+        assert!(!lru.contains(&2));
+        assert_eq!(lru.unread_bytes(), 0);
+        // Replacing an unread entry counts it once.
+        lru.insert_unread(5, 5, 10);
+        lru.insert_unread(5, 5, 20);
+        assert_eq!(lru.unread_bytes(), 20);
+        lru.insert(5, 5, 20);
+        assert_eq!(lru.unread_bytes(), 0);
+    }
+}

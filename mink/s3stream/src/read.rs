@@ -9,7 +9,9 @@
 //! `EngineConfig::read_ahead_bytes` of the stream into the block cache, so the next fetch finds
 //! its blocks there or on their way. A GET also takes along the adjacent blocks that readers
 //! (its own included) will ask for within their reach, so readers of many streams at once
-//! share the GETs of the objects their streams are slices of.
+//! share the GETs of the objects their streams are slices of. A reader that reads on and enters
+//! a small stream object at its start reads it whole, index and blocks in one GET, while half
+//! the block cache has room for it beside the blocks readers were given and have not read.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,8 +21,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt as _, StreamExt as _, TryStreamExt as _};
+use object_store::ObjectStoreExt as _;
 
-use crate::engine::{Engine, S3Stream, StreamError, StreamInfo, object_path, read_range};
+use crate::engine::{
+    Engine, S3Stream, StreamError, StreamInfo, object_path, read_permit, read_range,
+};
 use crate::format::{BlockIndex, FOOTER_LEN, RecordBatch, decode_block, parse_footer, parse_index};
 
 /// How much of an object's tail a first read fetches, hoping to get the index with the footer.
@@ -278,9 +283,38 @@ impl S3Stream {
             .stream_ranges(stream_id, offset, end)
             .cloned()
             .collect();
-        for group in ranges.chunks(FETCH_CONCURRENCY) {
-            // The indexes of the next few objects, fetched together.
-            let indexes = self.indexes_of(state, group).await?;
+        // A reader that reads on (from the stream's start, or continuing its last fetch; or a
+        // read-ahead) entering a small stream object at its start reads it whole: its index
+        // and all its blocks in one GET.
+        let at_start = state
+            .streams
+            .get(&stream_id)
+            .is_some_and(|s| s.start_offset == offset);
+        let reads_on = at_start
+            || self
+                .engine
+                .readers
+                .lock()
+                .expect("readers lock")
+                .get(stream_id)
+                .is_some_and(|r| r.proven || r.loading || (r.next == offset && offset > 0));
+        let whole = |r: &mink_metadata::RangeRecord| {
+            reads_on
+                && r.start_offset >= offset
+                && state.objects.get(&r.object_id).is_some_and(|o| {
+                    o.kind() == mink_metadata::ObjectKind::Stream && o.size <= COALESCE_BYTES
+                })
+        };
+        let mut rest = &ranges[..];
+        while !rest.is_empty() {
+            // The indexes of the next few objects, fetched together. An object read whole only
+            // ever starts a group: the ones after it are read when the reader gets there.
+            let n = (1..rest.len().min(FETCH_CONCURRENCY))
+                .find(|&i| whole(&rest[i]))
+                .unwrap_or(rest.len().min(FETCH_CONCURRENCY));
+            let (group, after) = rest.split_at(n);
+            rest = after;
+            let indexes = self.indexes_of(state, group, &whole).await?;
             for (range, index) in group.iter().zip(indexes) {
                 let limit = range.end_offset.min(end);
                 let wanted: Vec<BlockIndex> = index
@@ -498,7 +532,7 @@ impl S3Stream {
             .cloned()
             .collect();
         for group in ranges.chunks(FETCH_CONCURRENCY) {
-            let indexes = self.indexes_of(&view.state, group).await?;
+            let indexes = self.indexes_of(&view.state, group, &|_| false).await?;
             for (range, index) in group.iter().zip(indexes) {
                 let (low, high) = (range.start_offset.max(start), range.end_offset.min(end));
                 for entry in index.iter().filter(|e| {
@@ -550,23 +584,25 @@ impl S3Stream {
     }
 
     /// The indexes of the objects holding `ranges`, fetched together (cached ones from the
-    /// cache), in order.
+    /// cache), in order; objects whose range passes `whole` are read whole if the block cache
+    /// has room for them ([`load_index`]).
     async fn indexes_of(
         &self,
         state: &mink_metadata::State,
         ranges: &[mink_metadata::RangeRecord],
+        whole: &(dyn Fn(&mink_metadata::RangeRecord) -> bool + Sync),
     ) -> Result<Vec<Arc<Vec<BlockIndex>>>, StreamError> {
         let mut sized = Vec::with_capacity(ranges.len());
         for range in ranges {
             let object = state.objects.get(&range.object_id).ok_or_else(|| {
                 StreamError::Storage(format!("object {} is not in the metadata", range.object_id))
             })?;
-            sized.push((range.object_id, object.size));
+            sized.push((range.object_id, object.size, whole(range)));
         }
         futures::stream::iter(
             sized
                 .into_iter()
-                .map(|(id, size)| self.object_index(id, size)),
+                .map(|(id, size, whole)| self.load_object_index(id, size, whole)),
         )
         .buffered(FETCH_CONCURRENCY)
         .try_collect()
@@ -580,6 +616,16 @@ impl S3Stream {
         object_id: u64,
         size: u64,
     ) -> Result<Arc<Vec<BlockIndex>>, StreamError> {
+        self.load_object_index(object_id, size, false).await
+    }
+
+    /// [`S3Stream::object_index`], reading the object `whole` if it is read now.
+    async fn load_object_index(
+        &self,
+        object_id: u64,
+        size: u64,
+        whole: bool,
+    ) -> Result<Arc<Vec<BlockIndex>>, StreamError> {
         let engine = &self.engine;
         if let Some(index) = engine.index_cache.get(&object_id) {
             return Ok(index);
@@ -592,7 +638,7 @@ impl S3Stream {
             }
             loads
                 .entry(object_id)
-                .or_insert_with(|| load_index(Arc::clone(engine), object_id, size).shared())
+                .or_insert_with(|| load_index(Arc::clone(engine), object_id, size, whole).shared())
                 .clone()
         };
         load.await
@@ -775,11 +821,16 @@ impl S3Stream {
 }
 
 /// Reads an object's index (with its footer, in one GET when the index is in the object's
-/// last [`TAIL_READ`] bytes), caches it, then leaves the index loads in flight.
+/// last [`TAIL_READ`] bytes), caches it, then leaves the index loads in flight. Read `whole`,
+/// the object comes in one GET, its blocks go into the block cache as unread, and its index is
+/// read from its tail: one GET instead of an index read and runs of blocks, if the readers'
+/// unread blocks, those being read whole included, stay within half the block cache with it
+/// (so a slow reader's blocks are not evicted before it reads them; past it, the index alone).
 fn load_index(
     engine: Arc<Engine>,
     object_id: u64,
     size: u64,
+    whole: bool,
 ) -> BoxFuture<'static, Result<Arc<Vec<BlockIndex>>, StreamError>> {
     async move {
         let read = async {
@@ -790,11 +841,42 @@ fn load_index(
                     "object {object_id} is {size} bytes, too small to be an object"
                 )));
             }
-            let tail_start = size.saturating_sub(TAIL_READ);
             count_index_read(&engine);
-            let tail = read_range(&engine, &path, tail_start..size, false)
-                .await
-                .map_err(storage)?;
+            // Whether the object fits is decided once its GET may start, not while it waits
+            // behind others: readers queued together would otherwise all count as in flight.
+            let permit = read_permit(&engine, false).await;
+            let reserved = if whole {
+                WholeRead::reserve(&engine, size)
+            } else {
+                None
+            };
+            let (tail_start, tail) = if reserved.is_some() {
+                engine
+                    .stats
+                    .whole_object_reads
+                    .fetch_add(1, Ordering::Relaxed);
+                // No range: a store may serve a whole object for less than a range of it (moto
+                // copies the object to cut a range out of it).
+                let got = async { engine.store.get(&path).await?.bytes().await }
+                    .await
+                    .map_err(storage)?;
+                if got.len() as u64 != size {
+                    return Err(StreamError::Storage(format!(
+                        "object {object_id} is {} bytes, the metadata says {size}",
+                        got.len()
+                    )));
+                }
+                (0, got)
+            } else {
+                let tail_start = size.saturating_sub(TAIL_READ);
+                let tail = engine
+                    .store
+                    .get_range(&path, tail_start..size)
+                    .await
+                    .map_err(storage)?;
+                (tail_start, tail)
+            };
+            drop(permit);
             let footer = parse_footer(&tail, size).map_err(corrupt)?;
             let index_bytes: Bytes = if footer.index_position >= tail_start {
                 let at = usize::try_from(footer.index_position - tail_start).unwrap_or(usize::MAX);
@@ -808,6 +890,25 @@ fn load_index(
                     .map_err(storage)?
             };
             let index = Arc::new(parse_index(&index_bytes, &footer).map_err(corrupt)?);
+            if reserved.is_some() {
+                for e in index.iter() {
+                    let block = usize::try_from(e.position)
+                        .ok()
+                        .and_then(|at| Some(at..at.checked_add(e.size as usize)?))
+                        .filter(|r| r.end <= tail.len())
+                        .ok_or_else(|| {
+                            StreamError::Storage(format!(
+                                "object {object_id} is corrupt: block at {} beyond its end",
+                                e.position
+                            ))
+                        })?;
+                    engine.block_cache.insert_unread(
+                        (object_id, e.position),
+                        tail.slice(block),
+                        e.size as usize,
+                    );
+                }
+            }
             engine.index_cache.insert(
                 object_id,
                 Arc::clone(&index),
@@ -824,6 +925,31 @@ fn load_index(
         read
     }
     .boxed()
+}
+
+/// Bytes of a whole object being read, counted in `Engine::whole_reads_inflight` until its
+/// blocks are in the block cache (as unread) or the read failed.
+struct WholeRead<'a>(&'a Engine, u64);
+
+impl<'a> WholeRead<'a> {
+    /// Room for `size` bytes more in half the block cache, beside the unread blocks and the
+    /// other whole objects being read; none: read the index alone.
+    fn reserve(engine: &'a Engine, size: u64) -> Option<Self> {
+        let room = (engine.config.block_cache_bytes / 2) as u64;
+        let reading = engine
+            .whole_reads_inflight
+            .fetch_add(size, Ordering::Relaxed);
+        let read = WholeRead(engine, size);
+        (engine.block_cache.unread_bytes() as u64 + reading + size <= room).then_some(read)
+    }
+}
+
+impl Drop for WholeRead<'_> {
+    fn drop(&mut self) {
+        self.0
+            .whole_reads_inflight
+            .fetch_sub(self.1, Ordering::Relaxed);
+    }
 }
 
 fn count_index_read(engine: &Engine) {

@@ -2163,3 +2163,82 @@ async fn reads_in_flight_are_bounded(world: World) {
     engine.shutdown().await;
 }
 suite!(reads_in_flight_are_bounded);
+
+/// The sizes of the objects holding `s`, every one a stream object of its own.
+fn stream_object_sizes(engine: &S3Stream, s: u64) -> Vec<u64> {
+    let view = engine.sink().view();
+    let end = engine.info(s).unwrap().end_offset;
+    view.state
+        .stream_ranges(s, 0, end)
+        .map(|r| {
+            let o = &view.state.objects[&r.object_id];
+            assert_eq!(o.kind(), mink_metadata::ObjectKind::Stream, "{r:?}");
+            o.size
+        })
+        .collect()
+}
+
+/// A reader that reads on, entering a small stream object at its start (a consumer catching
+/// up after compaction), reads it whole: its index and blocks in one GET per object. Objects
+/// read whole stay within half the block cache beside the blocks readers have been given and
+/// not read yet; past that, a reader reads the index and its blocks as before.
+async fn a_reader_entering_a_stream_object_reads_it_whole(world: World) {
+    let engine = world.node(1).await;
+    let (a, b, c) = (
+        new_stream(&engine).await,
+        new_stream(&engine).await,
+        new_stream(&engine).await,
+    );
+    append_kib_records(&engine, a, 48).await;
+    append_kib_records(&engine, b, 48).await;
+    append_kib_records(&engine, c, 48).await;
+    engine.compact_once(1, &compaction()).await.unwrap();
+    // Two rounds: a in two stream objects (each too large to merge within 64 KiB).
+    append_kib_records(&engine, a, 48).await;
+    engine.compact_once(1, &compaction()).await.unwrap();
+    let sizes_a = stream_object_sizes(&engine, a);
+    assert_eq!(sizes_a.len(), 2, "a in two stream objects");
+    let size_b = stream_object_sizes(&engine, b)[0];
+    let hot: Vec<_> = [a, b, c]
+        .iter()
+        .map(|&s| read_all(&engine, s, 0))
+        .collect::<futures::future::JoinAll<_>>()
+        .await;
+    let whole = |n: &S3Stream| n.stats().whole_object_reads.load(Ordering::Relaxed);
+
+    // Room enough: one GET per object, nothing else.
+    let reader = world.node(2).await;
+    assert_eq!(read_all(&reader, a, 0).await, hot[0]);
+    assert_eq!(whole(&reader), 2);
+    assert_eq!(reader.stats().object_reads.load(Ordering::Relaxed), 2);
+    reader.shutdown().await;
+
+    // Half the block cache holds a's first object and half of b's: once a's first block is
+    // read, the rest of it is unread and b's object does not fit beside it.
+    let reader = world
+        .node_on(
+            3,
+            Arc::clone(&world.store),
+            EngineConfig {
+                block_cache_bytes: usize::try_from(2 * sizes_a[0] + size_b).unwrap(),
+                read_ahead_bytes: 0,
+                ..config()
+            },
+        )
+        .await;
+    let first = reader.fetch(a, 0, 1).await.unwrap();
+    assert_eq!(untimed(first[0].clone()), hot[0][0]);
+    assert_eq!(whole(&reader), 1, "a's first object, read whole");
+    assert_eq!(read_all(&reader, b, 0).await, hot[1]);
+    assert_eq!(whole(&reader), 1, "b's object read by its index and blocks");
+    let gets = reader.stats().object_reads.load(Ordering::Relaxed);
+    assert!(gets >= 3, "{gets} GETs: a's object, b's index and blocks");
+    assert_eq!(read_all(&reader, a, 0).await, hot[0]);
+    assert_eq!(whole(&reader), 2, "a's second object, read whole");
+    // a is read: nothing is unread, and c's object fits again.
+    assert_eq!(read_all(&reader, c, 0).await, hot[2]);
+    assert_eq!(whole(&reader), 3, "c's object, read whole");
+    reader.shutdown().await;
+    engine.shutdown().await;
+}
+suite!(a_reader_entering_a_stream_object_reads_it_whole);

@@ -280,8 +280,12 @@ pub struct EngineStats {
     pub fenced_ranges: AtomicU64,
     /// GETs of object data (indexes and runs of blocks).
     pub object_reads: AtomicU64,
-    /// GETs of object indexes (counted in `object_reads` too).
+    /// GETs of object indexes (counted in `object_reads` too), whole objects read with their
+    /// index included.
     pub index_reads: AtomicU64,
+    /// GETs of whole stream objects by readers entering them at their start (counted in
+    /// `index_reads` and `object_reads` too).
+    pub whole_object_reads: AtomicU64,
     /// GETs of block runs made by read-ahead (counted in `object_reads` too).
     pub read_ahead_reads: AtomicU64,
     /// GETs of the read path that waited for one of `max_reads_in_flight` to end.
@@ -303,12 +307,19 @@ pub(crate) async fn read_range(
     range: std::ops::Range<u64>,
     ahead: bool,
 ) -> object_store::Result<Bytes> {
+    let _permit = read_permit(engine, ahead).await;
+    engine.store.get_range(path, range).await
+}
+
+/// Counts a GET of the read path (a read-ahead's: `ahead`) and waits for one of the engine's
+/// `max_reads_in_flight` permits, to be held while it is in flight.
+pub(crate) async fn read_permit(engine: &Engine, ahead: bool) -> tokio::sync::SemaphorePermit<'_> {
     // In this order: a fetch's GETs (all but the read-ahead's) never seem to go down.
     add(&engine.stats.object_reads, 1);
     if ahead {
         add(&engine.stats.read_ahead_reads, 1);
     }
-    let _permit = match engine.reads.try_acquire() {
+    match engine.reads.try_acquire() {
         Ok(permit) => permit,
         Err(_) => {
             add(&engine.stats.reads_queued, 1);
@@ -319,8 +330,7 @@ pub(crate) async fn read_range(
                 .await
                 .expect("the read permits are never closed")
         }
-    };
-    engine.store.get_range(path, range).await
+    }
 }
 
 /// The path of an object id. Fixed-width hex keeps listings in id order.
@@ -415,6 +425,8 @@ pub(crate) struct Engine {
     pub(crate) read_ahead_inflight: AtomicU64,
     /// Told whenever a read-ahead ends.
     pub(crate) read_ahead_ended: Notify,
+    /// Bytes of whole objects being read for readers entering them (see `read::load_index`).
+    pub(crate) whole_reads_inflight: AtomicU64,
     /// One permit per GET of the read path in flight (`max_reads_in_flight`).
     pub(crate) reads: Semaphore,
     /// `stats.reads_queued`, watchable.
@@ -452,6 +464,7 @@ impl S3Stream {
             readers: Mutex::new(crate::read::Readers::default()),
             read_ahead_inflight: AtomicU64::new(0),
             read_ahead_ended: Notify::new(),
+            whole_reads_inflight: AtomicU64::new(0),
             reads: Semaphore::new(config.max_reads_in_flight.max(1)),
             reads_queued: watch::channel(0).0,
             sink,
