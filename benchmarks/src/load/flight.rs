@@ -164,7 +164,10 @@ async fn consume(
         // Kafka carries `value`, counted as a Kafka consumer counts it.
         let (payloads, per_row) = match batch.column_by_name("payload") {
             Some(c) => (Some(c.as_binary::<i32>()), 8),
-            None => (batch.column_by_name("value").map(|c| c.as_binary::<i32>()), 0),
+            None => (
+                batch.column_by_name("value").map(|c| c.as_binary::<i32>()),
+                0,
+            ),
         };
         // The bytes of these rows' values (a sliced array's buffer holds more).
         let bytes = payloads.map_or(0, |p| {
