@@ -298,23 +298,29 @@ impl S3Stream {
                 .expect("readers lock")
                 .get(stream_id)
                 .is_some_and(|r| r.proven || r.loading || (r.next == offset && offset > 0));
-        let whole = |r: &mink_metadata::RangeRecord| {
-            reads_on
-                && r.start_offset >= offset
-                && state.objects.get(&r.object_id).is_some_and(|o| {
-                    o.kind() == mink_metadata::ObjectKind::Stream && o.size <= COALESCE_BYTES
-                })
-        };
         let mut rest = &ranges[..];
         while !rest.is_empty() {
             // The indexes of the next few objects, fetched together. An object read whole only
             // ever starts a group: the ones after it are read when the reader gets there.
-            let n = (1..rest.len().min(FETCH_CONCURRENCY))
-                .find(|&i| whole(&rest[i]))
-                .unwrap_or(rest.len().min(FETCH_CONCURRENCY));
+            let next = &rest[..rest.len().min(FETCH_CONCURRENCY)];
+            let whole: Vec<bool> = next
+                .iter()
+                .map(|r| {
+                    reads_on
+                        && r.start_offset >= offset
+                        && state.objects.get(&r.object_id).is_some_and(|o| {
+                            o.kind() == mink_metadata::ObjectKind::Stream
+                                && o.size <= COALESCE_BYTES
+                        })
+                })
+                .collect();
+            let n = whole[1..]
+                .iter()
+                .position(|&w| w)
+                .map_or(next.len(), |i| i + 1);
             let (group, after) = rest.split_at(n);
             rest = after;
-            let indexes = self.indexes_of(state, group, &whole).await?;
+            let indexes = self.indexes_of(state, group, &whole[..n]).await?;
             for (range, index) in group.iter().zip(indexes) {
                 let limit = range.end_offset.min(end);
                 let wanted: Vec<BlockIndex> = index
@@ -532,7 +538,7 @@ impl S3Stream {
             .cloned()
             .collect();
         for group in ranges.chunks(FETCH_CONCURRENCY) {
-            let indexes = self.indexes_of(&view.state, group, &|_| false).await?;
+            let indexes = self.indexes_of(&view.state, group, &[]).await?;
             for (range, index) in group.iter().zip(indexes) {
                 let (low, high) = (range.start_offset.max(start), range.end_offset.min(end));
                 for entry in index.iter().filter(|e| {
@@ -584,20 +590,21 @@ impl S3Stream {
     }
 
     /// The indexes of the objects holding `ranges`, fetched together (cached ones from the
-    /// cache), in order; objects whose range passes `whole` are read whole if the block cache
-    /// has room for them ([`load_index`]).
+    /// cache), in order; the `i`-th object is read whole if `whole[i]` (missing: not) and the
+    /// block cache has room for it ([`load_index`]).
     async fn indexes_of(
         &self,
         state: &mink_metadata::State,
         ranges: &[mink_metadata::RangeRecord],
-        whole: &(dyn Fn(&mink_metadata::RangeRecord) -> bool + Sync),
+        whole: &[bool],
     ) -> Result<Vec<Arc<Vec<BlockIndex>>>, StreamError> {
         let mut sized = Vec::with_capacity(ranges.len());
-        for range in ranges {
+        for (i, range) in ranges.iter().enumerate() {
             let object = state.objects.get(&range.object_id).ok_or_else(|| {
                 StreamError::Storage(format!("object {} is not in the metadata", range.object_id))
             })?;
-            sized.push((range.object_id, object.size, whole(range)));
+            let whole = whole.get(i).copied().unwrap_or(false);
+            sized.push((range.object_id, object.size, whole));
         }
         futures::stream::iter(
             sized

@@ -323,7 +323,7 @@ pub(crate) async fn read_permit(engine: &Engine, ahead: bool) -> tokio::sync::Se
         Ok(permit) => permit,
         Err(_) => {
             add(&engine.stats.reads_queued, 1);
-            engine.reads_queued.send_modify(|n| *n += 1);
+            engine.read_queued.notify_waiters();
             engine
                 .reads
                 .acquire()
@@ -429,8 +429,8 @@ pub(crate) struct Engine {
     pub(crate) whole_reads_inflight: AtomicU64,
     /// One permit per GET of the read path in flight (`max_reads_in_flight`).
     pub(crate) reads: Semaphore,
-    /// `stats.reads_queued`, watchable.
-    reads_queued: watch::Sender<u64>,
+    /// Told whenever a read queues for a permit (`stats.reads_queued` goes up).
+    read_queued: Notify,
     pub(crate) stats: EngineStats,
     shutdown: watch::Sender<bool>,
 }
@@ -466,7 +466,7 @@ impl S3Stream {
             read_ahead_ended: Notify::new(),
             whole_reads_inflight: AtomicU64::new(0),
             reads: Semaphore::new(config.max_reads_in_flight.max(1)),
-            reads_queued: watch::channel(0).0,
+            read_queued: Notify::new(),
             sink,
             store,
             config,
@@ -502,8 +502,15 @@ impl S3Stream {
     /// Returns once at least `n` GETs of the read path have waited for a permit
     /// ([`EngineStats::reads_queued`]), so a test can see the bound at work without polling.
     pub async fn reads_queued_reach(&self, n: u64) {
-        let mut queued = self.engine.reads_queued.subscribe();
-        let _ = queued.wait_for(|&q| q >= n).await;
+        let engine = &self.engine;
+        loop {
+            let mut queued = std::pin::pin!(engine.read_queued.notified());
+            queued.as_mut().enable();
+            if engine.stats.reads_queued.load(Ordering::Relaxed) >= n {
+                return;
+            }
+            queued.await;
+        }
     }
 
     /// The engine clock's time, as [`S3Stream::append`] stamps batches with it.
