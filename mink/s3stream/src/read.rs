@@ -10,10 +10,12 @@
 //! its blocks there or on their way. A GET also takes along the adjacent blocks that readers
 //! (its own included) will ask for within their reach, so readers of many streams at once
 //! share the GETs of the objects their streams are slices of. A reader that reads on and enters
-//! a small stream object at its start reads it whole, index and blocks in one GET, while half
-//! the block cache has room for it beside the blocks readers were given and have not read.
+//! a small object at its start reads it whole, index and blocks in one GET, when the object is
+//! its stream's alone or readers reading on are about to read at least half of its streams,
+//! while half the block cache has room for it beside the blocks readers were given and have
+//! not read. A fetch reads the indexes of only as many objects as it is likely to need.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -32,6 +34,8 @@ use crate::format::{BlockIndex, FOOTER_LEN, RecordBatch, decode_block, parse_foo
 const TAIL_READ: u64 = 64 << 10;
 /// GETs one fetch has in flight at once.
 const FETCH_CONCURRENCY: usize = 16;
+/// How many of its next objects a reader counts as about to be read ([`S3Stream::read_whole`]).
+const RANGES_AHEAD: usize = 32;
 /// A lone reader's missing blocks go in up to this many GETs at once (fewer with more readers).
 const READ_SPLIT: u64 = 4;
 /// Adjacent blocks of an object are read in one ranged GET of at most this many bytes.
@@ -300,24 +304,29 @@ impl S3Stream {
                 .is_some_and(|r| r.proven || r.loading || (r.next == offset && offset > 0));
         let mut rest = &ranges[..];
         while !rest.is_empty() {
-            // The indexes of the next few objects, fetched together. An object read whole only
-            // ever starts a group: the ones after it are read when the reader gets there.
+            // The indexes of the next few objects, fetched together: as many as the read is
+            // likely to need, taking the stream's share of an object as an even one of its
+            // size. Reading further ahead would make a reader's first blocks wait for indexes
+            // it does not need yet (and an object read whole brings its blocks as well).
             let next = &rest[..rest.len().min(FETCH_CONCURRENCY)];
-            let whole: Vec<bool> = next
-                .iter()
-                .map(|r| {
-                    reads_on
-                        && r.start_offset >= offset
-                        && state.objects.get(&r.object_id).is_some_and(|o| {
-                            o.kind() == mink_metadata::ObjectKind::Stream
-                                && o.size <= COALESCE_BYTES
-                        })
-                })
-                .collect();
-            let n = whole[1..]
-                .iter()
-                .position(|&w| w)
-                .map_or(next.len(), |i| i + 1);
+            let whole = if reads_on {
+                self.read_whole(state, stream_id, offset, next)
+            } else {
+                vec![false; next.len()]
+            };
+            let need = max_bytes.saturating_sub(planned);
+            let mut held = 0u64;
+            let mut n = next.len();
+            for (i, range) in next.iter().enumerate() {
+                if i > 0 && held >= need {
+                    n = i;
+                    break;
+                }
+                held += state
+                    .objects
+                    .get(&range.object_id)
+                    .map_or(0, |o| o.size / o.live_ranges.max(1));
+            }
             let (group, after) = rest.split_at(n);
             rest = after;
             let indexes = self.indexes_of(state, group, &whole[..n]).await?;
@@ -341,6 +350,61 @@ impl S3Stream {
             }
         }
         Ok(plan)
+    }
+
+    /// Which of `ranges` (of `stream_id`, read on from `offset`) to read whole: objects of at
+    /// most [`COALESCE_BYTES`] the reader enters at their start, when they hold only its stream
+    /// (a stream object), or when readers reading on are about to read at least half of the
+    /// streams they hold (a stream-set object many catch-up readers meet together). One GET
+    /// then brings the index and the blocks, where an index GET and runs of ranged GETs would.
+    fn read_whole(
+        &self,
+        state: &mink_metadata::State,
+        stream_id: u64,
+        offset: u64,
+        ranges: &[mink_metadata::RangeRecord],
+    ) -> Vec<bool> {
+        let candidate = |r: &mink_metadata::RangeRecord| {
+            state
+                .objects
+                .get(&r.object_id)
+                .filter(|o| r.start_offset >= offset && o.size <= COALESCE_BYTES)
+        };
+        let shared: HashSet<u64> = ranges
+            .iter()
+            .filter(|r| {
+                candidate(r).is_some_and(|o| o.kind() == mink_metadata::ObjectKind::StreamSet)
+            })
+            .map(|r| r.object_id)
+            .collect();
+        // Per stream-set object, the other streams whose readers reading on are to read it.
+        let mut read_by: HashMap<u64, u64> = HashMap::new();
+        if !shared.is_empty() {
+            let readers = self.engine.readers.lock().expect("readers lock");
+            for (&other, r) in &readers.by_stream {
+                if other == stream_id || !(r.proven || r.from_start || r.loading) {
+                    continue;
+                }
+                let until = r.next.saturating_add(r.reach);
+                for range in state.stream_ranges(other, r.next, until).take(RANGES_AHEAD) {
+                    if shared.contains(&range.object_id) {
+                        *read_by.entry(range.object_id).or_default() += 1;
+                    }
+                }
+            }
+        }
+        ranges
+            .iter()
+            .map(|r| {
+                candidate(r).is_some_and(|o| match o.kind() {
+                    mink_metadata::ObjectKind::Stream => true,
+                    _ => {
+                        let readers = 1 + read_by.get(&r.object_id).copied().unwrap_or(0);
+                        readers * 2 >= o.live_ranges
+                    }
+                })
+            })
+            .collect()
     }
 
     /// After a fetch of `[offset, next)` (`bytes` of batches) of the stream that ends at `end`:
@@ -898,7 +962,17 @@ fn load_index(
             };
             let index = Arc::new(parse_index(&index_bytes, &footer).map_err(corrupt)?);
             if reserved.is_some() {
-                for e in index.iter() {
+                // The blocks of streams someone reads: a stream-set object's others would only
+                // hold room in the cache (and in the unread bytes) until they are evicted.
+                let read: HashSet<u64> = {
+                    let readers = engine.readers.lock().expect("readers lock");
+                    index
+                        .iter()
+                        .map(|e| e.stream_id)
+                        .filter(|s| readers.get(*s).is_some())
+                        .collect()
+                };
+                for e in index.iter().filter(|e| read.contains(&e.stream_id)) {
                     let block = usize::try_from(e.position)
                         .ok()
                         .and_then(|at| Some(at..at.checked_add(e.size as usize)?))

@@ -2242,3 +2242,93 @@ async fn a_reader_entering_a_stream_object_reads_it_whole(world: World) {
     engine.shutdown().await;
 }
 suite!(a_reader_entering_a_stream_object_reads_it_whole);
+
+/// Reads `streams` from their start in lockstep, `chunk` bytes per fetch of each in turn (as
+/// consumers catching up together do), checking each is contiguous.
+async fn read_in_lockstep(
+    engine: &S3Stream,
+    streams: &[u64],
+    chunk: usize,
+) -> Vec<Vec<RecordBatch>> {
+    let ends: Vec<u64> = streams
+        .iter()
+        .map(|&s| engine.info(s).unwrap().end_offset)
+        .collect();
+    let mut next = vec![0u64; streams.len()];
+    let mut out = vec![Vec::new(); streams.len()];
+    while next.iter().zip(&ends).any(|(n, e)| n < e) {
+        for (i, &s) in streams.iter().enumerate() {
+            if next[i] == ends[i] {
+                continue;
+            }
+            let batches = engine.fetch(s, next[i], chunk).await.unwrap();
+            assert!(!batches.is_empty(), "no data at {} of {s}", next[i]);
+            for b in batches {
+                assert!(
+                    b.base_offset <= next[i] && b.end_offset() > next[i],
+                    "gap: {b:?}"
+                );
+                next[i] = b.end_offset();
+                out[i].push(untimed(b));
+            }
+        }
+    }
+    out
+}
+
+/// Readers catching up on the streams of a small stream-set object together read it whole,
+/// index and blocks in one GET, once at least half of its streams' readers read on; a reader
+/// alone reads its index and its own blocks.
+async fn readers_catching_up_together_read_stream_set_objects_whole(world: World) {
+    let engine = world.node(1).await;
+    let mut streams = Vec::new();
+    for _ in 0..4 {
+        streams.push(new_stream(&engine).await);
+    }
+    // Appends of the four streams in turn: each object (64 KiB) holds a slice of every one.
+    let appends: Vec<_> = (0..192u64)
+        .flat_map(|i| streams.iter().map(move |&s| (i, s)).collect::<Vec<_>>())
+        .map(|(i, s)| engine.append(s, 1, Bytes::from(vec![(i % 251) as u8; 1024]), None))
+        .collect();
+    for a in futures::future::join_all(appends).await {
+        a.unwrap();
+    }
+    let shared = {
+        let view = engine.sink().view();
+        let end = engine.info(streams[0]).unwrap().end_offset;
+        view.state
+            .stream_ranges(streams[0], 0, end)
+            .filter(|r| {
+                let o = &view.state.objects[&r.object_id];
+                o.kind() == mink_metadata::ObjectKind::StreamSet && o.live_ranges == 4
+            })
+            .count()
+    };
+    assert!(shared >= 3, "{shared} objects hold all four streams");
+    let hot = read_in_lockstep(&engine, &streams, 4 << 10).await;
+    let whole = |n: &S3Stream| n.stats().whole_object_reads.load(Ordering::Relaxed);
+
+    // Alone, a reader is a quarter of each object's streams: never whole.
+    let reader = world.node(2).await;
+    assert_eq!(
+        read_in_lockstep(&reader, &streams[..1], 4 << 10).await[0],
+        hot[0]
+    );
+    assert_eq!(whole(&reader), 0, "a reader alone reads indexes and blocks");
+    reader.shutdown().await;
+
+    // Together: once their readers read on, the objects they enter come whole.
+    let reader = world.node(3).await;
+    assert_eq!(read_in_lockstep(&reader, &streams, 4 << 10).await, hot);
+    let (w, gets) = (
+        whole(&reader),
+        reader.stats().object_reads.load(Ordering::Relaxed),
+    );
+    assert!(
+        w + 2 >= shared as u64,
+        "{w} of {shared} shared objects read whole ({gets} GETs)"
+    );
+    reader.shutdown().await;
+    engine.shutdown().await;
+}
+suite!(readers_catching_up_together_read_stream_set_objects_whole);
