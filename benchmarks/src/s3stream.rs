@@ -236,10 +236,10 @@ async fn raw_puts(
 /// Raw GETs in flight at once, the baseline's and the reading nodes' (`max_reads_in_flight`):
 /// a single-process store (moto) serves more at once slower, and a reader held against the
 /// baseline reads with the same parallelism.
-const RAW_GETS_IN_FLIGHT: usize = 8;
+pub(crate) const RAW_GETS_IN_FLIGHT: usize = 8;
 
 /// Raw GETs of whole objects under `prefix`, `parallel` at a time, one pass: MB/s.
-async fn raw_gets(
+pub(crate) async fn raw_gets(
     store: &Arc<dyn ObjectStore>,
     prefix: &str,
     parallel: usize,

@@ -315,6 +315,33 @@ impl Figures {
             },
         }
     }
+
+    /// Throughput over several runs of one side, as one run of their records in their summed
+    /// time; latencies are not combined (NaN). None for no runs.
+    pub(crate) fn over<'a>(runs: impl Iterator<Item = &'a Figures>) -> Option<Figures> {
+        let mut sum: Option<Figures> = None;
+        for f in runs {
+            let s = sum.get_or_insert_with(|| Figures {
+                records: 0,
+                bytes: 0,
+                seconds: 0.0,
+                ..f.clone()
+            });
+            s.records += f.records;
+            s.bytes += f.bytes;
+            s.seconds += f.seconds;
+        }
+        sum.map(|s| Figures {
+            records_per_s: s.records as f64 / s.seconds,
+            mb_per_s: s.bytes as f64 / s.seconds / 1e6,
+            p50_ms: f64::NAN,
+            p95_ms: f64::NAN,
+            p99_ms: f64::NAN,
+            p999_ms: f64::NAN,
+            max_ms: f64::NAN,
+            ..s
+        })
+    }
 }
 
 /// Live progress on the terminal (nothing when stderr is not one) until `done`.
