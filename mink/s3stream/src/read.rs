@@ -364,22 +364,27 @@ impl S3Stream {
         offset: u64,
         ranges: &[mink_metadata::RangeRecord],
     ) -> Vec<bool> {
-        let candidate = |r: &mink_metadata::RangeRecord| {
-            state
-                .objects
-                .get(&r.object_id)
-                .filter(|o| r.start_offset >= offset && o.size <= COALESCE_BYTES)
-        };
-        let shared: HashSet<u64> = ranges
+        // The objects that may be read whole: small ones entered at their start.
+        let candidates: Vec<Option<&mink_metadata::ObjectRecord>> = ranges
             .iter()
-            .filter(|r| {
-                candidate(r).is_some_and(|o| o.kind() == mink_metadata::ObjectKind::StreamSet)
+            .map(|r| {
+                state
+                    .objects
+                    .get(&r.object_id)
+                    .filter(|o| r.start_offset >= offset && o.size <= COALESCE_BYTES)
             })
-            .map(|r| r.object_id)
             .collect();
-        // Per stream-set object, the other streams whose readers reading on are to read it.
-        let mut read_by: HashMap<u64, u64> = HashMap::new();
-        if !shared.is_empty() {
+        // Per stream-set candidate, the other readers it still needs to be read whole: those
+        // reading on whose next ranges (within their reach) are in it, half its streams with
+        // this one.
+        let mut wanting: HashMap<u64, u64> = candidates
+            .iter()
+            .flatten()
+            .filter(|o| o.kind() == mink_metadata::ObjectKind::StreamSet)
+            .map(|o| (o.object_id, o.live_ranges.div_ceil(2).saturating_sub(1)))
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        if !wanting.is_empty() {
             let readers = self.engine.readers.lock().expect("readers lock");
             for (&other, r) in &readers.by_stream {
                 if other == stream_id || !(r.proven || r.from_start || r.loading) {
@@ -387,23 +392,20 @@ impl S3Stream {
                 }
                 let until = r.next.saturating_add(r.reach);
                 for range in state.stream_ranges(other, r.next, until).take(RANGES_AHEAD) {
-                    if shared.contains(&range.object_id) {
-                        *read_by.entry(range.object_id).or_default() += 1;
+                    if let Some(n) = wanting.get_mut(&range.object_id) {
+                        *n = n.saturating_sub(1);
                     }
+                }
+                // Enough readers for every candidate: the rest need not be looked at.
+                wanting.retain(|_, n| *n > 0);
+                if wanting.is_empty() {
+                    break;
                 }
             }
         }
-        ranges
+        candidates
             .iter()
-            .map(|r| {
-                candidate(r).is_some_and(|o| match o.kind() {
-                    mink_metadata::ObjectKind::Stream => true,
-                    _ => {
-                        let readers = 1 + read_by.get(&r.object_id).copied().unwrap_or(0);
-                        readers * 2 >= o.live_ranges
-                    }
-                })
-            })
+            .map(|o| o.is_some_and(|o| !wanting.contains_key(&o.object_id)))
             .collect()
     }
 

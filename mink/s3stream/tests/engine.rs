@@ -114,6 +114,15 @@ async fn new_stream(node: &S3Stream) -> u64 {
     s
 }
 
+/// `n` new streams, open on `node` at epoch 1.
+async fn new_streams(node: &S3Stream, n: usize) -> Vec<u64> {
+    let mut streams = Vec::with_capacity(n);
+    for _ in 0..n {
+        streams.push(new_stream(node).await);
+    }
+    streams
+}
+
 fn payload(stream: u64, offset: u64) -> Bytes {
     Bytes::from(format!("stream {stream} offset {offset} ").repeat(8))
 }
@@ -1971,10 +1980,7 @@ suite!(widened_gets_pass_over_loaded_blocks);
 /// of from their first fetch on.
 async fn readers_starting_together_share_their_first_gets(world: World) {
     let engine = world.node(1).await;
-    let mut streams = Vec::new();
-    for _ in 0..4 {
-        streams.push(new_stream(&engine).await);
-    }
+    let streams = new_streams(&engine, 4).await;
     // Two objects, each one block of every stream.
     stream_set_objects(&world, &engine, &streams, 2)
         .await
@@ -2284,10 +2290,7 @@ async fn read_in_lockstep(
 /// alone reads its index and its own blocks.
 async fn readers_catching_up_together_read_stream_set_objects_whole(world: World) {
     let engine = world.node(1).await;
-    let mut streams = Vec::new();
-    for _ in 0..4 {
-        streams.push(new_stream(&engine).await);
-    }
+    let streams = new_streams(&engine, 4).await;
     // Six objects, each four records of every stream.
     let rounds = 6;
     stream_set_objects(&world, &engine, &streams, rounds)
