@@ -1940,11 +1940,9 @@ suite!(readers_of_many_streams_share_gets);
 /// and leaving each of them a GET of its own.
 async fn widened_gets_pass_over_loaded_blocks(world: World) {
     let engine = world.node(1).await;
-    let (a, b, c) = (
-        new_stream(&engine).await,
-        new_stream(&engine).await,
-        new_stream(&engine).await,
-    );
+    let [a, b, c] = new_streams(&engine, 3).await[..] else {
+        unreachable!("three streams")
+    };
     // Two objects, each one block of `a`, one of `b`, one of `c`.
     let reader = stream_set_objects(&world, &engine, &[a, b, c], 2).await;
     let read = async |s: u64, offset: u64| read_batch(&reader, s, offset).await;
@@ -2193,11 +2191,9 @@ fn stream_object_sizes(engine: &S3Stream, s: u64) -> Vec<u64> {
 /// not read yet; past that, a reader reads the index and its blocks as before.
 async fn a_reader_entering_a_stream_object_reads_it_whole(world: World) {
     let engine = world.node(1).await;
-    let (a, b, c) = (
-        new_stream(&engine).await,
-        new_stream(&engine).await,
-        new_stream(&engine).await,
-    );
+    let [a, b, c] = new_streams(&engine, 3).await[..] else {
+        unreachable!("three streams")
+    };
     append_kib_records(&engine, a, 48).await;
     append_kib_records(&engine, b, 48).await;
     append_kib_records(&engine, c, 48).await;
