@@ -45,7 +45,7 @@ use kafka_protocol::messages::{
     ProduceRequest, ProduceResponse, ProducerId, RequestHeader, SyncGroupRequest, TopicName,
 };
 use kafka_protocol::protocol::{Decodable, StrBytes};
-use mink_node::{BucketRef, NodeError, TableInfo, TableSpec, WriteTarget, WriterBatchId};
+use mink_node::{BucketRef, Node, NodeError, TableInfo, TableSpec, WriteTarget, WriterBatchId};
 
 use crate::conn::{Answer, Context};
 use crate::records::{self, RecordError};
@@ -702,14 +702,14 @@ async fn init_producer_id(cx: &Context, request: &InitProducerIdRequest) -> Init
     }
 }
 
-/// One partition's fetch: its records from `offset`, about `max_bytes` (at least one batch).
-async fn fetch_partition(
-    cx: &Context,
+/// One partition's fetch up to its read: the answer without records, and what to read (its
+/// bucket, from where) unless that is the whole answer (an error, or nothing past the end).
+fn fetch_head(
+    node: &Node,
     info: &TableInfo,
     partition: i32,
     offset: i64,
-    max_bytes: usize,
-) -> PartitionData {
+) -> (PartitionData, Option<(BucketRef, u64)>) {
     let data = PartitionData::default()
         .with_partition_index(partition)
         .with_aborted_transactions(Some(vec![]))
@@ -719,12 +719,13 @@ async fn fetch_partition(
         .ok()
         .filter(|b| *b < info.bucket_count)
     else {
-        return data.with_error_code(ResponseError::UnknownTopicOrPartition.code());
+        let code = ResponseError::UnknownTopicOrPartition.code();
+        return (data.with_error_code(code), None);
     };
     let b = BucketRef::new(&info.database, &info.name, None, bucket);
-    let (start, end) = match cx.node.bucket_offsets(&b) {
+    let (start, end) = match node.bucket_offsets(&b) {
         Ok(o) => o,
-        Err(e) => return data.with_error_code(error_code(&e).code()),
+        Err(e) => return (data.with_error_code(error_code(&e).code()), None),
     };
     let data = data
         .with_high_watermark(i64::try_from(end).unwrap_or(i64::MAX))
@@ -734,16 +735,28 @@ async fn fetch_partition(
         .ok()
         .filter(|o| (start..=end).contains(o))
     else {
-        return data.with_error_code(ResponseError::OffsetOutOfRange.code());
+        return (
+            data.with_error_code(ResponseError::OffsetOutOfRange.code()),
+            None,
+        );
     };
-    if offset == end {
-        return data;
-    }
-    let read = match cx.node.read_bucket(&b, offset, max_bytes.max(1), &[]).await {
+    let read = (offset < end).then_some((b, offset));
+    (data, read)
+}
+
+/// One partition's records from `offset`, about `max_bytes` (at least one batch), in `data`.
+async fn fetch_records(
+    node: Node,
+    raw: bool,
+    b: BucketRef,
+    offset: u64,
+    max_bytes: usize,
+    data: PartitionData,
+) -> PartitionData {
+    let read = match node.read_bucket(&b, offset, max_bytes.max(1), &[]).await {
         Ok(r) => r,
         Err(e) => return data.with_error_code(error_code(&e).code()),
     };
-    let raw = records::is_raw(&info.schema);
     // Room for every batch at once: growing the buffer batch by batch would copy what is
     // encoded again and again.
     let mut out = bytes::BytesMut::with_capacity(if raw {
@@ -770,41 +783,101 @@ async fn fetch_partition(
 /// Partitions of one fetch read at once, at most.
 const PARALLEL_PARTITION_READS: usize = 16;
 
+/// How long a fetch that has enough to answer waits for its partitions still reading (from
+/// object storage, as a rule: a read from the caches takes a millisecond or two). Those are
+/// answered without records, and their reads go on: the next fetch finds the blocks loaded or
+/// loading. One cold partition then does not hold back a consumer's others, as it would with
+/// one fetch in flight per consumer (librdkafka's).
+const FETCH_STRAGGLER_WAIT: Duration = Duration::from_millis(10);
+
 async fn fetch(cx: &Context, request: &FetchRequest) -> FetchResponse {
     let wait = Duration::from_millis(u64::try_from(request.max_wait_ms).unwrap_or(0))
         .min(cx.config.max_fetch_wait);
     let deadline = tokio::time::Instant::now() + wait;
+    let min_bytes = usize::try_from(request.min_bytes.max(1)).unwrap_or(1);
+    let max_bytes = usize::try_from(request.max_bytes).unwrap_or(usize::MAX);
     loop {
         let tables: Vec<_> = request
             .topics
             .iter()
             .map(|t| topic_table(cx, t.topic.0.as_str()))
             .collect();
-        // The partitions are read side by side: a cold read of one (from object storage) does
-        // not wait behind another's.
-        let mut reads: Vec<futures::future::BoxFuture<'_, PartitionData>> = Vec::new();
+        // Each partition's answer: known at once, or read in a task of its own, side by side
+        // (a cold read of one, from object storage, does not wait behind another's).
+        let mut answers: Vec<Option<PartitionData>> = Vec::new();
+        let mut reads = Vec::new();
         for (t, table) in request.topics.iter().zip(&tables) {
             for p in &t.partitions {
-                reads.push(match table {
-                    Err(code) => futures::future::ready(
+                let (data, read) = match table {
+                    Err(code) => (
                         PartitionData::default()
                             .with_partition_index(p.partition)
                             .with_error_code(code.code()),
-                    )
-                    .boxed(),
-                    Ok(info) => {
+                        None,
+                    ),
+                    Ok(info) => fetch_head(&cx.node, info, p.partition, p.fetch_offset),
+                };
+                match (table, read) {
+                    (Ok(info), Some((b, offset))) => {
                         let max = usize::try_from(p.partition_max_bytes).unwrap_or(0);
-                        fetch_partition(cx, info, p.partition, p.fetch_offset, max).boxed()
+                        let read = fetch_records(
+                            cx.node.clone(),
+                            records::is_raw(&info.schema),
+                            b,
+                            offset,
+                            max,
+                            data.clone(),
+                        );
+                        reads.push((answers.len(), data, read));
+                        answers.push(None);
                     }
-                });
+                    _ => answers.push(Some(data)),
+                }
             }
         }
-        let mut read = futures::stream::iter(reads)
-            .buffered(PARALLEL_PARTITION_READS)
-            .collect::<Vec<_>>()
-            .await
-            .into_iter();
-        let max_bytes = usize::try_from(request.max_bytes).unwrap_or(usize::MAX);
+        // Each read's answer without records, for a read not answered in time.
+        let mut heads: Vec<Option<PartitionData>> = vec![None; answers.len()];
+        for (i, data, _) in &reads {
+            heads[*i] = Some(data.clone());
+        }
+        let mut reading = futures::stream::iter(reads.into_iter().map(|(i, _, read)| {
+            let task = tokio::spawn(read);
+            async move { (i, task.await) }
+        }))
+        .buffer_unordered(PARALLEL_PARTITION_READS);
+        let mut read_bytes = 0usize;
+        let mut stragglers_until = None;
+        loop {
+            let next = match stragglers_until {
+                None => reading.next().await,
+                Some(until) => tokio::time::timeout_at(until, reading.next())
+                    .await
+                    .unwrap_or_default(),
+            };
+            let Some((i, answer)) = next else { break };
+            let answer = answer.unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "a partition read failed");
+                heads[i]
+                    .clone()
+                    .expect("a read has a head")
+                    .with_error_code(ResponseError::UnknownServerError.code())
+            });
+            read_bytes += answer.records.as_ref().map_or(0, Bytes::len);
+            answers[i] = Some(answer);
+            if stragglers_until.is_none() && read_bytes >= min_bytes {
+                stragglers_until = Some(tokio::time::Instant::now() + FETCH_STRAGGLER_WAIT);
+            }
+        }
+        drop(reading);
+        // Reads not answered in time (or not started): no records this time.
+        for (answer, head) in answers.iter_mut().zip(heads) {
+            if answer.is_none() {
+                *answer = head;
+            }
+        }
+        let mut read = answers
+            .into_iter()
+            .map(|a| a.expect("every partition answered"));
         let mut responses = Vec::with_capacity(request.topics.len());
         let mut bytes = 0usize;
         // Partitions to wait on: read to their end.
@@ -838,7 +911,7 @@ async fn fetch(cx: &Context, request: &FetchRequest) -> FetchResponse {
                     .with_partitions(partitions),
             );
         }
-        let enough = bytes >= usize::try_from(request.min_bytes.max(1)).unwrap_or(1);
+        let enough = bytes >= min_bytes;
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         if enough || idle.is_empty() || left.is_zero() {
             return FetchResponse::default().with_responses(responses);

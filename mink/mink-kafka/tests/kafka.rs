@@ -37,6 +37,16 @@ async fn serve_with(
     node_id: u64,
     config: mink_kafka::KafkaConfig,
 ) -> Served {
+    serve_faulty(dir, node_id, config, None).await
+}
+
+/// [`serve_with`] on an object store with `faults` injected.
+async fn serve_faulty(
+    dir: &std::path::Path,
+    node_id: u64,
+    config: mink_kafka::KafkaConfig,
+    faults: Option<std::sync::Arc<s3stream::store::ObjectFaults>>,
+) -> Served {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let kafka = listener.local_addr().unwrap().to_string();
     let mut c = NodeConfig::new(
@@ -49,6 +59,7 @@ async fn serve_with(
     c.listeners
         .insert(mink_kafka::LISTENER.to_string(), kafka.clone());
     c.lease_ttl = Duration::from_millis(1000);
+    c.object_faults = faults;
     let node = Node::start(c).await.unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn({
@@ -510,6 +521,11 @@ async fn exchange(socket: &mut tokio::net::TcpStream, frame: &[u8]) -> std::io::
 }
 
 fn produce_frame(records: Bytes) -> Vec<u8> {
+    produce_frame_to(0, records)
+}
+
+/// A Produce request of `records` to partition `partition` of topic `t`.
+fn produce_frame_to(partition: i32, records: Bytes) -> Vec<u8> {
     let version = 7;
     let header = RequestHeader::default()
         .with_request_api_key(ApiKey::Produce as i16)
@@ -524,7 +540,7 @@ fn produce_frame(records: Bytes) -> Vec<u8> {
                 .with_name(TopicName(StrBytes::from_static_str("t")))
                 .with_partition_data(vec![
                     PartitionProduceData::default()
-                        .with_index(0)
+                        .with_index(partition)
                         .with_records(Some(records)),
                 ]),
         ]);
@@ -740,6 +756,123 @@ async fn idempotent_producers_store_a_retried_batch_once() {
         .map(arrow::array::RecordBatch::num_rows)
         .sum();
     assert_eq!(stored, 5);
+    s.stop().await;
+}
+
+/// A Fetch (v11) of topic `t` from offset 0 of each of `partitions`, waiting up to five
+/// seconds for a byte.
+fn fetch_frame(partitions: &[i32]) -> Vec<u8> {
+    use kafka_protocol::messages::FetchRequest;
+    use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+    let version = 11;
+    let header = RequestHeader::default()
+        .with_request_api_key(ApiKey::Fetch as i16)
+        .with_request_api_version(version)
+        .with_correlation_id(43);
+    let request = FetchRequest::default()
+        .with_replica_id(kafka_protocol::messages::BrokerId(-1))
+        .with_max_wait_ms(5_000)
+        .with_min_bytes(1)
+        .with_max_bytes(1 << 20)
+        .with_topics(vec![
+            FetchTopic::default()
+                .with_topic(TopicName(StrBytes::from_static_str("t")))
+                .with_partitions(
+                    partitions
+                        .iter()
+                        .map(|&p| {
+                            FetchPartition::default()
+                                .with_partition(p)
+                                .with_partition_max_bytes(1 << 20)
+                        })
+                        .collect(),
+                ),
+        ]);
+    let mut body = BytesMut::new();
+    header
+        .encode(&mut body, ApiKey::Fetch.request_header_version(version))
+        .unwrap();
+    request.encode(&mut body, version).unwrap();
+    let mut frame = BytesMut::new();
+    frame.put_i32(i32::try_from(body.len()).unwrap());
+    frame.extend_from_slice(&body);
+    frame.to_vec()
+}
+
+/// Each partition of a Fetch (v11) response: its error code and how many records it carries.
+fn fetched(mut response: Bytes) -> Vec<(i32, i16, usize)> {
+    use kafka_protocol::messages::FetchResponse;
+    use kafka_protocol::records::RecordBatchDecoder;
+    let header = ResponseHeader::decode(&mut response, 0).unwrap();
+    assert_eq!(header.correlation_id, 43);
+    let r = FetchResponse::decode(&mut response, 11).unwrap();
+    r.responses[0]
+        .partitions
+        .iter()
+        .map(|p| {
+            let mut records = p.records.clone().unwrap_or_default();
+            let mut n = 0;
+            while !records.is_empty() {
+                n += RecordBatchDecoder::decode(&mut records)
+                    .unwrap()
+                    .records
+                    .len();
+            }
+            (p.partition_index, p.error_code, n)
+        })
+        .collect()
+}
+
+/// A fetch that has records to answer with does not wait for a partition still reading from
+/// the object store: that one is answered without records, its read goes on, and a later fetch
+/// gets them. (A consumer has one fetch in flight per node; one cold partition would hold back
+/// every other's records.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fetch_does_not_wait_for_a_partition_reading_from_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = s3stream::store::ObjectFaults::new(1);
+    let faulty = |dir| {
+        serve_faulty(
+            dir,
+            1,
+            mink_kafka::KafkaConfig::default(),
+            Some(std::sync::Arc::clone(&faults)),
+        )
+    };
+    let s = faulty(dir.path()).await;
+    raw_topic(&s.node, "t", 2).await;
+    let three: Vec<_> = (0..3)
+        .map(|i| record(i, -1, -1, -1, 1, None, Some(format!("cold {i}"))))
+        .collect();
+    let three = mink_kafka::records::encode_records(&three).unwrap();
+    let mut socket = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
+    let produced = exchange(&mut socket, &produce_frame_to(1, three)).await;
+    assert_eq!(produce_error(produced.unwrap()), 0);
+    // Restarted, the node has partition 1 only in the object store; partition 0 is written now
+    // and read from memory.
+    drop(socket);
+    s.stop().await;
+    let s = faulty(dir.path()).await;
+    let mut socket = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
+    let produced = exchange(&mut socket, &produce_frame_to(0, encode_one())).await;
+    assert_eq!(produce_error(produced.unwrap()), 0);
+    faults.pause();
+    let answer = tokio::time::timeout(
+        Duration::from_secs(10),
+        exchange(&mut socket, &fetch_frame(&[0, 1])),
+    )
+    .await
+    .expect("the fetch waited for partition 1's read from the paused object store")
+    .unwrap();
+    assert_eq!(fetched(answer), vec![(0, 0, 1), (1, 0, 0)]);
+    assert!(
+        faults.gets_in_flight() >= 1,
+        "partition 1 was read from the store"
+    );
+    faults.resume();
+    let answer = exchange(&mut socket, &fetch_frame(&[1])).await.unwrap();
+    assert_eq!(fetched(answer), vec![(1, 0, 3)]);
+    drop(socket);
     s.stop().await;
 }
 

@@ -48,6 +48,9 @@ pub struct NodeConfig {
     /// Log-tail rows the SQL engine's scans of a lake table may read (as they report them)
     /// before its next round is due, sooner than its freshness says; 0 ignores the reports.
     pub tail_rows_for_a_round: u64,
+    /// Faults injected into every request this node makes to the object store (tests: a slow
+    /// or paused store under the real one); `None` in service.
+    pub object_faults: Option<Arc<s3stream::store::ObjectFaults>>,
 }
 
 impl NodeConfig {
@@ -82,6 +85,7 @@ impl NodeConfig {
             kv_snapshots_retained: 1,
             clock: mink_metadata::system_clock(),
             tail_rows_for_a_round: 100_000,
+            object_faults: None,
         }
     }
 }
@@ -373,8 +377,14 @@ impl Node {
         let meta = mink_sql::connect(&config.metadata_url)
             .await
             .map_err(|e| NodeError::Unavailable(format!("metadata database: {e}")))?;
-        let store = s3stream::store::open(&config.object_store_url)
+        let mut store = s3stream::store::open(&config.object_store_url)
             .map_err(|e| NodeError::Invalid(e.to_string()))?;
+        if let Some(faults) = &config.object_faults {
+            store = Arc::new(s3stream::store::FaultyObjectStore::new(
+                store,
+                Arc::clone(faults),
+            ));
+        }
         let mut sink_config = SinkConfig::new(config.node_id);
         sink_config.address = config.advertised_address.clone();
         sink_config.listeners = config.listeners.clone();
