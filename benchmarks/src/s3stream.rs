@@ -392,6 +392,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
                     let cold_engine = node(Arc::clone(&store), &meta_url, 4).await?;
                     let cold_all = fetch_parallel(&cold_engine, &ids, 1 << 20).await?;
                     let cold_all = (cold_all, gets(&cold_engine));
+                    eprintln_gets("object storage, every stream at once", &cold_engine);
                     cold_engine.shutdown().await;
                     // After a compaction round each stream lives in few objects of its own.
                     let all_at_once = CompactionConfig {
@@ -435,6 +436,22 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     print(&appends_out, &fetches_out, args.json)
+}
+
+/// The GETs of a fetch lane, by kind (diagnostics on stderr).
+#[allow(clippy::print_stderr)]
+fn eprintln_gets(lane: &str, engine: &S3Stream) {
+    let stats = engine.stats();
+    let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    eprintln!(
+        "{lane}: {} GETs: {} of indexes ({} whole objects, {} refused), {} read-ahead, {} queued",
+        n(&stats.object_reads),
+        n(&stats.index_reads),
+        n(&stats.whole_object_reads),
+        n(&stats.whole_reads_refused),
+        n(&stats.read_ahead_reads),
+        n(&stats.reads_queued),
+    );
 }
 
 #[allow(clippy::print_stderr)]

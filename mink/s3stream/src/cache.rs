@@ -1,6 +1,6 @@
 //! Bounded caches for the read path: recent committed appends (the log cache), decoded object
 //! indexes, and fetched data blocks. All are bounded in bytes and evict least recently used
-//! (the log cache: oldest inserted).
+//! (the log cache: oldest inserted), entries loaded ahead of their use after the others.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
@@ -145,8 +145,10 @@ pub(crate) struct Lru<K, V> {
 #[derive(Debug)]
 struct LruInner<K, V> {
     map: HashMap<K, Entry<V>>,
-    /// use tick -> key
+    /// use tick -> key, of the entries read (or inserted for use now)
     recency: BTreeMap<u64, K>,
+    /// use tick -> key, of the entries inserted ahead of use and not read since
+    unread_recency: BTreeMap<u64, K>,
     tick: u64,
     bytes: usize,
     /// Bytes of entries inserted ahead of use ([`Lru::insert_unread`]) not read since.
@@ -168,6 +170,7 @@ impl<K: std::hash::Hash + Eq + Clone, V: Clone> Lru<K, V> {
             inner: Mutex::new(LruInner {
                 map: HashMap::new(),
                 recency: BTreeMap::new(),
+                unread_recency: BTreeMap::new(),
                 tick: 0,
                 bytes: 0,
                 unread: 0,
@@ -189,7 +192,11 @@ impl<K: std::hash::Hash + Eq + Clone, V: Clone> Lru<K, V> {
         let value = entry.value.clone();
         let read = std::mem::take(&mut entry.unread).then_some(entry.size);
         c.unread -= read.unwrap_or(0);
-        c.recency.remove(&old);
+        if read.is_some() {
+            c.unread_recency.remove(&old);
+        } else {
+            c.recency.remove(&old);
+        }
         c.recency.insert(tick, key.clone());
         self.stats.hit();
         Some(value)
@@ -205,7 +212,9 @@ impl<K: std::hash::Hash + Eq + Clone, V: Clone> Lru<K, V> {
     }
 
     /// Inserts an entry loaded ahead of its use: it counts in [`Lru::unread_bytes`] until it
-    /// is read or evicted.
+    /// is read or evicted, and while unread entries take at most half the capacity, the
+    /// others are evicted before them (a reader's blocks loaded ahead outlast blocks read
+    /// since, however recently).
     pub(crate) fn insert_unread(&self, key: K, value: V, size: usize) {
         self.insert_as(key, value, size, true);
     }
@@ -233,11 +242,21 @@ impl<K: std::hash::Hash + Eq + Clone, V: Clone> Lru<K, V> {
                 unread,
             },
         );
-        c.recency.insert(tick, key);
+        if unread {
+            c.unread_recency.insert(tick, key);
+            c.unread += size;
+        } else {
+            c.recency.insert(tick, key);
+        }
         c.bytes += size;
-        c.unread += if unread { size } else { 0 };
         while c.bytes > self.capacity {
-            let Some((_, victim)) = c.recency.pop_first() else {
+            let protected = c.unread <= self.capacity / 2 && !c.recency.is_empty();
+            let oldest = if protected {
+                c.recency.pop_first()
+            } else {
+                c.unread_recency.pop_first()
+            };
+            let Some((_, victim)) = oldest.or_else(|| c.recency.pop_first()) else {
                 break;
             };
             if let Some(old) = c.map.remove(&victim) {
@@ -250,9 +269,11 @@ impl<K: std::hash::Hash + Eq + Clone, V: Clone> Lru<K, V> {
 impl<K, V> LruInner<K, V> {
     fn remove_accounting(&mut self, old: &Entry<V>) {
         self.bytes -= old.size;
-        self.recency.remove(&old.used);
         if old.unread {
+            self.unread_recency.remove(&old.used);
             self.unread -= old.size;
+        } else {
+            self.recency.remove(&old.used);
         }
     }
 }
@@ -266,7 +287,8 @@ pub(crate) type BlockCache = Lru<(u64, u64), Bytes>;
 mod tests {
     use super::*;
 
-    /// Entries inserted ahead of use count as unread until read or evicted, once each.
+    /// Entries inserted ahead of use count as unread until read or evicted, once each, and
+    /// are evicted after the others while they take at most half the capacity.
     #[test]
     fn unread_bytes_count_until_read_or_evicted() {
         let lru: Lru<u32, u32> = Lru::new(100);
@@ -277,10 +299,14 @@ mod tests {
         assert_eq!(lru.get(&1), Some(1));
         assert_eq!(lru.get(&1), Some(1));
         assert_eq!(lru.unread_bytes(), 30);
-        // 2 is now the least recently used: evicted unread.
+        // 2 is the least recently used, but unread (within half the capacity): 3 goes first.
         lru.insert(4, 4, 30);
-        assert!(!lru.contains(&2));
-        assert_eq!(lru.unread_bytes(), 0);
+        assert!(lru.contains(&2) && !lru.contains(&3));
+        assert_eq!(lru.unread_bytes(), 30);
+        // Past half the capacity, unread entries are evicted too, the oldest first.
+        lru.insert_unread(5, 5, 30);
+        assert!(!lru.contains(&2) && lru.contains(&1) && lru.contains(&4));
+        assert_eq!(lru.unread_bytes(), 30);
         // Replacing an unread entry counts it once.
         lru.insert_unread(5, 5, 10);
         lru.insert_unread(5, 5, 20);

@@ -374,9 +374,8 @@ impl S3Stream {
                     .filter(|o| r.start_offset >= offset && o.size <= COALESCE_BYTES)
             })
             .collect();
-        // Per stream-set candidate, the other readers it still needs to be read whole: those
-        // reading on whose next ranges (within their reach) are in it, half its streams with
-        // this one.
+        // Per stream-set candidate, the other readers it still needs to be read whole: half
+        // its streams with this one.
         let mut wanting: HashMap<u64, u64> = candidates
             .iter()
             .flatten()
@@ -384,25 +383,7 @@ impl S3Stream {
             .map(|o| (o.object_id, o.live_ranges.div_ceil(2).saturating_sub(1)))
             .filter(|(_, n)| *n > 0)
             .collect();
-        if !wanting.is_empty() {
-            let readers = self.engine.readers.lock().expect("readers lock");
-            for (&other, r) in &readers.by_stream {
-                if other == stream_id || !(r.proven || r.from_start || r.loading) {
-                    continue;
-                }
-                let until = r.next.saturating_add(r.reach);
-                for range in state.stream_ranges(other, r.next, until).take(RANGES_AHEAD) {
-                    if let Some(n) = wanting.get_mut(&range.object_id) {
-                        *n = n.saturating_sub(1);
-                    }
-                }
-                // Enough readers for every candidate: the rest need not be looked at.
-                wanting.retain(|_, n| *n > 0);
-                if wanting.is_empty() {
-                    break;
-                }
-            }
-        }
+        count_readers(&self.engine, state, Some(stream_id), &mut wanting);
         candidates
             .iter()
             .map(|o| o.is_some_and(|o| !wanting.contains_key(&o.object_id)))
@@ -419,11 +400,11 @@ impl S3Stream {
     /// Read-aheads in flight stay under a quarter of the block cache.
     fn read_ahead(&self, stream_id: u64, end: u64, offset: u64, next: u64, bytes: u64) {
         let engine = &self.engine;
-        let window = self.window(bytes);
-        let from = {
+        let (from, window) = {
             let now_ms = engine.config.clock.now_ms();
             let mut readers = engine.readers.lock().expect("readers lock");
             let (n, r) = readers.of(stream_id, now_ms);
+            let window = self.window(bytes, n);
             let sequential =
                 (r.next == offset && offset > 0) || (r.ahead_from <= offset && offset < r.ahead_to);
             r.next = next;
@@ -453,7 +434,7 @@ impl S3Stream {
             let from = r.ahead_to.max(next);
             r.ahead_from = from;
             r.loading = true;
-            from
+            (from, window)
         };
         let this = self.clone();
         tokio::spawn(async move {
@@ -510,10 +491,18 @@ impl S3Stream {
         stride.saturating_mul(horizon.div_ceil(bytes.max(1)).max(2))
     }
 
-    /// The read-ahead window of a reader whose fetches take `bytes`.
-    fn window(&self, bytes: u64) -> u64 {
-        (self.engine.config.read_ahead_bytes as u64)
+    /// The read-ahead window of a reader whose fetches take `bytes`, among `readers`
+    /// sequential readers: no more than half its share of the block cache, as its reach
+    /// ([`S3Stream::reach`]). Readers catching up together on stream-set objects then stay
+    /// within each other's reach, so that they meet each object together and read it whole
+    /// ([`S3Stream::read_whole`]), where a leader reading far ahead would read it alone, by its
+    /// index and ranges (100 readers of 100 streams on moto: 55 of 82 objects read whole).
+    fn window(&self, bytes: u64, readers: usize) -> u64 {
+        let config = &self.engine.config;
+        let share = (config.block_cache_bytes / (2 * readers.max(1))) as u64;
+        (config.read_ahead_bytes as u64)
             .min(READ_AHEAD_FETCHES * bytes.max(MIN_FETCH_BYTES))
+            .min(share.max(bytes))
     }
 
     /// Before a fetch of `[offset, to)` (`bytes` of blocks) loads its blocks: a reader starting
@@ -918,11 +907,17 @@ fn load_index(
             // Whether the object fits is decided once its GET may start, not while it waits
             // behind others: readers queued together would otherwise all count as in flight.
             let permit = read_permit(&engine, false).await;
-            let reserved = if whole {
+            let reserved = if whole || wanted_whole(&engine, object_id) {
                 WholeRead::reserve(&engine, size)
             } else {
                 None
             };
+            if reserved.is_none() && whole {
+                engine
+                    .stats
+                    .whole_reads_refused
+                    .fetch_add(1, Ordering::Relaxed);
+            }
             let (tail_start, tail) = if reserved.is_some() {
                 engine
                     .stats
@@ -1033,6 +1028,57 @@ impl Drop for WholeRead<'_> {
             .whole_reads_inflight
             .fetch_sub(self.1, Ordering::Relaxed);
     }
+}
+
+/// Counts off, from each object's readers still needed in `wanting` (by object id), the
+/// readers reading on (proven, from the stream's start, or reading ahead; but `except`) whose
+/// next [`RANGES_AHEAD`] ranges within their reach are in it; the objects that got enough
+/// leave `wanting`.
+fn count_readers(
+    engine: &Engine,
+    state: &mink_metadata::State,
+    except: Option<u64>,
+    wanting: &mut HashMap<u64, u64>,
+) {
+    if wanting.is_empty() {
+        return;
+    }
+    let readers = engine.readers.lock().expect("readers lock");
+    for (&stream, r) in &readers.by_stream {
+        if Some(stream) == except || !(r.proven || r.from_start || r.loading) {
+            continue;
+        }
+        let until = r.next.saturating_add(r.reach);
+        for range in state
+            .stream_ranges(stream, r.next, until)
+            .take(RANGES_AHEAD)
+        {
+            if let Some(n) = wanting.get_mut(&range.object_id) {
+                *n = n.saturating_sub(1);
+            }
+        }
+        // Enough readers for every object: the rest need not be looked at.
+        wanting.retain(|_, n| *n > 0);
+        if wanting.is_empty() {
+            break;
+        }
+    }
+}
+
+/// Whether readers reading on are about to read at least half the streams of stream-set object
+/// `object_id` (of at most [`COALESCE_BYTES`]): asked when its index GET may start, as readers
+/// that start together join the load of the first one to plan (which knew only itself).
+fn wanted_whole(engine: &Engine, object_id: u64) -> bool {
+    let view = engine.sink.view();
+    let Some(object) = view.state.objects.get(&object_id) else {
+        return false;
+    };
+    if object.kind() != mink_metadata::ObjectKind::StreamSet || object.size > COALESCE_BYTES {
+        return false;
+    }
+    let mut wanting = HashMap::from([(object_id, object.live_ranges.div_ceil(2))]);
+    count_readers(engine, &view.state, None, &mut wanting);
+    wanting.is_empty()
 }
 
 fn count_index_read(engine: &Engine) {

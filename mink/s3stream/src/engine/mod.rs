@@ -283,9 +283,12 @@ pub struct EngineStats {
     /// GETs of object indexes (counted in `object_reads` too), whole objects read with their
     /// index included.
     pub index_reads: AtomicU64,
-    /// GETs of whole stream objects by readers entering them at their start (counted in
-    /// `index_reads` and `object_reads` too).
+    /// GETs of whole objects (counted in `index_reads` and `object_reads` too): see
+    /// `docs/s3stream.md` (Reads) for when an object is read whole.
     pub whole_object_reads: AtomicU64,
+    /// Objects a reader would have read whole but read by their index and blocks: half the
+    /// block cache had no room for them beside the blocks readers were given and have not read.
+    pub whole_reads_refused: AtomicU64,
     /// GETs of block runs made by read-ahead (counted in `object_reads` too).
     pub read_ahead_reads: AtomicU64,
     /// GETs of the read path that waited for one of `max_reads_in_flight` to end.
