@@ -11,7 +11,7 @@ use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProdu
 use kafka_protocol::messages::{
     ApiKey, ProduceRequest, ProduceResponse, RequestHeader, ResponseHeader, TopicName,
 };
-use kafka_protocol::protocol::{Decodable as _, Encodable as _, StrBytes};
+use kafka_protocol::protocol::{Decodable as _, Encodable, StrBytes};
 use mink_node::{BucketRef, Node, NodeConfig, TableSpec};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
@@ -455,25 +455,13 @@ async fn metadata_topic(
     use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
     use kafka_protocol::messages::{MetadataRequest, MetadataResponse};
     let version = 4;
-    let header = RequestHeader::default()
-        .with_request_api_key(ApiKey::Metadata as i16)
-        .with_request_api_version(version)
-        .with_correlation_id(3);
-    let mut body = BytesMut::new();
-    header
-        .encode(&mut body, ApiKey::Metadata.request_header_version(version))
-        .unwrap();
-    MetadataRequest::default()
+    let request = MetadataRequest::default()
         .with_topics(Some(vec![
             MetadataRequestTopic::default()
                 .with_name(Some(TopicName(StrBytes::from_static_str(topic)))),
         ]))
-        .with_allow_auto_topic_creation(allow)
-        .encode(&mut body, version)
-        .unwrap();
-    let mut frame = BytesMut::new();
-    frame.put_i32(i32::try_from(body.len()).unwrap());
-    frame.extend_from_slice(&body);
+        .with_allow_auto_topic_creation(allow);
+    let frame = request_frame(ApiKey::Metadata, version, 3, &request);
     let mut response = exchange(socket, &frame).await.unwrap();
     ResponseHeader::decode(&mut response, 0).unwrap();
     let r = MetadataResponse::decode(&mut response, version).unwrap();
@@ -526,12 +514,6 @@ fn produce_frame(records: Bytes) -> Vec<u8> {
 
 /// A Produce request of `records` to partition `partition` of topic `t`.
 fn produce_frame_to(partition: i32, records: Bytes) -> Vec<u8> {
-    let version = 7;
-    let header = RequestHeader::default()
-        .with_request_api_key(ApiKey::Produce as i16)
-        .with_request_api_version(version)
-        .with_correlation_id(42)
-        .with_client_id(Some(StrBytes::from_static_str("hostile")));
     let request = ProduceRequest::default()
         .with_acks(-1)
         .with_timeout_ms(5000)
@@ -544,9 +526,24 @@ fn produce_frame_to(partition: i32, records: Bytes) -> Vec<u8> {
                         .with_records(Some(records)),
                 ]),
         ]);
+    request_frame(ApiKey::Produce, 7, 42, &request)
+}
+
+/// A request frame: its size, a header, then `request` at `version`.
+fn request_frame<R: Encodable>(
+    key: ApiKey,
+    version: i16,
+    correlation: i32,
+    request: &R,
+) -> Vec<u8> {
+    let header = RequestHeader::default()
+        .with_request_api_key(key as i16)
+        .with_request_api_version(version)
+        .with_correlation_id(correlation)
+        .with_client_id(Some(StrBytes::from_static_str("mink-test")));
     let mut body = BytesMut::new();
     header
-        .encode(&mut body, ApiKey::Produce.request_header_version(version))
+        .encode(&mut body, key.request_header_version(version))
         .unwrap();
     request.encode(&mut body, version).unwrap();
     let mut frame = BytesMut::new();
@@ -679,24 +676,8 @@ async fn idempotent_producers_store_a_retried_batch_once() {
     raw_topic(&s.node, "t", 1).await;
     let mut socket = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
     let version = 1;
-    let header = RequestHeader::default()
-        .with_request_api_key(ApiKey::InitProducerId as i16)
-        .with_request_api_version(version)
-        .with_correlation_id(7);
-    let mut body = BytesMut::new();
-    header
-        .encode(
-            &mut body,
-            ApiKey::InitProducerId.request_header_version(version),
-        )
-        .unwrap();
-    InitProducerIdRequest::default()
-        .with_transaction_timeout_ms(60_000)
-        .encode(&mut body, version)
-        .unwrap();
-    let mut frame = BytesMut::new();
-    frame.put_i32(i32::try_from(body.len()).unwrap());
-    frame.extend_from_slice(&body);
+    let request = InitProducerIdRequest::default().with_transaction_timeout_ms(60_000);
+    let frame = request_frame(ApiKey::InitProducerId, version, 7, &request);
     let mut response = exchange(&mut socket, &frame).await.unwrap();
     ResponseHeader::decode(&mut response, 0).unwrap();
     let init = InitProducerIdResponse::decode(&mut response, version).unwrap();
@@ -764,11 +745,6 @@ async fn idempotent_producers_store_a_retried_batch_once() {
 fn fetch_frame(partitions: &[i32]) -> Vec<u8> {
     use kafka_protocol::messages::FetchRequest;
     use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
-    let version = 11;
-    let header = RequestHeader::default()
-        .with_request_api_key(ApiKey::Fetch as i16)
-        .with_request_api_version(version)
-        .with_correlation_id(43);
     let request = FetchRequest::default()
         .with_replica_id(kafka_protocol::messages::BrokerId(-1))
         .with_max_wait_ms(5_000)
@@ -788,15 +764,7 @@ fn fetch_frame(partitions: &[i32]) -> Vec<u8> {
                         .collect(),
                 ),
         ]);
-    let mut body = BytesMut::new();
-    header
-        .encode(&mut body, ApiKey::Fetch.request_header_version(version))
-        .unwrap();
-    request.encode(&mut body, version).unwrap();
-    let mut frame = BytesMut::new();
-    frame.put_i32(i32::try_from(body.len()).unwrap());
-    frame.extend_from_slice(&body);
-    frame.to_vec()
+    request_frame(ApiKey::Fetch, 11, 43, &request)
 }
 
 /// Each partition of a Fetch (v11) response: its error code and how many records it carries.
