@@ -2328,3 +2328,70 @@ async fn readers_catching_up_together_read_stream_set_objects_whole(world: World
     engine.shutdown().await;
 }
 suite!(readers_catching_up_together_read_stream_set_objects_whole);
+
+/// Readers that start together join the index loads of the first one to plan, which knew only
+/// itself: they are counted again when each GET may start, so every object but the one whose
+/// GET started before they came is read whole.
+async fn readers_starting_together_are_counted_when_their_gets_start(world: World) {
+    let engine = world.node(1).await;
+    let streams = new_streams(&engine, 4).await;
+    let rounds = 6;
+    stream_set_objects(&world, &engine, &streams, rounds)
+        .await
+        .shutdown()
+        .await;
+    let mut hot = Vec::new();
+    for &s in &streams {
+        hot.push(read_all(&engine, s, 0).await);
+    }
+    let faults = ObjectFaults::new(11);
+    let store = Arc::new(FaultyObjectStore::new(
+        Arc::clone(&world.store),
+        Arc::clone(&faults),
+    ));
+    // One GET at a time: the first reader's first index GET waits at the paused store, the
+    // others it plans (every object's, in one fetch of a megabyte) wait for their turn.
+    let reader = world
+        .node_on(
+            3,
+            store,
+            EngineConfig {
+                read_ahead_bytes: 0,
+                max_reads_in_flight: 1,
+                ..config()
+            },
+        )
+        .await;
+    let read = |s: u64| {
+        let reader = reader.clone();
+        async move {
+            let end = reader.info(s).unwrap().end_offset;
+            let mut out = Vec::new();
+            while (out.last().map_or(0, RecordBatch::end_offset)) < end {
+                let from = out.last().map_or(0, RecordBatch::end_offset);
+                out.extend(reader.fetch(s, from, 1 << 20).await.unwrap());
+            }
+            out.into_iter().map(untimed).collect::<Vec<_>>()
+        }
+    };
+    faults.pause();
+    let mut reads: Vec<_> = streams.iter().map(|&s| Box::pin(read(s))).collect();
+    // Polled once, each reader is known and waits: the first at the store, the others on the
+    // loads it started.
+    for r in &mut reads {
+        assert!(futures::poll!(r.as_mut()).is_pending());
+    }
+    assert_eq!(faults.gets_in_flight(), 1, "one GET at the paused store");
+    faults.resume();
+    assert_eq!(futures::future::join_all(reads).await, hot);
+    let w = reader.stats().whole_object_reads.load(Ordering::Relaxed);
+    assert_eq!(
+        w,
+        u64::from(rounds) - 1,
+        "objects read whole of {rounds} ({} GETs)",
+        reader.stats().object_reads.load(Ordering::Relaxed)
+    );
+    reader.shutdown().await;
+    engine.shutdown().await;
+}
+suite!(readers_starting_together_are_counted_when_their_gets_start);
