@@ -40,6 +40,10 @@ pub(crate) struct Args {
     s3_endpoint: Option<String>,
     #[arg(long, env = "MINK_BENCH_S3_BUCKET", default_value = "mink-test")]
     s3_bucket: String,
+    /// The node's `flush_bytes`, MiB (an object is PUT once this much is buffered): smaller
+    /// objects put more PUTs in flight at once, for lower acknowledgement latency at more PUTs.
+    #[arg(long, default_value_t = 8)]
+    flush_mib: usize,
     #[arg(long)]
     json: bool,
 }
@@ -100,12 +104,14 @@ fn workload(
     }
 }
 
-fn node_config(dir: &std::path::Path, store: &str) -> NodeConfig {
-    NodeConfig::new(
+fn node_config(a: &Args, dir: &std::path::Path, store: &str) -> NodeConfig {
+    let mut c = NodeConfig::new(
         1,
         &format!("sqlite://{}", dir.join("metadata.db").display()),
         store,
-    )
+    );
+    c.engine.flush_bytes = a.flush_mib << 20;
+    c
 }
 
 async fn one_store(
@@ -119,7 +125,7 @@ async fn one_store(
     // The last bound's are consumed: what one bound wrote, as before the sweep (consuming the
     // small bounds' thinner objects too took moto's Flight consume from 220–290 MB/s to
     // 27–45).
-    let served = mink_testkit::serve_node(node_config(dir.path(), store), kafka_config()).await;
+    let served = mink_testkit::serve_node(node_config(a, dir.path(), store), kafka_config()).await;
     let last = a
         .in_flight_mib
         .last()
@@ -154,7 +160,7 @@ async fn one_store(
     // caches, every byte from object storage) that does not compact while it is read (a round
     // 10 s after a restart fell in the first read and left the second a compacted layout).
     let quiet = || {
-        let mut config = node_config(dir.path(), store);
+        let mut config = node_config(a, dir.path(), store);
         config.compaction.interval = Duration::from_secs(3600);
         config
     };
@@ -265,11 +271,12 @@ pub(crate) async fn run(a: Args) -> anyhow::Result<()> {
         points.extend(p);
     }
     println!(
-        "Kafka (librdkafka) beside Arrow Flight (mink-client) on one node: {} B records, {} partitions, {} producers and {} consumers per path, acks=all, {} s of produce per in-flight bound ({:?} MiB per producer; the table's produce figures are at {} MiB); the Kafka path's last-bound topic consumed from its start twice over each path (Kafka, Flight, Flight, Kafka), each after a restart (cold caches, no compaction meanwhile); raw GETs: every stored object read whole, 8 at a time\n",
+        "Kafka (librdkafka) beside Arrow Flight (mink-client) on one node: {} B records, {} partitions, {} producers and {} consumers per path, acks=all, objects flushed at {} MiB, {} s of produce per in-flight bound ({:?} MiB per producer; the table's produce figures are at {} MiB); the Kafka path's last-bound topic consumed from its start twice over each path (Kafka, Flight, Flight, Kafka), each after a restart (cold caches, no compaction meanwhile); raw GETs: every stored object read whole, 8 at a time\n",
         a.record_size,
         a.partitions,
         a.producers,
         a.consumers,
+        a.flush_mib,
         a.seconds,
         a.in_flight_mib,
         a.in_flight_mib.last().copied().unwrap_or_default(),
