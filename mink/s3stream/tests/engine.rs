@@ -75,6 +75,21 @@ impl World {
         self.node_with(node_id, store, config, None).await
     }
 
+    /// A node on the world's store under faults of its own (seeded by `seed`).
+    async fn faulty_node(
+        &self,
+        node_id: u64,
+        seed: u64,
+        config: EngineConfig,
+    ) -> (S3Stream, Arc<ObjectFaults>) {
+        let faults = ObjectFaults::new(seed);
+        let store = Arc::new(FaultyObjectStore::new(
+            Arc::clone(&self.store),
+            Arc::clone(&faults),
+        ));
+        (self.node_on(node_id, store, config).await, faults)
+    }
+
     /// A node whose metadata connection runs under `meta_faults`.
     async fn node_with(
         &self,
@@ -1854,10 +1869,14 @@ async fn read_ahead_windows_follow_their_readers_fetches(world: World) {
     let next = got.last().unwrap().end_offset();
     let again = reader.fetch(s, next, 300 << 10).await.unwrap();
     assert_eq!(again[0].base_offset, next);
+    let st = reader.stats();
     assert_eq!(
         fetch_reads(&reader),
         before,
-        "the second fetch was read ahead"
+        "the second fetch was read ahead (index GETs {}, whole {}, read-ahead {}, at {next}, ahead {ahead})",
+        st.index_reads.load(Ordering::Relaxed),
+        st.whole_object_reads.load(Ordering::Relaxed),
+        st.read_ahead_reads.load(Ordering::Relaxed),
     );
     reader.shutdown().await;
     engine.shutdown().await;
@@ -2119,15 +2138,10 @@ async fn reads_in_flight_are_bounded(world: World) {
     for &s in &streams {
         hot.push(read_all(&engine, s, 0).await);
     }
-    let faults = ObjectFaults::new(7);
-    let store = Arc::new(FaultyObjectStore::new(
-        Arc::clone(&world.store),
-        Arc::clone(&faults),
-    ));
-    let reader = world
-        .node_on(
+    let (reader, faults) = world
+        .faulty_node(
             2,
-            store,
+            7,
             EngineConfig {
                 max_reads_in_flight: 2,
                 ..config()
@@ -2281,19 +2295,28 @@ async fn read_in_lockstep(
     out
 }
 
-/// Readers catching up on the streams of a small stream-set object together read it whole,
-/// index and blocks in one GET, once at least half of its streams' readers read on; a reader
-/// alone reads its index and its own blocks.
-async fn readers_catching_up_together_read_stream_set_objects_whole(world: World) {
+/// Four streams in `rounds` stream-set objects ([`stream_set_objects`]) on node 1: the node,
+/// the streams and what each holds (read hot).
+async fn four_streams_in_shared_objects(
+    world: &World,
+    rounds: u8,
+) -> (S3Stream, Vec<u64>, Vec<Vec<RecordBatch>>) {
     let engine = world.node(1).await;
     let streams = new_streams(&engine, 4).await;
-    // Six objects, each four records of every stream.
-    let rounds = 6;
-    stream_set_objects(&world, &engine, &streams, rounds)
+    stream_set_objects(world, &engine, &streams, rounds)
         .await
         .shutdown()
         .await;
     let hot = read_in_lockstep(&engine, &streams, 4 << 10).await;
+    (engine, streams, hot)
+}
+
+/// Readers catching up on the streams of a small stream-set object together read it whole,
+/// index and blocks in one GET, once at least half of its streams' readers read on; a reader
+/// alone reads its index and its own blocks.
+async fn readers_catching_up_together_read_stream_set_objects_whole(world: World) {
+    let rounds = 6;
+    let (engine, streams, hot) = four_streams_in_shared_objects(&world, rounds).await;
     let whole = |n: &S3Stream| n.stats().whole_object_reads.load(Ordering::Relaxed);
     let reader_config = EngineConfig {
         read_ahead_bytes: 0,
@@ -2333,28 +2356,14 @@ suite!(readers_catching_up_together_read_stream_set_objects_whole);
 /// itself: they are counted again when each GET may start, so every object but the one whose
 /// GET started before they came is read whole.
 async fn readers_starting_together_are_counted_when_their_gets_start(world: World) {
-    let engine = world.node(1).await;
-    let streams = new_streams(&engine, 4).await;
     let rounds = 6;
-    stream_set_objects(&world, &engine, &streams, rounds)
-        .await
-        .shutdown()
-        .await;
-    let mut hot = Vec::new();
-    for &s in &streams {
-        hot.push(read_all(&engine, s, 0).await);
-    }
-    let faults = ObjectFaults::new(11);
-    let store = Arc::new(FaultyObjectStore::new(
-        Arc::clone(&world.store),
-        Arc::clone(&faults),
-    ));
+    let (engine, streams, hot) = four_streams_in_shared_objects(&world, rounds).await;
     // One GET at a time: the first reader's first index GET waits at the paused store, the
     // others it plans (every object's, in one fetch of a megabyte) wait for their turn.
-    let reader = world
-        .node_on(
+    let (reader, faults) = world
+        .faulty_node(
             3,
-            store,
+            11,
             EngineConfig {
                 read_ahead_bytes: 0,
                 max_reads_in_flight: 1,
