@@ -224,7 +224,7 @@ impl S3Stream {
         // Plan the blocks this read needs (about `max_bytes` of them), load the missing ones,
         // then decode them in order.
         let plan = self
-            .plan_blocks(&view.state, stream_id, offset, end, max_bytes as u64)
+            .plan_blocks(&view.state, stream_id, offset, end, max_bytes as u64, false)
             .await?;
         let wanted: Vec<(u64, BlockIndex)> = plan.iter().map(|&(o, e, _)| (o, e)).collect();
         if let Some(&(_, last, limit)) = plan.last() {
@@ -271,7 +271,8 @@ impl S3Stream {
     }
 
     /// The blocks holding `stream_id` from `offset` (below `end`), about `max_bytes` of them:
-    /// (object id, block, the offset the object's range of the stream ends at).
+    /// (object id, block, the offset the object's range of the stream ends at). For a
+    /// read-ahead (`ahead`), the index GETs count as its own.
     async fn plan_blocks(
         &self,
         state: &mink_metadata::State,
@@ -279,6 +280,7 @@ impl S3Stream {
         offset: u64,
         end: u64,
         max_bytes: u64,
+        ahead: bool,
     ) -> Result<Vec<(u64, BlockIndex, u64)>, StreamError> {
         let mut plan = Vec::new();
         let mut planned = 0u64;
@@ -329,7 +331,7 @@ impl S3Stream {
             }
             let (group, after) = rest.split_at(n);
             rest = after;
-            let indexes = self.indexes_of(state, group, &whole[..n]).await?;
+            let indexes = self.indexes_of(state, group, &whole[..n], ahead).await?;
             for (range, index) in group.iter().zip(indexes) {
                 let limit = range.end_offset.min(end);
                 let wanted: Vec<BlockIndex> = index
@@ -441,7 +443,7 @@ impl S3Stream {
             let view = this.engine.sink.view();
             let result = async {
                 let plan = this
-                    .plan_blocks(&view.state, stream_id, from, end, window)
+                    .plan_blocks(&view.state, stream_id, from, end, window, true)
                     .await?;
                 let reached = plan
                     .last()
@@ -593,7 +595,7 @@ impl S3Stream {
             .cloned()
             .collect();
         for group in ranges.chunks(FETCH_CONCURRENCY) {
-            let indexes = self.indexes_of(&view.state, group, &[]).await?;
+            let indexes = self.indexes_of(&view.state, group, &[], false).await?;
             for (range, index) in group.iter().zip(indexes) {
                 let (low, high) = (range.start_offset.max(start), range.end_offset.min(end));
                 for entry in index.iter().filter(|e| {
@@ -646,12 +648,13 @@ impl S3Stream {
 
     /// The indexes of the objects holding `ranges`, fetched together (cached ones from the
     /// cache), in order; the `i`-th object is read whole if `whole[i]` (missing: not) and the
-    /// block cache has room for it ([`load_index`]).
+    /// block cache has room for it ([`load_index`]); for a read-ahead if `ahead`.
     async fn indexes_of(
         &self,
         state: &mink_metadata::State,
         ranges: &[mink_metadata::RangeRecord],
         whole: &[bool],
+        ahead: bool,
     ) -> Result<Vec<Arc<Vec<BlockIndex>>>, StreamError> {
         let mut sized = Vec::with_capacity(ranges.len());
         for (i, range) in ranges.iter().enumerate() {
@@ -664,7 +667,7 @@ impl S3Stream {
         futures::stream::iter(
             sized
                 .into_iter()
-                .map(|(id, size, whole)| self.load_object_index(id, size, whole)),
+                .map(|(id, size, whole)| self.load_object_index(id, size, whole, ahead)),
         )
         .buffered(FETCH_CONCURRENCY)
         .try_collect()
@@ -678,15 +681,17 @@ impl S3Stream {
         object_id: u64,
         size: u64,
     ) -> Result<Arc<Vec<BlockIndex>>, StreamError> {
-        self.load_object_index(object_id, size, false).await
+        self.load_object_index(object_id, size, false, false).await
     }
 
-    /// [`S3Stream::object_index`], reading the object `whole` if it is read now.
+    /// [`S3Stream::object_index`], reading the object `whole` if it is read now, for a
+    /// read-ahead if `ahead` (if it starts the GET).
     async fn load_object_index(
         &self,
         object_id: u64,
         size: u64,
         whole: bool,
+        ahead: bool,
     ) -> Result<Arc<Vec<BlockIndex>>, StreamError> {
         let engine = &self.engine;
         if let Some(index) = engine.index_cache.get(&object_id) {
@@ -700,7 +705,9 @@ impl S3Stream {
             }
             loads
                 .entry(object_id)
-                .or_insert_with(|| load_index(Arc::clone(engine), object_id, size, whole).shared())
+                .or_insert_with(|| {
+                    load_index(Arc::clone(engine), object_id, size, whole, ahead).shared()
+                })
                 .clone()
         };
         load.await
@@ -893,6 +900,7 @@ fn load_index(
     object_id: u64,
     size: u64,
     whole: bool,
+    ahead: bool,
 ) -> BoxFuture<'static, Result<Arc<Vec<BlockIndex>>, StreamError>> {
     async move {
         let read = async {
@@ -906,7 +914,7 @@ fn load_index(
             count_index_read(&engine);
             // Whether the object fits is decided once its GET may start, not while it waits
             // behind others: readers queued together would otherwise all count as in flight.
-            let permit = read_permit(&engine, false).await;
+            let permit = read_permit(&engine, ahead).await;
             let reserved = if whole || wanted_whole(&engine, object_id) {
                 WholeRead::reserve(&engine, size)
             } else {
@@ -953,7 +961,7 @@ fn load_index(
                 count_index_read(&engine);
                 let index =
                     footer.index_position..footer.index_position + u64::from(footer.index_len);
-                read_range(&engine, &path, index, false)
+                read_range(&engine, &path, index, ahead)
                     .await
                     .map_err(storage)?
             };

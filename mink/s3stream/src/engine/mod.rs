@@ -289,7 +289,8 @@ pub struct EngineStats {
     /// Objects a reader would have read whole but read by their index and blocks: half the
     /// block cache had no room for them beside the blocks readers were given and have not read.
     pub whole_reads_refused: AtomicU64,
-    /// GETs of block runs made by read-ahead (counted in `object_reads` too).
+    /// GETs a read-ahead started: of block runs, indexes and whole objects (counted in
+    /// `object_reads` too).
     pub read_ahead_reads: AtomicU64,
     /// GETs of the read path that waited for one of `max_reads_in_flight` to end.
     pub reads_queued: AtomicU64,
