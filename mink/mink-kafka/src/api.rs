@@ -744,19 +744,19 @@ fn fetch_head(
     (data, read)
 }
 
-/// One partition's records from `offset`, about `max_bytes` (at least one batch), in `data`.
+/// One partition's records from `offset`, about `max_bytes` (at least one batch), or the
+/// error code to answer with.
 async fn fetch_records(
     node: Node,
     raw: bool,
     b: BucketRef,
     offset: u64,
     max_bytes: usize,
-    data: PartitionData,
-) -> PartitionData {
-    let read = match node.read_bucket(&b, offset, max_bytes.max(1), &[]).await {
-        Ok(r) => r,
-        Err(e) => return data.with_error_code(error_code(&e).code()),
-    };
+) -> std::result::Result<Bytes, i16> {
+    let read = node
+        .read_bucket(&b, offset, max_bytes.max(1), &[])
+        .await
+        .map_err(|e| error_code(&e).code())?;
     // Room for every batch at once: growing the buffer batch by batch would copy what is
     // encoded again and again.
     let mut out = bytes::BytesMut::with_capacity(if raw {
@@ -771,13 +771,13 @@ async fn fetch_records(
             records::encode_json(&r.batch, r.base_offset, r.timestamp_ms, &mut out)
         {
             tracing::warn!(error = %e, "encoding rows as JSON failed");
-            return data.with_error_code(ResponseError::UnknownServerError.code());
+            return Err(ResponseError::UnknownServerError.code());
         }
         if out.len() >= max_bytes {
             break;
         }
     }
-    data.with_records(Some(out.freeze()))
+    Ok(out.freeze())
 }
 
 /// Partitions of one fetch read at once, at most.
@@ -802,9 +802,10 @@ async fn fetch(cx: &Context, request: &FetchRequest) -> FetchResponse {
             .iter()
             .map(|t| topic_table(cx, t.topic.0.as_str()))
             .collect();
-        // Each partition's answer: known at once, or read in a task of its own, side by side
-        // (a cold read of one, from object storage, does not wait behind another's).
-        let mut answers: Vec<Option<PartitionData>> = Vec::new();
+        // Each partition's answer without records, then its records from a read in a task of
+        // its own, side by side (a cold read of one, from object storage, does not wait behind
+        // another's).
+        let mut answers: Vec<PartitionData> = Vec::new();
         let mut reads = Vec::new();
         for (t, table) in request.topics.iter().zip(&tables) {
             for p in &t.partitions {
@@ -817,30 +818,16 @@ async fn fetch(cx: &Context, request: &FetchRequest) -> FetchResponse {
                     ),
                     Ok(info) => fetch_head(&cx.node, info, p.partition, p.fetch_offset),
                 };
-                match (table, read) {
-                    (Ok(info), Some((b, offset))) => {
-                        let max = usize::try_from(p.partition_max_bytes).unwrap_or(0);
-                        let read = fetch_records(
-                            cx.node.clone(),
-                            records::is_raw(&info.schema),
-                            b,
-                            offset,
-                            max,
-                            data.clone(),
-                        );
-                        reads.push((answers.len(), data, read));
-                        answers.push(None);
-                    }
-                    _ => answers.push(Some(data)),
+                if let (Ok(info), Some((b, offset))) = (table, read) {
+                    let max = usize::try_from(p.partition_max_bytes).unwrap_or(0);
+                    let raw = records::is_raw(&info.schema);
+                    let read = fetch_records(cx.node.clone(), raw, b, offset, max);
+                    reads.push((answers.len(), read));
                 }
+                answers.push(data);
             }
         }
-        // Each read's answer without records, for a read not answered in time.
-        let mut heads: Vec<Option<PartitionData>> = vec![None; answers.len()];
-        for (i, data, _) in &reads {
-            heads[*i] = Some(data.clone());
-        }
-        let mut reading = futures::stream::iter(reads.into_iter().map(|(i, _, read)| {
+        let mut reading = futures::stream::iter(reads.into_iter().map(|(i, read)| {
             let task = tokio::spawn(read);
             async move { (i, task.await) }
         }))
@@ -854,30 +841,26 @@ async fn fetch(cx: &Context, request: &FetchRequest) -> FetchResponse {
                     .await
                     .unwrap_or_default(),
             };
-            let Some((i, answer)) = next else { break };
-            let answer = answer.unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "a partition read failed");
-                heads[i]
-                    .clone()
-                    .expect("a read has a head")
-                    .with_error_code(ResponseError::UnknownServerError.code())
-            });
-            read_bytes += answer.records.as_ref().map_or(0, Bytes::len);
-            answers[i] = Some(answer);
+            let Some((i, read)) = next else { break };
+            let head = std::mem::take(&mut answers[i]);
+            answers[i] = match read {
+                Ok(Ok(records)) => {
+                    read_bytes += records.len();
+                    head.with_records(Some(records))
+                }
+                Ok(Err(code)) => head.with_error_code(code),
+                Err(e) => {
+                    tracing::warn!(error = %e, "a partition read failed");
+                    head.with_error_code(ResponseError::UnknownServerError.code())
+                }
+            };
             if stragglers_until.is_none() && read_bytes >= min_bytes {
                 stragglers_until = Some(tokio::time::Instant::now() + FETCH_STRAGGLER_WAIT);
             }
         }
+        // Reads not answered in time (or not started) keep answering without records.
         drop(reading);
-        // Reads not answered in time (or not started): no records this time.
-        for (answer, head) in answers.iter_mut().zip(heads) {
-            if answer.is_none() {
-                *answer = head;
-            }
-        }
-        let mut read = answers
-            .into_iter()
-            .map(|a| a.expect("every partition answered"));
+        let mut read = answers.into_iter();
         let mut responses = Vec::with_capacity(request.topics.len());
         let mut bytes = 0usize;
         // Partitions to wait on: read to their end.

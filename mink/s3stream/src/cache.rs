@@ -250,13 +250,13 @@ impl<K: std::hash::Hash + Eq + Clone, V: Clone> Lru<K, V> {
         }
         c.bytes += size;
         while c.bytes > self.capacity {
-            let protected = c.unread <= self.capacity / 2 && !c.recency.is_empty();
-            let oldest = if protected {
-                c.recency.pop_first()
+            // Unread entries go only past half the capacity, or when nothing else is left.
+            let queue = if c.unread > self.capacity / 2 || c.recency.is_empty() {
+                &mut c.unread_recency
             } else {
-                c.unread_recency.pop_first()
+                &mut c.recency
             };
-            let Some((_, victim)) = oldest.or_else(|| c.recency.pop_first()) else {
+            let Some((_, victim)) = queue.pop_first() else {
                 break;
             };
             if let Some(old) = c.map.remove(&victim) {

@@ -311,11 +311,6 @@ impl S3Stream {
             // size. Reading further ahead would make a reader's first blocks wait for indexes
             // it does not need yet (and an object read whole brings its blocks as well).
             let next = &rest[..rest.len().min(FETCH_CONCURRENCY)];
-            let whole = if reads_on {
-                self.read_whole(state, stream_id, offset, next)
-            } else {
-                vec![false; next.len()]
-            };
             let need = max_bytes.saturating_sub(planned);
             let mut held = 0u64;
             let mut n = next.len();
@@ -331,7 +326,12 @@ impl S3Stream {
             }
             let (group, after) = rest.split_at(n);
             rest = after;
-            let indexes = self.indexes_of(state, group, &whole[..n], ahead).await?;
+            let whole = if reads_on {
+                self.read_whole(state, stream_id, offset, group)
+            } else {
+                Vec::new()
+            };
+            let indexes = self.indexes_of(state, group, &whole, ahead).await?;
             for (range, index) in group.iter().zip(indexes) {
                 let limit = range.end_offset.min(end);
                 let wanted: Vec<BlockIndex> = index
@@ -376,13 +376,11 @@ impl S3Stream {
                     .filter(|o| r.start_offset >= offset && o.size <= COALESCE_BYTES)
             })
             .collect();
-        // Per stream-set candidate, the other readers it still needs to be read whole: half
-        // its streams with this one.
+        // Per stream-set candidate, the other readers it still needs to be read whole.
         let mut wanting: HashMap<u64, u64> = candidates
             .iter()
             .flatten()
-            .filter(|o| o.kind() == mink_metadata::ObjectKind::StreamSet)
-            .map(|o| (o.object_id, o.live_ranges.div_ceil(2).saturating_sub(1)))
+            .filter_map(|o| Some((o.object_id, readers_for_whole(o)?.saturating_sub(1))))
             .filter(|(_, n)| *n > 0)
             .collect();
         count_readers(&self.engine, state, Some(stream_id), &mut wanting);
@@ -916,16 +914,17 @@ fn load_index(
             // behind others: readers queued together would otherwise all count as in flight.
             let permit = read_permit(&engine, ahead).await;
             let reserved = if whole || wanted_whole(&engine, object_id) {
-                WholeRead::reserve(&engine, size)
+                let reserved = WholeRead::reserve(&engine, size);
+                if reserved.is_none() {
+                    engine
+                        .stats
+                        .whole_reads_refused
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                reserved
             } else {
                 None
             };
-            if reserved.is_none() && whole {
-                engine
-                    .stats
-                    .whole_reads_refused
-                    .fetch_add(1, Ordering::Relaxed);
-            }
             let (tail_start, tail) = if reserved.is_some() {
                 engine
                     .stats
@@ -1073,18 +1072,27 @@ fn count_readers(
     }
 }
 
+/// Readers reading on that a stream-set object of at most [`COALESCE_BYTES`] needs to be read
+/// whole: half its streams (none for other objects).
+fn readers_for_whole(object: &mink_metadata::ObjectRecord) -> Option<u64> {
+    (object.kind() == mink_metadata::ObjectKind::StreamSet && object.size <= COALESCE_BYTES)
+        .then(|| object.live_ranges.div_ceil(2))
+}
+
 /// Whether readers reading on are about to read at least half the streams of stream-set object
-/// `object_id` (of at most [`COALESCE_BYTES`]): asked when its index GET may start, as readers
-/// that start together join the load of the first one to plan (which knew only itself).
+/// `object_id` ([`readers_for_whole`]): asked when its index GET may start, as readers that
+/// start together join the load of the first one to plan (which knew only itself).
 fn wanted_whole(engine: &Engine, object_id: u64) -> bool {
     let view = engine.sink.view();
-    let Some(object) = view.state.objects.get(&object_id) else {
+    let Some(needed) = view
+        .state
+        .objects
+        .get(&object_id)
+        .and_then(readers_for_whole)
+    else {
         return false;
     };
-    if object.kind() != mink_metadata::ObjectKind::StreamSet || object.size > COALESCE_BYTES {
-        return false;
-    }
-    let mut wanting = HashMap::from([(object_id, object.live_ranges.div_ceil(2))]);
+    let mut wanting = HashMap::from([(object_id, needed)]);
     count_readers(engine, &view.state, None, &mut wanting);
     wanting.is_empty()
 }
