@@ -133,24 +133,34 @@ async fn one_store(
         .context("an in-flight bound")?;
     let mut points = Vec::new();
     for (i, &in_flight_mib) in a.in_flight_mib.iter().enumerate() {
-        for (path, address) in [
-            ("kafka", served.kafka.clone()),
-            ("flight", served.flight.clone()),
-        ] {
+        // Each path twice, Kafka, Flight, Flight, Kafka, into the same topic: a compaction
+        // round, or the machine's other load, then falls on both paths alike.
+        let mut runs: Vec<(&'static str, load::Measured)> = Vec::new();
+        for path in ["kafka", "flight", "flight", "kafka"] {
+            let address = if path == "kafka" {
+                &served.kafka
+            } else {
+                &served.flight
+            };
             let topic = if i + 1 == a.in_flight_mib.len() {
                 format!("bench-{path}")
             } else {
                 format!("bench-{path}-{i}")
             };
-            let w = workload(a, path, &address, &topic, in_flight_mib);
+            let w = workload(a, path, address, &topic, in_flight_mib);
             let m = load::measure(Mode::Produce, &w)
                 .await
                 .with_context(|| format!("producing over {path}"))?;
+            eprintln_seconds(store_name, path, in_flight_mib, &m.timelines);
+            runs.push((path, m));
+        }
+        for path in ["kafka", "flight"] {
+            let mine = runs.iter().filter(|r| r.0 == path).map(|r| &r.1);
             points.push(ProducePoint {
                 store: store_name.to_string(),
                 path,
                 in_flight_mib,
-                produce: m.figures.into_iter().next().context("produce figures")?,
+                produce: Figures::over_runs(mine).context("produce figures")?,
             });
         }
     }
@@ -181,10 +191,20 @@ async fn one_store(
         served.stop().await;
         raw.context("raw GETs of the stored objects")?
     };
-    // Each path reads twice, in the order Kafka, Flight, Flight, Kafka, so that neither is
-    // favoured by coming first or last; its figures are over both reads.
+    // Each path reads four times, in the order Kafka, Flight, Flight, Kafka twice over, so
+    // that neither is favoured by where it comes (one read takes about a second, and this
+    // machine drifts by that much); its figures are over all its reads. A read over Flight
+    // goes first, unmeasured: the first read in the process grows its heap to the node's
+    // caches, and the kernel zeroing those fresh pages was a third of that read's CPU (the
+    // first Kafka read ran at 0.7 of the second). A node's process that has served for a
+    // while has its heap grown.
     let mut reads: Vec<(&'static str, Figures, u64, u64)> = Vec::new();
-    for path in ["kafka", "flight", "flight", "kafka"] {
+    let order = ["kafka", "flight", "flight", "kafka"];
+    for (i, path) in std::iter::once("flight")
+        .chain(order)
+        .chain(order)
+        .enumerate()
+    {
         let served = mink_testkit::serve_node(quiet(), kafka_config()).await;
         let address = if path == "kafka" {
             served.kafka.clone()
@@ -210,6 +230,11 @@ async fn one_store(
             .with_context(|| format!("consuming over {path}"))?;
         let after = stats();
         served.stop().await;
+        let label = if i == 0 { "flight, warm-up" } else { path };
+        eprintln_read(store_name, label, &m, after.0 - before.0);
+        if i == 0 {
+            continue;
+        }
         let consume = m.figures.into_iter().next().context("consume figures")?;
         reads.push((path, consume, after.0 - before.0, after.1 - before.1));
     }
@@ -271,14 +296,14 @@ pub(crate) async fn run(a: Args) -> anyhow::Result<()> {
         points.extend(p);
     }
     println!(
-        "Kafka (librdkafka) beside Arrow Flight (mink-client) on one node: {} B records, {} partitions, {} producers and {} consumers per path, acks=all, objects flushed at {} MiB, {} s of produce per in-flight bound ({:?} MiB per producer; the table's produce figures are at {} MiB); the Kafka path's last-bound topic consumed from its start twice over each path (Kafka, Flight, Flight, Kafka), each after a restart (cold caches, no compaction meanwhile); raw GETs: every stored object read whole, 8 at a time\n",
+        "Kafka (librdkafka) beside Arrow Flight (mink-client) on one node: {} B records, {} partitions, {} producers and {} consumers per path, acks=all, objects flushed at {} MiB, each in-flight bound ({:?} MiB per producer) produced for {} s twice over each path (Kafka, Flight, Flight, Kafka; the table's produce figures are at {} MiB); the Kafka path's last-bound topic consumed from its start four times over each path (Kafka, Flight, Flight, Kafka, twice, after an unmeasured read), each after a restart (cold caches, no compaction meanwhile); raw GETs: every stored object read whole, 8 at a time\n",
         a.record_size,
         a.partitions,
         a.producers,
         a.consumers,
         a.flush_mib,
-        a.seconds,
         a.in_flight_mib,
+        a.seconds,
         a.in_flight_mib.last().copied().unwrap_or_default(),
     );
     println!(
@@ -360,4 +385,50 @@ fn print_sweep(points: &[ProducePoint]) {
             p.produce.p99_ms / 250.0,
         );
     }
+}
+
+/// Each second of a produce run on stderr (MB/s, ack p50 and p99): where a run's figures come
+/// from, such as a slow first second while streams open.
+#[allow(clippy::print_stderr)]
+fn eprintln_seconds(
+    store: &str,
+    path: &str,
+    in_flight_mib: usize,
+    timelines: &[(&'static str, Vec<load::Second>)],
+) {
+    for (_, seconds) in timelines {
+        let each: Vec<String> = seconds
+            .iter()
+            .map(|s| {
+                let ms = |q| s.latency.value_at_quantile(q) as f64 / 1000.0;
+                format!(
+                    "{:.0} MB/s p50 {:.0} p99 {:.0}",
+                    s.bytes as f64 / 1e6,
+                    ms(0.5),
+                    ms(0.99)
+                )
+            })
+            .collect();
+        eprintln!(
+            "{store} {path} {in_flight_mib} MiB, by second: {}",
+            each.join(" | ")
+        );
+    }
+}
+
+/// One read of the topic on stderr: its MB/s, GETs and MB/s in each second.
+#[allow(clippy::print_stderr)]
+fn eprintln_read(store: &str, path: &str, m: &load::Measured, gets: u64) {
+    let Some(f) = m.figures.first() else { return };
+    let seconds: Vec<String> = m
+        .timelines
+        .iter()
+        .flat_map(|(_, s)| s.iter().map(|s| format!("{:.0}", s.bytes as f64 / 1e6)))
+        .collect();
+    eprintln!(
+        "{store} {path} read: {:.1} MB/s in {:.2} s, {gets} GETs; MB by second: {}",
+        f.mb_per_s,
+        f.seconds,
+        seconds.join(" ")
+    );
 }

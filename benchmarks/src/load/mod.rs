@@ -316,6 +316,40 @@ impl Figures {
         }
     }
 
+    /// The first side of several runs as one: their records in their summed time, latency
+    /// quantiles over all their records. None for no runs.
+    pub(crate) fn over_runs<'a>(runs: impl Iterator<Item = &'a Measured>) -> Option<Figures> {
+        let mut latency = histogram();
+        let mut figures = Vec::new();
+        for m in runs {
+            figures.extend(m.figures.first().cloned());
+            for second in m.timelines.iter().take(1).flat_map(|(_, s)| s) {
+                latency
+                    .add(&second.latency)
+                    .expect("histograms of the same bounds");
+            }
+        }
+        let ms = |q: f64| {
+            if latency.is_empty() {
+                f64::NAN
+            } else {
+                latency.value_at_quantile(q) as f64 / 1000.0
+            }
+        };
+        Figures::over(figures.iter()).map(|f| Figures {
+            p50_ms: ms(0.5),
+            p95_ms: ms(0.95),
+            p99_ms: ms(0.99),
+            p999_ms: ms(0.999),
+            max_ms: if latency.is_empty() {
+                f64::NAN
+            } else {
+                latency.max() as f64 / 1000.0
+            },
+            ..f
+        })
+    }
+
     /// Throughput over several runs of one side, as one run of their records in their summed
     /// time; latencies are not combined (NaN). None for no runs.
     pub(crate) fn over<'a>(runs: impl Iterator<Item = &'a Figures>) -> Option<Figures> {
