@@ -229,9 +229,10 @@ async fn one_store(
             .await
             .with_context(|| format!("consuming over {path}"))?;
         let after = stats();
-        served.stop().await;
         let label = if i == 0 { "flight, warm-up" } else { path };
         eprintln_read(store_name, label, &m, after.0 - before.0);
+        crate::s3stream::eprintln_gets(&format!("  {label}"), served.node.streams());
+        served.stop().await;
         if i == 0 {
             continue;
         }

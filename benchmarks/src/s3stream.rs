@@ -263,7 +263,16 @@ pub(crate) async fn raw_gets(
     .into_iter()
     .collect::<Result<_, _>>()?;
     let read: usize = sizes.iter().sum();
-    Ok(read as f64 / started.elapsed().as_secs_f64() / 1e6)
+    let mb_per_s = read as f64 / started.elapsed().as_secs_f64() / 1e6;
+    #[allow(clippy::print_stderr)]
+    {
+        eprintln!(
+            "raw GETs: {} objects, {:.1} MB, {mb_per_s:.1} MB/s",
+            sizes.len(),
+            read as f64 / 1e6
+        );
+    }
+    Ok(mb_per_s)
 }
 
 /// Reads streams until `seconds` pass, `chunk` bytes per fetch: a hot read reads each stream's
@@ -440,7 +449,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
 
 /// The GETs of a fetch lane, by kind (diagnostics on stderr).
 #[allow(clippy::print_stderr)]
-fn eprintln_gets(lane: &str, engine: &S3Stream) {
+pub(crate) fn eprintln_gets(lane: &str, engine: &S3Stream) {
     let stats = engine.stats();
     let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
     eprintln!(
