@@ -178,18 +178,34 @@ async fn one_store(
     // objects over 5 MiB in temporary files, and their writeback, due 30 s after the writes,
     // fell in whichever read came first (Flight read first got 302 MB/s, second 560–590).
     let _ = std::process::Command::new("sync").status();
-    // Every object read once, whole, straight from the store: the catch-up baseline.
+    // Every object holding the topic read once, whole, straight from the store: the catch-up
+    // baseline.
     let raw_mb_per_s = {
         let served = mink_testkit::serve_node(quiet(), kafka_config()).await;
         let store = served.node.streams().object_store();
-        let raw = crate::s3stream::raw_gets(
+        let table = served
+            .node
+            .describe_table(&kafka_config().database, "bench-kafka")
+            .context("the consumed topic")?;
+        let view = served.node.view();
+        let objects: std::collections::BTreeSet<u64> = table
+            .buckets
+            .iter()
+            .flat_map(|b| view.state.stream_ranges(b.stream_id, 0, u64::MAX))
+            .map(|r| r.object_id)
+            .collect();
+        let prefix = quiet().engine.object_prefix;
+        let raw = crate::s3stream::raw_gets_of(
             &store,
-            &quiet().engine.object_prefix,
+            objects
+                .into_iter()
+                .map(|id| s3stream::object_path(&prefix, id))
+                .collect(),
             crate::s3stream::RAW_GETS_IN_FLIGHT,
         )
         .await;
         served.stop().await;
-        raw.context("raw GETs of the stored objects")?
+        raw.context("raw GETs of the topic's objects")?
     };
     // Each path reads four times, in the order Kafka, Flight, Flight, Kafka twice over, so
     // that neither is favoured by where it comes (one read takes about a second, and this
@@ -297,7 +313,7 @@ pub(crate) async fn run(a: Args) -> anyhow::Result<()> {
         points.extend(p);
     }
     println!(
-        "Kafka (librdkafka) beside Arrow Flight (mink-client) on one node: {} B records, {} partitions, {} producers and {} consumers per path, acks=all, objects flushed at {} MiB, each in-flight bound ({:?} MiB per producer) produced for {} s twice over each path (Kafka, Flight, Flight, Kafka; the table's produce figures are at {} MiB); the Kafka path's last-bound topic consumed from its start four times over each path (Kafka, Flight, Flight, Kafka, twice, after an unmeasured read), each after a restart (cold caches, no compaction meanwhile); raw GETs: every stored object read whole, 8 at a time\n",
+        "Kafka (librdkafka) beside Arrow Flight (mink-client) on one node: {} B records, {} partitions, {} producers and {} consumers per path, acks=all, objects flushed at {} MiB, each in-flight bound ({:?} MiB per producer) produced for {} s twice over each path (Kafka, Flight, Flight, Kafka; the table's produce figures are at {} MiB); the Kafka path's last-bound topic consumed from its start four times over each path (Kafka, Flight, Flight, Kafka, twice, after an unmeasured read), each after a restart (cold caches, no compaction meanwhile); raw GETs: every object holding the consumed topic read whole, 8 at a time\n",
         a.record_size,
         a.partitions,
         a.producers,

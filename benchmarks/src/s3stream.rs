@@ -250,12 +250,26 @@ pub(crate) async fn raw_gets(
         .await
         .into_iter()
         .collect::<Result<_, _>>()?;
+    raw_gets_of(
+        store,
+        objects.into_iter().map(|o| o.location).collect(),
+        parallel,
+    )
+    .await
+}
+
+/// Whole-object GETs of `objects`, `parallel` at a time: MB/s.
+pub(crate) async fn raw_gets_of(
+    store: &Arc<dyn ObjectStore>,
+    objects: Vec<Path>,
+    parallel: usize,
+) -> anyhow::Result<f64> {
     anyhow::ensure!(!objects.is_empty(), "no objects to read");
     let started = Instant::now();
     let sizes: Vec<usize> = futures::stream::iter(
         objects
             .iter()
-            .map(|o| async move { store.get(&o.location).await?.bytes().await.map(|b| b.len()) }),
+            .map(|o| async move { store.get(o).await?.bytes().await.map(|b| b.len()) }),
     )
     .buffer_unordered(parallel)
     .collect::<Vec<_>>()
