@@ -44,6 +44,10 @@ pub(crate) struct Args {
     /// objects put more PUTs in flight at once, for lower acknowledgement latency at more PUTs.
     #[arg(long, default_value_t = 8)]
     flush_mib: usize,
+    /// The node's `flush_delay`, ms (an object is PUT at the latest this long after its first
+    /// append): shorter puts more, smaller objects in flight, for lower latency at more PUTs.
+    #[arg(long, default_value_t = 50)]
+    flush_delay_ms: u64,
     #[arg(long)]
     json: bool,
 }
@@ -111,6 +115,7 @@ fn node_config(a: &Args, dir: &std::path::Path, store: &str) -> NodeConfig {
         store,
     );
     c.engine.flush_bytes = a.flush_mib << 20;
+    c.engine.flush_delay = Duration::from_millis(a.flush_delay_ms);
     c
 }
 
@@ -313,12 +318,13 @@ pub(crate) async fn run(a: Args) -> anyhow::Result<()> {
         points.extend(p);
     }
     println!(
-        "Kafka (librdkafka) beside Arrow Flight (mink-client) on one node: {} B records, {} partitions, {} producers and {} consumers per path, acks=all, objects flushed at {} MiB, each in-flight bound ({:?} MiB per producer) produced for {} s twice over each path (Kafka, Flight, Flight, Kafka; the table's produce figures are at {} MiB); the Kafka path's last-bound topic consumed from its start four times over each path (Kafka, Flight, Flight, Kafka, twice, after an unmeasured read), each after a restart (cold caches, no compaction meanwhile); raw GETs: every object holding the consumed topic read whole, 8 at a time\n",
+        "Kafka (librdkafka) beside Arrow Flight (mink-client) on one node: {} B records, {} partitions, {} producers and {} consumers per path, acks=all, objects flushed at {} MiB or {} ms, each in-flight bound ({:?} MiB per producer) produced for {} s twice over each path (Kafka, Flight, Flight, Kafka; the table's produce figures are at {} MiB); the Kafka path's last-bound topic consumed from its start four times over each path (Kafka, Flight, Flight, Kafka, twice, after an unmeasured read), each after a restart (cold caches, no compaction meanwhile); raw GETs: every object holding the consumed topic read whole, 8 at a time\n",
         a.record_size,
         a.partitions,
         a.producers,
         a.consumers,
         a.flush_mib,
+        a.flush_delay_ms,
         a.in_flight_mib,
         a.seconds,
         a.in_flight_mib.last().copied().unwrap_or_default(),
