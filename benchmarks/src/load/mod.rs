@@ -290,13 +290,6 @@ pub(crate) struct Figures {
 impl Figures {
     fn of(side: &'static str, r: &Recorder) -> Figures {
         let seconds = r.elapsed().max(1e-9);
-        let ms = |q: f64| {
-            if r.latency.is_empty() {
-                f64::NAN
-            } else {
-                r.latency.value_at_quantile(q) as f64 / 1000.0
-            }
-        };
         Figures {
             side,
             records: r.records,
@@ -304,15 +297,28 @@ impl Figures {
             seconds,
             records_per_s: r.records as f64 / seconds,
             mb_per_s: r.bytes as f64 / seconds / 1e6,
+            p50_ms: f64::NAN,
+            p95_ms: f64::NAN,
+            p99_ms: f64::NAN,
+            p999_ms: f64::NAN,
+            max_ms: f64::NAN,
+        }
+        .with_latency(&r.latency)
+    }
+
+    /// These figures with the quantiles of `latency` (µs); NaN when it is empty.
+    fn with_latency(self, latency: &Histogram<u64>) -> Figures {
+        if latency.is_empty() {
+            return self;
+        }
+        let ms = |q: f64| latency.value_at_quantile(q) as f64 / 1000.0;
+        Figures {
             p50_ms: ms(0.5),
             p95_ms: ms(0.95),
             p99_ms: ms(0.99),
             p999_ms: ms(0.999),
-            max_ms: if r.latency.is_empty() {
-                f64::NAN
-            } else {
-                r.latency.max() as f64 / 1000.0
-            },
+            max_ms: latency.max() as f64 / 1000.0,
+            ..self
         }
     }
 
@@ -329,25 +335,7 @@ impl Figures {
                     .expect("histograms of the same bounds");
             }
         }
-        let ms = |q: f64| {
-            if latency.is_empty() {
-                f64::NAN
-            } else {
-                latency.value_at_quantile(q) as f64 / 1000.0
-            }
-        };
-        Figures::over(figures.iter()).map(|f| Figures {
-            p50_ms: ms(0.5),
-            p95_ms: ms(0.95),
-            p99_ms: ms(0.99),
-            p999_ms: ms(0.999),
-            max_ms: if latency.is_empty() {
-                f64::NAN
-            } else {
-                latency.max() as f64 / 1000.0
-            },
-            ..f
-        })
+        Figures::over(figures.iter()).map(|f| f.with_latency(&latency))
     }
 
     /// Throughput over several runs of one side, as one run of their records in their summed
