@@ -251,7 +251,7 @@ async fn one_store(
             .with_context(|| format!("consuming over {path}"))?;
         let after = stats();
         let label = if i == 0 { "flight, warm-up" } else { path };
-        eprintln_read(store_name, label, &m, after.0 - before.0);
+        eprintln_read(store_name, label, &m);
         crate::s3stream::eprintln_gets(&format!("  {label}"), served.node.streams());
         served.stop().await;
         if i == 0 {
@@ -439,9 +439,9 @@ fn eprintln_seconds(
     }
 }
 
-/// One read of the topic on stderr: its MB/s, GETs and MB/s in each second.
+/// One read of the topic on stderr: its MB/s and MB in each second (its GETs follow).
 #[allow(clippy::print_stderr)]
-fn eprintln_read(store: &str, path: &str, m: &load::Measured, gets: u64) {
+fn eprintln_read(store: &str, path: &str, m: &load::Measured) {
     let Some(f) = m.figures.first() else { return };
     let seconds: Vec<String> = m
         .timelines
@@ -449,7 +449,7 @@ fn eprintln_read(store: &str, path: &str, m: &load::Measured, gets: u64) {
         .flat_map(|(_, s)| s.iter().map(|s| format!("{:.0}", s.bytes as f64 / 1e6)))
         .collect();
     eprintln!(
-        "{store} {path} read: {:.1} MB/s in {:.2} s, {gets} GETs; MB by second: {}",
+        "{store} {path} read: {:.1} MB/s in {:.2} s; MB by second: {}",
         f.mb_per_s,
         f.seconds,
         seconds.join(" ")

@@ -3,8 +3,8 @@
 //! from when a record was due to its delivery report. Consumers are assigned the partitions
 //! (no group coordination in the measurement).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
@@ -160,8 +160,7 @@ async fn produce(
         start,
         room: Arc::clone(&room),
         acked: AtomicU64::new(0),
-        failed: Mutex::new(None),
-        failing: AtomicBool::new(false),
+        failed: OnceLock::new(),
     };
     let producer: ThreadedProducer<Deliveries> = c
         .create_with_context(deliveries)
@@ -185,7 +184,7 @@ async fn produce(
                 .await
                 .context("the in-flight bound")?
                 .forget();
-            if producer.context().failing.load(Ordering::Relaxed) {
+            if producer.context().failed.get().is_some() {
                 break 'sending;
             }
             let due = match rate {
@@ -218,7 +217,7 @@ async fn produce(
     // Every record sent gets its report (delivered, or failed once its timeout passes).
     tokio::task::block_in_place(|| producer.flush(FLUSH_TIMEOUT)).context("the last deliveries")?;
     let deliveries = producer.context();
-    if let Some(e) = deliveries.failed.lock().expect("failure lock").take() {
+    if let Some(e) = deliveries.failed.get() {
         bail!("a record was not delivered: {e}");
     }
     Ok(deliveries.acked.load(Ordering::Relaxed))
@@ -237,9 +236,8 @@ struct Deliveries {
     start: Instant,
     room: Arc<tokio::sync::Semaphore>,
     acked: AtomicU64,
-    /// The first failed delivery; `failing` stops the sending.
-    failed: Mutex<Option<String>>,
-    failing: AtomicBool,
+    /// The first failed delivery: it stops the sending and fails the run.
+    failed: OnceLock<String>,
 }
 
 impl ClientContext for Deliveries {}
@@ -262,11 +260,7 @@ impl ProducerContext for Deliveries {
                 self.acked.fetch_add(1, Ordering::Relaxed);
             }
             Err((e, _)) => {
-                self.failed
-                    .lock()
-                    .expect("failure lock")
-                    .get_or_insert_with(|| e.to_string());
-                self.failing.store(true, Ordering::Relaxed);
+                let _ = self.failed.set(e.to_string());
             }
         }
     }
