@@ -166,8 +166,15 @@ impl ObjectBuilder {
     /// [`ObjectBuilder::new`] with room for `capacity` bytes up front: an object built from
     /// batches whose sizes are known grows without copying itself.
     pub fn with_capacity(block_target: usize, capacity: usize) -> Self {
+        Self::with_buffer(block_target, BytesMut::with_capacity(capacity))
+    }
+
+    /// [`ObjectBuilder::new`] building in `buf` (cleared first): a buffer whose pages were
+    /// written before costs no page faults.
+    pub fn with_buffer(block_target: usize, mut buf: BytesMut) -> Self {
+        buf.clear();
         ObjectBuilder {
-            buf: BytesMut::with_capacity(capacity),
+            buf,
             index: Vec::new(),
             open: None,
             block_target: block_target.max(1),

@@ -247,6 +247,26 @@ async fn appends_are_read_back_in_order(world: World) {
 }
 suite!(appends_are_read_back_in_order);
 
+/// Flushes build in the buffers of committed objects, and what a reused buffer held before
+/// never shows in what was stored (the local store keeps no reference to a PUT's bytes, so
+/// the buffers come back; an in-memory store keeps them and they are never reused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn flushes_reuse_committed_object_buffers() {
+    let world = World::new(Kind::Local).unwrap();
+    let engine = world.node(1).await;
+    let s = new_stream(&engine).await;
+    for i in 0..6u64 {
+        // Each append waits for its ack: one flush each, built after the last one committed.
+        engine.append(s, 1, payload(s, i), None).await.unwrap();
+    }
+    let reused = engine.stats().object_buffers_reused.load(Ordering::Relaxed);
+    assert!(reused >= 4, "{reused} of 6 flushes reused a buffer");
+    let hot = read_all(&engine, s, 0).await;
+    let cold = world.node(2).await;
+    assert_eq!(read_all(&cold, s, 0).await, hot);
+    assert_eq!(hot.len(), 6);
+}
+
 async fn a_takeover_fences_the_old_owner(world: World) {
     let a = world.node(1).await;
     let b = world.node(2).await;

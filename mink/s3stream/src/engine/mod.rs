@@ -297,6 +297,8 @@ pub struct EngineStats {
     /// Blocks (and their bytes) read-aheads made sure of: loaded, or found loaded.
     pub read_ahead_blocks: AtomicU64,
     pub read_ahead_bytes: AtomicU64,
+    /// Flushes that built their object in a committed object's buffer.
+    pub object_buffers_reused: AtomicU64,
 }
 
 fn add(counter: &AtomicU64, n: u64) {
@@ -415,6 +417,10 @@ pub(crate) struct Engine {
     flush_kick: Notify,
     drained: Notify,
     failed: Mutex<Option<StreamError>>,
+    /// Buffers of committed objects, for the next flushes to build in: a fresh buffer is
+    /// fresh pages that the kernel zeroes as they are first written (8 % of the node's CPU in
+    /// a Kafka produce run on moto, measured).
+    object_buffers: Mutex<Vec<bytes::BytesMut>>,
     ids: tokio::sync::Mutex<VecDeque<(u64, u64)>>,
     pub(crate) log_cache: LogCache,
     pub(crate) index_cache: IndexCache,
@@ -481,6 +487,7 @@ impl S3Stream {
             flush_kick: Notify::new(),
             drained: Notify::new(),
             failed: Mutex::new(None),
+            object_buffers: Mutex::new(Vec::new()),
             ids: tokio::sync::Mutex::new(VecDeque::new()),
             stats: EngineStats::default(),
             shutdown: watch::channel(false).0,

@@ -125,9 +125,9 @@ impl Engine {
         // The payloads, a 16-byte header per batch, and a little for block checksums and
         // the index: built without reallocating (and copying) a growing buffer.
         let batches: usize = pending.values().map(Vec::len).sum();
-        let mut builder = ObjectBuilder::with_capacity(
+        let mut builder = ObjectBuilder::with_buffer(
             self.config.block_bytes,
-            pending_bytes + batches * 24 + 4096,
+            self.object_buffer(pending_bytes + batches * 24 + 4096),
         );
         let mut streams = BTreeMap::new();
         let mut broken = None;
@@ -169,8 +169,36 @@ impl Engine {
         Uploaded { flush, object_id }
     }
 
+    /// An empty buffer with room for `capacity` bytes, a committed object's if one is kept.
+    fn object_buffer(&self, capacity: usize) -> bytes::BytesMut {
+        let kept = self
+            .object_buffers
+            .lock()
+            .expect("object buffers lock")
+            .pop();
+        if kept.is_some() {
+            add(&self.stats.object_buffers_reused, 1);
+        }
+        let mut buf = kept.unwrap_or_default();
+        buf.reserve(capacity);
+        buf
+    }
+
+    /// Keeps a flushed object's buffer for a later flush, unless something still holds it (a
+    /// hedged PUT) or enough are kept (one per flush in flight, and one being built).
+    fn recycle(&self, bytes: Bytes) {
+        if let Ok(mut buf) = bytes.try_into_mut() {
+            buf.clear();
+            let mut kept = self.object_buffers.lock().expect("object buffers lock");
+            if kept.len() <= self.config.max_inflight_flushes {
+                kept.push(buf);
+            }
+        }
+    }
+
     /// Fails every append of a flush.
     pub(super) fn answer_flush(&self, flush: Flush, error: &StreamError) {
+        self.recycle(flush.bytes);
         for (stream_id, (epoch, batches)) in flush.streams {
             let n = batches.len() as u64;
             for p in batches {
@@ -294,6 +322,7 @@ impl Engine {
     }
 
     pub(super) fn answer_committed(&self, flush: Flush, results: &HashMap<u64, Option<Rejection>>) {
+        self.recycle(flush.bytes);
         for (stream_id, (epoch, batches)) in flush.streams {
             let n = batches.len() as u64;
             match results.get(&stream_id) {
