@@ -48,6 +48,9 @@ pub(crate) struct Args {
     /// append): shorter puts more, smaller objects in flight, for lower latency at more PUTs.
     #[arg(long, default_value_t = 50)]
     flush_delay_ms: u64,
+    /// The node's compaction pace, MiB/s of object GETs and PUTs together (0: unpaced).
+    #[arg(long, default_value_t = 64)]
+    compaction_mib_per_sec: u64,
     #[arg(long)]
     json: bool,
 }
@@ -116,6 +119,7 @@ fn node_config(a: &Args, dir: &std::path::Path, store: &str) -> NodeConfig {
     );
     c.engine.flush_bytes = a.flush_mib << 20;
     c.engine.flush_delay = Duration::from_millis(a.flush_delay_ms);
+    c.compaction.max_bytes_per_sec = a.compaction_mib_per_sec << 20;
     c
 }
 
