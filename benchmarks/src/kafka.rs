@@ -75,8 +75,8 @@ struct Row {
     consume_gets: u64,
     /// Bytes the node's read-ahead loaded meanwhile, per read.
     read_ahead_bytes: u64,
-    /// Whole-object GETs of every object the node stored, straight from the store, MB/s:
-    /// the catch-up baseline.
+    /// Whole-object GETs of every object holding the consumed topic, straight from the store,
+    /// MB/s over three reads of them: the catch-up baseline.
     raw_mb_per_s: f64,
 }
 
@@ -187,9 +187,10 @@ async fn one_store(
     // objects over 5 MiB in temporary files, and their writeback, due 30 s after the writes,
     // fell in whichever read came first (Flight read first got 302 MB/s, second 560–590).
     let _ = std::process::Command::new("sync").status();
-    // Every object holding the topic read once, whole, straight from the store: the catch-up
-    // baseline.
-    let raw_mb_per_s = {
+    // Every object holding the topic read whole, straight from the store: the catch-up
+    // baseline. Before the reads and after each round of four, as the machine's speed drifts
+    // between them (one raw read takes 1-2 s; over a run they ranged 600-1 470 MB/s).
+    let (raw_store, raw_objects) = {
         let served = mink_testkit::serve_node(quiet(), kafka_config()).await;
         let store = served.node.streams().object_store();
         let table = served
@@ -204,18 +205,25 @@ async fn one_store(
             .map(|r| r.object_id)
             .collect();
         let prefix = quiet().engine.object_prefix;
-        let raw = crate::s3stream::raw_gets_of(
-            &store,
-            objects
-                .into_iter()
-                .map(|id| s3stream::object_path(&prefix, id))
-                .collect(),
+        served.stop().await;
+        let paths: Vec<_> = objects
+            .into_iter()
+            .map(|id| s3stream::object_path(&prefix, id))
+            .collect();
+        (store, paths)
+    };
+    let raw_read = || {
+        crate::s3stream::raw_gets_of(
+            &raw_store,
+            raw_objects.clone(),
             crate::s3stream::RAW_GETS_IN_FLIGHT,
         )
-        .await;
-        served.stop().await;
-        raw.context("raw GETs of the topic's objects")?
     };
+    let mut raw_rates = vec![
+        raw_read()
+            .await
+            .context("raw GETs of the topic's objects")?,
+    ];
     // Each path reads four times, in the order Kafka, Flight, Flight, Kafka twice over, so
     // that neither is favoured by where it comes (one read takes about a second, and this
     // machine drifts by that much); its figures are over all its reads. A read over Flight
@@ -263,7 +271,17 @@ async fn one_store(
         }
         let consume = m.figures.into_iter().next().context("consume figures")?;
         reads.push((path, consume, after.0 - before.0, after.1 - before.1));
+        if i % order.len() == 0 {
+            raw_rates.push(
+                raw_read()
+                    .await
+                    .context("raw GETs of the topic's objects")?,
+            );
+        }
     }
+    // The same bytes each time: their total over the total time.
+    #[allow(clippy::cast_precision_loss)]
+    let raw_mb_per_s = raw_rates.len() as f64 / raw_rates.iter().map(|r| 1.0 / r).sum::<f64>();
     let mut rows = Vec::new();
     for path in ["kafka", "flight"] {
         let mine: Vec<_> = reads.iter().filter(|r| r.0 == path).collect();
@@ -322,7 +340,7 @@ pub(crate) async fn run(a: Args) -> anyhow::Result<()> {
         points.extend(p);
     }
     println!(
-        "Kafka (librdkafka) beside Arrow Flight (mink-client) on one node: {} B records, {} partitions, {} producers and {} consumers per path, acks=all, objects flushed at {} MiB or {} ms, each in-flight bound ({:?} MiB per producer) produced for {} s twice over each path (Kafka, Flight, Flight, Kafka; the table's produce figures are at {} MiB); the Kafka path's last-bound topic consumed from its start four times over each path (Kafka, Flight, Flight, Kafka, twice, after an unmeasured read), each after a restart (cold caches, no compaction meanwhile); raw GETs: every object holding the consumed topic read whole, 8 at a time\n",
+        "Kafka (librdkafka) beside Arrow Flight (mink-client) on one node: {} B records, {} partitions, {} producers and {} consumers per path, acks=all, objects flushed at {} MiB or {} ms, each in-flight bound ({:?} MiB per producer) produced for {} s twice over each path (Kafka, Flight, Flight, Kafka; the table's produce figures are at {} MiB); the Kafka path's last-bound topic consumed from its start four times over each path (Kafka, Flight, Flight, Kafka, twice, after an unmeasured read), each after a restart (cold caches, no compaction meanwhile); raw GETs: every object holding the consumed topic read whole, 8 at a time, before the reads and after each four (over all three)\n",
         a.record_size,
         a.partitions,
         a.producers,
