@@ -123,6 +123,15 @@ fn node_config(a: &Args, dir: &std::path::Path, store: &str) -> NodeConfig {
     c
 }
 
+/// The node's listener for `path` ("kafka" or "flight").
+fn address_of<'a>(served: &'a mink_testkit::Served, path: &str) -> &'a str {
+    if path == "kafka" {
+        &served.kafka
+    } else {
+        &served.flight
+    }
+}
+
 async fn one_store(
     a: &Args,
     store_name: &str,
@@ -146,11 +155,7 @@ async fn one_store(
         // round, or the machine's other load, then falls on both paths alike.
         let mut runs: Vec<(&'static str, load::Measured)> = Vec::new();
         for path in ["kafka", "flight", "flight", "kafka"] {
-            let address = if path == "kafka" {
-                &served.kafka
-            } else {
-                &served.flight
-            };
+            let address = address_of(&served, path);
             let topic = if i + 1 == a.in_flight_mib.len() {
                 format!("bench-{path}")
             } else {
@@ -239,11 +244,7 @@ async fn one_store(
         .enumerate()
     {
         let served = mink_testkit::serve_node(quiet(), kafka_config()).await;
-        let address = if path == "kafka" {
-            served.kafka.clone()
-        } else {
-            served.flight.clone()
-        };
+        let address = address_of(&served, path).to_string();
         let w = load::Args {
             // Everything produced, however long that takes to read.
             duration: 600.0,

@@ -418,8 +418,8 @@ pub(crate) struct Engine {
     drained: Notify,
     failed: Mutex<Option<StreamError>>,
     /// Buffers of committed objects, for the next flushes to build in: a fresh buffer is
-    /// fresh pages that the kernel zeroes as they are first written (8 % of the node's CPU in
-    /// a Kafka produce run on moto, measured).
+    /// fresh pages that the kernel zeroes as they are first written (under the flusher, 8 % of
+    /// the CPU of a Kafka produce benchmark's process, node and load, on moto).
     object_buffers: Mutex<Vec<bytes::BytesMut>>,
     ids: tokio::sync::Mutex<VecDeque<(u64, u64)>>,
     pub(crate) log_cache: LogCache,
