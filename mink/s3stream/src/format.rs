@@ -376,8 +376,17 @@ pub fn parse_index(bytes: &[u8], footer: &Footer) -> Result<Vec<BlockIndex>, For
     Ok(index)
 }
 
-/// Decodes one data block (exactly `entry.size` bytes).
+/// Decodes one data block (exactly `entry.size` bytes): [`verify_block`], then
+/// [`decode_verified_block`].
 pub fn decode_block(bytes: &Bytes, entry: &BlockIndex) -> Result<Vec<RecordBatch>, FormatError> {
+    verify_block(bytes, entry)?;
+    decode_verified_block(bytes, entry)
+}
+
+/// Checks a data block's length and checksum against its index entry. A reader checks a block
+/// once, as it comes from storage, and decodes it with [`decode_verified_block`] as often as
+/// reads need it (fetches that start within a block decode it again).
+pub fn verify_block(bytes: &[u8], entry: &BlockIndex) -> Result<(), FormatError> {
     if bytes.len() != entry.size as usize || bytes.len() < 4 {
         return Err(corrupt("block", "length differs from the index's"));
     }
@@ -385,6 +394,19 @@ pub fn decode_block(bytes: &Bytes, entry: &BlockIndex) -> Result<Vec<RecordBatch
     if crc32c::crc32c(&bytes[..body_len]) != u32_at(bytes, body_len) {
         return Err(FormatError::Checksum { what: "block" });
     }
+    Ok(())
+}
+
+/// Decodes a data block that passed [`verify_block`]: its batch headers are still checked
+/// against the index entry, its checksum is not computed again.
+pub fn decode_verified_block(
+    bytes: &Bytes,
+    entry: &BlockIndex,
+) -> Result<Vec<RecordBatch>, FormatError> {
+    if bytes.len() != entry.size as usize || bytes.len() < 4 {
+        return Err(corrupt("block", "length differs from the index's"));
+    }
+    let body_len = bytes.len() - 4;
     let mut batches = Vec::with_capacity(entry.batch_count as usize);
     let mut at = 0;
     let mut next = entry.start_offset;

@@ -28,7 +28,10 @@ use object_store::ObjectStoreExt as _;
 use crate::engine::{
     Engine, S3Stream, StreamError, StreamInfo, object_path, read_permit, read_range,
 };
-use crate::format::{BlockIndex, FOOTER_LEN, RecordBatch, decode_block, parse_footer, parse_index};
+use crate::format::{
+    BlockIndex, FOOTER_LEN, RecordBatch, decode_verified_block, parse_footer, parse_index,
+    verify_block,
+};
 
 /// How much of an object's tail a first read fetches, hoping to get the index with the footer.
 const TAIL_READ: u64 = 64 << 10;
@@ -41,8 +44,10 @@ const READ_SPLIT: u64 = 4;
 /// Adjacent blocks of an object are read in one ranged GET of at most this many bytes.
 pub(crate) const COALESCE_BYTES: u64 = 16 << 20;
 
-/// A ranged GET of adjacent blocks of one object, shared by every read that needs them.
-pub(crate) type Load = Shared<BoxFuture<'static, Result<Arc<Vec<Bytes>>, StreamError>>>;
+/// A ranged GET of adjacent blocks of one object, shared by every read that needs them: each
+/// block, or why it is corrupt (which fails only the reads that need that block).
+pub(crate) type Load =
+    Shared<BoxFuture<'static, Result<Arc<Vec<Result<Bytes, StreamError>>>, StreamError>>>;
 
 /// Blocks being loaded, by (object id, block position): the load and the block's place in it.
 pub(crate) type Loads = HashMap<(u64, u64), (Load, usize)>;
@@ -242,7 +247,7 @@ impl S3Stream {
         let mut next = offset;
         let mut bytes = 0usize;
         'blocks: for ((object_id, entry, limit), block) in plan.iter().zip(blocks) {
-            let batches = decode_block(&block, entry)
+            let batches = decode_verified_block(&block, entry)
                 .map_err(|e| StreamError::Storage(format!("object {object_id} is corrupt: {e}")))?;
             for b in batches {
                 if b.end_offset() <= next {
@@ -603,7 +608,7 @@ impl S3Stream {
                         && e.max_timestamp_ms >= timestamp_ms
                 }) {
                     let block = self.block(range.object_id, *entry).await?;
-                    let batches = decode_block(&block, entry).map_err(|e| {
+                    let batches = decode_verified_block(&block, entry).map_err(|e| {
                         StreamError::Storage(format!("object {} is corrupt: {e}", range.object_id))
                     })?;
                     if let Some(b) = batches.into_iter().find(|b| {
@@ -801,17 +806,17 @@ impl S3Stream {
                 }
             }
         }
-        let loaded: Vec<Arc<Vec<Bytes>>> = futures::stream::iter(awaited)
+        let loaded: Vec<Arc<Vec<Result<Bytes, StreamError>>>> = futures::stream::iter(awaited)
             .buffered(FETCH_CONCURRENCY)
             .try_collect()
             .await?;
-        Ok(slots
+        slots
             .into_iter()
             .map(|slot| match slot.expect("every slot filled") {
-                Slot::Ready(block) => block,
+                Slot::Ready(block) => Ok(block),
                 Slot::Loading(at, k) => loaded[at][k].clone(),
             })
-            .collect())
+            .collect()
     }
 }
 
@@ -987,11 +992,16 @@ fn load_index(
                                 e.position
                             ))
                         })?;
-                    engine.block_cache.insert_unread(
-                        (object_id, e.position),
-                        tail.slice(block),
-                        e.size as usize,
-                    );
+                    let block = tail.slice(block);
+                    // A block failing its checksum is left out: its readers load it by its
+                    // range and get the error, readers of the other streams are not held up.
+                    if verify_checked(&engine, &block, e).is_ok() {
+                        engine.block_cache.insert_unread(
+                            (object_id, e.position),
+                            block,
+                            e.size as usize,
+                        );
+                    }
                 }
             }
             engine.index_cache.insert(
@@ -1097,18 +1107,30 @@ fn wanted_whole(engine: &Engine, object_id: u64) -> bool {
     wanting.is_empty()
 }
 
+/// [`verify_block`] of a block just read from storage, counted: the block cache and the loads
+/// hand out only blocks that passed it, which readers decode without checking the sum again.
+fn verify_checked(
+    engine: &Engine,
+    block: &[u8],
+    entry: &BlockIndex,
+) -> Result<(), crate::format::FormatError> {
+    engine.stats.blocks_verified.fetch_add(1, Ordering::Relaxed);
+    verify_block(block, entry)
+}
+
 fn count_index_read(engine: &Engine) {
     engine.stats.index_reads.fetch_add(1, Ordering::Relaxed);
 }
 
-/// One ranged GET of the adjacent blocks `run` of an object: each block goes into the block
-/// cache, then leaves the loads in flight (so a read in between finds it in one or the other).
+/// One ranged GET of the adjacent blocks `run` of an object: each block is checksummed, goes
+/// into the block cache (a corrupt one does not), then leaves the loads in flight (so a read in
+/// between finds it in one or the other).
 fn load(
     engine: Arc<Engine>,
     object_id: u64,
     run: Run,
     ahead: bool,
-) -> BoxFuture<'static, Result<Arc<Vec<Bytes>>, StreamError>> {
+) -> BoxFuture<'static, Result<Arc<Vec<Result<Bytes, StreamError>>>, StreamError>> {
     let registered: Vec<u64> = run
         .iter()
         .filter(|(_, t)| *t != Take::Passing)
@@ -1133,15 +1155,21 @@ fn load(
                 .iter()
                 .map(|e| {
                     let at = usize::try_from(e.position - start).expect("a run fits in memory");
-                    bytes.slice(at..at + e.size as usize)
+                    let block = bytes.slice(at..at + e.size as usize);
+                    verify_checked(&engine, &block, e).map_err(|err| {
+                        StreamError::Storage(format!("object {object_id} is corrupt: {err}"))
+                    })?;
+                    Ok(block)
                 })
                 .collect::<Vec<_>>())
         });
         if let Ok(blocks) = &blocks {
             for (e, block) in run.iter().zip(blocks) {
-                engine
-                    .block_cache
-                    .insert((object_id, e.position), block.clone(), block.len());
+                if let Ok(block) = block {
+                    engine
+                        .block_cache
+                        .insert((object_id, e.position), block.clone(), block.len());
+                }
             }
         }
         let mut loads = engine.loads.lock().expect("loads lock");

@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use mink_metadata::{Command, ExpirePreparedObjects};
 use mink_sql::{SinkConfig, SqliteStore};
-use object_store::ObjectStore;
+use object_store::{ObjectStore, ObjectStoreExt as _};
 use s3stream::format::RecordBatch;
 use s3stream::store::{self, FaultyObjectStore, ObjectFaults};
 use s3stream::*;
@@ -1945,6 +1945,77 @@ async fn read_batch(reader: &S3Stream, s: u64, offset: u64) {
         (offset / 4) as u8,
         "stream {s} offset {offset}"
     );
+}
+
+/// A block read from object storage is checksummed once, as it arrives: fetches that start
+/// within it decode it from the block cache without summing it again. A block failing its
+/// checksum fails the reads of its stream with the object named, and never hands out its
+/// bytes; the other streams of its object read on, whether the object was read whole or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn blocks_are_checksummed_once_and_a_bad_one_fails_only_its_reads() {
+    let world = World::new(Kind::Local).unwrap();
+    let engine = world.node(1).await;
+    let streams = new_streams(&engine, 2).await;
+    let (a, b) = (streams[0], streams[1]);
+    let reader = stream_set_objects(&world, &engine, &streams, 4).await;
+    // 16 fetches of one batch each, four per block: four blocks of `a`, plus any adjacent block
+    // of `b` a GET took along.
+    for offset in 0..16 {
+        read_batch(&reader, a, offset).await;
+    }
+    let verified = reader.stats().blocks_verified.load(Ordering::Relaxed);
+    assert!(
+        (4..=8).contains(&verified),
+        "{verified} block checksums for 16 fetches of 4 blocks (of 8 in the objects)"
+    );
+    reader.shutdown().await;
+
+    // Flip a byte of `b`'s block in the third object.
+    let object_id = engine
+        .sink()
+        .view()
+        .state
+        .stream_ranges(b, 8, 12)
+        .next()
+        .unwrap()
+        .object_id;
+    let path = object_path(&config().object_prefix, object_id);
+    let object = world.store.get(&path).await.unwrap().bytes().await.unwrap();
+    let footer = format::parse_footer(&object, object.len() as u64).unwrap();
+    let at = footer.index_position as usize;
+    let index = format::parse_index(&object[at..at + footer.index_len as usize], &footer).unwrap();
+    let block = index.iter().find(|e| e.stream_id == b).unwrap();
+    let mut bad = object.to_vec();
+    bad[block.position as usize + 20] ^= 0x40;
+    world.store.put(&path, bad.into()).await.unwrap();
+
+    // Read whole by a reader from `a`'s start (one reader is half of two streams), and by its
+    // index and ranges by one that starts at `b`'s corrupt block.
+    for from_start in [true, false] {
+        let cold = world.node(3).await;
+        if from_start {
+            assert_eq!(read_all(&cold, a, 0).await.len(), 16);
+        }
+        for offset in 0..8 {
+            read_batch(&cold, b, offset).await;
+        }
+        match cold.fetch(b, 8, 1).await {
+            Err(StreamError::Storage(e)) => assert!(
+                e.contains(&format!(
+                    "object {object_id} is corrupt: block checksum mismatch"
+                )),
+                "{e}"
+            ),
+            other => panic!("a corrupt block was read: {other:?}"),
+        }
+        if from_start {
+            assert!(cold.stats().whole_object_reads.load(Ordering::Relaxed) > 0);
+        } else {
+            assert_eq!(read_all(&cold, a, 0).await.len(), 16);
+        }
+        cold.shutdown().await;
+    }
+    engine.shutdown().await;
 }
 
 async fn readers_of_many_streams_share_gets(world: World) {

@@ -289,6 +289,9 @@ pub struct EngineStats {
     /// Objects a reader would have read whole but read by their index and blocks: half the
     /// block cache had no room for them beside the blocks readers were given and have not read.
     pub whole_reads_refused: AtomicU64,
+    /// Blocks read from object storage whose checksum was computed: once per block read,
+    /// however many fetches decode it from the block cache.
+    pub blocks_verified: AtomicU64,
     /// GETs a read-ahead started: of block runs, indexes and whole objects (counted in
     /// `object_reads` too).
     pub read_ahead_reads: AtomicU64,
