@@ -46,8 +46,10 @@ pub(crate) const COALESCE_BYTES: u64 = 16 << 20;
 
 /// A ranged GET of adjacent blocks of one object, shared by every read that needs them: each
 /// block, or why it is corrupt (which fails only the reads that need that block).
-pub(crate) type Load =
-    Shared<BoxFuture<'static, Result<Arc<Vec<Result<Bytes, StreamError>>>, StreamError>>>;
+pub(crate) type Load = Shared<BoxFuture<'static, LoadResult>>;
+
+/// What a [`Load`] gives: the run's blocks, each checked, or why the GET failed.
+pub(crate) type LoadResult = Result<Arc<Vec<Result<Bytes, StreamError>>>, StreamError>;
 
 /// Blocks being loaded, by (object id, block position): the load and the block's place in it.
 pub(crate) type Loads = HashMap<(u64, u64), (Load, usize)>;
@@ -1130,7 +1132,7 @@ fn load(
     object_id: u64,
     run: Run,
     ahead: bool,
-) -> BoxFuture<'static, Result<Arc<Vec<Result<Bytes, StreamError>>>, StreamError>> {
+) -> BoxFuture<'static, LoadResult> {
     let registered: Vec<u64> = run
         .iter()
         .filter(|(_, t)| *t != Take::Passing)
