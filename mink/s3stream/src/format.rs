@@ -387,14 +387,20 @@ pub fn decode_block(bytes: &Bytes, entry: &BlockIndex) -> Result<Vec<RecordBatch
 /// once, as it comes from storage, and decodes it with [`decode_verified_block`] as often as
 /// reads need it (fetches that start within a block decode it again).
 pub fn verify_block(bytes: &[u8], entry: &BlockIndex) -> Result<(), FormatError> {
-    if bytes.len() != entry.size as usize || bytes.len() < 4 {
-        return Err(corrupt("block", "length differs from the index's"));
-    }
-    let body_len = bytes.len() - 4;
+    let body_len = block_body_len(bytes, entry)?;
     if crc32c::crc32c(&bytes[..body_len]) != u32_at(bytes, body_len) {
         return Err(FormatError::Checksum { what: "block" });
     }
     Ok(())
+}
+
+/// The length of a block's batches (all but its trailing checksum), if the block is as long
+/// as its index entry says.
+fn block_body_len(bytes: &[u8], entry: &BlockIndex) -> Result<usize, FormatError> {
+    if bytes.len() != entry.size as usize || bytes.len() < 4 {
+        return Err(corrupt("block", "length differs from the index's"));
+    }
+    Ok(bytes.len() - 4)
 }
 
 /// Decodes a data block that passed [`verify_block`]: its batch headers are still checked
@@ -403,10 +409,7 @@ pub fn decode_verified_block(
     bytes: &Bytes,
     entry: &BlockIndex,
 ) -> Result<Vec<RecordBatch>, FormatError> {
-    if bytes.len() != entry.size as usize || bytes.len() < 4 {
-        return Err(corrupt("block", "length differs from the index's"));
-    }
-    let body_len = bytes.len() - 4;
+    let body_len = block_body_len(bytes, entry)?;
     let mut batches = Vec::with_capacity(entry.batch_count as usize);
     let mut at = 0;
     let mut next = entry.start_offset;
