@@ -467,10 +467,11 @@ pub(crate) fn eprintln_gets(lane: &str, engine: &S3Stream) {
     let stats = engine.stats();
     let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
     eprintln!(
-        "{lane}: {} GETs: {} of indexes ({} whole objects, {} refused), {} read-ahead, {} queued",
+        "{lane}: {} GETs: {} of indexes ({} whole objects, {} waited for room, {} refused), {} read-ahead, {} queued",
         n(&stats.object_reads),
         n(&stats.index_reads),
         n(&stats.whole_object_reads),
+        n(&stats.whole_reads_waited),
         n(&stats.whole_reads_refused),
         n(&stats.read_ahead_reads),
         n(&stats.reads_queued),

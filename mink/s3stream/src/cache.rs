@@ -140,6 +140,8 @@ pub(crate) struct Lru<K, V> {
     inner: Mutex<LruInner<K, V>>,
     capacity: usize,
     pub(crate) stats: CacheStats,
+    /// Woken when unread entries are read or evicted ([`Lru::unread_freed`]).
+    unread_freed: tokio::sync::Notify,
 }
 
 #[derive(Debug)]
@@ -177,7 +179,14 @@ impl<K: std::hash::Hash + Eq + Clone, V: Clone> Lru<K, V> {
             }),
             capacity,
             stats: CacheStats::default(),
+            unread_freed: tokio::sync::Notify::new(),
         }
+    }
+
+    /// Resolves once unread bytes have been freed (an unread entry read or evicted) after
+    /// this call: for waiting until more fits beside them ([`Lru::unread_bytes`]).
+    pub(crate) fn unread_freed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.unread_freed.notified()
     }
 
     pub(crate) fn get(&self, key: &K) -> Option<V> {
@@ -198,7 +207,11 @@ impl<K: std::hash::Hash + Eq + Clone, V: Clone> Lru<K, V> {
             c.recency.remove(&old);
         }
         c.recency.insert(tick, key.clone());
+        drop(c);
         self.stats.hit();
+        if read.is_some() {
+            self.unread_freed.notify_waiters();
+        }
         Some(value)
     }
 
@@ -230,6 +243,7 @@ impl<K: std::hash::Hash + Eq + Clone, V: Clone> Lru<K, V> {
         let mut c = self.inner.lock().expect("lru lock");
         c.tick += 1;
         let tick = c.tick;
+        let unread_before = c.unread;
         if let Some(old) = c.map.remove(&key) {
             c.remove_accounting(&old);
         }
@@ -262,6 +276,11 @@ impl<K: std::hash::Hash + Eq + Clone, V: Clone> Lru<K, V> {
             if let Some(old) = c.map.remove(&victim) {
                 c.remove_accounting(&old);
             }
+        }
+        let freed = c.unread < unread_before + if unread { size } else { 0 };
+        drop(c);
+        if freed {
+            self.unread_freed.notify_waiters();
         }
     }
 }

@@ -13,9 +13,9 @@
 //! a small object at its start reads it whole, index and blocks in one GET, when the object is
 //! its stream's alone or readers reading on are about to read at least half of its streams,
 //! while half the block cache has room for it beside the blocks readers were given and have
-//! not read. A fetch reads the indexes of only as many objects as it is likely to need.
+//! not read (waiting a little for readers to read theirs). A fetch reads the indexes of only as many objects as it is likely to need.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -899,7 +899,8 @@ impl S3Stream {
 /// the object comes in one GET, its blocks go into the block cache as unread, and its index is
 /// read from its tail: one GET instead of an index read and runs of blocks, if the readers'
 /// unread blocks, those being read whole included, stay within half the block cache with it
-/// (so a slow reader's blocks are not evicted before it reads them; past it, the index alone).
+/// (so a slow reader's blocks are not evicted before it reads them; without room it waits up to
+/// `whole_read_wait` for readers to read theirs, then reads the index alone).
 fn load_index(
     engine: Arc<Engine>,
     object_id: u64,
@@ -919,16 +920,45 @@ fn load_index(
             count_index_read(&engine);
             // Whether the object fits is decided once its GET may start, not while it waits
             // behind others: readers queued together would otherwise all count as in flight.
-            let permit = read_permit(&engine, ahead).await;
+            let mut permit = read_permit(&engine, ahead).await;
             let reserved = if whole || wanted_whole(&engine, object_id) {
-                let reserved = WholeRead::reserve(&engine, size);
-                if reserved.is_none() {
-                    engine
-                        .stats
-                        .whole_reads_refused
-                        .fetch_add(1, Ordering::Relaxed);
+                let deadline = tokio::time::Instant::now() + engine.config.whole_read_wait;
+                let mut waited = false;
+                loop {
+                    let freed = engine.block_cache.unread_freed();
+                    let mut freed = std::pin::pin!(freed);
+                    freed.as_mut().enable();
+                    if let Some(reserved) = WholeRead::reserve(&engine, size) {
+                        break Some(reserved);
+                    }
+                    // No room yet: readers reading their blocks make some, and waiting for it
+                    // (without holding up other GETs) costs less than the index GET and runs
+                    // of ranged GETs the object would take instead.
+                    if !waited {
+                        waited = true;
+                        engine
+                            .stats
+                            .whole_reads_waited
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                    drop(permit);
+                    let freed = tokio::time::timeout_at(deadline, freed).await;
+                    permit = engine
+                        .reads
+                        .acquire()
+                        .await
+                        .expect("the read permits are never closed");
+                    if freed.is_err() {
+                        let reserved = WholeRead::reserve(&engine, size);
+                        if reserved.is_none() {
+                            engine
+                                .stats
+                                .whole_reads_refused
+                                .fetch_add(1, Ordering::Relaxed);
+                        }
+                        break reserved;
+                    }
                 }
-                reserved
             } else {
                 None
             };
@@ -975,15 +1005,22 @@ fn load_index(
             if reserved.is_some() {
                 // The blocks of streams someone reads: a stream-set object's others would only
                 // hold room in the cache (and in the unread bytes) until they are evicted.
-                let read: HashSet<u64> = {
+                // Of those, only blocks their readers have not gone past nor have already:
+                // others would count as unread until evicted, keeping whole reads out.
+                let reading_from: HashMap<u64, u64> = {
                     let readers = engine.readers.lock().expect("readers lock");
                     index
                         .iter()
-                        .map(|e| e.stream_id)
-                        .filter(|s| readers.get(*s).is_some())
+                        .filter_map(|e| Some((e.stream_id, readers.get(e.stream_id)?.next)))
                         .collect()
                 };
-                for e in index.iter().filter(|e| read.contains(&e.stream_id)) {
+                let wanted = |e: &&BlockIndex| {
+                    reading_from
+                        .get(&e.stream_id)
+                        .is_some_and(|&next| e.end_offset > next)
+                        && !engine.block_cache.contains(&(object_id, e.position))
+                };
+                for e in index.iter().filter(wanted) {
                     let block = usize::try_from(e.position)
                         .ok()
                         .and_then(|at| Some(at..at.checked_add(e.size as usize)?))

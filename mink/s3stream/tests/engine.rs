@@ -2459,6 +2459,89 @@ async fn readers_catching_up_together_read_stream_set_objects_whole(world: World
 }
 suite!(readers_catching_up_together_read_stream_set_objects_whole);
 
+/// Readers catching up apart, with room beside the blocks they were given for one object only:
+/// readers entering the next object wait for the others to read theirs, then read it whole,
+/// where they would have read its index and ranges (more GETs).
+async fn objects_to_read_whole_wait_for_room_beside_unread_blocks(world: World) {
+    let rounds = 8;
+    let (engine, streams, hot) = four_streams_in_shared_objects(&world, rounds).await;
+    let largest = {
+        let view = engine.sink().view();
+        view.state.objects.values().map(|o| o.size).max().unwrap()
+    };
+    // Half the cache holds an object beside one stream's unread block of another, not two.
+    let reader = world
+        .node_on(
+            3,
+            Arc::clone(&world.store),
+            EngineConfig {
+                read_ahead_bytes: 0,
+                block_cache_bytes: usize::try_from(largest * 13 / 5).unwrap(),
+                // Long enough for the others to come on a busy machine: what is measured is
+                // that the wait ends when they read, not by the clock.
+                whole_read_wait: Duration::from_secs(30),
+                ..config()
+            },
+        )
+        .await;
+    // Reads `some` streams on together, each from where `got` ends, to their end.
+    let read_on = |some: Vec<u64>, mut got: Vec<Vec<RecordBatch>>| {
+        let reader = reader.clone();
+        async move {
+            let end = reader.info(some[0]).unwrap().end_offset;
+            let next = |b: &Vec<RecordBatch>| b.last().map_or(0, RecordBatch::end_offset);
+            while got.iter().any(|b| next(b) < end) {
+                for (i, &s) in some.iter().enumerate() {
+                    let from = next(&got[i]);
+                    got[i].extend(reader.fetch(s, from, 4 << 10).await.unwrap());
+                }
+            }
+            got.into_iter()
+                .map(|b| b.into_iter().map(untimed).collect::<Vec<_>>())
+                .collect::<Vec<_>>()
+        }
+    };
+    // Every stream's reader is known (its first fetch); then two read on together: the
+    // objects they enter come whole, with the other two streams' blocks, which stay unread.
+    let mut first = Vec::new();
+    for &s in &streams {
+        first.push(reader.fetch(s, 0, 4 << 10).await.unwrap());
+    }
+    let ahead = tokio::spawn(read_on(streams[..2].to_vec(), first[..2].to_vec()));
+    let stats = reader.stats();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while stats.whole_reads_waited.load(Ordering::Relaxed) == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no whole read waited for room: {} whole, {} refused",
+            stats.whole_object_reads.load(Ordering::Relaxed),
+            stats.whole_reads_refused.load(Ordering::Relaxed),
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // The other two read theirs, which makes room.
+    let mut got = read_on(streams[2..].to_vec(), first[2..].to_vec()).await;
+    got.splice(0..0, ahead.await.unwrap());
+    assert_eq!(got, hot);
+    let (whole, waited, refused, gets) = (
+        stats.whole_object_reads.load(Ordering::Relaxed),
+        stats.whole_reads_waited.load(Ordering::Relaxed),
+        stats.whole_reads_refused.load(Ordering::Relaxed),
+        stats.object_reads.load(Ordering::Relaxed),
+    );
+    assert_eq!(
+        refused, 0,
+        "whole reads refused ({whole} whole, {waited} waited, {gets} GETs)"
+    );
+    assert!(
+        whole + 3 >= u64::from(rounds),
+        "{whole} of {rounds} objects read whole ({waited} waited, {gets} GETs)"
+    );
+    reader.shutdown().await;
+    engine.shutdown().await;
+}
+suite!(objects_to_read_whole_wait_for_room_beside_unread_blocks);
+
 /// Readers that start together join the index loads of the first one to plan, which knew only
 /// itself: they are counted again when each GET may start, so every object but the one whose
 /// GET started before they came is read whole.

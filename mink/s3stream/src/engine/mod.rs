@@ -63,6 +63,10 @@ pub struct EngineConfig {
     pub read_ahead_bytes: usize,
     pub log_cache_bytes: usize,
     pub block_cache_bytes: usize,
+    /// How long an object a reader would read whole waits for room in half the block cache
+    /// (made as readers read the blocks they were given) before it is read by its index and
+    /// ranges instead: one GET instead of several, for a wait of about a block's reading.
+    pub whole_read_wait: Duration,
     /// GETs the read path has in flight at once (object indexes and runs of blocks,
     /// read-aheads included; at least 1); more wait their turn. S3 serves many at once; a
     /// store that serves requests on a few cores (moto, a one-node MinIO) reads fastest with
@@ -92,6 +96,7 @@ impl Default for EngineConfig {
             read_ahead_bytes: 16 << 20,
             log_cache_bytes: 256 << 20,
             block_cache_bytes: 256 << 20,
+            whole_read_wait: Duration::from_millis(200),
             max_reads_in_flight: 64,
             index_cache_bytes: 16 << 20,
             max_backoff: Duration::from_secs(2),
@@ -289,6 +294,9 @@ pub struct EngineStats {
     /// Objects a reader would have read whole but read by their index and blocks: half the
     /// block cache had no room for them beside the blocks readers were given and have not read.
     pub whole_reads_refused: AtomicU64,
+    /// Objects to be read whole that waited for room in half the block cache (readers reading
+    /// the blocks they were given make it): read whole after all, or refused after the wait.
+    pub whole_reads_waited: AtomicU64,
     /// Blocks read from object storage whose checksum was computed: once per block read,
     /// however many fetches decode it from the block cache.
     pub blocks_verified: AtomicU64,
