@@ -920,47 +920,11 @@ fn load_index(
             count_index_read(&engine);
             // Whether the object fits is decided once its GET may start, not while it waits
             // behind others: readers queued together would otherwise all count as in flight.
-            let mut permit = read_permit(&engine, ahead).await;
-            let reserved = if whole || wanted_whole(&engine, object_id) {
-                let deadline = tokio::time::Instant::now() + engine.config.whole_read_wait;
-                let mut waited = false;
-                loop {
-                    let freed = engine.block_cache.unread_freed();
-                    let mut freed = std::pin::pin!(freed);
-                    freed.as_mut().enable();
-                    if let Some(reserved) = WholeRead::reserve(&engine, size) {
-                        break Some(reserved);
-                    }
-                    // No room yet: readers reading their blocks make some, and waiting for it
-                    // (without holding up other GETs) costs less than the index GET and runs
-                    // of ranged GETs the object would take instead.
-                    if !waited {
-                        waited = true;
-                        engine
-                            .stats
-                            .whole_reads_waited
-                            .fetch_add(1, Ordering::Relaxed);
-                    }
-                    drop(permit);
-                    let freed = tokio::time::timeout_at(deadline, freed).await;
-                    permit = engine
-                        .reads
-                        .acquire()
-                        .await
-                        .expect("the read permits are never closed");
-                    if freed.is_err() {
-                        let reserved = WholeRead::reserve(&engine, size);
-                        if reserved.is_none() {
-                            engine
-                                .stats
-                                .whole_reads_refused
-                                .fetch_add(1, Ordering::Relaxed);
-                        }
-                        break reserved;
-                    }
-                }
+            let permit = read_permit(&engine, ahead).await;
+            let (reserved, permit) = if whole || wanted_whole(&engine, object_id) {
+                WholeRead::reserve_waiting(&engine, size, permit).await
             } else {
-                None
+                (None, permit)
             };
             let (tail_start, tail) = if reserved.is_some() {
                 engine
@@ -1075,6 +1039,56 @@ impl<'a> WholeRead<'a> {
             .fetch_add(size, Ordering::Relaxed);
         let read = WholeRead(engine, size);
         (engine.block_cache.unread_bytes() as u64 + reading + size <= room).then_some(read)
+    }
+}
+
+impl<'a> WholeRead<'a> {
+    /// [`WholeRead::reserve`], waiting without `permit` (a GET's turn, taken back after) while
+    /// there is no room: readers reading the blocks they were given make some, and one GET of
+    /// the whole object costs less than its index GET and runs of ranged GETs. The wait ends
+    /// after `whole_read_wait`, or a quarter of it with nothing read (unread blocks nobody
+    /// reads, of readers gone, wait to be evicted); then none, the read is refused.
+    async fn reserve_waiting(
+        engine: &'a Engine,
+        size: u64,
+        mut permit: tokio::sync::SemaphorePermit<'a>,
+    ) -> (Option<Self>, tokio::sync::SemaphorePermit<'a>) {
+        let wait = engine.config.whole_read_wait;
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut waited = false;
+        loop {
+            let freed = engine.block_cache.unread_freed();
+            let mut freed = std::pin::pin!(freed);
+            freed.as_mut().enable();
+            if let Some(reserved) = WholeRead::reserve(engine, size) {
+                return (Some(reserved), permit);
+            }
+            if !waited {
+                waited = true;
+                engine
+                    .stats
+                    .whole_reads_waited
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            drop(permit);
+            let until = deadline.min(tokio::time::Instant::now() + wait / 4);
+            let freed = tokio::time::timeout_at(until, freed).await;
+            permit = engine
+                .reads
+                .acquire()
+                .await
+                .expect("the read permits are never closed");
+            if freed.is_err() {
+                let reserved = WholeRead::reserve(engine, size);
+                if reserved.is_none() {
+                    engine
+                        .stats
+                        .whole_reads_refused
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                return (reserved, permit);
+            }
+        }
     }
 }
 

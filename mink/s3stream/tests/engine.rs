@@ -2463,6 +2463,21 @@ suite!(readers_catching_up_together_read_stream_set_objects_whole);
 /// readers entering the next object wait for the others to read theirs, then read it whole,
 /// where they would have read its index and ranges (more GETs).
 async fn objects_to_read_whole_wait_for_room_beside_unread_blocks(world: World) {
+    whole_reads_beside_unread_blocks(world, true).await;
+}
+suite!(objects_to_read_whole_wait_for_room_beside_unread_blocks);
+
+/// The same, but the other two readers do not read theirs until the first two are done: each
+/// wait ends (after a quarter of `whole_read_wait` without a block read), the objects are read
+/// by their indexes and ranges, and everything reads back.
+async fn objects_to_read_whole_wait_no_longer_when_nobody_reads(world: World) {
+    whole_reads_beside_unread_blocks(world, false).await;
+}
+suite!(objects_to_read_whole_wait_no_longer_when_nobody_reads);
+
+/// [`objects_to_read_whole_wait_for_room_beside_unread_blocks`], the other two readers reading
+/// on while the first two wait (`others_read`) or only once they are done.
+async fn whole_reads_beside_unread_blocks(world: World, others_read: bool) {
     let rounds = 8;
     let (engine, streams, hot) = four_streams_in_shared_objects(&world, rounds).await;
     let largest = {
@@ -2479,7 +2494,11 @@ async fn objects_to_read_whole_wait_for_room_beside_unread_blocks(world: World) 
                 block_cache_bytes: usize::try_from(largest * 13 / 5).unwrap(),
                 // Long enough for the others to come on a busy machine: what is measured is
                 // that the wait ends when they read, not by the clock.
-                whole_read_wait: Duration::from_secs(30),
+                whole_read_wait: if others_read {
+                    Duration::from_secs(30)
+                } else {
+                    Duration::from_millis(40)
+                },
                 ..config()
             },
         )
@@ -2519,28 +2538,41 @@ async fn objects_to_read_whole_wait_for_room_beside_unread_blocks(world: World) 
         );
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    // The other two read theirs, which makes room.
-    let mut got = read_on(streams[2..].to_vec(), first[2..].to_vec()).await;
-    got.splice(0..0, ahead.await.unwrap());
-    assert_eq!(got, hot);
-    let (whole, waited, refused, gets) = (
-        stats.whole_object_reads.load(Ordering::Relaxed),
-        stats.whole_reads_waited.load(Ordering::Relaxed),
-        stats.whole_reads_refused.load(Ordering::Relaxed),
-        stats.object_reads.load(Ordering::Relaxed),
-    );
-    assert_eq!(
-        refused, 0,
-        "whole reads refused ({whole} whole, {waited} waited, {gets} GETs)"
-    );
-    assert!(
-        whole + 3 >= u64::from(rounds),
-        "{whole} of {rounds} objects read whole ({waited} waited, {gets} GETs)"
-    );
+    let counts = || {
+        (
+            stats.whole_object_reads.load(Ordering::Relaxed),
+            stats.whole_reads_waited.load(Ordering::Relaxed),
+            stats.whole_reads_refused.load(Ordering::Relaxed),
+            stats.object_reads.load(Ordering::Relaxed),
+        )
+    };
+    if others_read {
+        // The other two read theirs, which makes room.
+        let mut got = read_on(streams[2..].to_vec(), first[2..].to_vec()).await;
+        got.splice(0..0, ahead.await.unwrap());
+        assert_eq!(got, hot);
+        let (whole, waited, refused, gets) = counts();
+        assert_eq!(
+            refused, 0,
+            "whole reads refused ({whole} whole, {waited} waited, {gets} GETs)"
+        );
+        assert!(
+            whole + 3 >= u64::from(rounds),
+            "{whole} of {rounds} objects read whole ({waited} waited, {gets} GETs)"
+        );
+    } else {
+        let mut got = ahead.await.unwrap();
+        let (whole, waited, refused, gets) = counts();
+        assert!(
+            refused > 0,
+            "no whole read refused ({whole} whole, {waited} waited, {gets} GETs)"
+        );
+        got.extend(read_on(streams[2..].to_vec(), first[2..].to_vec()).await);
+        assert_eq!(got, hot);
+    }
     reader.shutdown().await;
     engine.shutdown().await;
 }
-suite!(objects_to_read_whole_wait_for_room_beside_unread_blocks);
 
 /// Readers that start together join the index loads of the first one to plan, which knew only
 /// itself: they are counted again when each GET may start, so every object but the one whose

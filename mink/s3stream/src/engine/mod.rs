@@ -65,7 +65,8 @@ pub struct EngineConfig {
     pub block_cache_bytes: usize,
     /// How long an object a reader would read whole waits for room in half the block cache
     /// (made as readers read the blocks they were given) before it is read by its index and
-    /// ranges instead: one GET instead of several, for a wait of about a block's reading.
+    /// ranges instead (or a quarter of it in which no unread block is read): one GET instead
+    /// of several, for a wait of about a block's reading.
     pub whole_read_wait: Duration,
     /// GETs the read path has in flight at once (object indexes and runs of blocks,
     /// read-aheads included; at least 1); more wait their turn. S3 serves many at once; a
