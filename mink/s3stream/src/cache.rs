@@ -243,9 +243,9 @@ impl<K: std::hash::Hash + Eq + Clone, V: Clone> Lru<K, V> {
         let mut c = self.inner.lock().expect("lru lock");
         c.tick += 1;
         let tick = c.tick;
-        let unread_before = c.unread;
+        let mut freed = false;
         if let Some(old) = c.map.remove(&key) {
-            c.remove_accounting(&old);
+            freed |= c.remove_accounting(&old);
         }
         c.map.insert(
             key.clone(),
@@ -274,10 +274,9 @@ impl<K: std::hash::Hash + Eq + Clone, V: Clone> Lru<K, V> {
                 break;
             };
             if let Some(old) = c.map.remove(&victim) {
-                c.remove_accounting(&old);
+                freed |= c.remove_accounting(&old);
             }
         }
-        let freed = c.unread < unread_before + if unread { size } else { 0 };
         drop(c);
         if freed {
             self.unread_freed.notify_waiters();
@@ -286,7 +285,8 @@ impl<K: std::hash::Hash + Eq + Clone, V: Clone> Lru<K, V> {
 }
 
 impl<K, V> LruInner<K, V> {
-    fn remove_accounting(&mut self, old: &Entry<V>) {
+    /// Takes `old` out of the counts and queues; whether it was unread (freeing unread bytes).
+    fn remove_accounting(&mut self, old: &Entry<V>) -> bool {
         self.bytes -= old.size;
         if old.unread {
             self.unread_recency.remove(&old.used);
@@ -294,6 +294,7 @@ impl<K, V> LruInner<K, V> {
         } else {
             self.recency.remove(&old.used);
         }
+        old.unread
     }
 }
 

@@ -13,7 +13,8 @@
 //! a small object at its start reads it whole, index and blocks in one GET, when the object is
 //! its stream's alone or readers reading on are about to read at least half of its streams,
 //! while half the block cache has room for it beside the blocks readers were given and have
-//! not read (waiting a little for readers to read theirs). A fetch reads the indexes of only as many objects as it is likely to need.
+//! not read (waiting a little for readers to read theirs). A fetch reads the indexes of only
+//! as many objects as it is likely to need.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -1040,9 +1041,7 @@ impl<'a> WholeRead<'a> {
         let read = WholeRead(engine, size);
         (engine.block_cache.unread_bytes() as u64 + reading + size <= room).then_some(read)
     }
-}
 
-impl<'a> WholeRead<'a> {
     /// [`WholeRead::reserve`], waiting without `permit` (a GET's turn, taken back after) while
     /// there is no room: readers reading the blocks they were given make some, and one GET of
     /// the whole object costs less than its index GET and runs of ranged GETs. The wait ends
@@ -1069,6 +1068,7 @@ impl<'a> WholeRead<'a> {
                     .stats
                     .whole_reads_waited
                     .fetch_add(1, Ordering::Relaxed);
+                engine.read_waited.notify_waiters();
             }
             drop(permit);
             let until = deadline.min(tokio::time::Instant::now() + wait / 4);

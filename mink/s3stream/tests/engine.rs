@@ -2265,7 +2265,7 @@ async fn reads_in_flight_are_bounded(world: World) {
         .collect();
     let bound_at_work = async {
         faults.gets_in_flight_reach(2).await;
-        reader.reads_queued_reach(1).await;
+        reader.read_waits_reach(|s| &s.reads_queued, 1).await;
     };
     if tokio::time::timeout(Duration::from_secs(30), bound_at_work)
         .await
@@ -2528,15 +2528,16 @@ async fn whole_reads_beside_unread_blocks(world: World, others_read: bool) {
     }
     let ahead = tokio::spawn(read_on(streams[..2].to_vec(), first[..2].to_vec()));
     let stats = reader.stats();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while stats.whole_reads_waited.load(Ordering::Relaxed) == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
+    let waited = reader.read_waits_reach(|s| &s.whole_reads_waited, 1);
+    if tokio::time::timeout(Duration::from_secs(20), waited)
+        .await
+        .is_err()
+    {
+        panic!(
             "no whole read waited for room: {} whole, {} refused",
             stats.whole_object_reads.load(Ordering::Relaxed),
             stats.whole_reads_refused.load(Ordering::Relaxed),
         );
-        tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let counts = || {
         (

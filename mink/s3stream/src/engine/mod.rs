@@ -341,7 +341,7 @@ pub(crate) async fn read_permit(engine: &Engine, ahead: bool) -> tokio::sync::Se
         Ok(permit) => permit,
         Err(_) => {
             add(&engine.stats.reads_queued, 1);
-            engine.read_queued.notify_waiters();
+            engine.read_waited.notify_waiters();
             engine
                 .reads
                 .acquire()
@@ -451,8 +451,9 @@ pub(crate) struct Engine {
     pub(crate) whole_reads_inflight: AtomicU64,
     /// One permit per GET of the read path in flight (`max_reads_in_flight`).
     pub(crate) reads: Semaphore,
-    /// Told whenever a read queues for a permit (`stats.reads_queued` goes up).
-    read_queued: Notify,
+    /// Told whenever a read waits: for a permit (`stats.reads_queued` goes up) or for room to
+    /// read an object whole (`stats.whole_reads_waited`).
+    pub(crate) read_waited: Notify,
     pub(crate) stats: EngineStats,
     shutdown: watch::Sender<bool>,
 }
@@ -488,7 +489,7 @@ impl S3Stream {
             read_ahead_ended: Notify::new(),
             whole_reads_inflight: AtomicU64::new(0),
             reads: Semaphore::new(config.max_reads_in_flight.max(1)),
-            read_queued: Notify::new(),
+            read_waited: Notify::new(),
             sink,
             store,
             config,
@@ -522,17 +523,18 @@ impl S3Stream {
         &self.engine.stats
     }
 
-    /// Returns once at least `n` GETs of the read path have waited for a permit
-    /// ([`EngineStats::reads_queued`]), so a test can see the bound at work without polling.
-    pub async fn reads_queued_reach(&self, n: u64) {
+    /// Returns once a count of the read path's waits (`stat` of [`EngineStats`]:
+    /// `reads_queued`, GETs that waited for a permit, or `whole_reads_waited`, whole reads that
+    /// waited for room) reaches `n`, so a test can see a wait at work without polling.
+    pub async fn read_waits_reach(&self, stat: fn(&EngineStats) -> &AtomicU64, n: u64) {
         let engine = &self.engine;
         loop {
-            let mut queued = std::pin::pin!(engine.read_queued.notified());
-            queued.as_mut().enable();
-            if engine.stats.reads_queued.load(Ordering::Relaxed) >= n {
+            let mut waited = std::pin::pin!(engine.read_waited.notified());
+            waited.as_mut().enable();
+            if stat(&engine.stats).load(Ordering::Relaxed) >= n {
                 return;
             }
-            queued.await;
+            waited.await;
         }
     }
 
