@@ -66,33 +66,42 @@ pub(super) async fn run(
     if partitions.is_empty() {
         bail!("topic {} has no partitions (does it exist?)", args.topic);
     }
-    // Where each partition ends now: a consume run reads up to there, an e2e run from there.
+    // Where each partition starts and ends now: a consume run reads what is between (the start
+    // is above 0 once retention removed some), an e2e run from the end on. Asked here, before the
+    // clock starts: a consumer catching up does not ask, and the 8 requests each consumer made
+    // of a node busy serving the others' fetches held its start back by up to 0.4 s of a 3 s
+    // read.
     let mut ends = Vec::with_capacity(partitions.len());
     for p in &partitions {
-        let (_, high) = tokio::task::block_in_place(|| {
+        let (low, high) = tokio::task::block_in_place(|| {
             probe.fetch_watermarks(&args.topic, *p, REQUEST_TIMEOUT)
         })
         .with_context(|| format!("the watermarks of partition {p}"))?;
-        ends.push((*p, high));
+        ends.push((*p, low, high));
     }
-    // The run's clock starts once the table or topic is ready: setup is not measured.
-    let start = super::restart(start, produced, consumed);
-    let deadline = start + args.duration();
-    let mut consumers = Vec::new();
+    let mut shares = Vec::new();
     if mode != Mode::Produce {
         for c in 0..args.consumers {
             let mine = super::share_of(&ends, args.consumers, c);
-            if mine.is_empty() {
-                continue;
+            if !mine.is_empty() {
+                shares.push((connect_consumer(args)?, mine));
             }
-            consumers.push(tokio::spawn(consume(
-                args.clone(),
-                mode,
-                mine,
-                deadline,
-                Arc::clone(consumed),
-            )));
         }
+    }
+    // The run's clock starts once the topic is ready and the consumers connected: setup is not
+    // measured.
+    let start = super::restart(start, produced, consumed);
+    let deadline = start + args.duration();
+    let mut consumers = Vec::new();
+    for (consumer, mine) in shares {
+        consumers.push(tokio::spawn(consume(
+            consumer,
+            args.clone(),
+            mode,
+            mine,
+            deadline,
+            Arc::clone(consumed),
+        )));
     }
     let mut producers = Vec::new();
     if mode != Mode::Consume {
@@ -266,16 +275,10 @@ impl ProducerContext for Deliveries {
     }
 }
 
-/// One consumer: its partitions from their start up to where they ended (`consume`), or from
-/// there on (`e2e`, latency from each record's send time).
-async fn consume(
-    args: Args,
-    mode: Mode,
-    partitions: Vec<(i32, i64)>,
-    deadline: Instant,
-    consumed: Shared,
-) -> anyhow::Result<()> {
-    let consumer: StreamConsumer = config(&args)
+/// A consumer connected and knowing the topic's leaders, before the run's clock starts (as a
+/// Flight consumer's client is connected before it).
+fn connect_consumer(args: &Args) -> anyhow::Result<StreamConsumer> {
+    let consumer: StreamConsumer = config(args)
         .set("group.id", "mink-bench")
         .set("enable.auto.commit", "false")
         .create()
@@ -286,27 +289,31 @@ async fn consume(
     // against 0.03–0.09 s). A group member learns them before its assignment anyway.
     tokio::task::block_in_place(|| consumer.fetch_metadata(Some(&args.topic), REQUEST_TIMEOUT))
         .context("topic metadata")?;
+    Ok(consumer)
+}
+
+/// One consumer: its partitions from their start up to where they ended (`consume`), or from
+/// there on (`e2e`, latency from each record's send time).
+async fn consume(
+    consumer: StreamConsumer,
+    args: Args,
+    mode: Mode,
+    partitions: Vec<(i32, i64, i64)>,
+    deadline: Instant,
+    consumed: Shared,
+) -> anyhow::Result<()> {
     let mut assignment = TopicPartitionList::new();
     let mut remaining = 0i64;
-    for (p, end) in &partitions {
+    for (p, low, high) in &partitions {
         let from = if mode == Mode::EndToEnd {
-            Offset::Offset(*end)
+            Offset::Offset(*high)
         } else {
-            remaining += *end;
+            remaining += high - low;
             Offset::Beginning
         };
         assignment.add_partition_offset(&args.topic, *p, from)?;
     }
     consumer.assign(&assignment)?;
-    if mode == Mode::Consume {
-        // What is stored below the ends, less what retention removed.
-        for (p, _) in &partitions {
-            let (low, _) = tokio::task::block_in_place(|| {
-                consumer.fetch_watermarks(&args.topic, *p, REQUEST_TIMEOUT)
-            })?;
-            remaining -= low;
-        }
-    }
     let mut stream = consumer.stream();
     // One timer for the whole read, not one per record.
     let expired = tokio::time::sleep_until(deadline.into());
