@@ -111,7 +111,7 @@ pub(crate) async fn handle(cx: Context, mut body: Bytes) -> Result<Answer> {
         ApiKey::Fetch => {
             let request: FetchRequest = decode(&mut body, version)?;
             let response = fetch(&cx, &request).await;
-            Answer::Now(cx.respond(&response))
+            Answer::Now(crate::frames::fetch_response(&cx.header, &response))
         }
         ApiKey::InitProducerId => {
             let request: InitProducerIdRequest = decode(&mut body, version)?;

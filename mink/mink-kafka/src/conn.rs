@@ -10,6 +10,7 @@ use mink_node::Node;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use crate::KafkaConfig;
+use crate::frames::Frames;
 
 /// Responses computed but not yet written, at most: a client pipelining more waits.
 const IN_FLIGHT: usize = 64;
@@ -25,11 +26,11 @@ pub(crate) enum ConnError {
     Malformed(String),
 }
 
-/// A request's answer: its bytes now or once `Later` resolves; `None` sends nothing (a
+/// A request's answer: its frame now or once `Later` resolves; `None` sends nothing (a
 /// produce request with acks = 0).
 pub(crate) enum Answer {
-    Now(Option<Bytes>),
-    Later(BoxFuture<'static, Option<Bytes>>),
+    Now(Option<Frames>),
+    Later(BoxFuture<'static, Option<Frames>>),
 }
 
 /// What a handler knows of the request it answers.
@@ -45,8 +46,8 @@ pub(crate) struct Context {
 
 impl Context {
     /// `body` framed as the response to this request (header version by its API and version).
-    pub(crate) fn respond(&self, body: &impl Encodable) -> Option<Bytes> {
-        respond(self.api_key, &self.header, body)
+    pub(crate) fn respond(&self, body: &impl Encodable) -> Option<Frames> {
+        respond(self.api_key, &self.header, body).map(Frames::from)
     }
 }
 
@@ -89,12 +90,12 @@ pub(crate) async fn run(
     let (answers, mut pending) = tokio::sync::mpsc::channel::<Answer>(IN_FLIGHT);
     let writing = tokio::spawn(async move {
         while let Some(answer) = pending.recv().await {
-            let bytes = match answer {
-                Answer::Now(b) => b,
+            let frames = match answer {
+                Answer::Now(f) => f,
                 Answer::Later(f) => f.await,
             };
-            if let Some(b) = bytes {
-                writer.write_all(&b).await?;
+            if let Some(mut f) = frames {
+                writer.write_all_buf(&mut f).await?;
             }
         }
         writer.shutdown().await
@@ -146,7 +147,8 @@ async fn handle(
         // with a version it finds in our list.
         let header = RequestHeader::decode(&mut frame, 1)
             .map_err(|e| ConnError::Malformed(e.to_string()))?;
-        return Ok(Answer::Now(crate::api::api_versions_unsupported(&header)));
+        let answer = crate::api::api_versions_unsupported(&header).map(Frames::from);
+        return Ok(Answer::Now(answer));
     }
     if !crate::api::supported(api_key, version) {
         return Err(ConnError::Malformed(format!(

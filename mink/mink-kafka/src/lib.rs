@@ -14,6 +14,7 @@
 
 mod api;
 mod conn;
+mod frames;
 mod groups;
 pub mod records;
 
