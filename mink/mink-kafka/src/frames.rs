@@ -14,6 +14,8 @@ use kafka_protocol::messages::fetch_response::{
 };
 use kafka_protocol::messages::{ApiKey, FetchResponse, RequestHeader};
 
+use crate::records::put_uvarint;
+
 /// A response frame (its size first) as a sequence of chunks; written with vectored writes.
 #[derive(Debug, Default)]
 pub(crate) struct Frames {
@@ -194,16 +196,6 @@ fn put_null(buf: &mut BytesMut, flexible: bool) {
     } else {
         buf.put_i32(-1);
     }
-}
-
-fn put_uvarint(buf: &mut BytesMut, mut v: u64) {
-    while v >= 0x80 {
-        #[allow(clippy::cast_possible_truncation)] // the low 7 bits
-        buf.put_u8((v as u8 & 0x7f) | 0x80);
-        v >>= 7;
-    }
-    #[allow(clippy::cast_possible_truncation)] // below 0x80
-    buf.put_u8(v as u8);
 }
 
 #[cfg(test)]

@@ -338,14 +338,18 @@ pub fn encode_batch(records: &[mink_log::raw::Record<'_>], base_offset: u64, out
 /// A zigzag varint (Kafka's `varint` and `varlong`).
 fn put_varint(out: &mut BytesMut, v: i64) {
     #[allow(clippy::cast_sign_loss)] // zigzag: the sign moves to the lowest bit
-    let mut z = ((v << 1) ^ (v >> 63)) as u64;
-    while z >= 0x80 {
+    put_uvarint(out, ((v << 1) ^ (v >> 63)) as u64);
+}
+
+/// An unsigned varint (Kafka's `unsigned_varint`: compact lengths, tagged field counts).
+pub(crate) fn put_uvarint(out: &mut BytesMut, mut v: u64) {
+    while v >= 0x80 {
         #[allow(clippy::cast_possible_truncation)] // the low 7 bits
-        out.put_u8((z as u8 & 0x7f) | 0x80);
-        z >>= 7;
+        out.put_u8((v as u8 & 0x7f) | 0x80);
+        v >>= 7;
     }
     #[allow(clippy::cast_possible_truncation)] // below 0x80
-    out.put_u8(z as u8);
+    out.put_u8(v as u8);
 }
 
 /// The bytes [`put_varint`] writes for `v`.
