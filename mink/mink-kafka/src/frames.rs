@@ -19,14 +19,13 @@ use crate::records::put_uvarint;
 /// A response frame (its size first) as a sequence of chunks; written with vectored writes.
 #[derive(Debug, Default)]
 pub(crate) struct Frames {
+    /// None empty.
     chunks: VecDeque<Bytes>,
-    remaining: usize,
 }
 
 impl Frames {
     fn push(&mut self, chunk: Bytes) {
         if !chunk.is_empty() {
-            self.remaining += chunk.len();
             self.chunks.push_back(chunk);
         }
     }
@@ -42,7 +41,7 @@ impl From<Bytes> for Frames {
 
 impl Buf for Frames {
     fn remaining(&self) -> usize {
-        self.remaining
+        self.chunks.iter().map(Bytes::len).sum()
     }
 
     fn chunk(&self) -> &[u8] {
@@ -58,13 +57,11 @@ impl Buf for Frames {
     }
 
     fn advance(&mut self, mut cnt: usize) {
-        assert!(cnt <= self.remaining, "advanced past the end of a response");
-        self.remaining -= cnt;
         while cnt > 0 {
             let front = self
                 .chunks
                 .front_mut()
-                .expect("remaining bytes are in chunks");
+                .expect("advanced past the end of a response");
             if cnt < front.len() {
                 front.advance(cnt);
                 return;
@@ -149,10 +146,10 @@ pub(crate) fn fetch_response(header: &RequestHeader, response: &FetchResponse) -
     }
     frames.push(buf.freeze());
     // The frame's size, once known, in front.
-    let size = i32::try_from(frames.remaining).ok()?;
-    frames.remaining += 4;
-    let size = Bytes::copy_from_slice(&size.to_be_bytes());
-    frames.chunks.push_front(size);
+    let size = i32::try_from(frames.remaining()).ok()?;
+    frames
+        .chunks
+        .push_front(Bytes::copy_from_slice(&size.to_be_bytes()));
     Some(frames)
 }
 
