@@ -685,6 +685,7 @@ fn compaction() -> CompactionConfig {
         interval: Duration::from_millis(50),
         split_stream_bytes: 8 << 10,
         stream_object_bytes: 64 << 10,
+        stream_set_object_bytes: 64 << 20,
         max_round_bytes: 64 << 20,
         max_bytes_per_sec: 0,
         destroyed_grace: Duration::ZERO,
@@ -740,6 +741,7 @@ async fn a_paced_round_moves_at_most_its_rate(world: World) {
     let rate = 128 << 10;
     let paced = CompactionConfig {
         split_stream_bytes: 64 << 10,
+        stream_object_bytes: 128 << 10,
         max_bytes_per_sec: rate,
         ..compaction()
     };
@@ -826,18 +828,23 @@ async fn coordinator_epoch(engine: &S3Stream) -> u64 {
     .unwrap()
 }
 
-async fn compaction_merges_splits_and_keeps_every_record(world: World) {
-    let engine = world.node(1).await;
-    let first = engine.create_streams(4).await.unwrap();
-    for s in first..first + 4 {
+/// Opens `n` new streams and appends to each in 12 rounds (one object per round), batches of
+/// 3 000 bytes to the first and of `others` bytes to the rest: returns the first stream and
+/// what each holds.
+async fn streams_in_rounds(
+    engine: &S3Stream,
+    n: u32,
+    others: usize,
+) -> (u64, BTreeMap<u64, Vec<RecordBatch>>) {
+    let first = engine.create_streams(n).await.unwrap();
+    let n = u64::from(n);
+    for s in first..first + n {
         engine.open(s, 1).await.unwrap();
     }
-    // Many small flushes: one object per append round.
     let mut expected: BTreeMap<u64, Vec<RecordBatch>> = BTreeMap::new();
     for round in 0..12u64 {
-        for s in first..first + 4 {
-            // Stream `first` is big enough to be split out into stream objects.
-            let size = if s == first { 3000 } else { 40 };
+        for s in first..first + n {
+            let size = if s == first { 3000 } else { others };
             let p = Bytes::from(vec![(round as u8) ^ (s as u8); size]);
             let a = engine.append(s, 2, p.clone(), None).await.unwrap();
             expected.entry(s).or_default().push(RecordBatch {
@@ -848,6 +855,13 @@ async fn compaction_merges_splits_and_keeps_every_record(world: World) {
             });
         }
     }
+    (first, expected)
+}
+
+async fn compaction_merges_splits_and_keeps_every_record(world: World) {
+    let engine = world.node(1).await;
+    // Many small flushes; stream `first` is big enough to be split out into stream objects.
+    let (first, mut expected) = streams_in_rounds(&engine, 4, 40).await;
     let (sets_before, _, _) = objects(&engine, &world).await;
     assert!(
         sets_before >= 6,
@@ -910,6 +924,58 @@ async fn compaction_merges_splits_and_keeps_every_record(world: World) {
     reader.shutdown().await;
 }
 suite!(compaction_merges_splits_and_keeps_every_record);
+
+async fn a_round_writes_objects_of_bounded_size(world: World) {
+    let engine = world.node(1).await;
+    // Stream `first` is split out (36 000 bytes); the others stay (4 800 bytes each).
+    let (first, expected) = streams_in_rounds(&engine, 6, 400).await;
+    let (sets_before, _, _) = objects(&engine, &world).await;
+    // Stream objects of at most three batches, stream-set objects of at most two streams.
+    let bounded = CompactionConfig {
+        stream_object_bytes: 10_000,
+        stream_set_object_bytes: 10_000,
+        ..compaction()
+    };
+    let report = engine.compact_once(1, &bounded).await.unwrap();
+    assert_eq!(report.sources, sets_before, "{report:?}");
+    assert!(report.refused.is_empty(), "{report:?}");
+    let (sets, streams, _) = objects(&engine, &world).await;
+    assert_eq!(streams, 4, "the split stream in pieces of three batches");
+    assert_eq!(sets, 3, "five streams of 4 800 bytes, two per object");
+    let view = engine.sink().view();
+    for o in view
+        .state
+        .objects
+        .values()
+        .filter(|o| o.state() == mink_metadata::ObjectState::Committed)
+    {
+        assert!(
+            o.size < 12_000,
+            "object {} is {} bytes",
+            o.object_id,
+            o.size
+        );
+    }
+    // The pieces of the split stream follow each other without a gap.
+    let ranges: Vec<(u64, u64)> = view
+        .state
+        .stream_ranges(first, 0, u64::MAX)
+        .map(|r| (r.start_offset, r.end_offset))
+        .collect();
+    assert_eq!(ranges.len(), 4, "{ranges:?}");
+    assert!(ranges.windows(2).all(|w| w[0].1 == w[1].0), "{ranges:?}");
+    let reader = world.node(2).await;
+    for (s, batches) in &expected {
+        assert_eq!(&read_all(&reader, *s, 0).await, batches, "stream {s}");
+    }
+    // Its own output is not rewritten by the next round.
+    let again = engine.compact_once(1, &bounded).await.unwrap();
+    assert_eq!(again.sources, 0, "{again:?}");
+    assert_eq!(again.objects_written, 0, "{again:?}");
+    engine.shutdown().await;
+    reader.shutdown().await;
+}
+suite!(a_round_writes_objects_of_bounded_size);
 
 async fn orphans_are_swept(world: World) {
     use object_store::ObjectStoreExt as _;
