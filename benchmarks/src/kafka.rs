@@ -209,6 +209,7 @@ async fn one_store(
             .flat_map(|b| view.state.stream_ranges(b.stream_id, 0, u64::MAX))
             .map(|r| r.object_id)
             .collect();
+        eprintln_layout(&view.state, &objects);
         let prefix = quiet().engine.object_prefix;
         served.stop().await;
         let paths: Vec<_> = objects
@@ -477,4 +478,35 @@ fn eprintln_read(store: &str, path: &str, m: &load::Measured) {
         f.seconds,
         seconds.join(" ")
     );
+}
+
+/// What the consumed topic's objects are (stream-set or stream objects, and how many are over
+/// the size a catch-up reader reads whole), on stderr: what its GETs per object follow.
+#[allow(clippy::print_stderr, clippy::cast_precision_loss)]
+fn eprintln_layout(state: &mink_metadata::State, objects: &std::collections::BTreeSet<u64>) {
+    let whole_limit = 16u64 << 20;
+    let mut line = String::from("consumed topic's objects:");
+    for kind in [
+        mink_metadata::ObjectKind::StreamSet,
+        mink_metadata::ObjectKind::Stream,
+    ] {
+        let of_kind: Vec<_> = objects
+            .iter()
+            .filter_map(|id| state.objects.get(id))
+            .filter(|o| o.kind() == kind)
+            .collect();
+        let bytes: u64 = of_kind.iter().map(|o| o.size).sum();
+        let large = of_kind.iter().filter(|o| o.size > whole_limit).count();
+        let ranges: u64 = of_kind.iter().map(|o| o.live_ranges).sum();
+        let _ = std::fmt::Write::write_fmt(
+            &mut line,
+            format_args!(
+                " {} {kind:?} ({:.1} MB, {large} over 16 MiB, {:.1} streams each);",
+                of_kind.len(),
+                bytes as f64 / 1e6,
+                ranges as f64 / of_kind.len().max(1) as f64,
+            ),
+        );
+    }
+    eprintln!("{line}");
 }
