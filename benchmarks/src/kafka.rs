@@ -33,7 +33,7 @@ pub(crate) struct Args {
     /// Bytes each producer has in flight, MiB (a comma-separated sweep, in this order): a
     /// Kafka producer's unacknowledged records, a Flight writer's one write. The main table's
     /// produce figures are the last point's; the sweep finds where the node saturates.
-    #[arg(long, value_delimiter = ',', default_values_t = [2, 4, 8])]
+    #[arg(long, value_delimiter = ',', default_values_t = [2, 4, 6, 8])]
     in_flight_mib: Vec<usize>,
     /// Also on an S3-compatible store (moto).
     #[arg(long, env = "MINK_BENCH_S3_ENDPOINT")]
