@@ -484,7 +484,6 @@ fn eprintln_read(store: &str, path: &str, m: &load::Measured) {
 /// the size a catch-up reader reads whole), on stderr: what its GETs per object follow.
 #[allow(clippy::print_stderr, clippy::cast_precision_loss)]
 fn eprintln_layout(state: &mink_metadata::State, objects: &std::collections::BTreeSet<u64>) {
-    let whole_limit = 16u64 << 20;
     let mut line = String::from("consumed topic's objects:");
     for kind in [
         mink_metadata::ObjectKind::StreamSet,
@@ -496,14 +495,18 @@ fn eprintln_layout(state: &mink_metadata::State, objects: &std::collections::BTr
             .filter(|o| o.kind() == kind)
             .collect();
         let bytes: u64 = of_kind.iter().map(|o| o.size).sum();
-        let large = of_kind.iter().filter(|o| o.size > whole_limit).count();
+        let large = of_kind
+            .iter()
+            .filter(|o| o.size > s3stream::COALESCE_BYTES)
+            .count();
         let ranges: u64 = of_kind.iter().map(|o| o.live_ranges).sum();
         let _ = std::fmt::Write::write_fmt(
             &mut line,
             format_args!(
-                " {} {kind:?} ({:.1} MB, {large} over 16 MiB, {:.1} streams each);",
+                " {} {kind:?} ({:.1} MB, {large} over {} MiB, {:.1} streams each);",
                 of_kind.len(),
                 bytes as f64 / 1e6,
+                s3stream::COALESCE_BYTES >> 20,
                 ranges as f64 / of_kind.len().max(1) as f64,
             ),
         );

@@ -44,6 +44,10 @@ impl Buf for Frames {
         self.chunks.iter().map(Bytes::len).sum()
     }
 
+    fn has_remaining(&self) -> bool {
+        !self.chunks.is_empty()
+    }
+
     fn chunk(&self) -> &[u8] {
         self.chunks.front().map_or(&[], |c| c.as_ref())
     }

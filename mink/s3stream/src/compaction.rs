@@ -290,7 +290,7 @@ impl S3Stream {
             previous_in_sources = Some(*stream_id);
         }
         // What stays in stream-set objects, a stream's runs together, cut between streams.
-        let mut stream_sets: Vec<StreamSetPart> = vec![StreamSetPart::default()];
+        let mut stream_sets: Vec<StreamSetPart> = Vec::new();
         let mut split = Vec::new();
         for (stream_id, stream_runs) in runs {
             let bytes: u64 = stream_runs
@@ -308,11 +308,13 @@ impl S3Stream {
                 }
                 continue;
             }
-            let part = stream_sets.last_mut().expect("one part at least");
-            if part.bytes > 0 && part.bytes + bytes > config.stream_set_object_bytes {
+            if stream_sets
+                .last()
+                .is_none_or(|p| p.bytes + bytes > config.stream_set_object_bytes)
+            {
                 stream_sets.push(StreamSetPart::default());
             }
-            let part = stream_sets.last_mut().expect("one part at least");
+            let part = stream_sets.last_mut().expect("pushed above when none fits");
             part.bytes += bytes;
             for Run {
                 start,
@@ -340,7 +342,7 @@ impl S3Stream {
             report.count(written);
         }
         // Then the rest into stream-set objects (none when every stream was split out).
-        for part in stream_sets.into_iter().filter(|p| !p.ranges.is_empty()) {
+        for part in stream_sets {
             let written = self
                 .write_stream_set_object(part, &sources_list, pacer)
                 .await?;

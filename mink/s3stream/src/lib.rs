@@ -25,3 +25,4 @@ pub use engine::{
     AppendAck, Appending, EngineConfig, EngineStats, S3Stream, StreamError, StreamInfo,
     WriterBatchId, object_id_of, object_path,
 };
+pub use read::COALESCE_BYTES;

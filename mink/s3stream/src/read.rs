@@ -42,8 +42,9 @@ const FETCH_CONCURRENCY: usize = 16;
 const RANGES_AHEAD: usize = 32;
 /// A lone reader's missing blocks go in up to this many GETs at once (fewer with more readers).
 const READ_SPLIT: u64 = 4;
-/// Adjacent blocks of an object are read in one ranged GET of at most this many bytes.
-pub(crate) const COALESCE_BYTES: u64 = 16 << 20;
+/// Adjacent blocks of an object are read in one ranged GET of at most this many bytes, and
+/// objects up to this size may be read whole (see `docs/s3stream.md`, Reads).
+pub const COALESCE_BYTES: u64 = 16 << 20;
 
 /// A ranged GET of adjacent blocks of one object, shared by every read that needs them: each
 /// block, or why it is corrupt (which fails only the reads that need that block).
