@@ -842,21 +842,40 @@ impl S3Stream {
         // free for it.
         let own = run[0].0.stream_id;
         let reads_ahead = engine.config.read_ahead_bytes > 0;
-        // Whether a block is another stream's that its reader asks for soon (`Some(true)`:
-        // yet to load; `Some(false)`: loaded or loading), or none of the readers' (`None`).
-        let soon = |e: &BlockIndex| {
+        let loaded = |e: &BlockIndex| {
             let key = (object_id, e.position);
+            loads.contains_key(&key) || engine.block_cache.contains(&key)
+        };
+        // A second stream's reader asking for an object read by ranges (not whole: its first
+        // reader met it alone) takes the rest of it along, for the readers of its streams that
+        // have yet to reach it however far behind, when they are at least half its streams:
+        // one GET, where each would make its own.
+        let second = index.iter().any(|e| e.stream_id != own && loaded(e)) && {
+            let mut streams: HashMap<u64, bool> = HashMap::new();
+            for e in index.iter() {
+                let behind = readers.get(e.stream_id).is_some_and(|r| {
+                    (r.proven || r.from_start || r.loading) && e.end_offset > r.next
+                });
+                *streams.entry(e.stream_id).or_default() |= behind;
+            }
+            let behind = streams.values().filter(|b| **b).count();
+            streams.len() > 1 && 2 * behind >= streams.len()
+        };
+        // Whether a block is another stream's that its reader asks for soon (`Some(true)`:
+        // yet to load; `Some(false)`: loaded or loading, or, taking the rest along, nobody's),
+        // or none of the readers' (`None`).
+        let soon = |e: &BlockIndex| {
             let wanted = readers.get(e.stream_id).is_some_and(|r| {
                 (e.stream_id != own
                     || (reads_ahead && (r.proven || r.from_start) && e.start_offset >= asked_end))
                     && r.reach > 0
                     && e.end_offset > r.next
-                    && e.start_offset <= r.next.saturating_add(r.reach)
+                    && (second || e.start_offset <= r.next.saturating_add(r.reach))
             });
-            if loads.contains_key(&key) || engine.block_cache.contains(&key) {
+            if loaded(e) {
                 Some(false)
             } else {
-                wanted.then_some(true)
+                (wanted || second).then_some(wanted)
             }
         };
         let Some(at) = index.iter().position(|e| e.position == run[0].0.position) else {
@@ -1190,6 +1209,7 @@ fn load(
         .filter(|(_, t)| *t != Take::Passing)
         .map(|(e, _)| e.position)
         .collect();
+    let takes: Vec<Take> = run.iter().map(|(_, t)| *t).collect();
     let run: Vec<BlockIndex> = run.into_iter().map(|(e, _)| e).collect();
     async move {
         let start = run[0].position;
@@ -1218,11 +1238,22 @@ fn load(
                 .collect::<Vec<_>>())
         });
         if let Ok(blocks) = &blocks {
-            for (e, block) in run.iter().zip(blocks) {
-                if let Ok(block) = block {
-                    engine
-                        .block_cache
-                        .insert((object_id, e.position), block.clone(), block.len());
+            for ((e, block), take) in run.iter().zip(blocks).zip(&takes) {
+                let (Ok(block), key) = (block, (object_id, e.position)) else {
+                    continue;
+                };
+                match take {
+                    // Loaded ahead of its reader's asking: kept until read, as a whole
+                    // object's blocks are (in the regular part of the cache a catch-up read
+                    // evicted such blocks before their readers came, who read them again).
+                    Take::Widened => {
+                        engine
+                            .block_cache
+                            .insert_unread(key, block.clone(), block.len())
+                    }
+                    // Cached already (unread, maybe: leave it so) or another load's.
+                    Take::Passing => {}
+                    Take::Asked(_) => engine.block_cache.insert(key, block.clone(), block.len()),
                 }
             }
         }

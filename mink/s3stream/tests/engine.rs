@@ -2149,6 +2149,103 @@ async fn widened_gets_pass_over_loaded_blocks(world: World) {
 }
 suite!(widened_gets_pass_over_loaded_blocks);
 
+/// An object one reader ran ahead into (read by its index and ranges, its block alone: the
+/// others were too far behind to take theirs along) is read at most twice: the GET of the
+/// second stream's reader to reach it takes the rest of it along for the readers of its
+/// other streams, however far behind, and they read their blocks without a GET of their own.
+async fn a_second_reader_takes_the_rest_of_an_object_along(world: World) {
+    let engine = world.node(1).await;
+    let streams = new_streams(&engine, 4).await;
+    let [a, b, c, d] = streams[..] else {
+        unreachable!("four streams")
+    };
+    // Three objects, each one block of every stream.
+    let reader = stream_set_objects(&world, &engine, &streams, 3).await;
+    let read = async |s: u64, offset: u64| read_batch(&reader, s, offset).await;
+    // All four read through the first object; `a` runs ahead into the third, alone: the
+    // others' reach (two fetches) ends in the second.
+    for offset in 0..4 {
+        for &s in &streams {
+            read(s, offset).await;
+        }
+    }
+    for offset in 4..12 {
+        read(a, offset).await;
+    }
+    // `b` follows into the third object: one GET, for its block and `c`'s and `d`'s.
+    for offset in 4..8 {
+        read(b, offset).await;
+    }
+    let before = fetch_reads(&reader);
+    read(b, 8).await;
+    assert_eq!(
+        fetch_reads(&reader),
+        before + 1,
+        "b's GET of the third object"
+    );
+    for s in [c, d] {
+        for offset in 4..12 {
+            read(s, offset).await;
+        }
+    }
+    read(b, 9).await;
+    assert_eq!(
+        fetch_reads(&reader),
+        before + 1,
+        "c's and d's blocks of the third object came with b's GET: no GET for either"
+    );
+    reader.shutdown().await;
+    engine.shutdown().await;
+}
+suite!(a_second_reader_takes_the_rest_of_an_object_along);
+
+/// A block a GET took along for another stream's reader is kept in the block cache until that
+/// reader reads it, while the reader that asked for the GET reads on through more than the
+/// cache holds: in the cache's regular part it would be evicted first, and read again.
+async fn blocks_taken_along_are_kept_until_read(world: World) {
+    let engine = world.node(1).await;
+    let streams = new_streams(&engine, 5).await;
+    let (a, b) = (streams[0], streams[1]);
+    // Eight objects, each one block of every stream (of five: two readers are too few to
+    // read one whole). A reader whose cache holds about three blocks.
+    stream_set_objects(&world, &engine, &streams, 8)
+        .await
+        .shutdown()
+        .await;
+    let reader = world
+        .node_on(
+            3,
+            Arc::clone(&world.store),
+            EngineConfig {
+                read_ahead_bytes: 0,
+                block_cache_bytes: 16 << 10,
+                ..config()
+            },
+        )
+        .await;
+    let read = async |s: u64, offset: u64| read_batch(&reader, s, offset).await;
+    for offset in 0..4 {
+        read(a, offset).await;
+        read(b, offset).await;
+    }
+    // `a` enters the second object: its GET takes `b`'s block along. Then it reads on through
+    // six more blocks of its own, each more than a third of the cache.
+    read(a, 4).await;
+    for offset in 5..32 {
+        read(a, offset).await;
+    }
+    let before = fetch_reads(&reader);
+    read(b, 4).await;
+    assert_eq!(
+        fetch_reads(&reader),
+        before,
+        "b's block, taken along by a's GET, was still cached"
+    );
+    reader.shutdown().await;
+    engine.shutdown().await;
+}
+suite!(blocks_taken_along_are_kept_until_read);
+
 /// Readers of many streams starting together on a cold node (a consumer group catching up)
 /// read each object's index once, and share the GETs of the objects their streams are slices
 /// of from their first fetch on.
