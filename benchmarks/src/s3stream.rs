@@ -467,7 +467,7 @@ pub(crate) fn eprintln_gets(lane: &str, engine: &S3Stream) {
     let stats = engine.stats();
     let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
     eprintln!(
-        "{lane}: {} GETs: {} of indexes ({} whole objects, {} waited for room, {} refused), {} read-ahead, {} queued",
+        "{lane}: {} GETs: {} of indexes ({} whole objects, {} waited for room, {} refused), {} read-ahead, {} queued; {} blocks evicted unread",
         n(&stats.object_reads),
         n(&stats.index_reads),
         n(&stats.whole_object_reads),
@@ -475,6 +475,11 @@ pub(crate) fn eprintln_gets(lane: &str, engine: &S3Stream) {
         n(&stats.whole_reads_refused),
         n(&stats.read_ahead_reads),
         n(&stats.reads_queued),
+        engine
+            .cache_stats()
+            .iter()
+            .find(|(cache, _)| *cache == "block")
+            .map_or(0, |(_, s)| n(&s.evicted_unread)),
     );
 }
 

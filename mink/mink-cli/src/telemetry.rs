@@ -303,6 +303,21 @@ pub(crate) fn observe_node(node: &mink_node::Node) {
         })
         .build();
     let n = node.clone();
+    let _evicted = meter
+        .u64_observable_counter("s3stream.cache.evicted_unread")
+        .with_description(
+            "Cache entries loaded ahead of their use and evicted before anyone read them",
+        )
+        .with_callback(move |o| {
+            for (cache, stats) in n.streams().cache_stats() {
+                let evicted = stats
+                    .evicted_unread
+                    .load(std::sync::atomic::Ordering::Relaxed);
+                o.observe(evicted, &[KeyValue::new("cache", cache)]);
+            }
+        })
+        .build();
+    let n = node.clone();
     let _engine = meter
         .u64_observable_counter("s3stream.operations")
         .with_description("Stream engine operations by kind")

@@ -144,6 +144,7 @@ fn dev_serves_admin_produce_scan_and_metrics() {
         "s3stream_flush_commit_duration_seconds_bucket",
         "mink_metadata_applied_index",
         "s3stream_cache_lookups_total",
+        "s3stream_cache_evicted_unread_total",
     ] {
         assert!(metrics.contains(name), "{name} missing from:\n{metrics}");
     }

@@ -15,6 +15,9 @@ use crate::format::{BlockIndex, RecordBatch};
 pub struct CacheStats {
     pub hits: AtomicU64,
     pub misses: AtomicU64,
+    /// Entries inserted ahead of their use and evicted before anyone read them: loads the
+    /// cache had no room to keep, which their readers make again.
+    pub evicted_unread: AtomicU64,
 }
 
 impl CacheStats {
@@ -273,8 +276,11 @@ impl<K: std::hash::Hash + Eq + Clone, V: Clone> Lru<K, V> {
             let Some((_, victim)) = queue.pop_first() else {
                 break;
             };
-            if let Some(old) = c.map.remove(&victim) {
-                freed |= c.remove_accounting(&old);
+            if let Some(old) = c.map.remove(&victim)
+                && c.remove_accounting(&old)
+            {
+                freed = true;
+                self.stats.evicted_unread.fetch_add(1, Ordering::Relaxed);
             }
         }
         drop(c);
@@ -327,6 +333,7 @@ mod tests {
         lru.insert_unread(5, 5, 30);
         assert!(!lru.contains(&2) && lru.contains(&1) && lru.contains(&4));
         assert_eq!(lru.unread_bytes(), 30);
+        assert_eq!(lru.stats.evicted_unread.load(Ordering::Relaxed), 1);
         // Replacing an unread entry counts it once.
         lru.insert_unread(5, 5, 10);
         lru.insert_unread(5, 5, 20);

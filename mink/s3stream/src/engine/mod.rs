@@ -543,7 +543,8 @@ impl S3Stream {
         i64::try_from(self.engine.config.clock.now_ms()).unwrap_or(i64::MAX)
     }
 
-    /// Hits and misses of the read caches, by name (`log`, `index`, `block`).
+    /// Hits, misses and entries evicted unread of the read caches, by name (`log`, `index`,
+    /// `block`).
     pub fn cache_stats(&self) -> [(&'static str, &CacheStats); 3] {
         [
             ("log", &self.engine.log_cache.stats),
