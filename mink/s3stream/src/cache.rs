@@ -193,11 +193,31 @@ impl<K: std::hash::Hash + Eq + Clone, V: Clone> Lru<K, V> {
     }
 
     pub(crate) fn get(&self, key: &K) -> Option<V> {
+        self.lookup(key, true)
+    }
+
+    /// Marks `key` read and recent, as [`Lru::get`] does, without counting a lookup: for an
+    /// entry whose reader got its value from the load that inserted it.
+    pub(crate) fn mark_read(&self, key: &K) {
+        self.lookup(key, false);
+    }
+
+    /// The value of `key` if cached, the entry left as it is (not counted, not made recent,
+    /// still unread): for a load ahead of use checking what is cached already, which would
+    /// otherwise hand its reader's unread entries over to eviction before they are read.
+    pub(crate) fn peek(&self, key: &K) -> Option<V> {
+        let c = self.inner.lock().expect("lru lock");
+        c.map.get(key).map(|e| e.value.clone())
+    }
+
+    fn lookup(&self, key: &K, count: bool) -> Option<V> {
         let mut c = self.inner.lock().expect("lru lock");
         c.tick += 1;
         let tick = c.tick;
         let Some(entry) = c.map.get_mut(key) else {
-            self.stats.miss();
+            if count {
+                self.stats.miss();
+            }
             return None;
         };
         let old = std::mem::replace(&mut entry.used, tick);
@@ -211,7 +231,9 @@ impl<K: std::hash::Hash + Eq + Clone, V: Clone> Lru<K, V> {
         }
         c.recency.insert(tick, key.clone());
         drop(c);
-        self.stats.hit();
+        if count {
+            self.stats.hit();
+        }
         if read.is_some() {
             self.unread_freed.notify_waiters();
         }
@@ -340,5 +362,23 @@ mod tests {
         assert_eq!(lru.unread_bytes(), 20);
         lru.insert(5, 5, 20);
         assert_eq!(lru.unread_bytes(), 0);
+    }
+
+    /// A peek leaves an unread entry unread and least recent; marking it read counts no
+    /// lookup.
+    #[test]
+    fn peeks_leave_entries_unread_and_marks_count_no_lookup() {
+        let lru: Lru<u32, u32> = Lru::new(100);
+        lru.insert_unread(1, 1, 30);
+        assert_eq!(lru.peek(&1), Some(1));
+        assert_eq!(lru.peek(&2), None);
+        assert_eq!(lru.unread_bytes(), 30);
+        lru.mark_read(&1);
+        assert_eq!(lru.unread_bytes(), 0);
+        let (hits, misses) = (&lru.stats.hits, &lru.stats.misses);
+        assert_eq!(
+            (hits.load(Ordering::Relaxed), misses.load(Ordering::Relaxed)),
+            (0, 0)
+        );
     }
 }

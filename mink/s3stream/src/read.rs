@@ -748,7 +748,13 @@ impl S3Stream {
             let mut missing = Vec::new();
             for (i, &(object_id, entry)) in wanted.iter().enumerate() {
                 let key = (object_id, entry.position);
-                if let Some(block) = engine.block_cache.get(&key) {
+                // A read-ahead leaves cached blocks unread for their reader.
+                let cached = if ahead {
+                    engine.block_cache.peek(&key)
+                } else {
+                    engine.block_cache.get(&key)
+                };
+                if let Some(block) = cached {
                     slots.push(Some(Slot::Ready(block)));
                     continue;
                 }
@@ -816,10 +822,20 @@ impl S3Stream {
             .await?;
         slots
             .into_iter()
-            .map(|slot| match slot.expect("every slot filled") {
-                Slot::Ready(block) => Ok(block),
-                Slot::Loading(at, k) => loaded[at][k].clone(),
-            })
+            .zip(wanted)
+            .map(
+                |(slot, &(object_id, entry))| match slot.expect("every slot filled") {
+                    Slot::Ready(block) => Ok(block),
+                    Slot::Loading(at, k) => {
+                        // Another load's (a read-ahead's, or one that took it along, which
+                        // cached it as unread): read now.
+                        if !ahead {
+                            engine.block_cache.mark_read(&(object_id, entry.position));
+                        }
+                        loaded[at][k].clone()
+                    }
+                },
+            )
             .collect()
     }
 }
@@ -1253,6 +1269,9 @@ fn load(
                     }
                     // Cached already (unread, maybe: leave it so) or another load's.
                     Take::Passing => {}
+                    // Read now, or a read-ahead's, whose window its reader reads next (as
+                    // unread, 16 Flight readers' windows took the room of whole-object reads
+                    // on moto, and made more GETs).
                     Take::Asked(_) => engine.block_cache.insert(key, block.clone(), block.len()),
                 }
             }

@@ -2246,6 +2246,59 @@ async fn blocks_taken_along_are_kept_until_read(world: World) {
 }
 suite!(blocks_taken_along_are_kept_until_read);
 
+/// A read-ahead over blocks cached ahead of their reader (here by a whole-object read) leaves
+/// them unread: counted as read, they went into the cache's regular part and other readers'
+/// blocks evicted them before their reader came, who read them again.
+async fn a_read_ahead_leaves_cached_blocks_unread(world: World) {
+    let engine = world.node(1).await;
+    let (s, t) = (new_stream(&engine).await, new_stream(&engine).await);
+    // Objects of 16 KiB of one stream each, read whole by a reader entering them at their
+    // start, of four blocks (of four 1 KiB batches): 16 of `s`, then 64 of `t`.
+    for (stream, objects) in [(s, 16), (t, 64)] {
+        for _ in 0..objects {
+            append_kib_records(&engine, stream, 16).await;
+        }
+    }
+    let reader = world
+        .node_on(
+            2,
+            Arc::clone(&world.store),
+            EngineConfig {
+                read_ahead_bytes: 32 << 10,
+                block_cache_bytes: 512 << 10,
+                ..config()
+            },
+        )
+        .await;
+    let mut next = 0;
+    let fetch = async |next: &mut u64| {
+        let got = reader.fetch(s, *next, 4 << 10).await.unwrap();
+        assert_eq!(got[0].base_offset, *next);
+        *next = got.last().unwrap().end_offset();
+    };
+    // `s`'s first object read whole; the second fetch starts a read-ahead over the next
+    // 32 KiB, of which the first object's last two blocks are cached already.
+    fetch(&mut next).await;
+    fetch(&mut next).await;
+    tokio::time::timeout(Duration::from_secs(30), reader.read_aheads_settled())
+        .await
+        .expect("waited 30 s for the read-ahead started by two sequential fetches to end");
+    // Another reader reads twice the cache's size meanwhile.
+    assert_eq!(read_all(&reader, t, 0).await.len(), 1024);
+    let before = fetch_reads(&reader);
+    for _ in 0..8 {
+        fetch(&mut next).await;
+    }
+    assert_eq!(
+        fetch_reads(&reader),
+        before,
+        "the 32 KiB after the second fetch were cached, unread, since before the other reader read"
+    );
+    reader.shutdown().await;
+    engine.shutdown().await;
+}
+suite!(a_read_ahead_leaves_cached_blocks_unread);
+
 /// Readers of many streams starting together on a cold node (a consumer group catching up)
 /// read each object's index once, and share the GETs of the objects their streams are slices
 /// of from their first fetch on.
