@@ -1220,16 +1220,9 @@ fn load(
     run: Run,
     ahead: bool,
 ) -> BoxFuture<'static, LoadResult> {
-    let registered: Vec<u64> = run
-        .iter()
-        .filter(|(_, t)| *t != Take::Passing)
-        .map(|(e, _)| e.position)
-        .collect();
-    let takes: Vec<Take> = run.iter().map(|(_, t)| *t).collect();
-    let run: Vec<BlockIndex> = run.into_iter().map(|(e, _)| e).collect();
     async move {
-        let start = run[0].position;
-        let end = run.last().expect("a run has blocks").range().end;
+        let start = run[0].0.position;
+        let end = run.last().expect("a run has blocks").0.range().end;
         let path = object_path(&engine.config.object_prefix, object_id);
         let got = read_range(&engine, &path, start..end, ahead)
             .await
@@ -1243,7 +1236,7 @@ fn load(
             }
             Ok(run
                 .iter()
-                .map(|e| {
+                .map(|(e, _)| {
                     let at = usize::try_from(e.position - start).expect("a run fits in memory");
                     let block = bytes.slice(at..at + e.size as usize);
                     verify_checked(&engine, &block, e).map_err(|err| {
@@ -1254,7 +1247,7 @@ fn load(
                 .collect::<Vec<_>>())
         });
         if let Ok(blocks) = &blocks {
-            for ((e, block), take) in run.iter().zip(blocks).zip(&takes) {
+            for ((e, take), block) in run.iter().zip(blocks) {
                 let (Ok(block), key) = (block, (object_id, e.position)) else {
                     continue;
                 };
@@ -1277,8 +1270,8 @@ fn load(
             }
         }
         let mut loads = engine.loads.lock().expect("loads lock");
-        for position in registered {
-            loads.remove(&(object_id, position));
+        for (e, _) in run.iter().filter(|(_, t)| *t != Take::Passing) {
+            loads.remove(&(object_id, e.position));
         }
         drop(loads);
         blocks.map(Arc::new)
