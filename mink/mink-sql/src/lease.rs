@@ -43,7 +43,7 @@ impl LeaseStatus {
 }
 
 async fn propose(
-    queue: &mpsc::Sender<Proposal>,
+    queue: &mpsc::Sender<Vec<Proposal>>,
     shared: &Shared,
     command: Command,
 ) -> Result<Proposed, SinkError> {
@@ -61,7 +61,7 @@ async fn propose(
     let (tx, rx) = oneshot::channel();
     let size = encoded_command_len(&command);
     queue
-        .send(Proposal { command, size, tx })
+        .send(vec![Proposal { command, size, tx }])
         .await
         .map_err(|_| SinkError::Shutdown)?;
     rx.await.map_err(|_| SinkError::Shutdown)?
@@ -71,7 +71,7 @@ async fn propose(
 
 struct Membership {
     shared: Arc<Shared>,
-    queue: mpsc::Sender<Proposal>,
+    queue: mpsc::Sender<Vec<Proposal>>,
     /// When the last successful acquire/renew was sent.
     renewed_at: Option<Instant>,
     held_term: Option<u64>,
@@ -223,7 +223,7 @@ impl Membership {
 }
 
 /// The membership loop of one sink: heartbeat and lease, every `lease_ttl / 4`.
-pub(crate) async fn run(shared: Arc<Shared>, queue: mpsc::Sender<Proposal>) {
+pub(crate) async fn run(shared: Arc<Shared>, queue: mpsc::Sender<Vec<Proposal>>) {
     let interval = shared.config.heartbeat_interval();
     let mut membership = Membership {
         shared: Arc::clone(&shared),
@@ -266,7 +266,7 @@ pub(crate) async fn run(shared: Arc<Shared>, queue: mpsc::Sender<Proposal>) {
 
 struct Maintenance {
     shared: Arc<Shared>,
-    queue: mpsc::Sender<Proposal>,
+    queue: mpsc::Sender<Vec<Proposal>>,
     /// Index of the newest stored snapshot (ours or not): paces snapshots.
     stored: u64,
     /// Index of the newest snapshot this node wrote, read back and compared with its live
@@ -402,7 +402,7 @@ impl Maintenance {
 /// The maintenance loop: while this node holds the lease, snapshot, truncate and upgrade every
 /// interval and whenever the log has grown by a snapshot interval; stop the moment the lease
 /// is lost.
-pub(crate) async fn run_maintenance(shared: Arc<Shared>, queue: mpsc::Sender<Proposal>) {
+pub(crate) async fn run_maintenance(shared: Arc<Shared>, queue: mpsc::Sender<Vec<Proposal>>) {
     let interval = shared.config.heartbeat_interval();
     let stored = match shared.store.load_snapshot().await {
         Ok(s) => s.map_or(0, |s| s.applied_index),

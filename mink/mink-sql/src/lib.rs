@@ -26,7 +26,7 @@ pub use error::SinkError;
 pub use faults::{Dice, Faults, FaultyStore};
 pub use lease::LeaseStatus;
 pub use postgres::PostgresStore;
-pub use sink::{Proposed, Sink, SinkStats, load_view};
+pub use sink::{Proposed, Sink, SinkStats, Submitted, load_view};
 pub use sqlite::SqliteStore;
 pub use store::*;
 

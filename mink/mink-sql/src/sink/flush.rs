@@ -1,6 +1,8 @@
 //! The flusher: drains the proposal queue into rows (group commit) and appends one row at a
 //! time, waiting until the tailer has applied it.
 
+use std::collections::VecDeque;
+
 use super::*;
 
 pub(crate) struct Proposal {
@@ -109,36 +111,38 @@ impl Appender {
         Ok(resolution)
     }
 
-    pub(super) async fn run(mut self, mut queue: mpsc::Receiver<Proposal>) {
+    pub(super) async fn run(mut self, mut queue: mpsc::Receiver<Vec<Proposal>>) {
         let shared = Arc::clone(&self.shared);
         let mut closing = shared.closing.subscribe();
-        let mut carry: Option<Proposal> = None;
+        // Proposals received but not yet in a row, in queue order.
+        let mut carry: VecDeque<Proposal> = VecDeque::new();
         loop {
             if *closing.borrow_and_update() {
                 return; // what is still queued fails with `Shutdown`
             }
-            let first = match carry.take() {
-                Some(p) => p,
-                None => tokio::select! {
+            if carry.is_empty() {
+                tokio::select! {
                     p = queue.recv() => match p {
-                        Some(p) => p,
+                        Some(p) => carry.extend(p),
                         None => return,
                     },
                     _ = closing.changed() => return,
-                },
-            };
-            let mut bytes = first.size;
-            let mut batch = vec![first];
-            while batch.len() < shared.config.max_commands_per_row {
+                }
+            }
+            let mut bytes = 0;
+            let mut batch = Vec::new();
+            'fill: loop {
+                while let Some(p) = carry.front() {
+                    let full = batch.len() >= shared.config.max_commands_per_row
+                        || (!batch.is_empty() && bytes + p.size > shared.config.max_row_bytes);
+                    if full {
+                        break 'fill;
+                    }
+                    bytes += p.size;
+                    batch.extend(carry.pop_front());
+                }
                 match queue.try_recv() {
-                    Ok(p) if bytes + p.size > shared.config.max_row_bytes => {
-                        carry = Some(p);
-                        break;
-                    }
-                    Ok(p) => {
-                        bytes += p.size;
-                        batch.push(p);
-                    }
+                    Ok(p) => carry.extend(p),
                     Err(_) => break,
                 }
             }

@@ -36,6 +36,17 @@ pub struct Proposed {
     pub result: CommandResult,
 }
 
+/// A command queued by [`Sink::submit_all`].
+#[derive(Debug)]
+pub struct Submitted(oneshot::Receiver<Result<Proposed, SinkError>>);
+
+impl Submitted {
+    /// Waits until this node has applied the command, as [`Sink::propose`] does.
+    pub async fn applied(self) -> Result<Proposed, SinkError> {
+        self.0.await.map_err(|_| SinkError::Shutdown)?
+    }
+}
+
 /// Counters for benchmarks, metrics and tests.
 #[derive(Debug, Default)]
 pub struct SinkStats {
@@ -192,7 +203,7 @@ struct Tasks {
 
 struct Inner {
     shared: Arc<Shared>,
-    queue: mpsc::Sender<Proposal>,
+    queue: mpsc::Sender<Vec<Proposal>>,
     tasks: Mutex<Option<Tasks>>,
 }
 
@@ -322,14 +333,20 @@ impl Sink {
     /// Proposes one command and waits until this node has applied it. The view is published
     /// before this returns, so the caller's next [`Sink::view`] includes the write.
     pub async fn propose(&self, command: Command) -> Result<Proposed, SinkError> {
-        let rx = self.enqueue(command).await?;
-        rx.await.map_err(|_| SinkError::Shutdown)?
+        let submitted = self.submit_all(vec![command]).await?;
+        submitted
+            .into_iter()
+            .next()
+            .expect("one submitted per command")
+            .applied()
+            .await
     }
 
-    async fn enqueue(
-        &self,
-        command: Command,
-    ) -> Result<oneshot::Receiver<Result<Proposed, SinkError>>, SinkError> {
+    /// Queues `commands` together, in order, behind those already queued, and returns
+    /// without waiting for them: they are appended in that order, in one row as far as
+    /// `max_commands_per_row` and `max_row_bytes` allow (one transaction and one sync of the
+    /// database's log, instead of one each). Nothing is queued if any of them is refused.
+    pub async fn submit_all(&self, commands: Vec<Command>) -> Result<Vec<Submitted>, SinkError> {
         let shared = &self.inner.shared;
         if let Some(e) = shared.halted() {
             return Err(e);
@@ -338,27 +355,33 @@ impl Sink {
             return Err(SinkError::Shutdown);
         }
         let current = shared.view.load().state.metadata_version;
-        if command.since() > current {
-            return Err(SinkError::NotEnabled {
-                command: command.name(),
-                since: command.since(),
-                current,
-            });
+        let mut proposals = Vec::with_capacity(commands.len());
+        let mut submitted = Vec::with_capacity(commands.len());
+        for command in commands {
+            if command.since() > current {
+                return Err(SinkError::NotEnabled {
+                    command: command.name(),
+                    since: command.since(),
+                    current,
+                });
+            }
+            let size = encoded_command_len(&command);
+            if size > shared.config.max_row_bytes {
+                return Err(SinkError::TooLarge {
+                    size,
+                    limit: shared.config.max_row_bytes,
+                });
+            }
+            let (tx, rx) = oneshot::channel();
+            proposals.push(Proposal { command, size, tx });
+            submitted.push(Submitted(rx));
         }
-        let size = encoded_command_len(&command);
-        if size > shared.config.max_row_bytes {
-            return Err(SinkError::TooLarge {
-                size,
-                limit: shared.config.max_row_bytes,
-            });
-        }
-        let (tx, rx) = oneshot::channel();
         self.inner
             .queue
-            .send(Proposal { command, size, tx })
+            .send(proposals)
             .await
             .map_err(|_| SinkError::Shutdown)?;
-        Ok(rx)
+        Ok(submitted)
     }
 
     /// The current view; never blocks, never touches the database.

@@ -76,6 +76,73 @@ async fn group_commit_packs_concurrent_proposals(db: TestDb) {
 }
 conformance!(group_commit_packs_concurrent_proposals);
 
+async fn commands_submitted_together_share_rows_in_order(db: TestDb) {
+    let mut cfg = config(1);
+    cfg.max_row_bytes = 64 << 10;
+    let sink = start(&db, cfg).await;
+    // Puts of one key each: the rows holding them, as the values in each row.
+    async fn rows_of(db: &TestDb, key: &str) -> Vec<Vec<String>> {
+        let store = db.store().await;
+        let mut rows = Vec::new();
+        for row in store.read_after(0, 100_000, u64::MAX).await.unwrap() {
+            let values: Vec<String> = decode_row(&row.payload, METADATA_VERSION)
+                .unwrap()
+                .commands
+                .into_iter()
+                .filter_map(|c| match c {
+                    Command::PutKv(p) if p.key == key => Some(String::from_utf8(p.value).unwrap()),
+                    _ => None,
+                })
+                .collect();
+            if !values.is_empty() {
+                rows.push(values);
+            }
+        }
+        rows
+    }
+    let submitted = sink
+        .submit_all((0..8).map(|i| put("k", &format!("v{i}"))).collect())
+        .await
+        .unwrap();
+    let mut last = 0;
+    for s in submitted {
+        let proposed = s.applied().await.unwrap();
+        assert!(proposed.result.is_ok());
+        assert!(proposed.index >= last, "applied out of order");
+        last = proposed.index;
+    }
+    let expected: Vec<String> = (0..8).map(|i| format!("v{i}")).collect();
+    assert_eq!(rows_of(&db, "k").await, vec![expected], "one row, in order");
+    assert_eq!(kv(&sink.view(), "k").as_deref(), Some("v7"));
+    // A group larger than a row goes in several, still in order: 20 KiB values, 64 KiB rows.
+    let big = "x".repeat(20 << 10);
+    let submitted = sink
+        .submit_all((0..6).map(|i| put("big", &format!("{i}{big}"))).collect())
+        .await
+        .unwrap();
+    for s in submitted {
+        assert!(s.applied().await.unwrap().result.is_ok());
+    }
+    let rows = rows_of(&db, "big").await;
+    assert_eq!(rows.len(), 2, "three 20 KiB commands per 64 KiB row");
+    let order: Vec<char> = rows
+        .iter()
+        .flatten()
+        .map(|v| v.chars().next().unwrap())
+        .collect();
+    assert_eq!(order, vec!['0', '1', '2', '3', '4', '5']);
+    // One refused command refuses the group: nothing of it is queued.
+    let too_big = "x".repeat(70 << 10);
+    assert!(matches!(
+        sink.submit_all(vec![put("a", "1"), put("huge", &too_big)])
+            .await,
+        Err(SinkError::TooLarge { .. })
+    ));
+    assert_eq!(rows_of(&db, "a").await.len(), 0);
+    sink.shutdown().await;
+}
+conformance!(commands_submitted_together_share_rows_in_order);
+
 fn raw_row(node_id: u64, sequence: u64, command: Command) -> Vec<u8> {
     encode_row(&Row {
         token: RowToken {
