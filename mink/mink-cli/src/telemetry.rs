@@ -332,6 +332,7 @@ pub(crate) fn observe_node(node: &mink_node::Node) {
                 ("put_retry", load(&s.put_retries)),
                 ("hedged_put", load(&s.hedged_puts)),
                 ("commit", load(&s.commits)),
+                ("grouped_commit", load(&s.grouped_commits)),
                 ("object_read", load(&s.object_reads)),
             ] {
                 o.observe(value, &[KeyValue::new("kind", kind)]);

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -1519,23 +1519,20 @@ async fn commits_follow_flush_order_even_when_puts_do_not(world: World) {
     faults.slow_next_put_us.store(400_000, Ordering::Relaxed);
     let slow = {
         let engine = engine.clone();
-        tokio::spawn(async move {
-            let r = engine.append(first, 1, payload(first, 1), None).await;
-            (r, tokio::time::Instant::now())
-        })
+        tokio::spawn(async move { engine.append(first, 1, payload(first, 1), None).await })
     };
     tokio::time::sleep(Duration::from_millis(50)).await;
     let fast = engine
         .append(first + 1, 1, payload(first + 1, 0), None)
         .await;
-    let fast_at = tokio::time::Instant::now();
-    let (slow, slow_at) = slow.await.unwrap();
-    slow.unwrap();
-    fast.unwrap();
-    assert!(
-        slow_at <= fast_at,
-        "the later flush was acknowledged before the earlier one"
+    // Acknowledged, so the earlier flush is committed too (before it, or in its transaction).
+    assert_eq!(
+        engine.info(first).unwrap().end_offset,
+        2,
+        "the later flush was acknowledged before the earlier one committed"
     );
+    slow.await.unwrap().unwrap();
+    fast.unwrap();
     assert!(
         engine.stats().flushes.load(Ordering::Relaxed) >= 3,
         "two objects were in flight"
@@ -1543,6 +1540,76 @@ async fn commits_follow_flush_order_even_when_puts_do_not(world: World) {
     engine.shutdown().await;
 }
 suite!(commits_follow_flush_order_even_when_puts_do_not);
+
+/// Waits until `counter` of the engine's stats reaches `n`, failing with `what` after 10 s.
+async fn stat_reaches(
+    engine: &S3Stream,
+    counter: fn(&EngineStats) -> &AtomicU64,
+    n: u64,
+    what: &str,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while counter(engine.stats()).load(Ordering::Relaxed) < n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "waited 10 s for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn commits_held_up_by_the_database_go_on_putting_and_share_a_transaction(world: World) {
+    let meta = mink_sql::Faults::new(43);
+    let two_slots = EngineConfig {
+        max_inflight_flushes: 2,
+        ..config()
+    };
+    let engine = world
+        .node_with(
+            1,
+            Arc::clone(&world.store),
+            two_slots,
+            Some(Arc::clone(&meta)),
+        )
+        .await;
+    let s = new_stream(&engine).await;
+    engine.append(s, 1, payload(s, 0), None).await.unwrap(); // ids prepared
+    let uploads = engine.stats().uploads.load(Ordering::Relaxed);
+    let sink = engine.sink().stats();
+    // The metadata database stops answering (a slow sync of its log): the next commit waits.
+    meta.pause();
+    let mut acks = Vec::new();
+    for i in 1..=6 {
+        let writer = engine.clone();
+        acks.push(tokio::spawn(async move {
+            writer.append(s, 1, payload(s, i), None).await
+        }));
+        // Each append its own flush: PUT although two of them already wait for a commit.
+        stat_reaches(
+            &engine,
+            |s| &s.uploads,
+            uploads + i,
+            &format!("flush {i} to be PUT with the commits held up (2 PUT slots)"),
+        )
+        .await;
+    }
+    let shared_before =
+        sink.commands_appended.load(Ordering::Relaxed) - sink.rows_appended.load(Ordering::Relaxed);
+    meta.resume();
+    for (i, ack) in acks.into_iter().enumerate() {
+        assert_eq!(ack.await.unwrap().unwrap().base_offset, i as u64 + 1);
+    }
+    // The first waited on its own; the five PUT meanwhile were queued together.
+    assert!(engine.stats().grouped_commits.load(Ordering::Relaxed) >= 4);
+    let shared = sink.commands_appended.load(Ordering::Relaxed)
+        - sink.rows_appended.load(Ordering::Relaxed)
+        - shared_before;
+    assert!(shared >= 4, "commits that shared a row: {shared}");
+    assert!(engine.failed().is_none());
+    assert_eq!(read_all(&world.node(2).await, s, 0).await.len(), 7);
+    engine.shutdown().await;
+}
+suite!(commits_held_up_by_the_database_go_on_putting_and_share_a_transaction);
 
 async fn a_fenced_range_is_dropped_while_the_rest_of_its_object_commits(world: World) {
     let a = world.node(1).await;

@@ -4,8 +4,9 @@
 //! `flush_bytes`, or `flush_delay` after the first buffered append) takes the buffer, takes a
 //! pre-prepared object id, builds one object and PUTs it, retrying the same bytes. Several
 //! PUTs may be in flight; one committer applies `CommitStreamSetObject` strictly in flush
-//! order, and only then acknowledges the appends of each committed range. Buffered and
-//! in-flight bytes are bounded: past the bound, appends wait.
+//! order (the commits of the flushes uploaded meanwhile queued together, in one metadata
+//! transaction), and only then acknowledges the appends of each committed range. Buffered
+//! and in-flight bytes are bounded: past the bound, appends wait.
 //!
 //! Failure policy:
 //! - a range rejected because its stream was fenced fails that range's appends; the stream is
@@ -278,10 +279,15 @@ pub struct EngineStats {
     pub appends: AtomicU64,
     pub appended_bytes: AtomicU64,
     pub flushes: AtomicU64,
+    /// Flushes whose object is PUT (their commit may still wait for earlier ones).
+    pub uploads: AtomicU64,
     pub puts: AtomicU64,
     pub put_retries: AtomicU64,
     pub hedged_puts: AtomicU64,
     pub commits: AtomicU64,
+    /// Commits queued behind an earlier one of the same group (see `docs/s3stream.md`, the
+    /// write path): they share its metadata transaction instead of waiting for their own.
+    pub grouped_commits: AtomicU64,
     pub reputs_after_expiry: AtomicU64,
     pub fenced_ranges: AtomicU64,
     /// GETs of object data (indexes and runs of blocks).
@@ -406,14 +412,14 @@ struct Flush {
     /// stream -> (epoch, batches), in stream order.
     streams: BTreeMap<u64, (u64, Vec<Pending>)>,
     bytes: Bytes,
-    _inflight: OwnedSemaphorePermit,
 }
 
-/// A flush on its way to the committer: uploaded under `object_id`, or failed. Every flush
-/// reaches the committer, so a failed one never holds back the ones after it.
+/// A flush on its way to the committer: uploaded under `object_id` (with the time its id
+/// expires, ms), or failed. Every flush reaches the committer, so a failed one never holds
+/// back the ones after it.
 struct Uploaded {
     flush: Flush,
-    object_id: Result<u64, StreamError>,
+    object_id: Result<(u64, u64), StreamError>,
 }
 
 pub(crate) struct Engine {

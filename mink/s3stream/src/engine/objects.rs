@@ -5,6 +5,12 @@ use super::*;
 impl Engine {
     /// A prepared object id that stays valid for a while yet.
     pub(crate) async fn object_id(&self) -> Result<u64, StreamError> {
+        Ok(self.prepared_id().await?.0)
+    }
+
+    /// A prepared object id that stays valid for at least a quarter of `prepare_ttl`, and when
+    /// it expires (ms, by the engine's clock).
+    pub(crate) async fn prepared_id(&self) -> Result<(u64, u64), StreamError> {
         let mut ids = self.ids.lock().await;
         let ttl_ms = u64::try_from(self.config.prepare_ttl.as_millis()).unwrap_or(u64::MAX);
         let margin = ttl_ms / 4;
@@ -13,7 +19,7 @@ impl Engine {
             // An id too close to its expiry is let lapse unused.
             while let Some((id, expires)) = ids.pop_front() {
                 if expires > now + margin {
-                    return Ok(id);
+                    return Ok((id, expires));
                 }
             }
             let node = self.sink.node();

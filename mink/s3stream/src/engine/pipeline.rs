@@ -89,26 +89,32 @@ impl Engine {
                 _ = tokio::time::sleep_until(first + self.config.flush_delay) => {}
                 _ = shutdown.changed() => return,
             }
-            let inflight = tokio::select! {
+            let put_slot = tokio::select! {
                 p = Arc::clone(&self.inflight).acquire_owned() => match p {
                     Ok(p) => p,
                     Err(_) => return,
                 },
                 _ = shutdown.changed() => return,
             };
-            let Some(flush) = self.take_flush(inflight) else {
+            let Some(flush) = self.take_flush() else {
                 continue;
             };
             add(&self.stats.flushes, 1);
             let engine = Arc::clone(&self);
             let uploaded = uploaded.clone();
             tokio::spawn(async move {
-                let _ = uploaded.send(engine.upload(flush).await);
+                let done = engine.upload(flush).await;
+                add(&engine.stats.uploads, 1);
+                // The slot bounds PUTs, not commits: a commit held up by the database (a slow
+                // sync of its log) lets the next PUTs go on, and their commits then share one
+                // transaction. Memory stays bounded by `max_buffered_bytes`.
+                drop(put_slot);
+                let _ = uploaded.send(done);
             });
         }
     }
 
-    pub(super) fn take_flush(&self, inflight: OwnedSemaphorePermit) -> Option<Flush> {
+    pub(super) fn take_flush(&self) -> Option<Flush> {
         let (seq, pending, pending_bytes) = {
             let mut state = self.state.lock().expect("wal lock");
             if state.pending.is_empty() {
@@ -148,7 +154,6 @@ impl Engine {
             seq,
             streams,
             bytes,
-            _inflight: inflight,
         };
         if let Some(e) = broken {
             // Cannot happen; if it does, nothing this engine holds can be trusted.
@@ -159,9 +164,15 @@ impl Engine {
         Some(flush)
     }
 
-    pub(super) async fn upload(self: Arc<Self>, flush: Flush) -> Uploaded {
+    pub(super) async fn upload(&self, flush: Flush) -> Uploaded {
         let started = Instant::now();
-        let object_id = self.put_new_object(&flush.bytes).await;
+        let object_id = async {
+            let (id, expires) = self.prepared_id().await?;
+            self.put(&object_path(&self.config.object_prefix, id), &flush.bytes)
+                .await?;
+            Ok((id, expires))
+        }
+        .await;
         let m = crate::metrics::metrics();
         m.upload
             .record(crate::metrics::seconds(started.elapsed()), &[]);
@@ -216,107 +227,200 @@ impl Engine {
         let mut waiting: BTreeMap<u64, Uploaded> = BTreeMap::new();
         while let Some(u) = uploaded.recv().await {
             waiting.insert(u.flush.seq, u);
+            // Everything uploaded while the last commits were in flight.
+            while let Ok(u) = uploaded.try_recv() {
+                waiting.insert(u.flush.seq, u);
+            }
+            let mut ready = Vec::new();
             while let Some(u) = waiting.remove(&next) {
                 next += 1;
-                match u.object_id {
-                    Ok(object_id) => self.commit(u.flush, object_id).await,
-                    Err(e) => {
-                        self.fail(&e);
-                        self.answer_flush(u.flush, &e);
-                    }
+                ready.push(u);
+            }
+            self.commit_ready(ready).await;
+        }
+    }
+
+    /// Commits consecutive uploaded flushes in flush order. Their commands are queued together,
+    /// so the metadata sink appends them in one row: one transaction and one sync of the
+    /// database's log for all of them, instead of one each while the others wait.
+    ///
+    /// An id close to its expiry (a PUT retried for minutes) commits on its own: if it has
+    /// lapsed, its bytes are PUT again under a new id before anything after it commits, as the
+    /// flushes after it continue its streams.
+    async fn commit_ready(&self, ready: Vec<Uploaded>) {
+        let ttl_ms = u64::try_from(self.config.prepare_ttl.as_millis()).unwrap_or(u64::MAX);
+        let mut group: Vec<(Flush, u64)> = Vec::new();
+        for u in ready {
+            match u.object_id {
+                Ok((id, expires)) if expires > self.config.clock.now_ms() + ttl_ms / 8 => {
+                    group.push((u.flush, id));
                 }
+                Ok((id, _)) => {
+                    self.commit_group(std::mem::take(&mut group)).await;
+                    self.commit(u.flush, id).await;
+                }
+                Err(e) => {
+                    self.commit_group(std::mem::take(&mut group)).await;
+                    self.fail(&e);
+                    self.answer_flush(u.flush, &e);
+                }
+            }
+        }
+        self.commit_group(group).await;
+    }
+
+    /// Queues the commits of `group` together, then settles them in order.
+    async fn commit_group(&self, group: Vec<(Flush, u64)>) {
+        if group.len() <= 1 {
+            for (flush, id) in group {
+                self.commit(flush, id).await;
+            }
+            return;
+        }
+        if let Some(e) = self.failed.lock().expect("failed lock").clone() {
+            for (flush, _) in group {
+                self.answer_flush(flush, &e);
+            }
+            return;
+        }
+        let commands = group
+            .iter()
+            .map(|(flush, object_id)| self.commit_command(flush, *object_id))
+            .collect();
+        let started = Instant::now();
+        let submitted = match self.sink.submit_all(commands).await {
+            Ok(s) => s,
+            Err(e) => {
+                let e = StreamError::from(e);
+                self.fail(&e);
+                for (flush, _) in group {
+                    self.answer_flush(flush, &e);
+                }
+                return;
+            }
+        };
+        add(&self.stats.grouped_commits, group.len() as u64 - 1);
+        for ((flush, object_id), submitted) in group.into_iter().zip(submitted) {
+            let proposed = submitted.applied().await;
+            crate::metrics::metrics()
+                .commit
+                .record(crate::metrics::seconds(started.elapsed()), &[]);
+            if let Some((flush, object_id)) = self.settle(flush, object_id, proposed).await {
+                self.commit(flush, object_id).await;
             }
         }
     }
 
     /// Commits one uploaded flush and answers its appends range by range.
-    pub(super) async fn commit(&self, flush: Flush, mut object_id: u64) {
-        loop {
+    pub(super) async fn commit(&self, flush: Flush, object_id: u64) {
+        let mut next = Some((flush, object_id));
+        while let Some((flush, object_id)) = next.take() {
             if let Some(e) = self.failed.lock().expect("failed lock").clone() {
                 return self.answer_flush(flush, &e);
             }
-            let node = self.sink.node();
-            let ranges: Vec<StreamRange> = flush
-                .streams
-                .iter()
-                .map(|(stream_id, (epoch, batches))| StreamRange {
-                    stream_id: *stream_id,
-                    stream_epoch: *epoch,
-                    start_offset: batches.first().map_or(0, |p| p.batch.base_offset),
-                    end_offset: batches.last().map_or(0, |p| p.batch.end_offset()),
-                    writers: batches
-                        .iter()
-                        .filter_map(|p| {
-                            p.writer.map(|w| WriterRange {
-                                writer_id: w.writer_id,
-                                writer_epoch: w.writer_epoch,
-                                first_sequence: w.first_sequence,
-                                last_sequence: w.last_sequence,
-                                base_offset: p.batch.base_offset,
-                                end_offset: p.batch.end_offset(),
-                            })
-                        })
-                        .collect(),
-                })
-                .collect();
-            let command = Command::CommitStreamSetObject(CommitStreamSetObject {
-                node_id: node.node_id,
-                node_epoch: node.node_epoch,
-                object_id,
-                object_size: flush.bytes.len() as u64,
-                ranges,
-                compacted_object_ids: vec![],
-            });
             let started = Instant::now();
-            let proposed = self.sink.propose(command).await;
+            let proposed = self
+                .sink
+                .propose(self.commit_command(&flush, object_id))
+                .await;
             crate::metrics::metrics()
                 .commit
                 .record(crate::metrics::seconds(started.elapsed()), &[]);
-            let proposed = match proposed {
-                Ok(p) => p,
-                Err(e) => {
-                    let e = StreamError::from(e);
-                    self.fail(&e);
-                    return self.answer_flush(flush, &e);
-                }
-            };
-            match proposed.result {
-                Ok(Outcome::Done(Reply::Commit(reply))) => {
-                    add(&self.stats.commits, 1);
-                    let results: HashMap<u64, Option<Rejection>> = reply
-                        .ranges
-                        .into_iter()
-                        .map(|r| (r.stream_id, r.rejection))
-                        .collect();
-                    return self.answer_committed(flush, &results);
-                }
-                // The id lapsed before the commit (expired, or expired and already forgotten):
-                // the same bytes under a new id. Its siblings were prepared together and have
-                // lapsed too.
-                Err(r) if matches!(r.kind(), RejectionKind::Expired | RejectionKind::NotFound) => {
-                    add(&self.stats.reputs_after_expiry, 1);
-                    self.ids.lock().await.clear();
-                    let reput = async {
-                        let id = self.object_id().await?;
-                        self.put(&object_path(&self.config.object_prefix, id), &flush.bytes)
-                            .await?;
-                        Ok::<_, StreamError>(id)
-                    };
-                    match reput.await {
-                        Ok(id) => object_id = id,
-                        Err(e) => {
-                            self.fail(&e);
-                            return self.answer_flush(flush, &e);
-                        }
+            next = self.settle(flush, object_id, proposed).await;
+        }
+    }
+
+    /// The command that makes `flush`, uploaded as `object_id`, live.
+    fn commit_command(&self, flush: &Flush, object_id: u64) -> Command {
+        let node = self.sink.node();
+        let ranges: Vec<StreamRange> = flush
+            .streams
+            .iter()
+            .map(|(stream_id, (epoch, batches))| StreamRange {
+                stream_id: *stream_id,
+                stream_epoch: *epoch,
+                start_offset: batches.first().map_or(0, |p| p.batch.base_offset),
+                end_offset: batches.last().map_or(0, |p| p.batch.end_offset()),
+                writers: batches
+                    .iter()
+                    .filter_map(|p| {
+                        p.writer.map(|w| WriterRange {
+                            writer_id: w.writer_id,
+                            writer_epoch: w.writer_epoch,
+                            first_sequence: w.first_sequence,
+                            last_sequence: w.last_sequence,
+                            base_offset: p.batch.base_offset,
+                            end_offset: p.batch.end_offset(),
+                        })
+                    })
+                    .collect(),
+            })
+            .collect();
+        Command::CommitStreamSetObject(CommitStreamSetObject {
+            node_id: node.node_id,
+            node_epoch: node.node_epoch,
+            object_id,
+            object_size: flush.bytes.len() as u64,
+            ranges,
+            compacted_object_ids: vec![],
+        })
+    }
+
+    /// Answers `flush` by what its commit got, or hands it back with a new object id when its
+    /// id had lapsed and its bytes were PUT again under the new one (to be committed again).
+    async fn settle(
+        &self,
+        flush: Flush,
+        object_id: u64,
+        proposed: Result<mink_sql::Proposed, SinkError>,
+    ) -> Option<(Flush, u64)> {
+        let proposed = match proposed {
+            Ok(p) => p,
+            Err(e) => {
+                let e = StreamError::from(e);
+                self.fail(&e);
+                self.answer_flush(flush, &e);
+                return None;
+            }
+        };
+        match proposed.result {
+            Ok(Outcome::Done(Reply::Commit(reply))) => {
+                add(&self.stats.commits, 1);
+                let results: HashMap<u64, Option<Rejection>> = reply
+                    .ranges
+                    .into_iter()
+                    .map(|r| (r.stream_id, r.rejection))
+                    .collect();
+                self.answer_committed(flush, &results);
+                None
+            }
+            // The id lapsed before the commit (expired, or expired and already forgotten):
+            // the same bytes under a new id. Its siblings were prepared together and have
+            // lapsed too.
+            Err(r) if matches!(r.kind(), RejectionKind::Expired | RejectionKind::NotFound) => {
+                add(&self.stats.reputs_after_expiry, 1);
+                self.ids.lock().await.clear();
+                let reput = async {
+                    let id = self.object_id().await?;
+                    self.put(&object_path(&self.config.object_prefix, id), &flush.bytes)
+                        .await?;
+                    Ok::<_, StreamError>(id)
+                };
+                match reput.await {
+                    Ok(id) => Some((flush, id)),
+                    Err(e) => {
+                        self.fail(&e);
+                        self.answer_flush(flush, &e);
+                        None
                     }
                 }
-                other => {
-                    let e = StreamError::Failed(format!(
-                        "commit of object {object_id} answered {other:?}"
-                    ));
-                    self.fail(&e);
-                    return self.answer_flush(flush, &e);
-                }
+            }
+            other => {
+                let e =
+                    StreamError::Failed(format!("commit of object {object_id} answered {other:?}"));
+                self.fail(&e);
+                self.answer_flush(flush, &e);
+                None
             }
         }
     }
