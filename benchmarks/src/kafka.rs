@@ -150,6 +150,9 @@ async fn one_store(
         .copied()
         .context("an in-flight bound")?;
     let mut points = Vec::new();
+    let syncs = SyncProbe::start(dir.path());
+    // Each produce second's ack p99, and the longest sync of the metadata disk then (ms).
+    let mut slow: Vec<(f64, Option<f64>)> = Vec::new();
     for (i, &in_flight_mib) in a.in_flight_mib.iter().enumerate() {
         // Each path twice, Kafka, Flight, Flight, Kafka, into the same topic: a compaction
         // round, or the machine's other load, then falls on both paths alike.
@@ -165,7 +168,13 @@ async fn one_store(
             let m = load::measure(Mode::Produce, &w)
                 .await
                 .with_context(|| format!("producing over {path}"))?;
-            eprintln_seconds(store_name, path, in_flight_mib, &m.timelines);
+            slow.extend(eprintln_seconds(
+                store_name,
+                path,
+                in_flight_mib,
+                &m,
+                &syncs,
+            ));
             runs.push((path, m));
         }
         for path in ["kafka", "flight"] {
@@ -178,6 +187,8 @@ async fn one_store(
             });
         }
     }
+    drop(syncs);
+    eprintln_slow_seconds(store_name, &slow);
     served.stop().await;
     // The same bytes both ways: the Kafka path's topic, read over Kafka and over Flight (it is
     // table `bench-kafka` of the `kafka` database), each from a node restarted for it (cold
@@ -434,25 +445,37 @@ fn print_sweep(points: &[ProducePoint]) {
     }
 }
 
-/// Each second of a produce run on stderr (MB/s, ack p50 and p99): where a run's figures come
-/// from, such as a slow first second while streams open.
+/// Each second of a produce run on stderr (MB/s, ack p50 and p99, and the longest sync of the
+/// metadata disk): where a run's figures come from, such as a slow first second while
+/// streams open. Returns each second's p99 with the longest sync of that second and the one
+/// before it (an acknowledgement counted in a second was mostly waited for in the one
+/// before), both in ms.
 #[allow(clippy::print_stderr)]
 fn eprintln_seconds(
     store: &str,
     path: &str,
     in_flight_mib: usize,
-    timelines: &[(&'static str, Vec<load::Second>)],
-) {
-    for (_, seconds) in timelines {
+    m: &load::Measured,
+    syncs: &SyncProbe,
+) -> Vec<(f64, Option<f64>)> {
+    let mut out = Vec::new();
+    for (_, seconds) in &m.timelines {
         let each: Vec<String> = seconds
             .iter()
-            .map(|s| {
+            .enumerate()
+            .map(|(i, s)| {
                 let ms = |q| s.latency.value_at_quantile(q) as f64 / 1000.0;
+                let at = |k: u32| m.start + Duration::from_secs(u64::from(k));
+                let k = u32::try_from(i).unwrap_or(u32::MAX);
+                let sync = syncs.worst_ms(at(k), at(k + 1));
+                let before = k.checked_sub(1).and_then(|b| syncs.worst_ms(at(b), at(k)));
+                out.push((ms(0.99), sync.map(|s| s.max(before.unwrap_or(0.0)))));
                 format!(
-                    "{:.0} MB/s p50 {:.0} p99 {:.0}",
+                    "{:.0} MB/s p50 {:.0} p99 {:.0}{}",
                     s.bytes as f64 / 1e6,
                     ms(0.5),
-                    ms(0.99)
+                    ms(0.99),
+                    sync.map_or(String::new(), |ms| format!(" sync {ms:.0}"))
                 )
             })
             .collect();
@@ -460,6 +483,82 @@ fn eprintln_seconds(
             "{store} {path} {in_flight_mib} MiB, by second: {}",
             each.join(" | ")
         );
+    }
+    out
+}
+
+/// How many produce seconds had an ack p99 over 300 ms, and how many of them fell in or right
+/// after a second in which a sync of the metadata disk took 100 ms or more.
+#[allow(clippy::print_stderr)]
+fn eprintln_slow_seconds(store: &str, seconds: &[(f64, Option<f64>)]) {
+    let slow: Vec<_> = seconds.iter().filter(|(p99, _)| *p99 > 300.0).collect();
+    let synced = slow
+        .iter()
+        .filter(|(_, sync)| sync.is_some_and(|ms| ms >= 100.0))
+        .count();
+    eprintln!(
+        "{store}: {} of {} produce seconds with an ack p99 over 300 ms, {synced} of them in or \
+         right after a second with a sync of the metadata disk of 100 ms or more",
+        slow.len(),
+        seconds.len()
+    );
+}
+
+/// What a sync of the node's metadata disk took, sampled: a thread of its own writes 4 KiB to
+/// a file beside the node's SQLite log and syncs it every 100 ms, until dropped. On this
+/// two-core machine the benchmark's object store (moto) keeps objects over 5 MiB in
+/// temporary files on the same disk, and their writeback held syncs (so the node's commits)
+/// for 100–400 ms at a time.
+struct SyncProbe {
+    /// When each sync started, and how long it took.
+    samples: std::sync::Arc<std::sync::Mutex<Vec<(std::time::Instant, Duration)>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl SyncProbe {
+    fn start(dir: &std::path::Path) -> Self {
+        let samples = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        if let Ok(mut file) = std::fs::File::create(dir.join("sync-probe")) {
+            let (samples, stop) = (samples.clone(), stop.clone());
+            std::thread::spawn(move || {
+                use std::io::Write as _;
+                let page = [0u8; 4096];
+                while !stop.load(Ordering::Relaxed) {
+                    let started = std::time::Instant::now();
+                    if file
+                        .write_all(&page)
+                        .and_then(|()| file.sync_data())
+                        .is_err()
+                    {
+                        return;
+                    }
+                    samples
+                        .lock()
+                        .expect("sync samples lock")
+                        .push((started, started.elapsed()));
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            });
+        }
+        SyncProbe { samples, stop }
+    }
+
+    /// The longest sync started in `[from, to)`, ms (None without one).
+    fn worst_ms(&self, from: std::time::Instant, to: std::time::Instant) -> Option<f64> {
+        self.samples
+            .lock()
+            .expect("sync samples lock")
+            .iter()
+            .filter(|(t, _)| *t >= from && *t < to)
+            .map(|(_, d)| d.as_secs_f64() * 1000.0)
+            .reduce(f64::max)
+    }
+}
+
+impl Drop for SyncProbe {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
     }
 }
 

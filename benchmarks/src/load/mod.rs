@@ -416,6 +416,8 @@ fn progress(
 pub(crate) struct Measured {
     pub(crate) figures: Vec<Figures>,
     pub(crate) timelines: Vec<(&'static str, Vec<Second>)>,
+    /// When the timelines' first second began.
+    pub(crate) start: Instant,
 }
 
 /// Runs `mode` as `args` say, with live progress: each side's figures.
@@ -460,12 +462,18 @@ pub(crate) async fn measure(mode: Mode, args: &Args) -> anyhow::Result<Measured>
         .iter()
         .map(|(side, r)| (*side, r.lock().expect("recorder lock").seconds.clone()))
         .collect();
-    Ok(Measured { figures, timelines })
+    Ok(Measured {
+        figures,
+        timelines,
+        start,
+    })
 }
 
 #[allow(clippy::print_stdout, clippy::print_stderr)] // the user's output
 pub(crate) async fn run(mode: Mode, args: Args) -> anyhow::Result<()> {
-    let Measured { figures, timelines } = measure(mode, &args).await?;
+    let Measured {
+        figures, timelines, ..
+    } = measure(mode, &args).await?;
     let summary = summary(mode, &args, &figures);
     println!("{summary}");
     if args.json {
