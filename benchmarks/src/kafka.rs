@@ -189,6 +189,7 @@ async fn one_store(
     }
     drop(syncs);
     eprintln_slow_seconds(store_name, &slow);
+    eprintln_commits(store_name, &served.node);
     served.stop().await;
     // The same bytes both ways: the Kafka path's topic, read over Kafka and over Flight (it is
     // table `bench-kafka` of the `kafka` database), each from a node restarted for it (cold
@@ -485,6 +486,22 @@ fn eprintln_seconds(
         );
     }
     out
+}
+
+/// The node's object commits over the produce runs, how many shared an earlier one's metadata
+/// transaction (queued while it was in flight), and the metadata rows written.
+#[allow(clippy::print_stderr)]
+fn eprintln_commits(store: &str, node: &mink_node::Node) {
+    let engine = node.streams().stats();
+    let sink = node.streams().sink().stats();
+    eprintln!(
+        "{store}: {} object commits, {} of them in an earlier one's transaction; {} metadata rows \
+         for {} commands",
+        engine.commits.load(Ordering::Relaxed),
+        engine.grouped_commits.load(Ordering::Relaxed),
+        sink.rows_appended.load(Ordering::Relaxed),
+        sink.commands_appended.load(Ordering::Relaxed),
+    );
 }
 
 /// How many produce seconds had an ack p99 over 300 ms, and how many of them fell in or right
