@@ -1104,7 +1104,7 @@ impl<'a> WholeRead<'a> {
                     .stats
                     .whole_reads_waited
                     .fetch_add(1, Ordering::Relaxed);
-                engine.read_waited.notify_waiters();
+                engine.counted.notify_waiters();
             }
             drop(permit);
             let until = deadline.min(tokio::time::Instant::now() + wait / 4);

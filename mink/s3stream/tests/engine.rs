@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -1541,23 +1541,6 @@ async fn commits_follow_flush_order_even_when_puts_do_not(world: World) {
 }
 suite!(commits_follow_flush_order_even_when_puts_do_not);
 
-/// Waits until `counter` of the engine's stats reaches `n`, failing with `what` after 10 s.
-async fn stat_reaches(
-    engine: &S3Stream,
-    counter: fn(&EngineStats) -> &AtomicU64,
-    n: u64,
-    what: &str,
-) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while counter(engine.stats()).load(Ordering::Relaxed) < n {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "waited 10 s for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 async fn commits_held_up_by_the_database_go_on_putting_and_share_a_transaction(world: World) {
     let meta = mink_sql::Faults::new(43);
     let two_slots = EngineConfig {
@@ -1585,13 +1568,14 @@ async fn commits_held_up_by_the_database_go_on_putting_and_share_a_transaction(w
             writer.append(s, 1, payload(s, i), None).await
         }));
         // Each append its own flush: PUT although two of them already wait for a commit.
-        stat_reaches(
-            &engine,
-            |s| &s.uploads,
-            uploads + i,
-            &format!("flush {i} to be PUT with the commits held up (2 PUT slots)"),
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            engine.stat_reaches(|s| &s.uploads, uploads + i),
         )
-        .await;
+        .await
+        .unwrap_or_else(|_| {
+            panic!("waited 10 s for flush {i} to be PUT with the commits held up (2 PUT slots)")
+        });
     }
     let shared_before =
         sink.commands_appended.load(Ordering::Relaxed) - sink.rows_appended.load(Ordering::Relaxed);
@@ -1915,6 +1899,41 @@ fn fetch_reads(node: &S3Stream) -> u64 {
     s.object_reads.load(Ordering::Relaxed) - s.read_ahead_reads.load(Ordering::Relaxed)
 }
 
+/// A reader of stream `s` fetching 4 KiB at a time from `next`, each fetch where the last
+/// one ended.
+struct Sequential<'a> {
+    reader: &'a S3Stream,
+    s: u64,
+    next: u64,
+}
+
+impl Sequential<'_> {
+    async fn fetch(&mut self) {
+        let got = self.reader.fetch(self.s, self.next, 4 << 10).await.unwrap();
+        assert_eq!(got[0].base_offset, self.next);
+        self.next = got.last().unwrap().end_offset();
+    }
+
+    /// Two fetches, which prove the reader sequential and start a read-ahead, and that
+    /// read-ahead's end.
+    async fn start_a_read_ahead(&mut self) {
+        self.fetch().await;
+        self.fetch().await;
+        tokio::time::timeout(Duration::from_secs(30), self.reader.read_aheads_settled())
+            .await
+            .expect("waited 30 s for the read-ahead started by two sequential fetches to end");
+    }
+
+    /// `n` fetches that make no GET of their own (`why` says why they should not).
+    async fn fetches_read_nothing(&mut self, n: usize, why: &str) {
+        let before = fetch_reads(self.reader);
+        for _ in 0..n {
+            self.fetch().await;
+        }
+        assert_eq!(fetch_reads(self.reader), before, "{why}");
+    }
+}
+
 async fn cold_reads_coalesce_blocks_and_read_ahead(world: World) {
     let engine = world.node(1).await;
     let s = new_stream(&engine).await;
@@ -1966,29 +1985,21 @@ async fn cold_reads_coalesce_blocks_and_read_ahead(world: World) {
             },
         )
         .await;
-    let mut next = 0;
-    let fetch = async |next: &mut u64| {
-        let got = reader.fetch(s, *next, 4 << 10).await.unwrap();
-        *next = got.last().unwrap().end_offset();
+    let mut seq = Sequential {
+        reader: &reader,
+        s,
+        next: 0,
     };
-    fetch(&mut next).await;
-    fetch(&mut next).await;
-    tokio::time::timeout(Duration::from_secs(30), reader.read_aheads_settled())
-        .await
-        .expect("waited 30 s for the read-ahead started by two sequential fetches to end");
+    seq.start_a_read_ahead().await;
     assert!(
         reader.stats().read_ahead_bytes.load(Ordering::Relaxed) >= 32 << 10,
         "two sequential fetches read 32 KiB ahead"
     );
-    let before = fetch_reads(&reader);
-    for _ in 0..6 {
-        fetch(&mut next).await;
-    }
-    assert_eq!(
-        fetch_reads(&reader),
-        before,
-        "24 KiB inside the 32 KiB read ahead: the fetches read nothing themselves"
-    );
+    seq.fetches_read_nothing(
+        6,
+        "24 KiB inside the 32 KiB read ahead: the fetches read nothing themselves",
+    )
+    .await;
     // And the whole stream still reads back, read-ahead or not.
     assert_eq!(read_all(&reader, s, 0).await, hot);
     reader.shutdown().await;
@@ -2337,30 +2348,21 @@ async fn a_read_ahead_leaves_cached_blocks_unread(world: World) {
             },
         )
         .await;
-    let mut next = 0;
-    let fetch = async |next: &mut u64| {
-        let got = reader.fetch(s, *next, 4 << 10).await.unwrap();
-        assert_eq!(got[0].base_offset, *next);
-        *next = got.last().unwrap().end_offset();
+    let mut seq = Sequential {
+        reader: &reader,
+        s,
+        next: 0,
     };
     // `s`'s first object read whole; the second fetch starts a read-ahead over the next
     // 32 KiB, of which the first object's last two blocks are cached already.
-    fetch(&mut next).await;
-    fetch(&mut next).await;
-    tokio::time::timeout(Duration::from_secs(30), reader.read_aheads_settled())
-        .await
-        .expect("waited 30 s for the read-ahead started by two sequential fetches to end");
+    seq.start_a_read_ahead().await;
     // Another reader reads twice the cache's size meanwhile.
     assert_eq!(read_all(&reader, t, 0).await.len(), 1024);
-    let before = fetch_reads(&reader);
-    for _ in 0..8 {
-        fetch(&mut next).await;
-    }
-    assert_eq!(
-        fetch_reads(&reader),
-        before,
-        "the 32 KiB after the second fetch were cached, unread, since before the other reader read"
-    );
+    seq.fetches_read_nothing(
+        8,
+        "the 32 KiB after the second fetch were cached, unread, since before the other reader read",
+    )
+    .await;
     reader.shutdown().await;
     engine.shutdown().await;
 }
@@ -2457,25 +2459,21 @@ async fn a_sequential_reader_without_a_window_reads_on_in_its_own_gets(world: Wo
     append_kib_records(&engine, s, 512).await;
     let reader = windowless_reader(&world).await;
     // Not at the stream's start: the reader proves itself sequential first.
-    let mut next = 8;
-    let fetch = async |next: &mut u64| {
-        let got = reader.fetch(s, *next, 4 << 10).await.unwrap();
-        assert_eq!(got[0].base_offset, *next);
-        *next = got.last().unwrap().end_offset();
+    let mut seq = Sequential {
+        reader: &reader,
+        s,
+        next: 8,
     };
-    fetch(&mut next).await;
-    fetch(&mut next).await;
+    seq.fetch().await;
+    seq.fetch().await;
     let before = fetch_reads(&reader);
-    fetch(&mut next).await;
+    seq.fetch().await;
     assert_eq!(fetch_reads(&reader), before + 1, "the third fetch: one GET");
-    for _ in 0..8 {
-        fetch(&mut next).await;
-    }
-    assert_eq!(
-        fetch_reads(&reader),
-        before + 1,
-        "32 KiB within the first object and the reader's reach came with that GET"
-    );
+    seq.fetches_read_nothing(
+        8,
+        "32 KiB within the first object and the reader's reach came with that GET",
+    )
+    .await;
     assert_eq!(reader.stats().read_ahead_reads.load(Ordering::Relaxed), 0);
     reader.shutdown().await;
     engine.shutdown().await;
@@ -2490,23 +2488,19 @@ async fn a_reader_from_the_start_reads_on_from_its_first_get(world: World) {
     let s = new_stream(&engine).await;
     append_kib_records(&engine, s, 512).await;
     let reader = windowless_reader(&world).await;
-    let mut next = 0;
-    let fetch = async |next: &mut u64| {
-        let got = reader.fetch(s, *next, 4 << 10).await.unwrap();
-        assert_eq!(got[0].base_offset, *next);
-        *next = got.last().unwrap().end_offset();
+    let mut seq = Sequential {
+        reader: &reader,
+        s,
+        next: 0,
     };
-    fetch(&mut next).await;
-    // Its GETs so far: indexes of the stream's first objects, and one run of blocks.
-    let before = fetch_reads(&reader);
-    for _ in 0..8 {
-        fetch(&mut next).await;
-    }
-    assert_eq!(
-        fetch_reads(&reader),
-        before,
-        "36 KiB within the first object and the reader's 64 KiB reach came with its first GET"
-    );
+    // Its GETs after the first fetch: indexes of the stream's first objects, and one run of
+    // blocks.
+    seq.fetch().await;
+    seq.fetches_read_nothing(
+        8,
+        "36 KiB within the first object and the reader's 64 KiB reach came with its first GET",
+    )
+    .await;
     reader.shutdown().await;
     engine.shutdown().await;
 }
@@ -2548,7 +2542,7 @@ async fn reads_in_flight_are_bounded(world: World) {
         .collect();
     let bound_at_work = async {
         faults.gets_in_flight_reach(2).await;
-        reader.read_waits_reach(|s| &s.reads_queued, 1).await;
+        reader.stat_reaches(|s| &s.reads_queued, 1).await;
     };
     if tokio::time::timeout(Duration::from_secs(30), bound_at_work)
         .await
@@ -2811,7 +2805,7 @@ async fn whole_reads_beside_unread_blocks(world: World, others_read: bool) {
     }
     let ahead = tokio::spawn(read_on(streams[..2].to_vec(), first[..2].to_vec()));
     let stats = reader.stats();
-    let waited = reader.read_waits_reach(|s| &s.whole_reads_waited, 1);
+    let waited = reader.stat_reaches(|s| &s.whole_reads_waited, 1);
     if tokio::time::timeout(Duration::from_secs(20), waited)
         .await
         .is_err()

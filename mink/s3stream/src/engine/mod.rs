@@ -347,7 +347,7 @@ pub(crate) async fn read_permit(engine: &Engine, ahead: bool) -> tokio::sync::Se
         Ok(permit) => permit,
         Err(_) => {
             add(&engine.stats.reads_queued, 1);
-            engine.read_waited.notify_waiters();
+            engine.counted.notify_waiters();
             engine
                 .reads
                 .acquire()
@@ -457,9 +457,10 @@ pub(crate) struct Engine {
     pub(crate) whole_reads_inflight: AtomicU64,
     /// One permit per GET of the read path in flight (`max_reads_in_flight`).
     pub(crate) reads: Semaphore,
-    /// Told whenever a read waits: for a permit (`stats.reads_queued` goes up) or for room to
-    /// read an object whole (`stats.whole_reads_waited`).
-    pub(crate) read_waited: Notify,
+    /// Told whenever a counter [`S3Stream::stat_reaches`] waits on goes up: a read waited for
+    /// a permit (`stats.reads_queued`) or for room to read an object whole
+    /// (`stats.whole_reads_waited`), or a flush was PUT (`stats.uploads`).
+    pub(crate) counted: Notify,
     pub(crate) stats: EngineStats,
     shutdown: watch::Sender<bool>,
 }
@@ -495,7 +496,7 @@ impl S3Stream {
             read_ahead_ended: Notify::new(),
             whole_reads_inflight: AtomicU64::new(0),
             reads: Semaphore::new(config.max_reads_in_flight.max(1)),
-            read_waited: Notify::new(),
+            counted: Notify::new(),
             sink,
             store,
             config,
@@ -529,13 +530,14 @@ impl S3Stream {
         &self.engine.stats
     }
 
-    /// Returns once a count of the read path's waits (`stat` of [`EngineStats`]:
-    /// `reads_queued`, GETs that waited for a permit, or `whole_reads_waited`, whole reads that
-    /// waited for room) reaches `n`, so a test can see a wait at work without polling.
-    pub async fn read_waits_reach(&self, stat: fn(&EngineStats) -> &AtomicU64, n: u64) {
+    /// Returns once `stat` of [`EngineStats`] reaches `n`, so a test can see a wait or a PUT at
+    /// work without polling. Only `reads_queued` (GETs that waited for a permit),
+    /// `whole_reads_waited` (whole reads that waited for room) and `uploads` (flushes PUT) are
+    /// told; any other counter waits for one of them to move.
+    pub async fn stat_reaches(&self, stat: fn(&EngineStats) -> &AtomicU64, n: u64) {
         let engine = &self.engine;
         loop {
-            let mut waited = std::pin::pin!(engine.read_waited.notified());
+            let mut waited = std::pin::pin!(engine.counted.notified());
             waited.as_mut().enable();
             if stat(&engine.stats).load(Ordering::Relaxed) >= n {
                 return;

@@ -105,6 +105,7 @@ impl Engine {
             tokio::spawn(async move {
                 let done = engine.upload(flush).await;
                 add(&engine.stats.uploads, 1);
+                engine.counted.notify_waiters();
                 // The slot bounds PUTs, not commits: a commit held up by the database (a slow
                 // sync of its log) lets the next PUTs go on, and their commits then share one
                 // transaction. Memory stays bounded by `max_buffered_bytes`.
