@@ -145,6 +145,7 @@ fn dev_serves_admin_produce_scan_and_metrics() {
         "mink_metadata_applied_index",
         "s3stream_cache_lookups_total",
         "s3stream_cache_evicted_unread_total",
+        "kind=\"grouped_commit\"",
     ] {
         assert!(metrics.contains(name), "{name} missing from:\n{metrics}");
     }

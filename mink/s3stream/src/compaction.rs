@@ -163,7 +163,7 @@ impl S3Stream {
     /// PUTs a new object built by the round, once the pace allows its bytes.
     async fn put_object(&self, bytes: &Bytes, pacer: &mut Pacer) -> Result<u64, StreamError> {
         pacer.take(bytes.len() as u64).await;
-        self.engine.put_new_object(bytes).await
+        Ok(self.engine.put_new_object(bytes).await?.0)
     }
 
     /// Batches of `stream_id` overlapping `[start, end)` in a decoded object.

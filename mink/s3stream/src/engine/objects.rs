@@ -47,12 +47,13 @@ impl Engine {
     }
 
     /// Writes a new object: takes a prepared id and PUTs `bytes` at its path (see
-    /// [`Engine::put`]). Returns the id, for the commit that makes the object live.
-    pub(crate) async fn put_new_object(&self, bytes: &Bytes) -> Result<u64, StreamError> {
-        let object_id = self.object_id().await?;
+    /// [`Engine::put`]). Returns the id, for the commit that makes the object live, and when
+    /// the id expires (ms).
+    pub(crate) async fn put_new_object(&self, bytes: &Bytes) -> Result<(u64, u64), StreamError> {
+        let (object_id, expires) = self.prepared_id().await?;
         self.put(&object_path(&self.config.object_prefix, object_id), bytes)
             .await?;
-        Ok(object_id)
+        Ok((object_id, expires))
     }
 
     /// PUTs `bytes` at `path`, retrying the same bytes until it succeeds (hedging a slow PUT

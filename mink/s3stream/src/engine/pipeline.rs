@@ -167,13 +167,7 @@ impl Engine {
 
     pub(super) async fn upload(&self, flush: Flush) -> Uploaded {
         let started = Instant::now();
-        let object_id = async {
-            let (id, expires) = self.prepared_id().await?;
-            self.put(&object_path(&self.config.object_prefix, id), &flush.bytes)
-                .await?;
-            Ok((id, expires))
-        }
-        .await;
+        let object_id = self.put_new_object(&flush.bytes).await;
         let m = crate::metrics::metrics();
         m.upload
             .record(crate::metrics::seconds(started.elapsed()), &[]);
@@ -241,13 +235,9 @@ impl Engine {
         }
     }
 
-    /// Commits consecutive uploaded flushes in flush order. Their commands are queued together,
-    /// so the metadata sink appends them in one row: one transaction and one sync of the
-    /// database's log for all of them, instead of one each while the others wait.
-    ///
-    /// An id close to its expiry (a PUT retried for minutes) commits on its own: if it has
-    /// lapsed, its bytes are PUT again under a new id before anything after it commits, as the
-    /// flushes after it continue its streams.
+    /// Commits consecutive uploaded flushes in flush order. An id close to its expiry (a PUT
+    /// retried for minutes) commits on its own: if it has lapsed, its bytes are PUT again under
+    /// a new id before anything after it commits, as the flushes after it continue its streams.
     async fn commit_ready(&self, ready: Vec<Uploaded>) {
         let ttl_ms = u64::try_from(self.config.prepare_ttl.as_millis()).unwrap_or(u64::MAX);
         let mut group: Vec<(Flush, u64)> = Vec::new();
@@ -257,77 +247,58 @@ impl Engine {
                     group.push((u.flush, id));
                 }
                 Ok((id, _)) => {
-                    self.commit_group(std::mem::take(&mut group)).await;
-                    self.commit(u.flush, id).await;
+                    self.commit(std::mem::take(&mut group)).await;
+                    self.commit(vec![(u.flush, id)]).await;
                 }
                 Err(e) => {
-                    self.commit_group(std::mem::take(&mut group)).await;
+                    self.commit(std::mem::take(&mut group)).await;
                     self.fail(&e);
                     self.answer_flush(u.flush, &e);
                 }
             }
         }
-        self.commit_group(group).await;
+        self.commit(group).await;
     }
 
-    /// Queues the commits of `group` together, then settles them in order.
-    async fn commit_group(&self, group: Vec<(Flush, u64)>) {
-        if group.len() <= 1 {
-            for (flush, id) in group {
-                self.commit(flush, id).await;
-            }
-            return;
-        }
-        if let Some(e) = self.failed.lock().expect("failed lock").clone() {
-            for (flush, _) in group {
-                self.answer_flush(flush, &e);
-            }
-            return;
-        }
-        let commands = group
-            .iter()
-            .map(|(flush, object_id)| self.commit_command(flush, *object_id))
-            .collect();
-        let started = Instant::now();
-        let submitted = match self.sink.submit_all(commands).await {
-            Ok(s) => s,
-            Err(e) => {
-                let e = StreamError::from(e);
-                self.fail(&e);
+    /// Commits `group` (uploaded flushes, in flush order) and answers their appends range by
+    /// range. Their commands are queued together, so the metadata sink appends them in one
+    /// row: one transaction and one sync of the database's log for all of them, instead of one
+    /// each while the others wait. A flush whose id had lapsed is PUT again under a new one
+    /// and committed again.
+    async fn commit(&self, mut group: Vec<(Flush, u64)>) {
+        while !group.is_empty() {
+            if let Some(e) = self.failed.lock().expect("failed lock").clone() {
                 for (flush, _) in group {
                     self.answer_flush(flush, &e);
                 }
                 return;
             }
-        };
-        add(&self.stats.grouped_commits, group.len() as u64 - 1);
-        for ((flush, object_id), submitted) in group.into_iter().zip(submitted) {
-            let proposed = submitted.applied().await;
-            crate::metrics::metrics()
-                .commit
-                .record(crate::metrics::seconds(started.elapsed()), &[]);
-            if let Some((flush, object_id)) = self.settle(flush, object_id, proposed).await {
-                self.commit(flush, object_id).await;
-            }
-        }
-    }
-
-    /// Commits one uploaded flush and answers its appends range by range.
-    pub(super) async fn commit(&self, flush: Flush, object_id: u64) {
-        let mut next = Some((flush, object_id));
-        while let Some((flush, object_id)) = next.take() {
-            if let Some(e) = self.failed.lock().expect("failed lock").clone() {
-                return self.answer_flush(flush, &e);
-            }
+            let commands = group
+                .iter()
+                .map(|(flush, object_id)| self.commit_command(flush, *object_id))
+                .collect();
             let started = Instant::now();
-            let proposed = self
-                .sink
-                .propose(self.commit_command(&flush, object_id))
-                .await;
-            crate::metrics::metrics()
-                .commit
-                .record(crate::metrics::seconds(started.elapsed()), &[]);
-            next = self.settle(flush, object_id, proposed).await;
+            let submitted = match self.sink.submit_all(commands).await {
+                Ok(s) => s,
+                Err(e) => {
+                    let e = StreamError::from(e);
+                    self.fail(&e);
+                    for (flush, _) in group {
+                        self.answer_flush(flush, &e);
+                    }
+                    return;
+                }
+            };
+            add(&self.stats.grouped_commits, group.len() as u64 - 1);
+            let mut again = Vec::new();
+            for ((flush, object_id), submitted) in group.into_iter().zip(submitted) {
+                let proposed = submitted.applied().await;
+                crate::metrics::metrics()
+                    .commit
+                    .record(crate::metrics::seconds(started.elapsed()), &[]);
+                again.extend(self.settle(flush, object_id, proposed).await);
+            }
+            group = again;
         }
     }
 
