@@ -9,9 +9,10 @@
 //!   `stream_object_bytes`.
 //!
 //! Each round moves at most `max_round_bytes` of sources, paced to `max_bytes_per_sec` of GETs
-//! and PUTs together; a round that left sources for lack of budget is followed by the next at
-//! once. Data moves whole batches, so offsets and batch boundaries never change. A
-//! source object whose every range moved becomes destroyed.
+//! and PUTs together (`min_bytes_per_sec` while the node's writes outrun half that); a round
+//! that left sources for lack of budget is followed by the next at once. Data moves whole
+//! batches, so offsets and batch boundaries never change. A source object whose every range
+//! moved becomes destroyed.
 //!
 //! Cleanup (lease holder): expires prepared ids past their deadline, deletes destroyed objects
 //! once `destroyed_grace` has passed (readers holding an older view may still read them) and
@@ -53,7 +54,15 @@ pub struct CompactionConfig {
     /// A round's object reads and writes together move at most this many bytes per second
     /// (0: as fast as they go). A round at full speed takes the cores and the store from the
     /// writes being acknowledged for seconds at a time; paced, it costs them a steady share.
+    ///
+    /// Compaction yields to writes it cannot keep up with: while the node's streams are
+    /// appended faster than half this pace (the last second or more), the pace is
+    /// `min_bytes_per_sec`. Their PUTs and commits then have the store, the cores and the disk
+    /// to themselves, and the deferred work is done when they ease.
     pub max_bytes_per_sec: u64,
+    /// The pace while compaction yields, so that it still makes progress (at most
+    /// `max_bytes_per_sec`).
+    pub min_bytes_per_sec: u64,
     /// Destroyed objects are deleted this long after they were destroyed.
     pub destroyed_grace: Duration,
 }
@@ -67,6 +76,7 @@ impl Default for CompactionConfig {
             stream_set_object_bytes: 32 << 20,
             max_round_bytes: 512 << 20,
             max_bytes_per_sec: 64 << 20,
+            min_bytes_per_sec: 8 << 20,
             destroyed_grace: Duration::from_secs(300),
         }
     }
@@ -123,7 +133,8 @@ impl S3Stream {
         node_id: u64,
         config: &CompactionConfig,
     ) -> Result<RoundReport, StreamError> {
-        let mut pacer = Pacer::new(config.max_bytes_per_sec);
+        let append_rate = || self.engine.append_rate();
+        let mut pacer = Pacer::new(config, &append_rate);
         let mut report = self
             .compact_stream_sets(node_id, config, &mut pacer)
             .await?;
@@ -145,7 +156,7 @@ impl S3Stream {
         &self,
         object_id: u64,
         size: u64,
-        pacer: &mut Pacer,
+        pacer: &mut Pacer<'_>,
     ) -> Result<Bytes, StreamError> {
         pacer.take(size).await;
         let path = object_path(&self.engine.config.object_prefix, object_id);
@@ -161,7 +172,7 @@ impl S3Stream {
     }
 
     /// PUTs a new object built by the round, once the pace allows its bytes.
-    async fn put_object(&self, bytes: &Bytes, pacer: &mut Pacer) -> Result<u64, StreamError> {
+    async fn put_object(&self, bytes: &Bytes, pacer: &mut Pacer<'_>) -> Result<u64, StreamError> {
         pacer.take(bytes.len() as u64).await;
         Ok(self.engine.put_new_object(bytes).await?.0)
     }
@@ -192,7 +203,7 @@ impl S3Stream {
         &self,
         node_id: u64,
         config: &CompactionConfig,
-        pacer: &mut Pacer,
+        pacer: &mut Pacer<'_>,
     ) -> Result<RoundReport, StreamError> {
         let view = self.engine.sink.view();
         let state = &view.state;
@@ -358,7 +369,7 @@ impl S3Stream {
         &self,
         part: StreamSetPart,
         sources: &[u64],
-        pacer: &mut Pacer,
+        pacer: &mut Pacer<'_>,
     ) -> Result<Result<u64, String>, StreamError> {
         let bytes = build_off_runtime(self.engine.config.block_bytes, part.batches).await?;
         let object_id = self.put_object(&bytes, pacer).await?;
@@ -391,7 +402,7 @@ impl S3Stream {
         end: u64,
         batches: Vec<RecordBatch>,
         sources: &[u64],
-        pacer: &mut Pacer,
+        pacer: &mut Pacer<'_>,
     ) -> Result<Result<u64, String>, StreamError> {
         let bytes = build_off_runtime(
             self.engine.config.block_bytes,
@@ -430,7 +441,7 @@ impl S3Stream {
         &self,
         node_id: u64,
         config: &CompactionConfig,
-        pacer: &mut Pacer,
+        pacer: &mut Pacer<'_>,
     ) -> Result<RoundReport, StreamError> {
         let view = self.engine.sink.view();
         let state = &view.state;
@@ -674,20 +685,26 @@ fn cut_run(
     pieces
 }
 
-/// Spaces a round's GETs and PUTs so that together they move at most `bytes_per_sec`: each
-/// waits until the bytes before it have had their time at that pace. An object moves whole,
-/// so the pace holds on average over a round, not within one object.
-struct Pacer {
-    bytes_per_sec: u64,
+/// Spaces a round's GETs and PUTs so that together they move at most the pace: each waits
+/// until the bytes before it have had their time. An object moves whole, so the pace holds on
+/// average over a round, not within one object. The pace is set again at each GET and PUT,
+/// from the rate the node's streams were last appended at (see `max_bytes_per_sec`).
+struct Pacer<'a> {
+    max_bytes_per_sec: u64,
+    min_bytes_per_sec: u64,
+    /// The rate the node's streams are being appended at, bytes per second.
+    append_rate: &'a (dyn Fn() -> u64 + Sync),
     /// When the bytes taken so far have had their time; `None` before the first.
     paid_until: Option<tokio::time::Instant>,
     paced: Duration,
 }
 
-impl Pacer {
-    fn new(bytes_per_sec: u64) -> Pacer {
+impl<'a> Pacer<'a> {
+    fn new(config: &CompactionConfig, append_rate: &'a (dyn Fn() -> u64 + Sync)) -> Pacer<'a> {
         Pacer {
-            bytes_per_sec,
+            max_bytes_per_sec: config.max_bytes_per_sec,
+            min_bytes_per_sec: config.min_bytes_per_sec,
+            append_rate,
             paid_until: None,
             paced: Duration::ZERO,
         }
@@ -695,7 +712,7 @@ impl Pacer {
 
     /// Waits until `bytes` may move, and books their time.
     async fn take(&mut self, bytes: u64) {
-        if self.bytes_per_sec == 0 {
+        if self.max_bytes_per_sec == 0 {
             return;
         }
         let now = tokio::time::Instant::now();
@@ -704,9 +721,68 @@ impl Pacer {
             self.paced += start - now;
             tokio::time::sleep_until(start).await;
         }
+        let pace = pace(
+            self.max_bytes_per_sec,
+            self.min_bytes_per_sec,
+            (self.append_rate)(),
+        );
         #[allow(clippy::cast_precision_loss)] // a duration, not an exact count
-        let time = Duration::from_secs_f64(bytes as f64 / self.bytes_per_sec as f64);
+        let time = Duration::from_secs_f64(bytes as f64 / pace as f64);
         self.paid_until = Some(start + time);
+    }
+}
+
+/// Compaction's pace beside writes appended at `append_rate` bytes per second. A round reads
+/// and writes each byte once, so at `max` it keeps up with writes of `max / 2`; while the
+/// writes are faster than that it cannot keep up anyway, and slowing down to `min` only moves
+/// its work to after them, when the store and cores are free again.
+fn pace(max: u64, min: u64, append_rate: u64) -> u64 {
+    if append_rate.saturating_mul(2) <= max {
+        max
+    } else {
+        // Never zero: a booking at zero bytes per second would never end.
+        min.clamp(1, max)
+    }
+}
+
+/// The rate a counter went up at over its last window of at least `WINDOW`, measured when
+/// asked (compaction asks at each GET and PUT; nothing is counted on the write path).
+#[derive(Debug)]
+pub(crate) struct RateWindow {
+    start: Option<(tokio::time::Instant, u64)>,
+    rate: u64,
+}
+
+impl RateWindow {
+    const WINDOW: Duration = Duration::from_secs(1);
+
+    pub(crate) fn new() -> RateWindow {
+        RateWindow {
+            start: None,
+            rate: 0,
+        }
+    }
+
+    /// The counter is `total` at `now`: the rate over the window that ends now if it is long
+    /// enough, else over the last one that was (0 before any).
+    pub(crate) fn observe(&mut self, now: tokio::time::Instant, total: u64) -> u64 {
+        match self.start {
+            Some((at, from)) if now.duration_since(at) >= Self::WINDOW => {
+                let secs = now.duration_since(at).as_secs_f64();
+                #[allow(
+                    clippy::cast_precision_loss,
+                    clippy::cast_possible_truncation,
+                    clippy::cast_sign_loss
+                )] // a rate, not an exact count
+                {
+                    self.rate = (total.saturating_sub(from) as f64 / secs) as u64;
+                }
+                self.start = Some((now, total));
+            }
+            Some(_) => {}
+            None => self.start = Some((now, total)),
+        }
+        self.rate
     }
 }
 
@@ -744,6 +820,73 @@ async fn build_off_runtime(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn compaction_slows_down_only_for_writes_it_cannot_keep_up_with() {
+        let mib = 1 << 20;
+        assert_eq!(pace(64 * mib, 8 * mib, 0), 64 * mib);
+        // Writes it keeps up with at full pace, and writes it could not keep up with.
+        assert_eq!(pace(64 * mib, 8 * mib, 32 * mib), 64 * mib);
+        assert_eq!(pace(64 * mib, 8 * mib, 33 * mib), 8 * mib);
+        assert_eq!(pace(64 * mib, 8 * mib, 200 * mib), 8 * mib);
+        // A floor above the ceiling is the ceiling; a zero pace would never end a wait.
+        assert_eq!(pace(4 * mib, 8 * mib, 200 * mib), 4 * mib);
+        assert_eq!(pace(64 * mib, 0, 200 * mib), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_round_yields_its_pace_to_the_writes() {
+        let mib = 1 << 20;
+        let config = CompactionConfig {
+            max_bytes_per_sec: 64 * mib,
+            min_bytes_per_sec: 8 * mib,
+            ..CompactionConfig::default()
+        };
+        // Each object waits for the time the one before it booked: 8 MiB at the pace left.
+        let waited = |append_rate: u64| {
+            let config = config.clone();
+            async move {
+                let rate = move || append_rate;
+                let mut pacer = Pacer::new(&config, &rate);
+                for _ in 0..3 {
+                    pacer.take(8 * mib).await;
+                }
+                pacer.paced
+            }
+        };
+        assert_eq!(waited(0).await, Duration::from_millis(250), "64 MiB/s");
+        assert_eq!(
+            waited(32 * mib).await,
+            Duration::from_millis(250),
+            "kept up with"
+        );
+        assert_eq!(
+            waited(200 * mib).await,
+            Duration::from_secs(2),
+            "the 8 MiB/s floor"
+        );
+    }
+
+    #[test]
+    fn a_rate_is_measured_over_windows_of_a_second_or_more() {
+        let t0 = tokio::time::Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut w = RateWindow::new();
+        assert_eq!(w.observe(at(0), 1_000), 0, "no window yet");
+        assert_eq!(
+            w.observe(at(500), 9_000),
+            0,
+            "half a window is not measured"
+        );
+        assert_eq!(w.observe(at(2_000), 21_000), 10_000, "20 000 bytes in 2 s");
+        assert_eq!(
+            w.observe(at(2_900), 90_000),
+            10_000,
+            "the last whole window's rate"
+        );
+        assert_eq!(w.observe(at(3_000), 21_000 + 3_000), 3_000);
+        assert_eq!(w.observe(at(13_000), 24_000), 0, "an idle window");
+    }
 
     #[test]
     fn a_run_is_cut_into_pieces_that_cover_it() {

@@ -688,6 +688,7 @@ fn compaction() -> CompactionConfig {
         stream_set_object_bytes: 64 << 20,
         max_round_bytes: 64 << 20,
         max_bytes_per_sec: 0,
+        min_bytes_per_sec: 0,
         destroyed_grace: Duration::ZERO,
     }
 }

@@ -462,7 +462,20 @@ pub(crate) struct Engine {
     /// (`stats.whole_reads_waited`), or a flush was PUT (`stats.uploads`).
     pub(crate) counted: Notify,
     pub(crate) stats: EngineStats,
+    /// The rate `stats.appended_bytes` goes up at, for compaction to yield to.
+    append_window: Mutex<crate::compaction::RateWindow>,
     shutdown: watch::Sender<bool>,
+}
+
+impl Engine {
+    /// Bytes per second appended to the node's streams over the last second or more.
+    pub(crate) fn append_rate(&self) -> u64 {
+        let total = self.stats.appended_bytes.load(Ordering::Relaxed);
+        self.append_window
+            .lock()
+            .unwrap()
+            .observe(Instant::now(), total)
+    }
 }
 
 /// A node's stream engine. Cheap to clone.
@@ -510,6 +523,7 @@ impl S3Stream {
             object_buffers: Mutex::new(Vec::new()),
             ids: tokio::sync::Mutex::new(VecDeque::new()),
             stats: EngineStats::default(),
+            append_window: Mutex::new(crate::compaction::RateWindow::new()),
             shutdown: watch::channel(false).0,
         });
         let (uploaded_tx, uploaded_rx) = mpsc::unbounded_channel();
