@@ -337,6 +337,9 @@ pub(crate) async fn run(a: Args) -> anyhow::Result<()> {
     .await?;
     rows.extend(r);
     points.extend(p);
+    // The local store's objects go before moto's temporary files come: at the default 10 s the
+    // local store held 49 GB when moto's phase filled this machine's disk.
+    drop(local);
     if let Some(endpoint) = &a.s3_endpoint {
         let prefix = format!("kafka-bench-{}", std::process::id());
         // moto takes any credentials; the environment's win when set.
