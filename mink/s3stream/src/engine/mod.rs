@@ -473,7 +473,7 @@ impl Engine {
         let total = self.stats.appended_bytes.load(Ordering::Relaxed);
         self.append_window
             .lock()
-            .unwrap()
+            .expect("append window lock")
             .observe(Instant::now(), total)
     }
 }
