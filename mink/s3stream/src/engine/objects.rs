@@ -3,11 +3,6 @@
 use super::*;
 
 impl Engine {
-    /// A prepared object id that stays valid for a while yet.
-    pub(crate) async fn object_id(&self) -> Result<u64, StreamError> {
-        Ok(self.prepared_id().await?.0)
-    }
-
     /// A prepared object id that stays valid for at least a quarter of `prepare_ttl`, and when
     /// it expires (ms, by the engine's clock).
     pub(crate) async fn prepared_id(&self) -> Result<(u64, u64), StreamError> {

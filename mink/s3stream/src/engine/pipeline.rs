@@ -372,14 +372,8 @@ impl Engine {
             Err(r) if matches!(r.kind(), RejectionKind::Expired | RejectionKind::NotFound) => {
                 add(&self.stats.reputs_after_expiry, 1);
                 self.ids.lock().await.clear();
-                let reput = async {
-                    let id = self.object_id().await?;
-                    self.put(&object_path(&self.config.object_prefix, id), &flush.bytes)
-                        .await?;
-                    Ok::<_, StreamError>(id)
-                };
-                match reput.await {
-                    Ok(id) => Some((flush, id)),
+                match self.put_new_object(&flush.bytes).await {
+                    Ok((id, _)) => Some((flush, id)),
                     Err(e) => {
                         self.fail(&e);
                         self.answer_flush(flush, &e);
