@@ -489,7 +489,10 @@ fn eprintln_seconds(
                 let k = u32::try_from(i).unwrap_or(u32::MAX);
                 let sync = syncs.worst_ms(at(k), at(k + 1));
                 let before = k.checked_sub(1).and_then(|b| syncs.worst_ms(at(b), at(k)));
-                out.push((ms(0.99), sync.map(|s| s.max(before.unwrap_or(0.0)))));
+                out.push((
+                    ms(0.99),
+                    [sync, before].into_iter().flatten().reduce(f64::max),
+                ));
                 format!(
                     "{:.0} MB/s p50 {:.0} p99 {:.0}{}",
                     s.bytes as f64 / 1e6,
