@@ -55,8 +55,8 @@ pub(crate) struct NodeArgs {
     #[arg(long, env = "MINK_FLUSH_DELAY_MS")]
     pub(crate) flush_delay_ms: Option<u64>,
     /// Compaction's pace: its object reads and writes together move at most this many MiB
-    /// per second, and 8 while the node's writes run faster than half of it (0: unpaced).
-    /// Default 64.
+    /// per second, and 8 (or this, if lower) while the node's writes run faster than half of it
+    /// (0: unpaced). Default 64.
     #[arg(long, env = "MINK_COMPACTION_MIB_PER_SEC")]
     pub(crate) compaction_mib_per_sec: Option<u64>,
     /// Object GETs of the read path in flight at once (at least 1); more wait their turn.
