@@ -795,7 +795,9 @@ async fn fetch(cx: &Context, request: &FetchRequest) -> FetchResponse {
         .min(cx.config.max_fetch_wait);
     let deadline = tokio::time::Instant::now() + wait;
     let min_bytes = usize::try_from(request.min_bytes.max(1)).unwrap_or(1);
-    let max_bytes = usize::try_from(request.max_bytes).unwrap_or(usize::MAX);
+    let max_bytes = usize::try_from(request.max_bytes)
+        .unwrap_or(usize::MAX)
+        .min(cx.config.max_fetch_bytes);
     loop {
         let tables: Vec<_> = request
             .topics
@@ -819,7 +821,9 @@ async fn fetch(cx: &Context, request: &FetchRequest) -> FetchResponse {
                     Ok(info) => fetch_head(&cx.node, info, p.partition, p.fetch_offset),
                 };
                 if let (Ok(info), Some((b, offset))) = (table, read) {
-                    let max = usize::try_from(p.partition_max_bytes).unwrap_or(0);
+                    let max = usize::try_from(p.partition_max_bytes)
+                        .unwrap_or(0)
+                        .min(cx.config.max_fetch_bytes);
                     let raw = records::is_raw(&info.schema);
                     let read = fetch_records(cx.node.clone(), raw, b, offset, max);
                     reads.push((answers.len(), read));

@@ -8,6 +8,7 @@ use kafka_protocol::messages::{ApiKey, RequestHeader, ResponseHeader};
 use kafka_protocol::protocol::{Decodable as _, Encodable};
 use mink_node::Node;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::KafkaConfig;
 use crate::frames::Frames;
@@ -24,6 +25,8 @@ pub(crate) enum ConnError {
     FrameSize(i64, usize),
     #[error("request: {0}")]
     Malformed(String),
+    #[error("idle for {0:?} (connections_max_idle)")]
+    Idle(std::time::Duration),
 }
 
 /// A request's answer: its frame now or once `Later` resolves; `None` sends nothing (a
@@ -87,36 +90,69 @@ pub(crate) async fn run(
         .map(|a| a.ip().to_string())
         .unwrap_or_default();
     let (mut reader, mut writer) = socket.into_split();
-    let (answers, mut pending) = tokio::sync::mpsc::channel::<Answer>(IN_FLIGHT);
-    let writing = tokio::spawn(async move {
-        while let Some(answer) = pending.recv().await {
-            let frames = match answer {
-                Answer::Now(f) => f,
-                Answer::Later(f) => f.await,
-            };
-            if let Some(mut f) = frames {
-                writer.write_all_buf(&mut f).await?;
+    let (answers, mut pending) =
+        tokio::sync::mpsc::channel::<(Answer, Option<OwnedSemaphorePermit>)>(IN_FLIGHT);
+    // Bytes of answers not yet written: a client that stops reading stops being read.
+    let budget = config.max_unsent_bytes.clamp(1, MAX_BUDGET);
+    let unsent = Arc::new(Semaphore::new(budget));
+    let activity = Arc::new(Activity::default());
+    let writing = tokio::spawn({
+        let (unsent, activity, idle) = (
+            Arc::clone(&unsent),
+            Arc::clone(&activity),
+            config.connections_max_idle,
+        );
+        async move {
+            let written = async {
+                while let Some((answer, permit)) = pending.recv().await {
+                    let frames = match answer {
+                        Answer::Now(f) => f,
+                        Answer::Later(f) => f.await,
+                    };
+                    if let Some(mut f) = frames {
+                        tokio::time::timeout(idle, writer.write_all_buf(&mut f))
+                            .await
+                            .map_err(|_| {
+                                std::io::Error::new(
+                                    std::io::ErrorKind::TimedOut,
+                                    "the client read no answer for connections_max_idle",
+                                )
+                            })??;
+                    }
+                    drop(permit);
+                    activity.answered();
+                }
+                writer.shutdown().await
             }
+            .await;
+            // The reader may wait for room the writer will never make.
+            unsent.close();
+            written
         }
-        writer.shutdown().await
     });
     let result = async {
         loop {
-            let size = match reader.read_i32().await {
-                Ok(s) => s,
-                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-                Err(e) => return Err(e.into()),
+            let frame = tokio::select! {
+                frame = read_idle(&mut reader, &config, &activity) => frame?,
+                // The writer stopped (the client read nothing for too long, or went away).
+                () = answers.closed() => None,
             };
-            let size_ok = usize::try_from(size)
-                .ok()
-                .filter(|s| (8..=config.max_request_bytes).contains(s));
-            let Some(size) = size_ok else {
-                return Err(ConnError::FrameSize(size.into(), config.max_request_bytes));
+            let Some(frame) = frame else {
+                return Ok::<(), ConnError>(()); // the client closed between requests
             };
-            let mut frame = BytesMut::zeroed(size);
-            reader.read_exact(&mut frame).await?;
-            let answer = handle(&node, &config, &groups, &peer, frame.freeze()).await?;
-            if answers.send(answer).await.is_err() {
+            let answer = handle(&node, &config, &groups, &peer, frame).await?;
+            let permit = match &answer {
+                Answer::Now(Some(f)) => {
+                    let n = u32::try_from(f.remaining().min(budget)).unwrap_or(u32::MAX);
+                    match Arc::clone(&unsent).acquire_many_owned(n).await {
+                        Ok(p) => Some(p),
+                        Err(_) => return Ok(()), // the writer stopped: the client went away
+                    }
+                }
+                _ => None,
+            };
+            activity.asked();
+            if answers.send((answer, permit)).await.is_err() {
                 return Ok(()); // the writer stopped: the client went away
             }
         }
@@ -129,6 +165,100 @@ pub(crate) async fn run(
         Ok(r) => r.map_err(ConnError::Io),
         Err(e) => Err(ConnError::Malformed(e.to_string())),
     }
+}
+
+/// The largest budget of unsent bytes (a semaphore's permits are taken as a `u32`).
+const MAX_BUDGET: usize = 1 << 31;
+
+/// Frames up to this size are read into a buffer sized at once; a larger one grows as its
+/// bytes arrive, so that a size on the wire alone allocates little.
+const PREALLOCATED: usize = 1 << 20;
+
+/// What a connection is doing for its client: answers queued or being computed, and when it
+/// last answered (what [`read_idle`] measures idleness from).
+#[derive(Default)]
+struct Activity {
+    pending: std::sync::atomic::AtomicUsize,
+    /// Answers written so far: a change restarts the idle clock.
+    answered: std::sync::atomic::AtomicU64,
+}
+
+impl Activity {
+    fn asked(&self) {
+        self.pending
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn answered(&self) {
+        self.pending
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        self.answered
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn busy(&self) -> bool {
+        self.pending.load(std::sync::atomic::Ordering::SeqCst) > 0
+    }
+
+    fn answers(&self) -> u64 {
+        self.answered.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// The next request frame, `None` when the client closed the connection between frames; an
+/// error when the connection was idle for `connections_max_idle` meanwhile (nothing pending,
+/// nothing answered, the frame not whole).
+async fn read_idle(
+    reader: &mut tokio::net::tcp::OwnedReadHalf,
+    config: &KafkaConfig,
+    activity: &Activity,
+) -> Result<Option<Bytes>, ConnError> {
+    let idle = config.connections_max_idle;
+    let read = read_frame(reader, config.max_request_bytes);
+    tokio::pin!(read);
+    let mut answers = activity.answers();
+    loop {
+        tokio::select! {
+            frame = &mut read => return frame,
+            () = tokio::time::sleep(idle) => {
+                let now = activity.answers();
+                if !activity.busy() && now == answers {
+                    return Err(ConnError::Idle(idle));
+                }
+                answers = now;
+            }
+        }
+    }
+}
+
+/// One size-prefixed frame (its bytes after the size), `None` at a clean end of stream.
+async fn read_frame(
+    reader: &mut tokio::net::tcp::OwnedReadHalf,
+    max_request_bytes: usize,
+) -> Result<Option<Bytes>, ConnError> {
+    let size = match reader.read_i32().await {
+        Ok(s) => s,
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let size_ok = usize::try_from(size)
+        .ok()
+        .filter(|s| (8..=max_request_bytes).contains(s));
+    let Some(size) = size_ok else {
+        return Err(ConnError::FrameSize(size.into(), max_request_bytes));
+    };
+    let mut frame = BytesMut::with_capacity(size.min(PREALLOCATED));
+    while frame.len() < size {
+        if frame.len() == frame.capacity() {
+            // Doubling: a large frame is copied at most once over in all.
+            frame.reserve((size - frame.len()).min(frame.len()));
+        }
+        let rest = (size - frame.len()) as u64;
+        if (&mut *reader).take(rest).read_buf(&mut frame).await? == 0 {
+            return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+        }
+    }
+    Ok(Some(frame.freeze()))
 }
 
 /// Decodes one request frame and answers it.

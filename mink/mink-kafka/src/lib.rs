@@ -33,6 +33,17 @@ pub struct KafkaConfig {
     pub max_request_bytes: usize,
     /// The longest a fetch waits for data, whatever the client asks (`max_wait_ms`).
     pub max_fetch_wait: std::time::Duration,
+    /// The most record bytes one fetch answers with, whatever the client asks, for the whole
+    /// response and for each partition (Kafka's broker `fetch.max.bytes`, 55 MiB); the first
+    /// batch goes whole even when it is larger.
+    pub max_fetch_bytes: usize,
+    /// Bytes of answers a connection holds that its client has not read yet: past them the
+    /// connection reads no more requests until the client reads (one answer always fits).
+    pub max_unsent_bytes: usize,
+    /// A connection is closed when, for this long, no request arrived whole, nothing was
+    /// answered or written, and no answer was pending (Kafka's `connections.max.idle.ms`,
+    /// 10 min); a client that stops reading its answers is closed after as long.
+    pub connections_max_idle: std::time::Duration,
     /// The address this listener is reached at (the one registered as this node's
     /// [`LISTENER`]): Metadata names it for this node until the registration is applied.
     pub advertised: Option<String>,
@@ -55,6 +66,9 @@ impl Default for KafkaConfig {
             database: "kafka".to_string(),
             max_request_bytes: 100 << 20,
             max_fetch_wait: std::time::Duration::from_secs(30),
+            max_fetch_bytes: 55 << 20,
+            max_unsent_bytes: 64 << 20,
+            connections_max_idle: std::time::Duration::from_secs(600),
             advertised: None,
             offsets_retention: std::time::Duration::from_secs(7 * 24 * 3600),
             auto_create_topics: None,

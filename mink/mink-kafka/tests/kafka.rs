@@ -650,6 +650,37 @@ async fn hostile_frames_get_errors_and_harm_nothing() {
         produce_error(response),
         kafka_protocol::ResponseError::CorruptMessage.code()
     );
+    // A known API at a version it is not served at closes the connection; ApiVersions at
+    // one is answered in version 0 with UNSUPPORTED_VERSION and the versions served, so the
+    // client can pick one.
+    for (key, answered) in [(ApiKey::Metadata, false), (ApiKey::ApiVersions, true)] {
+        let mut versioned = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
+        let mut frame = BytesMut::new();
+        frame.put_i32(10);
+        frame.put_i16(key as i16);
+        frame.put_i16(99);
+        frame.put_i32(11); // correlation id
+        frame.put_i16(-1); // no client id
+        versioned.write_all(&frame).await.unwrap();
+        if answered {
+            let mut response = exchange(&mut versioned, &[]).await.unwrap();
+            let header = ResponseHeader::decode(&mut response, 0).unwrap();
+            assert_eq!(header.correlation_id, 11);
+            let r =
+                kafka_protocol::messages::ApiVersionsResponse::decode(&mut response, 0).unwrap();
+            assert_eq!(
+                r.error_code,
+                kafka_protocol::ResponseError::UnsupportedVersion.code()
+            );
+            assert!(
+                r.api_keys
+                    .iter()
+                    .any(|k| k.api_key == ApiKey::Metadata as i16)
+            );
+        } else {
+            assert_eq!(versioned.read(&mut buf).await.unwrap(), 0, "{key:?} v99");
+        }
+    }
     // Others are still served; the good rows are there, once.
     let response = exchange(&mut socket, &produce_frame(encode_one()))
         .await
@@ -663,6 +694,114 @@ async fn hostile_frames_get_errors_and_harm_nothing() {
         .sum();
     assert_eq!(stored, 4);
     s.stop().await;
+}
+
+/// However much a fetch asks for, it gets about `max_fetch_bytes` of records; past the end,
+/// OFFSET_OUT_OF_RANGE. A client that stops reading its answers stops being read once
+/// `max_unsent_bytes` of them wait (a produce it sent after 50 fetches is never taken, where
+/// 64 answers of any size used to wait), and is closed after `connections_max_idle`, as is one
+/// that sends part of a frame and stalls; others are served meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_stall_hold_bounded_memory_and_are_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = mink_kafka::KafkaConfig {
+        max_fetch_bytes: 1 << 20,
+        max_unsent_bytes: 1 << 20,
+        connections_max_idle: Duration::from_millis(300),
+        ..Default::default()
+    };
+    let s = serve_with(dir.path(), 1, config).await;
+    raw_topic(&s.node, "t", 1).await;
+    // 8 MiB: 16 batches of 8 records of 64 KiB.
+    let mut socket = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
+    let value = "x".repeat(64 << 10);
+    for batch in 0..16 {
+        let records: Vec<_> = (0..8)
+            .map(|i| record(i, -1, -1, -1, 1000 + batch, None, Some(value.clone())))
+            .collect();
+        let frame = produce_frame(mink_kafka::records::encode_records(&records).unwrap());
+        let response = exchange(&mut socket, &frame).await.unwrap();
+        assert_eq!(produce_error(response), 0);
+    }
+    let response = exchange(&mut socket, &fetch_at(0, i32::MAX)).await.unwrap();
+    assert!(
+        response.len() < 2 << 20,
+        "a fetch answered {} bytes",
+        response.len()
+    );
+    let partitions = fetched(response);
+    assert_eq!(partitions[0].1, 0);
+    assert!(partitions[0].2 >= 16, "{partitions:?}");
+    let response = exchange(&mut socket, &fetch_at(1 << 30, i32::MAX))
+        .await
+        .unwrap();
+    assert_eq!(
+        fetched(response)[0].1,
+        kafka_protocol::ResponseError::OffsetOutOfRange.code()
+    );
+    // 50 fetches of 1 MiB or more each, then a produce, and nothing read.
+    let mut stalled = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
+    let mut frames: Vec<u8> = (0..50).flat_map(|_| fetch_at(0, i32::MAX)).collect();
+    frames.extend(produce_frame(encode_one()));
+    stalled.write_all(&frames).await.unwrap();
+    // Part of a frame, then nothing.
+    let mut partial = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
+    partial
+        .write_all(&[0, 0, 3, 232, 0, 1, 0, 0])
+        .await
+        .unwrap();
+    // Another client is served meanwhile.
+    let mut other = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
+    let response = exchange(&mut other, &produce_frame(encode_one()))
+        .await
+        .unwrap();
+    assert_eq!(produce_error(response), 0);
+    // Both stalled clients are closed.
+    let mut buf = [0u8; 1];
+    let read = tokio::time::timeout(Duration::from_secs(30), partial.read(&mut buf))
+        .await
+        .expect("the client that sent part of a frame was not closed within 30 s");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    // The one not reading learns it when a write fails (its answers are unread).
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while stalled.write_all(&[0]).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the client that read nothing was not closed within 30 s");
+    // Its produce was never taken: the 128 records and the other client's one.
+    let stored: usize = s
+        .rows("kafka", "t", 0)
+        .await
+        .iter()
+        .map(arrow::array::RecordBatch::num_rows)
+        .sum();
+    assert_eq!(stored, 16 * 8 + 1);
+    s.stop().await;
+}
+
+/// A Fetch (v11) of partition 0 of topic `t` from `offset`, asking for `max_bytes` at most
+/// (the response's and the partition's) and waiting for nothing.
+fn fetch_at(offset: i64, max_bytes: i32) -> Vec<u8> {
+    use kafka_protocol::messages::FetchRequest;
+    use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+    let request = FetchRequest::default()
+        .with_replica_id(kafka_protocol::messages::BrokerId(-1))
+        .with_max_wait_ms(0)
+        .with_min_bytes(1)
+        .with_max_bytes(max_bytes)
+        .with_topics(vec![
+            FetchTopic::default()
+                .with_topic(TopicName(StrBytes::from_static_str("t")))
+                .with_partitions(vec![
+                    FetchPartition::default()
+                        .with_partition(0)
+                        .with_fetch_offset(offset)
+                        .with_partition_max_bytes(max_bytes),
+                ]),
+        ]);
+    request_frame(ApiKey::Fetch, 11, 43, &request)
 }
 
 /// An idempotent producer at the protocol level: InitProducerId hands out a producer id; a
