@@ -47,7 +47,18 @@ async fn serve_faulty(
     config: mink_kafka::KafkaConfig,
     faults: Option<std::sync::Arc<s3stream::store::ObjectFaults>>,
 ) -> Served {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    serve_at(dir, node_id, config, faults, "127.0.0.1:0").await
+}
+
+/// [`serve_faulty`] with its Kafka listener bound to `address` (a restarted node's old one).
+async fn serve_at(
+    dir: &std::path::Path,
+    node_id: u64,
+    config: mink_kafka::KafkaConfig,
+    faults: Option<std::sync::Arc<s3stream::store::ObjectFaults>>,
+    address: &str,
+) -> Served {
+    let listener = tokio::net::TcpListener::bind(address).await.unwrap();
     let kafka = listener.local_addr().unwrap().to_string();
     let mut c = NodeConfig::new(
         node_id,
@@ -205,6 +216,44 @@ async fn consumer_groups_share_hand_over_and_resume() {
     // The committed offsets are in the command log.
     let committed: u64 = s.node.group_offsets("g1").iter().map(|c| c.offset).sum();
     assert_eq!(committed, 52);
+    s.stop().await;
+}
+
+/// A group of three kafka-python members over six partitions rebalances as they join and
+/// leave, commits, and after a restart of the node resumes from its commits: nothing committed
+/// is delivered again (tests/kafka_group_restart.py, run before and after the restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_resumes_from_its_commits_after_a_node_restart() {
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve(dir.path()).await;
+    run_script_with(
+        python.clone(),
+        "kafka_group_restart.py",
+        &s.kafka,
+        &["before"],
+    )
+    .await;
+    let committed =
+        |node: &Node| -> u64 { node.group_offsets("g6").iter().map(|c| c.offset).sum() };
+    assert_eq!(committed(&s.node), 6 * 12);
+    let address = s.kafka.clone();
+    s.stop().await;
+    let s = serve_at(
+        dir.path(),
+        1,
+        mink_kafka::KafkaConfig::default(),
+        None,
+        &address,
+    )
+    .await;
+    assert_eq!(
+        committed(&s.node),
+        6 * 12,
+        "the commits did not survive the restart"
+    );
+    run_script_with(python, "kafka_group_restart.py", &s.kafka, &["after"]).await;
+    assert_eq!(committed(&s.node), 6 * 13);
     s.stop().await;
 }
 
@@ -471,12 +520,19 @@ async fn metadata_topic(
 /// Runs tests/`script` with `python` against the Kafka listener at `kafka`; fails with its
 /// output unless it succeeds.
 async fn run_script(python: PathBuf, script: &'static str, kafka: &str) {
+    run_script_with(python, script, kafka, &[]).await;
+}
+
+/// [`run_script`] with `args` after the bootstrap address.
+async fn run_script_with(python: PathBuf, script: &'static str, kafka: &str, args: &[&str]) {
     let path = manifest_dir().join("tests").join(script);
     let kafka = kafka.to_string();
+    let args: Vec<String> = args.iter().map(ToString::to_string).collect();
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new(python)
             .arg(path)
             .arg(kafka)
+            .args(args)
             .output()
             .unwrap()
     })
