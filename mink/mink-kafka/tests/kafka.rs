@@ -18,6 +18,8 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 struct Served {
     node: Node,
     kafka: String,
+    /// Where the listener is bound (`kafka` unless clients are sent to a proxy).
+    listening: String,
     stop: tokio::sync::oneshot::Sender<()>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -59,7 +61,12 @@ async fn serve_at(
     address: &str,
 ) -> Served {
     let listener = tokio::net::TcpListener::bind(address).await.unwrap();
-    let kafka = listener.local_addr().unwrap().to_string();
+    let listening = listener.local_addr().unwrap().to_string();
+    // Clients are sent to `config.advertised` when set (a proxy in front), here otherwise.
+    let kafka = config
+        .advertised
+        .clone()
+        .unwrap_or_else(|| listener.local_addr().unwrap().to_string());
     let mut c = NodeConfig::new(
         node_id,
         &format!("sqlite://{}", dir.join("meta.db").display()),
@@ -91,6 +98,7 @@ async fn serve_at(
     Served {
         node,
         kafka,
+        listening,
         stop,
         task,
     }
@@ -255,6 +263,104 @@ async fn a_group_resumes_from_its_commits_after_a_node_restart() {
     run_script_with(python, "kafka_group_restart.py", &s.kafka, &["after"]).await;
     assert_eq!(committed(&s.node), 6 * 13);
     s.stop().await;
+}
+
+/// An idempotent librdkafka producer whose acknowledgements are lost after the node stored
+/// the writes (a proxy closes the connection instead of passing the first three Produce
+/// answers on) retries them and stores each record once (tests/kafka_idempotent.py).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_whose_acknowledgements_are_lost_stores_each_record_once() {
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = proxy.local_addr().unwrap().to_string();
+    let config = mink_kafka::KafkaConfig {
+        advertised: Some(address.clone()),
+        ..Default::default()
+    };
+    let s = serve_at(dir.path(), 1, config, None, "127.0.0.1:0").await;
+    raw_topic(&s.node, "t", 2).await;
+    let upstream = s.listening.clone();
+    let lost = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(3));
+    let proxying = tokio::spawn(lose_produce_answers(proxy, upstream, lost.clone()));
+    run_script_with(python, "kafka_idempotent.py", &address, &[]).await;
+    assert_eq!(
+        lost.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "fewer than three Produce answers were lost"
+    );
+    let mut values = Vec::new();
+    for bucket in 0..2 {
+        for batch in s.rows("kafka", "t", bucket).await {
+            let column = batch.column_by_name("value").unwrap().as_binary::<i32>();
+            values.extend(column.iter().map(|v| v.unwrap().to_vec()));
+        }
+    }
+    values.sort();
+    let expected: Vec<Vec<u8>> = {
+        let mut e: Vec<_> = (0..200).map(|i| format!("r{i:03}").into_bytes()).collect();
+        e.sort();
+        e
+    };
+    assert_eq!(
+        values, expected,
+        "stored records differ from the 200 produced once each"
+    );
+    proxying.abort();
+    s.stop().await;
+}
+
+/// A proxy to `upstream` that, for the first `lose` Produce requests it passes, lets the node
+/// store the write, reads its answer and closes the client's connection instead of passing the
+/// answer on (a fault the producer sees as a connection lost mid-request).
+async fn lose_produce_answers(
+    listener: tokio::net::TcpListener,
+    upstream: String,
+    lose: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    loop {
+        let (client, _) = listener.accept().await.unwrap();
+        let server = tokio::net::TcpStream::connect(&upstream).await.unwrap();
+        let lose = lose.clone();
+        tokio::spawn(async move {
+            let (mut client_read, mut client_write) = client.into_split();
+            let (mut server_read, mut server_write) = server.into_split();
+            // The API key of each request passed on, in order (answers come in that order).
+            let (keys, mut asked) = tokio::sync::mpsc::unbounded_channel::<i16>();
+            let requests = tokio::spawn(async move {
+                while let Ok(frame) = read_frame(&mut client_read).await {
+                    let _ = keys.send(i16::from_be_bytes([frame[4], frame[5]]));
+                    if server_write.write_all(&frame).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            while let Ok(frame) = read_frame(&mut server_read).await {
+                let key = asked.recv().await.unwrap();
+                let losing = key == ApiKey::Produce as i16
+                    && lose
+                        .fetch_update(
+                            std::sync::atomic::Ordering::SeqCst,
+                            std::sync::atomic::Ordering::SeqCst,
+                            |n| n.checked_sub(1),
+                        )
+                        .is_ok();
+                if losing || client_write.write_all(&frame).await.is_err() {
+                    break;
+                }
+            }
+            requests.abort();
+        });
+    }
+}
+
+/// One size-prefixed frame, its size included.
+async fn read_frame(socket: &mut tokio::net::tcp::OwnedReadHalf) -> std::io::Result<Vec<u8>> {
+    let size = socket.read_i32().await?;
+    let mut frame = size.to_be_bytes().to_vec();
+    frame.resize(4 + usize::try_from(size).unwrap_or(0), 0);
+    socket.read_exact(&mut frame[4..]).await?;
+    Ok(frame)
 }
 
 /// kcat (librdkafka 2.0): metadata, producing keyed lines, consuming them back.
