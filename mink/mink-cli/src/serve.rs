@@ -44,6 +44,11 @@ pub(crate) struct NodeArgs {
     /// from the cluster's log tables here. `mink dev` serves it on 127.0.0.1:9092.
     #[arg(long, env = "MINK_KAFKA_LISTEN")]
     pub(crate) kafka_listen: Option<String>,
+    /// The address Kafka clients reach this node's Kafka listener at, which Metadata answers
+    /// (Kafka's advertised.listeners; defaults to the listen address, with the advertised
+    /// Flight host for a wildcard one).
+    #[arg(long, env = "MINK_KAFKA_ADVERTISED_ADDRESS")]
+    pub(crate) kafka_advertised_address: Option<String>,
     /// Create a topic a Kafka client names (in a Metadata request) when it does not exist,
     /// with this many partitions (Kafka's auto.create.topics.enable); off when unset.
     #[arg(long, env = "MINK_KAFKA_AUTO_CREATE_PARTITIONS")]
@@ -91,6 +96,9 @@ impl NodeArgs {
             metrics_listen: self.metrics_listen.or(file.metrics_listen),
             sql_listen: self.sql_listen.or(file.sql_listen),
             kafka_listen: self.kafka_listen.or(file.kafka_listen),
+            kafka_advertised_address: self
+                .kafka_advertised_address
+                .or(file.kafka_advertised_address),
             kafka_auto_create_partitions: self
                 .kafka_auto_create_partitions
                 .or(file.kafka_auto_create_partitions),
@@ -284,7 +292,9 @@ pub(crate) async fn run(args: NodeArgs, dev: bool) -> anyhow::Result<()> {
             })?;
             let bound = l.local_addr()?;
             // A wildcard address is reached at the advertised Flight host.
-            let address = if bound.ip().is_unspecified() {
+            let address = if let Some(a) = &args.kafka_advertised_address {
+                a.clone()
+            } else if bound.ip().is_unspecified() {
                 let host = advertised
                     .rsplit_once(':')
                     .map_or(advertised.as_str(), |(h, _)| h);

@@ -247,6 +247,168 @@ print("ok")
     assert!(scanned.contains("68656c6c6f2d30"), "{scanned}");
 }
 
+/// An idempotent librdkafka producer across a SIGKILL of the node and its restart on the same
+/// address (tests/kafka_crash_producer.py), its retry forced: a proxy in front of the listener
+/// (advertised with `--kafka-advertised-address`) holds back the answer to a Produce the node
+/// stored, the node is killed and restarted, and then the proxy closes the producer's
+/// connection. The producer retries that batch with the same sequence numbers; the restarted
+/// node knows it from the producer state committed with the data, and answers with its offsets
+/// instead of storing it again. Every record is acknowledged, and each is stored once.
+#[test]
+fn an_idempotent_producer_stores_each_record_once_across_a_sigkill() {
+    use std::io::BufRead as _;
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let kafka = free_port();
+    let proxy = HoldingProxy::start(&kafka);
+    let advertised = ["--kafka-advertised-address", proxy.address.as_str()];
+    let dev = Dev::start_on(&data, "127.0.0.1:0", &kafka, &advertised);
+    let n = 3000;
+    let mut producer = Command::new(python)
+        .arg(manifest_dir().join("tests/kafka_crash_producer.py"))
+        .args([&proxy.address, &n.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = producer.stdout.take().unwrap();
+    let lines = std::thread::spawn(move || {
+        std::io::BufReader::new(stdout)
+            .lines()
+            .map(Result::unwrap_or_default)
+            .collect::<Vec<_>>()
+    });
+    proxy.wait_held(Duration::from_secs(60));
+    dev.kill();
+    let dev = Dev::start_on(&data, "127.0.0.1:0", &kafka, &advertised);
+    proxy.release();
+    let out = producer.wait_with_output().unwrap();
+    let lines = lines.join().unwrap();
+    assert!(
+        out.status.success() && lines.last().is_some_and(|l| l == "done"),
+        "the producer failed across the kill:\n{}\n{}",
+        lines.join("\n"),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Binary columns print as hex in CSV.
+    let scanned = dev.run(
+        &["scan", "kafka.t", "--columns", "value", "--format", "csv"],
+        None,
+    );
+    let mut values: Vec<&str> = scanned.lines().skip(1).collect();
+    values.sort_unstable();
+    let stored = values.len();
+    values.dedup();
+    assert_eq!(
+        (stored, values.len()),
+        (n, n),
+        "(rows stored, distinct) against the {n} records produced"
+    );
+}
+
+/// A proxy to a Kafka listener that holds back the first answer to a Produce request: it reads
+/// it from the node and passes nothing more on that connection until [`HoldingProxy::release`]
+/// closes it. Other answers pass; a connection whose node went away is closed.
+struct HoldingProxy {
+    address: String,
+    /// (a Produce answer is held, released)
+    hold: Arc<(Mutex<(bool, bool)>, std::sync::Condvar)>,
+}
+
+impl HoldingProxy {
+    fn start(upstream: &str) -> HoldingProxy {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let hold = Arc::new((Mutex::new((false, false)), std::sync::Condvar::new()));
+        let upstream = upstream.to_string();
+        let held = Arc::clone(&hold);
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                match std::net::TcpStream::connect(&upstream) {
+                    Ok(server) => proxy_connection(client, server, Arc::clone(&held)),
+                    Err(_) => drop(client), // the node is down: the client reconnects
+                }
+            }
+        });
+        HoldingProxy { address, hold }
+    }
+
+    /// Returns once a Produce answer is held back; panics after `timeout`.
+    fn wait_held(&self, timeout: Duration) {
+        let (lock, changed) = &*self.hold;
+        let state = lock.lock().unwrap();
+        let (state, waited) = changed
+            .wait_timeout_while(state, timeout, |s| !s.0)
+            .unwrap();
+        assert!(
+            state.0 && !waited.timed_out(),
+            "no Produce answer passed the proxy within {timeout:?}"
+        );
+    }
+
+    /// Closes the connection whose answer is held.
+    fn release(&self) {
+        let (lock, changed) = &*self.hold;
+        lock.lock().unwrap().1 = true;
+        changed.notify_all();
+    }
+}
+
+/// Passes frames between `client` and `server` (see [`HoldingProxy`]).
+fn proxy_connection(
+    client: std::net::TcpStream,
+    server: std::net::TcpStream,
+    hold: Arc<(Mutex<(bool, bool)>, std::sync::Condvar)>,
+) {
+    use std::io::{Read as _, Write as _};
+    fn frame(from: &mut std::net::TcpStream) -> std::io::Result<Vec<u8>> {
+        let mut size = [0u8; 4];
+        from.read_exact(&mut size)?;
+        let mut frame = size.to_vec();
+        frame.resize(
+            4 + usize::try_from(i32::from_be_bytes(size)).unwrap_or(0),
+            0,
+        );
+        from.read_exact(&mut frame[4..])?;
+        Ok(frame)
+    }
+    // The API key of each request passed on, in order (answers come in that order).
+    let (keys, asked) = std::sync::mpsc::channel::<i16>();
+    let (mut from_client, mut to_server) =
+        (client.try_clone().unwrap(), server.try_clone().unwrap());
+    std::thread::spawn(move || {
+        while let Ok(f) = frame(&mut from_client) {
+            let _ = keys.send(i16::from_be_bytes([f[4], f[5]]));
+            if to_server.write_all(&f).is_err() {
+                break;
+            }
+        }
+    });
+    let (mut from_server, mut to_client) = (server, client);
+    std::thread::spawn(move || {
+        while let Ok(f) = frame(&mut from_server) {
+            let Ok(key) = asked.recv() else { break };
+            let (lock, changed) = &*hold;
+            let mut state = lock.lock().unwrap();
+            if key == 0 && !state.0 {
+                // The first Produce answer: held until released, then the connection closed.
+                state.0 = true;
+                changed.notify_all();
+                let _released = changed.wait_while(state, |s| !s.1).unwrap();
+                break;
+            }
+            drop(state);
+            if to_client.write_all(&f).is_err() {
+                break;
+            }
+        }
+        let _ = to_client.shutdown(std::net::Shutdown::Both);
+        let _ = from_server.shutdown(std::net::Shutdown::Both);
+    });
+}
+
 /// An option set to a value that would do nothing is refused with why, before the node starts.
 #[test]
 fn zero_auto_created_partitions_are_refused() {

@@ -31,6 +31,11 @@ pub struct Dev {
 
 impl Dev {
     pub fn start(data: &Path, listen: &str, extra: &[&str]) -> Dev {
+        Dev::start_on(data, listen, "127.0.0.1:0", extra)
+    }
+
+    /// [`Dev::start`] with its Kafka listener on `kafka` (a restarted node's old address).
+    pub fn start_on(data: &Path, listen: &str, kafka: &str, extra: &[&str]) -> Dev {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -40,12 +45,7 @@ impl Dev {
             .args(["dev", "--data-dir"])
             .arg(data)
             .args(["--listen", listen, "--metrics-listen", "127.0.0.1:0"])
-            .args([
-                "--sql-listen",
-                "127.0.0.1:0",
-                "--kafka-listen",
-                "127.0.0.1:0",
-            ])
+            .args(["--sql-listen", "127.0.0.1:0", "--kafka-listen", kafka])
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(log)
