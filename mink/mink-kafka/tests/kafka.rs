@@ -943,6 +943,202 @@ async fn clients_that_stall_hold_bounded_memory_and_are_closed() {
     s.stop().await;
 }
 
+/// What Kafka offers and Mink does not map is refused with Kafka's codes: a partitioned or a
+/// primary-key table is not a topic (Metadata and Produce answer UNKNOWN_TOPIC_OR_PARTITION,
+/// and listing every topic leaves them out); a transactional id gets
+/// TRANSACTIONAL_ID_AUTHORIZATION_FAILED from InitProducerId and Produce, a transaction
+/// coordinator COORDINATOR_NOT_AVAILABLE, a transactional batch CORRUPT_MESSAGE, each storing
+/// nothing. A produce with acks = 0 is stored and answered with nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_kafka_offers_and_mink_does_not_map_is_refused_with_its_codes() {
+    use kafka_protocol::ResponseError;
+    use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+    use kafka_protocol::messages::{
+        FindCoordinatorRequest, FindCoordinatorResponse, InitProducerIdRequest,
+        InitProducerIdResponse, MetadataRequest, MetadataResponse,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve(dir.path()).await;
+    raw_topic(&s.node, "t", 1).await;
+    let fields = vec![
+        Field::new("region", DataType::Utf8, false),
+        Field::new("id", DataType::Int64, false),
+    ];
+    for (name, primary_key, partition_keys) in [
+        ("partitioned", vec![], vec!["region".to_string()]),
+        ("keyed", vec!["id".to_string()], vec![]),
+    ] {
+        s.node
+            .create_table(TableSpec {
+                database: "kafka".into(),
+                name: name.into(),
+                schema: Schema::new(fields.clone()),
+                primary_key,
+                options: [("bucket.num".to_string(), "1".to_string())].into(),
+                partition_keys,
+                comment: String::new(),
+                if_not_exists: false,
+            })
+            .await
+            .unwrap();
+    }
+    let mut socket = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
+    let topics = |names: &[&str]| {
+        names
+            .iter()
+            .map(|n| {
+                MetadataRequestTopic::default()
+                    .with_name(Some(TopicName(StrBytes::from_string((*n).to_string()))))
+            })
+            .collect::<Vec<_>>()
+    };
+    let frame = request_frame(
+        ApiKey::Metadata,
+        4,
+        42,
+        &MetadataRequest::default().with_topics(Some(topics(&["partitioned", "keyed", "t"]))),
+    );
+    let mut response = exchange(&mut socket, &frame).await.unwrap();
+    ResponseHeader::decode(&mut response, 0).unwrap();
+    let named = MetadataResponse::decode(&mut response, 4).unwrap();
+    let codes: Vec<(String, i16)> = named
+        .topics
+        .iter()
+        .map(|t| (t.name.as_ref().unwrap().0.to_string(), t.error_code))
+        .collect();
+    let unknown = ResponseError::UnknownTopicOrPartition.code();
+    assert_eq!(
+        codes,
+        [
+            ("partitioned".to_string(), unknown),
+            ("keyed".to_string(), unknown),
+            ("t".to_string(), 0)
+        ]
+    );
+    // No topics named (null): every topic.
+    let every = MetadataRequest::default().with_topics(None);
+    let frame = request_frame(ApiKey::Metadata, 4, 42, &every);
+    let mut response = exchange(&mut socket, &frame).await.unwrap();
+    ResponseHeader::decode(&mut response, 0).unwrap();
+    let all = MetadataResponse::decode(&mut response, 4).unwrap();
+    let listed: Vec<String> = all
+        .topics
+        .iter()
+        .map(|t| t.name.as_ref().unwrap().0.to_string())
+        .collect();
+    assert_eq!(listed, ["t"]);
+    let produce_to = |topic: &'static str, transactional: Option<&'static str>, acks: i16| {
+        let request =
+            ProduceRequest::default()
+                .with_acks(acks)
+                .with_timeout_ms(5000)
+                .with_transactional_id(transactional.map(|t| {
+                    kafka_protocol::messages::TransactionalId(StrBytes::from_static_str(t))
+                }))
+                .with_topic_data(vec![
+                    TopicProduceData::default()
+                        .with_name(TopicName(StrBytes::from_static_str(topic)))
+                        .with_partition_data(vec![
+                            PartitionProduceData::default()
+                                .with_index(0)
+                                .with_records(Some(encode_one())),
+                        ]),
+                ]);
+        request_frame(ApiKey::Produce, 7, 42, &request)
+    };
+    for topic in ["partitioned", "keyed"] {
+        let response = exchange(&mut socket, &produce_to(topic, None, -1))
+            .await
+            .unwrap();
+        assert_eq!(produce_error(response), unknown, "{topic}");
+    }
+    // Transactions.
+    let response = exchange(&mut socket, &produce_to("t", Some("tx"), -1))
+        .await
+        .unwrap();
+    let refused = ResponseError::TransactionalIdAuthorizationFailed.code();
+    assert_eq!(produce_error(response), refused);
+    let request = InitProducerIdRequest::default()
+        .with_transactional_id(Some(kafka_protocol::messages::TransactionalId(
+            StrBytes::from_static_str("tx"),
+        )))
+        .with_transaction_timeout_ms(60_000);
+    let mut response = exchange(
+        &mut socket,
+        &request_frame(ApiKey::InitProducerId, 1, 42, &request),
+    )
+    .await
+    .unwrap();
+    ResponseHeader::decode(&mut response, 0).unwrap();
+    let init = InitProducerIdResponse::decode(&mut response, 1).unwrap();
+    assert_eq!(init.error_code, refused);
+    let request = FindCoordinatorRequest::default()
+        .with_key(StrBytes::from_static_str("tx"))
+        .with_key_type(1);
+    let mut response = exchange(
+        &mut socket,
+        &request_frame(ApiKey::FindCoordinator, 1, 42, &request),
+    )
+    .await
+    .unwrap();
+    ResponseHeader::decode(&mut response, 0).unwrap();
+    let found = FindCoordinatorResponse::decode(&mut response, 1).unwrap();
+    assert_eq!(
+        found.error_code,
+        ResponseError::CoordinatorNotAvailable.code()
+    );
+    let transactional = kafka_protocol::records::Record {
+        transactional: true,
+        producer_id: 7,
+        producer_epoch: 0,
+        sequence: 0,
+        ..record(0, 7, 0, 0, 5, None, Some("tx".into()))
+    };
+    let mut batch = BytesMut::new();
+    kafka_protocol::records::RecordBatchEncoder::encode(
+        &mut batch,
+        [&transactional],
+        &kafka_protocol::records::RecordEncodeOptions {
+            version: 2,
+            compression: kafka_protocol::records::Compression::None,
+        },
+    )
+    .unwrap();
+    let response = exchange(&mut socket, &produce_frame(batch.freeze()))
+        .await
+        .unwrap();
+    assert_eq!(
+        produce_error(response),
+        ResponseError::CorruptMessage.code()
+    );
+    assert!(
+        s.rows("kafka", "t", 0).await.is_empty(),
+        "a refused write was stored"
+    );
+    // acks = 0: stored, and the next request's answer is the next thing on the wire.
+    socket.write_all(&produce_to("t", None, 0)).await.unwrap();
+    let request = FindCoordinatorRequest::default()
+        .with_key(StrBytes::from_static_str("g"))
+        .with_key_type(0);
+    let mut response = exchange(
+        &mut socket,
+        &request_frame(ApiKey::FindCoordinator, 1, 43, &request),
+    )
+    .await
+    .unwrap();
+    let header = ResponseHeader::decode(&mut response, 0).unwrap();
+    assert_eq!(header.correlation_id, 43, "acks = 0 was answered");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while s.rows("kafka", "t", 0).await.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the acks = 0 record was not stored within 10 s"
+        );
+        next_change(&s.node).await;
+    }
+    s.stop().await;
+}
+
 /// A Fetch (v11) of partition 0 of topic `t` from `offset`, asking for `max_bytes` at most
 /// (the response's and the partition's) and waiting for nothing.
 fn fetch_at(offset: i64, max_bytes: i32) -> Vec<u8> {

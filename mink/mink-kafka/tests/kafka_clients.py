@@ -167,7 +167,9 @@ async def aio():
         consumer.assign([tp])
         await consumer.seek_to_beginning(tp)
         values = []
+        deadline = time.monotonic() + 30
         while not any(v == b"aio-4" for v in values):
+            assert time.monotonic() < deadline, f"aiokafka read {values} in 30 s"
             batch = await asyncio.wait_for(consumer.getmany(tp, timeout_ms=1000), 30)
             values.extend(r.value for r in batch.get(tp, []))
         assert [v for v in values if v.startswith(b"aio-")] == [f"aio-{i}".encode() for i in range(5)], values
