@@ -363,7 +363,8 @@ async fn read_frame(socket: &mut tokio::net::tcp::OwnedReadHalf) -> std::io::Res
     Ok(frame)
 }
 
-/// kcat (librdkafka 2.0): metadata, producing keyed lines, consuming them back.
+/// kcat (librdkafka 2.0): metadata, producing keyed lines (with every codec and headers),
+/// consuming them back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kcat_lists_produces_and_consumes() {
     if std::process::Command::new("kcat")
@@ -411,6 +412,16 @@ async fn kcat_lists_produces_and_consumes() {
             &["-P", "-t", "lines", "-p", "1", "-K", ":"],
             Some("k1:one\nk2:two\n"),
         );
+        // Every codec, with a header each.
+        for codec in ["gzip", "snappy", "lz4", "zstd"] {
+            let header = format!("codec={codec}");
+            kcat(
+                &[
+                    "-P", "-t", "lines", "-p", "1", "-K", ":", "-z", codec, "-H", &header,
+                ],
+                Some(&format!("{codec}:{codec}-value\n")),
+            );
+        }
         let consumed = kcat(
             &[
                 "-C",
@@ -422,7 +433,7 @@ async fn kcat_lists_produces_and_consumes() {
                 "beginning",
                 "-e",
                 "-f",
-                "%k=%s@%o\n",
+                "%k=%s@%o %h\n",
             ],
             None,
         );
@@ -434,7 +445,11 @@ async fn kcat_lists_produces_and_consumes() {
         listed.contains("topic \"lines\" with 2 partitions"),
         "{listed}"
     );
-    assert_eq!(consumed, "k1=one@0\nk2=two@1\n");
+    assert_eq!(
+        consumed,
+        "k1=one@0 \nk2=two@1 \ngzip=gzip-value@2 codec=gzip\nsnappy=snappy-value@3 codec=snappy\n\
+         lz4=lz4-value@4 codec=lz4\nzstd=zstd-value@5 codec=zstd\n"
+    );
     s.stop().await;
 }
 

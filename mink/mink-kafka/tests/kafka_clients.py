@@ -179,6 +179,46 @@ async def aio():
 
 asyncio.run(aio())
 
+# Every codec from the Python clients (librdkafka's are above), with headers, a null key and a
+# null value, on topic `codecs`, read back by librdkafka.
+admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+admin.create_topics([NewTopic("codecs", num_partitions=1, replication_factor=1)])
+admin.close()
+CODECS = ["gzip", "snappy", "lz4", "zstd"]
+for codec in CODECS:
+    kp = KafkaProducer(bootstrap_servers=bootstrap, compression_type=codec)
+    kp.send("codecs", key=None, value=f"kafka-python-{codec}".encode(), headers=[("codec", codec.encode())], partition=0).get(timeout=30)
+    kp.close()
+
+
+async def aio_codecs():
+    for codec in CODECS:
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, compression_type=codec)
+        await producer.start()
+        try:
+            value = None if codec == "zstd" else f"aiokafka-{codec}".encode()
+            await producer.send_and_wait("codecs", value, key=b"aio", headers=[("codec", codec.encode())], partition=0)
+        finally:
+            await producer.stop()
+
+
+asyncio.run(aio_codecs())
+c = Consumer({"bootstrap.servers": bootstrap, "group.id": "codecs", "enable.auto.commit": False})
+c.assign([TopicPartition("codecs", 0, 0)])
+got = []
+deadline = time.monotonic() + 30
+while len(got) < 2 * len(CODECS):
+    assert time.monotonic() < deadline, f"consumed {got}"
+    m = c.poll(1.0)
+    if m is None:
+        continue
+    assert m.error() is None, m.error()
+    got.append((m.key(), m.value(), m.headers()))
+c.close()
+expected = [(None, f"kafka-python-{x}".encode(), [("codec", x.encode())]) for x in CODECS]
+expected += [(b"aio", None if x == "zstd" else f"aiokafka-{x}".encode(), [("codec", x.encode())]) for x in CODECS]
+assert got == expected, got
+
 # Topic administration: configs, the cluster, partitions (fixed), deletion.
 from kafka.admin import ConfigResource, ConfigResourceType, NewPartitions
 from kafka.errors import InvalidPartitionsError
