@@ -50,6 +50,9 @@ pub struct KafkaConfig {
     /// How long a group's committed offsets outlive its last commit (Kafka's
     /// `offsets.retention.minutes`, 7 days).
     pub offsets_retention: std::time::Duration,
+    /// How often the lease holder's listener drops offsets past their retention (Kafka's
+    /// `offsets.retention.check.interval.ms`; 1 min).
+    pub offsets_retention_check_interval: std::time::Duration,
     /// Create a topic a client's Metadata request names, with this many partitions, when it
     /// does not exist (Kafka's `auto.create.topics.enable` with `num.partitions`); `None`
     /// (the default) answers `UNKNOWN_TOPIC_OR_PARTITION` instead.
@@ -71,6 +74,7 @@ impl Default for KafkaConfig {
             connections_max_idle: std::time::Duration::from_secs(600),
             advertised: None,
             offsets_retention: std::time::Duration::from_secs(7 * 24 * 3600),
+            offsets_retention_check_interval: std::time::Duration::from_secs(60),
             auto_create_topics: None,
             initial_rebalance_delay: std::time::Duration::from_secs(3),
         }
@@ -96,13 +100,13 @@ pub async fn serve(
         config.initial_rebalance_delay,
     ));
     // Group sessions and rebalance deadlines; offsets past their retention, on the lease
-    // holder, every minute.
+    // holder, every `offsets_retention_check_interval`.
     let ticking = {
         let (groups, node, config) = (Arc::clone(&groups), node.clone(), Arc::clone(&config));
         let mut stopped = stopped.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(groups::TICK);
-            let mut expiry = tokio::time::interval(std::time::Duration::from_secs(60));
+            let mut expiry = tokio::time::interval(config.offsets_retention_check_interval);
             loop {
                 tokio::select! {
                     _ = tick.tick() => groups.tick().await,

@@ -506,6 +506,34 @@ async fn committed_offsets_expire_after_their_retention() {
     s.stop().await;
 }
 
+/// The listener of the lease holder drops offsets past their retention on its own, every
+/// `offsets_retention_check_interval`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_listener_expires_offsets_on_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = mink_kafka::KafkaConfig {
+        offsets_retention: Duration::ZERO,
+        offsets_retention_check_interval: Duration::from_millis(50),
+        ..Default::default()
+    };
+    let s = serve_with(dir.path(), 1, config).await;
+    raw_topic(&s.node, "a", 1).await;
+    let at = BucketRef::new("kafka", "a", None, 0);
+    s.node
+        .commit_group_offsets("gone", &[(at, 5, -1, String::new())])
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !s.node.group_offsets("gone").is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the listener kept offsets past their retention for 30 s"
+        );
+        next_change(&s.node).await;
+    }
+    s.stop().await;
+}
+
 /// Two nodes lead a topic's partitions; the one holding the lease (a leader of some partitions
 /// and the group coordinator) stops. An idempotent producer finds the new leaders through
 /// Metadata, a group consumer the new coordinator, and every record arrives once
@@ -574,6 +602,74 @@ async fn clients_follow_leaders_and_the_coordinator_through_a_failover() {
         "kafka_failover.py failed:\n{rest}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A produce to a partition another node leads answers NOT_LEADER_OR_FOLLOWER and stores
+/// nothing there (a client finds the leader through Metadata); its leader takes it; and any
+/// node serves the partition's records to a fetch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_produce_to_a_node_not_leading_the_partition_is_refused_with_not_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = serve_node(dir.path(), 1).await;
+    let b = serve_node(dir.path(), 2).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while a
+        .node
+        .cluster_status()
+        .await
+        .unwrap()
+        .nodes
+        .iter()
+        .filter(|n| n.live)
+        .count()
+        < 2
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "waited 30 s for two live nodes"
+        );
+        next_change(&a.node).await;
+    }
+    raw_topic(&a.node, "t", 2).await;
+    // Each partition's leader, once both are placed.
+    let leaders = loop {
+        let info = a.node.describe_table("kafka", "t").unwrap();
+        let leaders: Vec<u64> = info.buckets.iter().map(|x| x.leader_node_id).collect();
+        if leaders.iter().all(|l| *l == 1 || *l == 2) {
+            break leaders;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "waited 30 s for the partitions' leaders: {info:?}"
+        );
+        next_change(&a.node).await;
+    };
+    let partition = 0;
+    let (leader, other) = if leaders[0] == 1 { (&a, &b) } else { (&b, &a) };
+    let mut socket = tokio::net::TcpStream::connect(&other.kafka).await.unwrap();
+    let response = exchange(&mut socket, &produce_frame_to(partition, encode_one()))
+        .await
+        .unwrap();
+    assert_eq!(
+        produce_error(response),
+        kafka_protocol::ResponseError::NotLeaderOrFollower.code()
+    );
+    assert!(
+        leader.rows("kafka", "t", 0).await.is_empty(),
+        "a refused write was stored"
+    );
+    let mut socket = tokio::net::TcpStream::connect(&leader.kafka).await.unwrap();
+    let response = exchange(&mut socket, &produce_frame_to(partition, encode_one()))
+        .await
+        .unwrap();
+    assert_eq!(produce_error(response), 0);
+    let mut socket = tokio::net::TcpStream::connect(&other.kafka).await.unwrap();
+    let response = exchange(&mut socket, &fetch_frame(&[partition]))
+        .await
+        .unwrap();
+    assert_eq!(fetched(response), [(partition, 0, 1)]);
+    a.stop().await;
+    b.stop().await;
 }
 
 /// A Metadata request naming a topic that does not exist creates it when the listener allows
