@@ -978,18 +978,27 @@ async fn a_round_writes_objects_of_bounded_size(world: World) {
 }
 suite!(a_round_writes_objects_of_bounded_size);
 
+/// `event` awaited for at most 30 s; past that, a failure naming what was waited for.
+async fn within<T>(what: &str, event: impl Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(30), event)
+        .await
+        .unwrap_or_else(|_| panic!("waited 30 s for {what}"))
+}
+
 async fn orphans_are_swept(world: World) {
     use object_store::ObjectStoreExt as _;
     // Prepared ids that lapse quickly: the spare ones expire and get cleaned.
+    let clock = mink_metadata::ManualClock::new(1_800_000_000_000);
     let short = EngineConfig {
         prepare_ttl: Duration::from_millis(100),
+        clock: clock.clone(),
         ..config()
     };
     let engine = world.node_on(1, Arc::clone(&world.store), short).await;
     let s = new_stream(&engine).await;
     engine.append(s, 1, payload(s, 0), None).await.unwrap();
     let epoch = coordinator_epoch(&engine).await;
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    clock.advance(Duration::from_millis(150));
     let cleaned = engine.cleanup_once(epoch, &compaction()).await.unwrap();
     assert!(cleaned.expired > 0 && cleaned.deleted > 0, "{cleaned:?}");
     let view = engine.sink().view();
@@ -1217,8 +1226,10 @@ async fn a_crash_during_compaction_loses_nothing(world: World) {
         Arc::clone(&world.store),
         Arc::clone(&puts),
     ));
+    let clock = mink_metadata::ManualClock::new(1_800_000_000_000);
     let short = EngineConfig {
         prepare_ttl: Duration::from_millis(300),
+        clock: clock.clone(),
         ..config()
     };
     let node = world.node_on(1, Arc::clone(&store), short.clone()).await;
@@ -1230,16 +1241,20 @@ async fn a_crash_during_compaction_loses_nothing(world: World) {
         }
     }
     // The compaction's PUT never returns (the process dies mid-compaction).
-    puts.pause();
+    puts.put_latency_us.store(3_600_000_000, Ordering::Relaxed);
+    let begun = puts.puts_begun();
     let compacting = {
         let node = node.clone();
         tokio::spawn(async move { node.compact_once(1, &compaction()).await })
     };
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    within(
+        "the compaction's PUT to reach the paused store",
+        puts.puts_begun_reach(begun + 1),
+    )
+    .await;
     compacting.abort();
     node.sink().abort();
     node.shutdown().await;
-    puts.resume();
     let restarted = world.node_on(1, Arc::clone(&world.store), short).await;
     for s in [first, first + 1] {
         let batches = read_all(&restarted, s, 0).await;
@@ -1248,7 +1263,7 @@ async fn a_crash_during_compaction_loses_nothing(world: World) {
     // A second attempt completes, and cleanup leaves only live objects.
     restarted.compact_once(1, &compaction()).await.unwrap();
     let epoch = coordinator_epoch(&restarted).await;
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    clock.advance(Duration::from_millis(400));
     restarted.cleanup_once(epoch, &compaction()).await.unwrap();
     for s in [first, first + 1] {
         assert_eq!(read_all(&world.node(3).await, s, 0).await.len(), 4);
@@ -1518,11 +1533,16 @@ async fn commits_follow_flush_order_even_when_puts_do_not(world: World) {
         .unwrap(); // ids prepared
     // The first flush's PUT is slow; the second one's is fast.
     faults.slow_next_put_us.store(400_000, Ordering::Relaxed);
+    let begun = faults.puts_begun();
     let slow = {
         let engine = engine.clone();
         tokio::spawn(async move { engine.append(first, 1, payload(first, 1), None).await })
     };
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    within(
+        "the slow flush's PUT to begin",
+        faults.puts_begun_reach(begun + 1),
+    )
+    .await;
     let fast = engine
         .append(first + 1, 1, payload(first + 1, 0), None)
         .await;
@@ -1726,13 +1746,18 @@ async fn reopening_with_appends_in_flight_starts_clean(world: World) {
     let s = new_stream(&a).await;
     a.append(s, 1, payload(s, 0), None).await.unwrap(); // ids prepared
     faults.pause();
+    let begun = faults.puts_begun();
     let old: Vec<_> = (1..4)
         .map(|i| {
             let a = a.clone();
             tokio::spawn(async move { a.append(s, 1, payload(s, i), None).await })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    within(
+        "the old appends' flush to reach the paused store",
+        faults.puts_begun_reach(begun + 1),
+    )
+    .await;
     // Leadership goes to B and comes back to A at a higher epoch.
     b.open(s, 2).await.unwrap();
     assert_eq!(a.open(s, 3).await.unwrap().end_offset, 1);
@@ -1773,11 +1798,16 @@ async fn a_stream_deleted_under_an_append_fails_only_that_stream(world: World) {
     a.open(other, 1).await.unwrap();
     a.append(other, 1, payload(other, 0), None).await.unwrap();
     faults.pause();
+    let begun = faults.puts_begun();
     let pending = {
         let a = a.clone();
         tokio::spawn(async move { a.append(doomed, 1, payload(doomed, 0), None).await })
     };
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    within(
+        "the doomed append's flush to reach the paused store",
+        faults.puts_begun_reach(begun + 1),
+    )
+    .await;
     b.open(doomed, 2).await.unwrap();
     b.delete(doomed).await.unwrap();
     faults.resume();
@@ -1804,8 +1834,10 @@ async fn an_id_forgotten_while_its_put_was_slow_is_replaced(world: World) {
         Arc::clone(&world.store),
         Arc::clone(&faults),
     ));
+    let clock = mink_metadata::ManualClock::new(1_800_000_000_000);
     let short = EngineConfig {
         prepare_ttl: Duration::from_millis(200),
+        clock: clock.clone(),
         ..config()
     };
     let engine = world.node_on(1, store, short).await;
@@ -1814,11 +1846,13 @@ async fn an_id_forgotten_while_its_put_was_slow_is_replaced(world: World) {
     let epoch = coordinator_epoch(&engine).await;
     // The next PUT takes long enough for its id to expire and be cleaned meanwhile.
     faults.slow_next_put_us.store(600_000, Ordering::Relaxed);
+    let begun = faults.puts_begun();
     let slow = {
         let engine = engine.clone();
         tokio::spawn(async move { engine.append(s, 1, payload(s, 1), None).await })
     };
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    within("the slow PUT to begin", faults.puts_begun_reach(begun + 1)).await;
+    clock.advance(Duration::from_millis(400));
     let cleaned = engine.cleanup_once(epoch, &compaction()).await.unwrap();
     assert!(cleaned.deleted > 0, "{cleaned:?}");
     assert_eq!(slow.await.unwrap().unwrap().base_offset, 1);

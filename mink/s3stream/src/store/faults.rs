@@ -53,6 +53,8 @@ pub struct ObjectFaults {
     /// GETs in flight now, watched by tests that wait for requests to reach the store.
     gets: watch::Sender<u64>,
     max_gets: AtomicU64,
+    /// PUTs begun so far (waiting at a pause or a latency included).
+    puts_begun: watch::Sender<u64>,
 }
 
 impl ObjectFaults {
@@ -69,6 +71,7 @@ impl ObjectFaults {
             puts: AtomicU64::new(0),
             gets: watch::channel(0).0,
             max_gets: AtomicU64::new(0),
+            puts_begun: watch::channel(0).0,
         })
     }
 
@@ -108,6 +111,18 @@ impl ObjectFaults {
     pub async fn gets_in_flight_reach(&self, n: u64) {
         let mut gets = self.gets.subscribe();
         let _ = gets.wait_for(|&g| g >= n).await;
+    }
+
+    /// Returns once at least `n` PUTs have begun (reached this store, at a pause or a latency
+    /// or past them): a test's event for "the flush is at the store".
+    pub async fn puts_begun_reach(&self, n: u64) {
+        let mut begun = self.puts_begun.subscribe();
+        let _ = begun.wait_for(|&p| p >= n).await;
+    }
+
+    /// PUTs begun so far.
+    pub fn puts_begun(&self) -> u64 {
+        *self.puts_begun.borrow()
     }
 
     /// The most GETs that were in flight at once.
@@ -192,6 +207,7 @@ impl ObjectStore for FaultyObjectStore {
         payload: PutPayload,
         opts: PutOptions,
     ) -> Result<PutResult> {
+        self.faults.puts_begun.send_modify(|p| *p += 1);
         self.faults.gate(&self.faults.put_latency_us).await;
         let slow = self.faults.slow_next_put_us.swap(0, Ordering::Relaxed);
         if slow > 0 {
