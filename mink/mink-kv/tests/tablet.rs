@@ -405,6 +405,12 @@ async fn a_failed_append_in_a_pipeline_leaves_no_trace() {
         .write(KvWrite::upsert(rows(&[(1, 1, Some(1), None)])), None)
         .await
         .unwrap();
+    let appended = || {
+        one.stats()
+            .appends
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let before = appended();
     let pipeline: Vec<_> = (0..5)
         .map(|_| {
             let t = tablet.clone();
@@ -414,7 +420,15 @@ async fn a_failed_append_in_a_pipeline_leaves_no_trace() {
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Each write appended (buffered for the slow flush), then the stream taken away.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while appended() < before + 5 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the five writes were not appended within 30 s"
+        );
+        tokio::task::yield_now().await;
+    }
     // Another node takes the bucket: the buffered appends are fenced.
     let two = world.node(2, Duration::from_millis(5)).await;
     two.open(stream, 2).await.unwrap();

@@ -39,6 +39,8 @@ pub struct Faults {
     pub pause_after_next_object_commit: AtomicBool,
     paused: watch::Sender<bool>,
     dice: Dice,
+    /// Appends begun so far (waiting at a pause included).
+    appends_begun: watch::Sender<u64>,
 }
 
 /// Seeded dice for fault injection, shared by the fault wrappers of the metadata store and the
@@ -97,6 +99,7 @@ impl Faults {
             pause_after_next_object_commit: AtomicBool::new(false),
             paused: watch::channel(false).0,
             dice: Dice::new(seed),
+            appends_begun: watch::channel(0).0,
         })
     }
 
@@ -127,6 +130,18 @@ impl Faults {
     /// How many faults were injected so far.
     pub fn injected(&self) -> u64 {
         self.dice.injected()
+    }
+
+    /// Appends begun so far (those waiting at a pause included).
+    pub fn appends_begun(&self) -> u64 {
+        *self.appends_begun.borrow()
+    }
+
+    /// Returns once at least `n` appends have begun: a test's event for "the row reached the
+    /// (paused) database".
+    pub async fn appends_begun_reach(&self, n: u64) {
+        let mut begun = self.appends_begun.subscribe();
+        let _ = begun.wait_for(|&b| b >= n).await;
     }
 
     fn roll(&self, per_mille: &AtomicU32) -> bool {
@@ -192,6 +207,7 @@ impl FaultyStore {
 #[async_trait]
 impl LogStore for FaultyStore {
     async fn append(&self, payload: &[u8]) -> StoreResult<u64> {
+        self.faults.appends_begun.send_modify(|b| *b += 1);
         let index = self.faults.write(self.inner.append(payload)).await?;
         let object_commit = || {
             mink_metadata::decode_row(payload, mink_metadata::METADATA_VERSION).is_ok_and(|row| {

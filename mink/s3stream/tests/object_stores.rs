@@ -195,7 +195,12 @@ async fn the_fault_wrapper_passes_through_and_injects() {
         let path = path.clone();
         tokio::spawn(async move { store.get(&path).await.map(|_| ()) })
     };
-    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        faults.gets_in_flight_reach(1),
+    )
+    .await
+    .expect("the GET did not reach the paused store within 30 s");
     assert!(!pending.is_finished());
     faults.resume();
     pending.await.unwrap().unwrap();

@@ -116,6 +116,7 @@ async fn a_paused_node_resumes_past_two_snapshot_intervals(db: TestDb) {
     let (a, faults, b) = two_nodes(&db).await;
     let paused_at = a.view().applied_index;
     faults.pause();
+    let begun = faults.appends_begun();
     let queued = {
         let a = a.clone();
         tokio::spawn(async move {
@@ -126,7 +127,13 @@ async fn a_paused_node_resumes_past_two_snapshot_intervals(db: TestDb) {
             .await
         })
     };
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // A's row waits at its paused database while B writes.
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        faults.appends_begun_reach(begun + 1),
+    )
+    .await
+    .expect("A's proposal did not reach its database within 30 s");
     ok(&b, put("race", "from-b")).await;
     let mut acknowledged = Vec::new();
     for i in 0..48 {

@@ -135,9 +135,23 @@ async fn lease_is_compare_and_set(db: TestDb) {
     let row = store.read_lease().await.unwrap();
     assert_eq!((row.node_id, row.node_epoch, row.term), (2, 1, 3));
     assert!(row.expires_at_ms > row.now_ms);
-    tokio::time::sleep(Duration::from_millis(120)).await;
-    let third = store.acquire_lease(3, 1, minute).await.unwrap().unwrap();
+    // The database's clock decides expiry: taken once 50 ms have passed by it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let third = loop {
+        if let Some(l) = store.acquire_lease(3, 1, minute).await.unwrap() {
+            break l;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the 50 ms lease could not be taken over within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
     assert_eq!(third.term, 4, "an expired lease can be taken");
+    assert!(
+        third.expires_at_ms >= row.expires_at_ms + minute,
+        "taken only once expired"
+    );
 }
 conformance!(lease_is_compare_and_set);
 
