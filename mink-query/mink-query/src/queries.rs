@@ -3,7 +3,9 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
+
+use mink_metadata::Clock as _;
 
 /// One running statement.
 #[derive(Clone, Debug)]
@@ -37,9 +39,9 @@ impl Queries {
         cancel: Option<futures::stream::AbortHandle>,
     ) -> QueryGuard {
         let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
-        let started_at_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        // Shown to users as when the statement started: the system's clock, read where Mink
+        // reads it.
+        let started_at_ms = i64::try_from(mink_metadata::SystemClock.now_ms()).unwrap_or(i64::MAX);
         self.running.lock().expect("queries").insert(
             id,
             RunningQuery {

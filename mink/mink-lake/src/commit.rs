@@ -236,13 +236,7 @@ impl Lake {
         }
         properties.extend(changes);
 
-        let now_ms = i64::try_from(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_err(err)?
-                .as_millis(),
-        )
-        .map_err(err)?;
+        let now_ms = i64::try_from(self.clock.now_ms()).map_err(err)?;
         let snapshot = Snapshot::builder()
             .with_manifest_list(list_path)
             .with_snapshot_id(snapshot_id)

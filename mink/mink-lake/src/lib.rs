@@ -100,6 +100,8 @@ pub struct Lake {
     /// The indexes open, by (database, table).
     key_indexes: Arc<std::sync::Mutex<HashMap<(String, String), keys::SharedIndex>>>,
     key_files_read: Arc<std::sync::atomic::AtomicU64>,
+    /// What stamps the snapshots this lake commits (their `timestamp-ms`).
+    clock: Arc<dyn mink_metadata::Clock>,
 }
 
 /// The SQL catalog's URL for a metadata URL (`sqlite://...` or `postgres://...`): SQLite files
@@ -114,6 +116,12 @@ fn catalog_uri(metadata_url: &str) -> String {
 }
 
 impl Lake {
+    /// This lake with `clock` stamping its snapshots (the node's clock; the system's by default).
+    pub fn with_clock(mut self, clock: Arc<dyn mink_metadata::Clock>) -> Lake {
+        self.clock = clock;
+        self
+    }
+
     /// Opens the lake of the cluster whose metadata is at `metadata_url` and whose objects are
     /// in `store` (opened from `store_url`). Creates the catalog's tables if missing.
     pub async fn open(
@@ -155,6 +163,7 @@ impl Lake {
             key_index_dir: None,
             key_indexes: Arc::default(),
             key_files_read: Arc::default(),
+            clock: mink_metadata::system_clock(),
         })
     }
 

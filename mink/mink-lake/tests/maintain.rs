@@ -360,3 +360,28 @@ async fn compaction_commits_on_top_of_a_round_tiered_meanwhile() {
     assert!(matches!(again, Err(LakeError::FileGone(_))), "{again:?}");
     assert_eq!(lake_rows(&l).await, expected(&[(0, 0, 100), (1, 0, 130)]));
 }
+
+/// The snapshots Mink builds itself (a compaction's replace) are stamped by the lake's clock,
+/// the node's, not read from the system's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compaction_is_stamped_by_the_lake_clock() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = mink_metadata::ManualClock::new(1_800_000_000_000);
+    let l = local_lake(dir.path(), "objects")
+        .await
+        .with_clock(clock.clone());
+    l.create_table("app", "events", &columns(), &[])
+        .await
+        .unwrap();
+    ten_rounds(&l).await;
+    clock.advance(std::time::Duration::from_secs(60));
+    let compacted = l
+        .compact("app", "events", &policy())
+        .await
+        .unwrap()
+        .expect("ten small files are compacted");
+    let table = l.load_table("app", "events").await.unwrap();
+    let snapshot = table.metadata().current_snapshot().unwrap();
+    assert_eq!(snapshot.snapshot_id(), compacted.snapshot_id);
+    assert_eq!(snapshot.timestamp_ms(), 1_800_000_060_000);
+}

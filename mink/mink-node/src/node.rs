@@ -468,7 +468,10 @@ impl Node {
                     self.inner.streams.object_store(),
                 )
                 .await?;
-                Ok::<_, NodeError>(lake.with_key_index_dir(config.kv_dir.join(LAKE_KEYS_DIR)))
+                Ok::<_, NodeError>(
+                    lake.with_key_index_dir(config.kv_dir.join(LAKE_KEYS_DIR))
+                        .with_clock(Arc::clone(&config.clock)),
+                )
             })
             .await
     }
