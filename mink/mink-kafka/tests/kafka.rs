@@ -534,6 +534,125 @@ async fn the_listener_expires_offsets_on_its_own() {
     s.stop().await;
 }
 
+/// Offsets commit from the current generation of a group's member, or from outside any
+/// group (generation -1); a stale generation gets ILLEGAL_GENERATION, an unknown member
+/// UNKNOWN_MEMBER_ID, a generation of a group that does not exist ILLEGAL_GENERATION, and
+/// none of them stores anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_from_outside_the_current_generation_are_refused() {
+    use kafka_protocol::ResponseError;
+    use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
+    use kafka_protocol::messages::offset_commit_request::{
+        OffsetCommitRequestPartition, OffsetCommitRequestTopic,
+    };
+    use kafka_protocol::messages::sync_group_request::SyncGroupRequestAssignment;
+    use kafka_protocol::messages::{
+        GroupId, JoinGroupRequest, JoinGroupResponse, OffsetCommitRequest, OffsetCommitResponse,
+        SyncGroupRequest, SyncGroupResponse,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = mink_kafka::KafkaConfig {
+        initial_rebalance_delay: Duration::from_millis(10),
+        ..Default::default()
+    };
+    let s = serve_with(dir.path(), 1, config).await;
+    raw_topic(&s.node, "t", 1).await;
+    let mut socket = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
+    let group = || GroupId(StrBytes::from_static_str("g"));
+    let join = JoinGroupRequest::default()
+        .with_group_id(group())
+        .with_session_timeout_ms(30_000)
+        .with_rebalance_timeout_ms(30_000)
+        .with_protocol_type(StrBytes::from_static_str("consumer"))
+        .with_protocols(vec![
+            JoinGroupRequestProtocol::default()
+                .with_name(StrBytes::from_static_str("range"))
+                .with_metadata(Bytes::from_static(&[
+                    0, 0, 0, 0, 0, 1, 0, 1, b't', 0, 0, 0, 0,
+                ])),
+        ]);
+    let mut response = exchange(&mut socket, &request_frame(ApiKey::JoinGroup, 2, 42, &join))
+        .await
+        .unwrap();
+    ResponseHeader::decode(&mut response, 0).unwrap();
+    let joined = JoinGroupResponse::decode(&mut response, 2).unwrap();
+    assert_eq!(joined.error_code, 0, "{joined:?}");
+    let (generation, member) = (joined.generation_id, joined.member_id.clone());
+    let sync = SyncGroupRequest::default()
+        .with_group_id(group())
+        .with_generation_id(generation)
+        .with_member_id(member.clone())
+        .with_assignments(vec![
+            SyncGroupRequestAssignment::default()
+                .with_member_id(member.clone())
+                .with_assignment(Bytes::new()),
+        ]);
+    let mut response = exchange(&mut socket, &request_frame(ApiKey::SyncGroup, 1, 42, &sync))
+        .await
+        .unwrap();
+    ResponseHeader::decode(&mut response, 0).unwrap();
+    assert_eq!(
+        SyncGroupResponse::decode(&mut response, 1)
+            .unwrap()
+            .error_code,
+        0
+    );
+    async fn commit_at(
+        socket: &mut tokio::net::TcpStream,
+        group_id: &'static str,
+        generation: i32,
+        member: StrBytes,
+        offset: i64,
+    ) -> i16 {
+        let request = OffsetCommitRequest::default()
+            .with_group_id(GroupId(StrBytes::from_static_str(group_id)))
+            .with_generation_id_or_member_epoch(generation)
+            .with_member_id(member)
+            .with_retention_time_ms(-1)
+            .with_topics(vec![
+                OffsetCommitRequestTopic::default()
+                    .with_name(TopicName(StrBytes::from_static_str("t")))
+                    .with_partitions(vec![
+                        OffsetCommitRequestPartition::default()
+                            .with_partition_index(0)
+                            .with_committed_offset(offset),
+                    ]),
+            ]);
+        let frame = request_frame(ApiKey::OffsetCommit, 2, 42, &request);
+        let mut response = exchange(socket, &frame).await.unwrap();
+        ResponseHeader::decode(&mut response, 0).unwrap();
+        let r = OffsetCommitResponse::decode(&mut response, 2).unwrap();
+        r.topics[0].partitions[0].error_code
+    }
+    let stranger = || StrBytes::from_static_str("stranger");
+    assert_eq!(
+        commit_at(&mut socket, "g", generation - 1, member.clone(), 1).await,
+        ResponseError::IllegalGeneration.code()
+    );
+    assert_eq!(
+        commit_at(&mut socket, "g", generation, stranger(), 2).await,
+        ResponseError::UnknownMemberId.code()
+    );
+    assert_eq!(
+        commit_at(&mut socket, "none", 1, stranger(), 3).await,
+        ResponseError::IllegalGeneration.code()
+    );
+    let committed =
+        |g: &str| -> Vec<u64> { s.node.group_offsets(g).iter().map(|c| c.offset).collect() };
+    assert!(committed("g").is_empty() && committed("none").is_empty());
+    assert_eq!(
+        commit_at(&mut socket, "g", generation, member.clone(), 4).await,
+        0
+    );
+    assert_eq!(committed("g"), [4]);
+    assert_eq!(
+        commit_at(&mut socket, "solo", -1, StrBytes::default(), 5).await,
+        0
+    );
+    assert_eq!(committed("solo"), [5]);
+    s.stop().await;
+}
+
 /// Two nodes lead a topic's partitions; the one holding the lease (a leader of some partitions
 /// and the group coordinator) stops. An idempotent producer finds the new leaders through
 /// Metadata, a group consumer the new coordinator, and every record arrives once

@@ -228,6 +228,15 @@ configs = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, "raw"
 # The table's own options (Kafka's defaults, derived ones such as retention.ms, are not shown
 # by this client).
 assert "'bucket.num': {'value': '2'" in repr(configs), configs
+# librdkafka's admin shows the derived configs too: retention.ms from table.log.ttl (its
+# default, 7 days), deletion as the cleanup policy.
+from confluent_kafka.admin import AdminClient, ConfigResource as CConfigResource
+
+cadmin = AdminClient({"bootstrap.servers": bootstrap})
+for _, f in cadmin.describe_configs([CConfigResource("topic", "raw")]).items():
+    entries = f.result(30)
+    assert entries["retention.ms"].value == str(7 * 24 * 3600 * 1000), entries
+    assert entries["cleanup.policy"].value == "delete", entries
 cluster = admin.describe_cluster()
 assert len(cluster["brokers"]) == 1, cluster
 try:
