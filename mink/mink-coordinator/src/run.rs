@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
-use mink_metadata::{Command, PutKv};
+use mink_metadata::{Command, ExpireGroupOffsets, PutKv};
 use mink_sql::Sink;
 use object_store::ObjectStoreExt as _;
 use s3stream::{CompactionConfig, S3Stream};
@@ -26,6 +26,12 @@ pub struct CoordinatorConfig {
     pub handover_timeout: Duration,
     /// How often objects are cleaned up and dead nodes' objects compacted.
     pub cleanup_interval: Duration,
+    /// How long a group's committed offsets outlive its last commit (Kafka's
+    /// `offsets.retention.minutes`, 7 days).
+    pub group_offsets_retention: Duration,
+    /// How often offsets past their retention are dropped (Kafka's
+    /// `offsets.retention.check.interval.ms`; 1 min here).
+    pub group_offsets_check_interval: Duration,
     pub planner: PlannerConfig,
     pub compaction: CompactionConfig,
 }
@@ -38,6 +44,8 @@ impl CoordinatorConfig {
             failover_grace: ttl / 2,
             handover_timeout: ttl,
             cleanup_interval: CompactionConfig::default().interval,
+            group_offsets_retention: Duration::from_secs(7 * 24 * 3600),
+            group_offsets_check_interval: Duration::from_secs(60),
             planner: PlannerConfig::default(),
             compaction: CompactionConfig::default(),
         }
@@ -71,6 +79,7 @@ async fn run(sink: Sink, streams: S3Stream, config: CoordinatorConfig) {
             epoch,
             since: Instant::now(),
             last_cleanup: Instant::now(),
+            last_offsets_expiry: None,
             transfers: HashMap::new(),
         };
         loop {
@@ -98,6 +107,8 @@ struct Coordinator<'a> {
     /// When this node took the lease at `epoch`.
     since: Instant,
     last_cleanup: Instant,
+    /// When committed offsets were last expired (`None`: not yet at this epoch).
+    last_offsets_expiry: Option<Instant>,
     /// Pending transfers (by stream) and when this coordinator first saw each.
     transfers: HashMap<u64, Instant>,
 }
@@ -131,6 +142,46 @@ impl Coordinator<'_> {
         if self.last_cleanup.elapsed() >= self.config.cleanup_interval {
             self.last_cleanup = Instant::now();
             self.clean_up(&live).await;
+        }
+        if self
+            .last_offsets_expiry
+            .is_none_or(|t| t.elapsed() >= self.config.group_offsets_check_interval)
+        {
+            self.last_offsets_expiry = Some(Instant::now());
+            self.expire_group_offsets().await;
+        }
+    }
+
+    /// Drops the committed offsets of groups whose last commit is past their retention (a
+    /// command only when some group is).
+    async fn expire_group_offsets(&self) {
+        let now_ms = u64::try_from(self.streams.now_ms()).unwrap_or(0);
+        let retention_ms =
+            u64::try_from(self.config.group_offsets_retention.as_millis()).unwrap_or(u64::MAX);
+        let view = self.sink.view();
+        let mut last_commit: BTreeMap<&str, u64> = BTreeMap::new();
+        for r in view.state.group_offsets.values() {
+            let last = last_commit.entry(r.group_id.as_str()).or_default();
+            *last = (*last).max(r.committed_at_ms);
+        }
+        if !last_commit
+            .values()
+            .any(|last| last.saturating_add(retention_ms) <= now_ms)
+        {
+            return;
+        }
+        let command = Command::ExpireGroupOffsets(ExpireGroupOffsets {
+            coordinator_epoch: self.epoch,
+            now_ms,
+            retention_ms,
+        });
+        match self.sink.propose(command).await {
+            Ok(p) => {
+                if let Err(r) = p.result {
+                    tracing::info!(rejection = %r, "expiring group offsets refused");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "expiring group offsets failed"),
         }
     }
 

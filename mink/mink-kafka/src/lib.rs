@@ -47,12 +47,6 @@ pub struct KafkaConfig {
     /// The address this listener is reached at (the one registered as this node's
     /// [`LISTENER`]): Metadata names it for this node until the registration is applied.
     pub advertised: Option<String>,
-    /// How long a group's committed offsets outlive its last commit (Kafka's
-    /// `offsets.retention.minutes`, 7 days).
-    pub offsets_retention: std::time::Duration,
-    /// How often the lease holder's listener drops offsets past their retention (Kafka's
-    /// `offsets.retention.check.interval.ms`; 1 min).
-    pub offsets_retention_check_interval: std::time::Duration,
     /// Create a topic a client's Metadata request names, with this many partitions, when it
     /// does not exist (Kafka's `auto.create.topics.enable` with `num.partitions`); `None`
     /// (the default) answers `UNKNOWN_TOPIC_OR_PARTITION` instead.
@@ -73,8 +67,6 @@ impl Default for KafkaConfig {
             max_unsent_bytes: 64 << 20,
             connections_max_idle: std::time::Duration::from_secs(600),
             advertised: None,
-            offsets_retention: std::time::Duration::from_secs(7 * 24 * 3600),
-            offsets_retention_check_interval: std::time::Duration::from_secs(60),
             auto_create_topics: None,
             initial_rebalance_delay: std::time::Duration::from_secs(3),
         }
@@ -99,24 +91,16 @@ pub async fn serve(
         node.clone(),
         config.initial_rebalance_delay,
     ));
-    // Group sessions and rebalance deadlines; offsets past their retention, on the lease
-    // holder, every `offsets_retention_check_interval`.
+    // Group sessions and rebalance deadlines. (Committed offsets past their retention are
+    // the coordinator's to drop: mink_coordinator::CoordinatorConfig.)
     let ticking = {
-        let (groups, node, config) = (Arc::clone(&groups), node.clone(), Arc::clone(&config));
+        let groups = Arc::clone(&groups);
         let mut stopped = stopped.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(groups::TICK);
-            let mut expiry = tokio::time::interval(config.offsets_retention_check_interval);
             loop {
                 tokio::select! {
                     _ = tick.tick() => groups.tick().await,
-                    _ = expiry.tick() => {
-                        if groups.coordinating()
-                            && let Err(e) = node.expire_group_offsets(config.offsets_retention).await
-                        {
-                            tracing::debug!(error = %e, "expiring group offsets");
-                        }
-                    }
                     _ = stopped.changed() => return,
                 }
             }

@@ -60,6 +60,18 @@ async fn serve_at(
     faults: Option<std::sync::Arc<s3stream::store::ObjectFaults>>,
     address: &str,
 ) -> Served {
+    serve_tuned(dir, node_id, config, faults, address, |_| {}).await
+}
+
+/// [`serve_at`] with the node's configuration changed by `tune`.
+async fn serve_tuned(
+    dir: &std::path::Path,
+    node_id: u64,
+    config: mink_kafka::KafkaConfig,
+    faults: Option<std::sync::Arc<s3stream::store::ObjectFaults>>,
+    address: &str,
+    tune: impl FnOnce(&mut NodeConfig),
+) -> Served {
     let listener = tokio::net::TcpListener::bind(address).await.unwrap();
     let listening = listener.local_addr().unwrap().to_string();
     // Clients are sent to `config.advertised` when set (a proxy in front), here otherwise.
@@ -78,6 +90,7 @@ async fn serve_at(
         .insert(mink_kafka::LISTENER.to_string(), kafka.clone());
     c.lease_ttl = Duration::from_millis(1000);
     c.object_faults = faults;
+    tune(&mut c);
     let node = Node::start(c).await.unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn({
@@ -506,17 +519,23 @@ async fn committed_offsets_expire_after_their_retention() {
     s.stop().await;
 }
 
-/// The listener of the lease holder drops offsets past their retention on its own, every
-/// `offsets_retention_check_interval`.
+/// The coordinator (on the lease holder, whatever its listeners) drops offsets past their
+/// retention on its own, every `group_offsets_check_interval`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_listener_expires_offsets_on_its_own() {
+async fn the_coordinator_expires_offsets_on_its_own() {
     let dir = tempfile::tempdir().unwrap();
-    let config = mink_kafka::KafkaConfig {
-        offsets_retention: Duration::ZERO,
-        offsets_retention_check_interval: Duration::from_millis(50),
-        ..Default::default()
-    };
-    let s = serve_with(dir.path(), 1, config).await;
+    let s = serve_tuned(
+        dir.path(),
+        1,
+        mink_kafka::KafkaConfig::default(),
+        None,
+        "127.0.0.1:0",
+        |c| {
+            c.group_offsets_retention = Duration::ZERO;
+            c.group_offsets_check_interval = Duration::from_millis(50);
+        },
+    )
+    .await;
     raw_topic(&s.node, "a", 1).await;
     let at = BucketRef::new("kafka", "a", None, 0);
     s.node
@@ -527,7 +546,7 @@ async fn the_listener_expires_offsets_on_its_own() {
     while !s.node.group_offsets("gone").is_empty() {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the listener kept offsets past their retention for 30 s"
+            "the coordinator kept offsets past their retention for 30 s"
         );
         next_change(&s.node).await;
     }

@@ -51,6 +51,11 @@ pub struct NodeConfig {
     /// Faults injected into every request this node makes to the object store (tests: a slow
     /// or paused store under the real one); `None` in service.
     pub object_faults: Option<Arc<s3stream::store::ObjectFaults>>,
+    /// How long a group's committed offsets outlive its last commit (Kafka's
+    /// `offsets.retention.minutes`, 7 days); the coordinator drops them after.
+    pub group_offsets_retention: Duration,
+    /// How often the coordinator drops offsets past their retention (1 min).
+    pub group_offsets_check_interval: Duration,
 }
 
 impl NodeConfig {
@@ -63,6 +68,8 @@ impl NodeConfig {
         c.cleanup_interval = self.compaction.interval;
         c.compaction = self.compaction.clone();
         c.planner.kv_snapshots_retained = self.kv_snapshots_retained;
+        c.group_offsets_retention = self.group_offsets_retention;
+        c.group_offsets_check_interval = self.group_offsets_check_interval;
         c
     }
 }
@@ -86,6 +93,8 @@ impl NodeConfig {
             clock: mink_metadata::system_clock(),
             tail_rows_for_a_round: 100_000,
             object_faults: None,
+            group_offsets_retention: Duration::from_secs(7 * 24 * 3600),
+            group_offsets_check_interval: Duration::from_secs(60),
         }
     }
 }
