@@ -8,7 +8,6 @@ import base64
 import json
 import sys
 import threading
-import time
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -117,15 +116,19 @@ tail_ticket = {"database": "py", "table": "events", "bucket": 0, "latest": True,
 seen = []
 
 
+# The node sends a read's schema once it has planned it: from then on the tail follows from
+# the end it planned at, so the write below comes after its start.
+tail = client.do_get(flight.Ticket(json.dumps(tail_ticket).encode()))
+assert tail.schema.names[0] == "user_id", tail.schema
+
+
 def follow():
-    s = client.do_get(flight.Ticket(json.dumps(tail_ticket).encode()))
-    c = s.read_chunk()
+    c = tail.read_chunk()
     seen.append((json.loads(c.app_metadata.to_pybytes()), c.data.column(0).to_pylist()))
 
 
 t = threading.Thread(target=follow)
 t.start()
-time.sleep(0.5)
 w, r = client.do_put(descriptor, schema)
 w.write_batch(rows(list(range(1000, 1030))))
 late_ack = json.loads(r.read().to_pybytes())
