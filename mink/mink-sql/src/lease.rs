@@ -136,6 +136,7 @@ impl Membership {
 
     async fn renew(&mut self, limit: Duration) {
         let node = self.shared.node();
+        SinkStats::add(&self.shared.stats.lease_attempts, 1);
         let sent = Instant::now();
         let ttl_ms = self.shared.config.lease_ttl_ms();
         let grant = match timeout(
@@ -428,7 +429,7 @@ pub(crate) async fn run_maintenance(shared: Arc<Shared>, queue: mpsc::Sender<Vec
         let Some(epoch) = held else { continue };
         loop {
             tokio::select! {
-                _ = m.step(epoch) => {}
+                _ = m.step(epoch) => SinkStats::add(&shared.stats.maintenance_steps, 1),
                 _ = lease.wait_for(|s| s.coordinator_epoch() != Some(epoch)) => break,
                 _ = shutdown.changed() => return,
             }

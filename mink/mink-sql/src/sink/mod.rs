@@ -62,6 +62,11 @@ pub struct SinkStats {
     pub holes: AtomicU64,
     pub snapshots_written: AtomicU64,
     pub rows_truncated: AtomicU64,
+    /// Attempts to take or renew the lease (answered or not).
+    pub lease_attempts: AtomicU64,
+    /// Maintenance steps the lease holder finished (snapshot, truncation and metadata version
+    /// checks): a test's event for "the holder has looked".
+    pub maintenance_steps: AtomicU64,
 }
 
 impl SinkStats {

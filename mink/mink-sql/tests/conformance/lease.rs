@@ -73,7 +73,17 @@ async fn freeze_the_holder(db: &TestDb) -> (Sink, std::sync::Arc<Faults>, Sink, 
     let a_epoch = held(&mut a_lease, Duration::from_secs(5)).await;
     let b = start(db, config(2)).await;
     let mut b_lease = b.lease();
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // B has tried for the lease a few times while A holds it.
+    let tried = || SinkStats::get(&b.stats().lease_attempts);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tried() < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "B tried for the lease {} times in 30 s",
+            tried()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert_eq!(
         b_lease.borrow().coordinator_epoch(),
         None,

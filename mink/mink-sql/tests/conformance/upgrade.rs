@@ -56,7 +56,17 @@ async fn an_old_binary_is_never_fed_a_newer_command(db: TestDb) {
     .await
     .unwrap()
     .unwrap();
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // The holder has looked at the versions the nodes support twice.
+    let looked = || SinkStats::get(&new.stats().maintenance_steps);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while looked() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lease holder ran {} maintenance steps in 30 s",
+            looked()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert_eq!(
         new.view().state.metadata_version,
         1,
