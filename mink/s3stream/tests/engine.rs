@@ -571,21 +571,28 @@ async fn appends_wait_when_the_buffer_is_full(world: World) {
     let engine = world.node_on(1, faulty, small).await;
     let s = new_stream(&engine).await;
     faults.pause();
+    // Pipelined, as a producer writes: each batch submitted without waiting for the one
+    // before to be durable (an append awaited one at a time never fills the buffer).
     let writer = {
         let engine = engine.clone();
         tokio::spawn(async move {
-            let mut acks = Vec::new();
+            let mut appending = Vec::new();
             for i in 0..20 {
-                acks.push(
-                    engine
-                        .append(s, 1, Bytes::from(vec![b'x'; 1000 + i]), None)
-                        .await,
-                );
+                let payload = Bytes::from(vec![b'x'; 1000 + i]);
+                appending.push(engine.submit(s, 1, payload, None).await.unwrap());
+            }
+            let mut acks = Vec::new();
+            for a in appending {
+                acks.push(a.await);
             }
             acks
         })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    within(
+        "an append to wait for room in the buffer",
+        engine.stat_reaches(|s| &s.appends_waited, 1),
+    )
+    .await;
     assert!(
         !writer.is_finished(),
         "appends wait for room instead of growing memory"

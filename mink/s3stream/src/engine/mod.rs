@@ -317,6 +317,9 @@ pub struct EngineStats {
     pub read_ahead_bytes: AtomicU64,
     /// Flushes that built their object in a committed object's buffer.
     pub object_buffers_reused: AtomicU64,
+    /// Appends that waited for room in `max_buffered_bytes` (the buffer full of appends not
+    /// yet flushed).
+    pub appends_waited: AtomicU64,
 }
 
 fn add(counter: &AtomicU64, n: u64) {
@@ -546,8 +549,8 @@ impl S3Stream {
 
     /// Returns once `stat` of [`EngineStats`] reaches `n`, so a test can see a wait or a PUT at
     /// work without polling. Only `reads_queued` (GETs that waited for a permit),
-    /// `whole_reads_waited` (whole reads that waited for room) and `uploads` (flushes PUT) are
-    /// told; any other counter waits for one of them to move.
+    /// `whole_reads_waited` (whole reads that waited for room), `uploads` (flushes PUT) and
+    /// `appends_waited` are told; any other counter waits for one of them to move.
     pub async fn stat_reaches(&self, stat: fn(&EngineStats) -> &AtomicU64, n: u64) {
         let engine = &self.engine;
         loop {

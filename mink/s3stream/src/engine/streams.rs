@@ -156,10 +156,20 @@ impl S3Stream {
                 return Ok(Appending::ready(ack));
             }
         }
-        let permit = Arc::clone(&engine.budget)
-            .acquire_many_owned(u32::try_from(size).unwrap_or(u32::MAX))
-            .await
-            .map_err(|_| StreamError::Shutdown)?;
+        let bytes = u32::try_from(size).unwrap_or(u32::MAX);
+        let permit = match Arc::clone(&engine.budget).try_acquire_many_owned(bytes) {
+            Ok(p) => p,
+            Err(tokio::sync::TryAcquireError::Closed) => return Err(StreamError::Shutdown),
+            Err(tokio::sync::TryAcquireError::NoPermits) => {
+                // Buffered appends fill `max_buffered_bytes`: wait for flushes to make room.
+                engine.stats.appends_waited.fetch_add(1, Ordering::Relaxed);
+                engine.counted.notify_waiters();
+                Arc::clone(&engine.budget)
+                    .acquire_many_owned(bytes)
+                    .await
+                    .map_err(|_| StreamError::Shutdown)?
+            }
+        };
         let (rx, base_offset) = {
             let mut state = engine.state.lock().expect("wal lock");
             if let Some(e) = self.failed() {
