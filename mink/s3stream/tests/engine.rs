@@ -638,7 +638,6 @@ async fn a_fenced_node_fails_everything_and_a_restart_resumes(world: World) {
             .await
             .is_ok()
     );
-    tokio::time::sleep(Duration::from_millis(50)).await;
     let info = new.open(s, 2).await.unwrap();
     assert_eq!(info.end_offset, 10, "resumes at the committed end");
     let a = new.append(s, 1, payload(s, 10), None).await.unwrap();
@@ -1768,11 +1767,9 @@ async fn reopening_with_appends_in_flight_starts_clean(world: World) {
     // Leadership goes to B and comes back to A at a higher epoch.
     b.open(s, 2).await.unwrap();
     assert_eq!(a.open(s, 3).await.unwrap().end_offset, 1);
-    let fresh = {
-        let a = a.clone();
-        tokio::spawn(async move { a.append(s, 1, payload(s, 100), None).await })
-    };
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The fresh append takes its offsets (at epoch 3) while the old ones are still in flight.
+    let fresh = a.submit(s, 1, payload(s, 100), None).await.unwrap();
+    let fresh = tokio::spawn(fresh);
     faults.resume();
     for t in old {
         assert!(matches!(t.await.unwrap(), Err(StreamError::Fenced { .. })));
