@@ -53,6 +53,19 @@ pub(crate) async fn run(node: Node) {
                 Err(e) => tracing::info!(error = %e, stream_id, "retention could not trim"),
             }
         }
+        node.inner
+            .retention_passes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Node {
+    /// Retention passes over the buckets this node leads, finished so far (a test's event
+    /// for "retention has looked").
+    pub fn retention_passes(&self) -> u64 {
+        self.inner
+            .retention_passes
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 

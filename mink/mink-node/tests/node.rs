@@ -657,8 +657,17 @@ async fn a_primary_key_table_is_rebuilt_from_its_snapshot_after_retention_and_a_
     assert!(!info.schema.field(0).is_nullable(), "keys are NOT NULL");
     add_visits(&node, 1).await;
     add_visits(&node, 2).await;
-    // No snapshot yet: retention may not trim the changelog at all.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // No snapshot yet: retention may not trim the changelog at all, however often it looks.
+    let passes = node.retention_passes();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while node.retention_passes() < passes + 3 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "retention ran {} passes in 30 s",
+            node.retention_passes() - passes
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let starts = |node: &Node| {
         (0..2)
             .map(|b| {
