@@ -1388,6 +1388,60 @@ async fn what_kafka_offers_and_mink_does_not_map_is_refused_with_its_codes() {
     s.stop().await;
 }
 
+/// A fetch with nothing to answer waits its `max_wait_ms` and answers empty; one waiting when
+/// records arrive answers with them at once, not at its `max_wait_ms`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fetch_waits_for_records_up_to_its_max_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve(dir.path()).await;
+    raw_topic(&s.node, "t", 1).await;
+    let mut socket = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
+    let started = tokio::time::Instant::now();
+    let response = exchange(&mut socket, &fetch_waiting(0, 300)).await.unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "an empty fetch answered after {:?}, before its max_wait",
+        started.elapsed()
+    );
+    assert_eq!(fetched(response), [(0, 0, 0)]);
+    // A fetch that may wait 60 s, then a record produced from another connection.
+    socket.write_all(&fetch_waiting(0, 60_000)).await.unwrap();
+    let mut producer = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
+    let response = exchange(&mut producer, &produce_frame(encode_one()))
+        .await
+        .unwrap();
+    assert_eq!(produce_error(response), 0);
+    let response = tokio::time::timeout(Duration::from_secs(30), exchange(&mut socket, &[]))
+        .await
+        .expect("the waiting fetch was not answered within 30 s of the record")
+        .unwrap();
+    assert_eq!(fetched(response), [(0, 0, 1)]);
+    s.stop().await;
+}
+
+/// A Fetch (v11) of partition 0 of topic `t` from `offset`, waiting up to `max_wait_ms` for a
+/// byte.
+fn fetch_waiting(offset: i64, max_wait_ms: i32) -> Vec<u8> {
+    use kafka_protocol::messages::FetchRequest;
+    use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+    let request = FetchRequest::default()
+        .with_replica_id(kafka_protocol::messages::BrokerId(-1))
+        .with_max_wait_ms(max_wait_ms)
+        .with_min_bytes(1)
+        .with_max_bytes(1 << 20)
+        .with_topics(vec![
+            FetchTopic::default()
+                .with_topic(TopicName(StrBytes::from_static_str("t")))
+                .with_partitions(vec![
+                    FetchPartition::default()
+                        .with_partition(0)
+                        .with_fetch_offset(offset)
+                        .with_partition_max_bytes(1 << 20),
+                ]),
+        ]);
+    request_frame(ApiKey::Fetch, 11, 43, &request)
+}
+
 /// A Fetch (v11) of partition 0 of topic `t` from `offset`, asking for `max_bytes` at most
 /// (the response's and the partition's) and waiting for nothing.
 fn fetch_at(offset: i64, max_bytes: i32) -> Vec<u8> {
@@ -1412,8 +1466,9 @@ fn fetch_at(offset: i64, max_bytes: i32) -> Vec<u8> {
 }
 
 /// An idempotent producer at the protocol level: InitProducerId hands out a producer id; a
-/// retried batch is answered with its first offsets and stored once; a gap in the sequence, an
-/// unknown producer id are refused with Kafka's codes.
+/// retried batch (the last, or one before it) is answered with its first offsets and stored
+/// once, also after a restart; a gap in the sequence, an unknown producer id, an epoch never
+/// handed out are refused with Kafka's codes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idempotent_producers_store_a_retried_batch_once() {
     use kafka_protocol::messages::{InitProducerIdRequest, InitProducerIdResponse};
@@ -1465,6 +1520,34 @@ async fn idempotent_producers_store_a_retried_batch_once() {
     assert_eq!(base(exchange(&mut socket, &first).await.unwrap()), (0, 0));
     let next = produce_frame(batch(producer, 3, 2));
     assert_eq!(base(exchange(&mut socket, &next).await.unwrap()), (0, 3));
+    // A retry of a batch before the last (one of the last five) is answered too.
+    assert_eq!(base(exchange(&mut socket, &first).await.unwrap()), (0, 0));
+    let at_epoch = |epoch: i16, first_sequence: i32| {
+        let r = record(
+            0,
+            producer,
+            epoch,
+            first_sequence,
+            1,
+            None,
+            Some(format!("e{epoch}")),
+        );
+        produce_frame(mink_kafka::records::encode_records(&[r]).unwrap())
+    };
+    // An epoch the producer was never given: INVALID_PRODUCER_EPOCH, nothing stored; the
+    // producer at its own epoch goes on.
+    assert_eq!(init.producer_epoch, 0);
+    assert_eq!(
+        base(exchange(&mut socket, &at_epoch(1, 0)).await.unwrap()),
+        (
+            kafka_protocol::ResponseError::InvalidProducerEpoch.code(),
+            -1
+        )
+    );
+    assert_eq!(
+        base(exchange(&mut socket, &at_epoch(0, 5)).await.unwrap()),
+        (0, 5)
+    );
     // A gap, and a producer id nobody handed out.
     let gap = produce_frame(batch(producer, 9, 1));
     assert_eq!(
@@ -1482,7 +1565,7 @@ async fn idempotent_producers_store_a_retried_batch_once() {
         .iter()
         .map(arrow::array::RecordBatch::num_rows)
         .sum();
-    assert_eq!(stored, 5);
+    assert_eq!(stored, 6);
     s.stop().await;
 }
 

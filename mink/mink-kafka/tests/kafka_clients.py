@@ -120,6 +120,22 @@ for bad in [b"not json", b'{"id": "x"}', b'{"id": 3, "nope": 1}', b"[1]"]:
         raise
     except Exception as e:  # noqa: BLE001 - the client's error type for INVALID_RECORD
         assert "InvalidRecord" in type(e).__name__ or "INVALID_RECORD" in str(e) or "87" in str(e), repr(e)
+# One batch of two good rows and a bad one (sent together, flushed once): the batch fails
+# whole, and neither good row is stored. The client names the bad record (INVALID_RECORD, with
+# its index in the batch) and fails the others as part of that batch.
+mixed = [producer.send("people", value=v, partition=0) for v in [b'{"id": 8}', b'{"id": "x"}', b'{"id": 9}']]
+producer.flush()
+failures = []
+for f in mixed:
+    try:
+        f.get(timeout=30)
+        raise AssertionError("a row of a batch with a bad record was stored")
+    except AssertionError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the client's error types
+        failures.append(f"{type(e).__name__}: {e}")
+assert "InvalidRecord" in failures[1], failures
+assert all("part of a batch which had one more more invalid records" in f for f in failures[::2]), failures
 producer.close()
 consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
 consumer.assign([KTopicPartition("people", 0)])
