@@ -343,6 +343,53 @@ fn a_cluster_keeps_every_acknowledged_row_when_nodes_are_killed() {
         .expect("the last node takes writes for every bucket");
 }
 
+/// Kafka clients through a SIGKILL of the lease holder, which leads some of a topic's
+/// partitions and coordinates a consumer group: an idempotent producer finds the new leaders
+/// through Metadata, the group consumer the new coordinator, and it reads on from its
+/// committed offsets: every record once, nothing it committed again
+/// (mink-kafka's tests/kafka_failover.py).
+#[test]
+fn kafka_clients_follow_the_leaders_and_the_coordinator_through_a_sigkill() {
+    use std::io::{BufRead as _, Read as _, Write as _};
+    let Some(python) = python() else { return };
+    let ttl = TTL_MS.to_string();
+    let Some(cluster) = LocalCluster::start(3, &["--lease-ttl-ms", &ttl, "--flush-delay-ms", "10"])
+    else {
+        return;
+    };
+    let holder = lease_holder(&cluster.address(1));
+    let bootstrap = cluster
+        .kafka
+        .values()
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut child = Command::new(python)
+        .arg(manifest_dir().join("../mink-kafka/tests/kafka_failover.py"))
+        .arg(bootstrap)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready", "the script stopped before the kill");
+    cluster.signal(holder, "KILL");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"go\n").unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).unwrap();
+    assert!(
+        out.status.success() && rest.contains("ok"),
+        "kafka_failover.py failed across the SIGKILL of node {holder}:\n{rest}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// The node holding the lease, as `address` sees it (waiting for one).
 fn lease_holder(address: &str) -> u64 {
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -1,10 +1,11 @@
-"""Kafka clients through a failover (run by tests/kafka.rs). argv: both nodes' Kafka addresses.
+"""Kafka clients through a failover (run by mink-kafka's tests/kafka.rs, and by mink-cli's
+tests/cluster.rs across a SIGKILL). argv: the nodes' Kafka addresses, comma-separated.
 
 Before: an idempotent producer writes to a 4-partition topic whose partitions two nodes lead,
 and a group consumer reads and commits. The test then stops the node holding the lease (it
 leads some partitions and coordinates the group) and says so on stdin. After: the producer's
 sends find the new leaders through Metadata, the consumer finds the new coordinator, rejoins,
-and reads on from its committed offsets: every record once.
+and reads on from its committed offsets: every record once, none it committed again.
 """
 
 import sys
@@ -93,6 +94,8 @@ member = Member()
 until("the 40 records before", lambda: member.count() >= 40)
 member.commit_now.set()
 until("the commit", member.committed.is_set)
+with member.lock:
+    seen_before = len(member.records)
 print("ready", flush=True)
 sys.stdin.readline()  # the lease holder is gone
 
@@ -103,6 +106,10 @@ member.join(30)
 by_offset = {}
 for p, o, v in member.records:
     assert by_offset.setdefault((p, o), v) == v, (p, o, v, by_offset[(p, o)])
+# Everything before was committed: the consumer resumes from its commits, so nothing read
+# after the failover is from before it.
+again = [v for _, _, v in member.records[seen_before:] if v.startswith(b"before-")]
+assert not again, f"{len(again)} committed records delivered again: {again[:5]}"
 values = sorted(by_offset.values())
 expected = sorted([f"before-{i}".encode() for i in range(40)] + [f"after-{i}".encode() for i in range(40)])
 assert values == expected, (len(values), values[:5])

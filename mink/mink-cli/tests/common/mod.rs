@@ -241,6 +241,8 @@ pub struct LocalCluster {
     pub dir: tempfile::TempDir,
     /// Node id to (pid, Flight address).
     pub nodes: std::collections::BTreeMap<u64, (u32, String)>,
+    /// Node id to its Kafka address.
+    pub kafka: std::collections::BTreeMap<u64, String>,
     restarted: Vec<Child>,
 }
 
@@ -301,6 +303,7 @@ impl LocalCluster {
             .unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let mut found = std::collections::BTreeMap::new();
+        let mut kafka = std::collections::BTreeMap::new();
         loop {
             let Some(Ok(line)) = lines.next() else {
                 panic!(
@@ -308,15 +311,16 @@ impl LocalCluster {
                     dir.path().display()
                 )
             };
-            // node 1: grpc://127.0.0.1:39293 (pid 5187, log /tmp/lc/node-1.log)
+            // node 1: grpc://127.0.0.1:39293 (pid 5187, log /tmp/lc/node-1.log, kafka 127.0.0.1:40001)
             if let Some(rest) = line.strip_prefix("node ") {
                 let (id, rest) = rest.split_once(": grpc://").unwrap();
                 let (address, rest) = rest.split_once(" (pid ").unwrap();
                 let pid = rest.split(',').next().unwrap();
-                found.insert(
-                    id.parse().unwrap(),
-                    (pid.parse().unwrap(), address.to_string()),
-                );
+                let id: u64 = id.parse().unwrap();
+                found.insert(id, (pid.parse().unwrap(), address.to_string()));
+                if let Some((_, k)) = rest.split_once(", kafka ") {
+                    kafka.insert(id, k.trim_end_matches(')').to_string());
+                }
             }
             if line.starts_with("ready:") {
                 break;
@@ -327,6 +331,7 @@ impl LocalCluster {
             child,
             dir,
             nodes: found,
+            kafka,
             restarted: Vec::new(),
         })
     }
