@@ -13,10 +13,13 @@
 //!   the changelog after it;
 //! - moves buckets off drained nodes, and carries out rebalance requests;
 //! - drops KV snapshots beyond the ones kept (and deletes their files);
-//! - every `cleanup_interval`: object cleanup and compaction of dead nodes' objects.
+//! - every `cleanup_interval`: object cleanup and compaction of dead nodes' objects;
+//! - every `group_offsets_check_interval`: drops committed group offsets past their retention;
+//! - beside the ticks, the [`Duty`]s its node hands it (lake maintenance, lake snapshot
+//!   records), each while the lease is held and only then.
 
 pub mod planner;
 mod run;
 
 pub use planner::{Observation, PlannerConfig, Step, Why};
-pub use run::{CoordinatorConfig, REBALANCE_DONE, REBALANCE_REQUEST, spawn};
+pub use run::{CoordinatorConfig, Duty, REBALANCE_DONE, REBALANCE_REQUEST, spawn};

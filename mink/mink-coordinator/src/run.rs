@@ -2,6 +2,8 @@
 //! coordinator epoch.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use mink_metadata::{Command, ExpireGroupOffsets, PutKv};
@@ -57,13 +59,59 @@ pub const REBALANCE_REQUEST: &str = "coordinator/rebalance/request";
 /// KV key the coordinator answers a rebalance request in: `<token>\n` then one line per move.
 pub const REBALANCE_DONE: &str = "coordinator/rebalance/done";
 
-/// Starts the coordinator loop of a node: it idles until the node holds the lease, then
-/// plans and acts every tick until the lease is lost or the sink shuts down.
-pub fn spawn(sink: Sink, streams: S3Stream, config: CoordinatorConfig) -> JoinHandle<()> {
-    tokio::spawn(run(sink, streams, config))
+/// A duty of the lease holder that needs more than the coordinator has (the lake, the node's
+/// tables): the coordinator runs it beside its planning, so that one place decides when a
+/// node acts as the lease holder.
+///
+/// Contract: rounds run only while the node holds the lease, with the coordinator epoch it
+/// holds (every command a round proposes carries it), one at a time, `period` apart (from the
+/// end of one round to the start of the next). When the lease is lost or passes to a new
+/// epoch, the round in progress is dropped at its next await and [`Duty::lease_lost`] is
+/// called: a round must leave nothing that a later round, on this node or another, cannot
+/// finish or clean up.
+pub trait Duty: Send + Sync + 'static {
+    /// For logs.
+    fn name(&self) -> &'static str;
+    fn period(&self) -> Duration;
+    /// One round of the duty (it keeps its own schedule per table: a round may do nothing).
+    fn round(&self, coordinator_epoch: u64) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+    /// Forgets what was kept for the epoch that ended.
+    fn lease_lost(&self) {}
 }
 
-async fn run(sink: Sink, streams: S3Stream, config: CoordinatorConfig) {
+/// Starts the coordinator loop of a node: it idles until the node holds the lease, then
+/// plans and acts every tick, and runs `duties`, until the lease is lost or the sink shuts
+/// down.
+pub fn spawn(
+    sink: Sink,
+    streams: S3Stream,
+    config: CoordinatorConfig,
+    duties: Vec<Arc<dyn Duty>>,
+) -> JoinHandle<()> {
+    tokio::spawn(run(sink, streams, config, duties))
+}
+
+/// Runs `duty` round after round at `epoch`, until aborted (the lease lost).
+async fn run_duty(duty: Arc<dyn Duty>, epoch: u64) {
+    tracing::debug!(duty = duty.name(), coordinator_epoch = epoch, "running");
+    loop {
+        duty.round(epoch).await;
+        tokio::time::sleep(duty.period()).await;
+    }
+}
+
+/// Aborts the duties' tasks when dropped: a lease lost, or the coordinator gone.
+struct Running(Vec<JoinHandle<()>>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
+async fn run(sink: Sink, streams: S3Stream, config: CoordinatorConfig, duties: Vec<Arc<dyn Duty>>) {
     let mut lease = sink.lease();
     loop {
         let held = lease
@@ -72,6 +120,12 @@ async fn run(sink: Sink, streams: S3Stream, config: CoordinatorConfig) {
             .map(|s| s.coordinator_epoch());
         let Ok(Some(epoch)) = held else { return };
         tracing::info!(coordinator_epoch = epoch, "coordinating");
+        let running = Running(
+            duties
+                .iter()
+                .map(|d| tokio::spawn(run_duty(Arc::clone(d), epoch)))
+                .collect(),
+        );
         let mut coordinator = Coordinator {
             sink: &sink,
             streams: &streams,
@@ -94,6 +148,10 @@ async fn run(sink: Sink, streams: S3Stream, config: CoordinatorConfig) {
                     break;
                 }
             }
+        }
+        drop(running);
+        for d in &duties {
+            d.lease_lost();
         }
         tracing::info!(coordinator_epoch = epoch, "no longer coordinating");
     }

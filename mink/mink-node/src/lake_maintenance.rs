@@ -11,6 +11,8 @@
 //! advanced.
 
 use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use mink_lake::maintain::{Maintained, Maintenance};
@@ -49,35 +51,64 @@ fn policy(table: &TableRecord) -> NodeResult<Maintenance> {
     })
 }
 
-pub(crate) async fn run(node: Node) {
-    let mut shutdown = node.inner.shutdown.subscribe();
-    let lease = node.inner.sink.lease();
-    // table id -> when it was last maintained (or when this node began to hold the lease).
-    let mut last: HashMap<u64, u64> = HashMap::new();
-    loop {
-        let epoch = lease.borrow().coordinator_epoch();
-        if let Some(epoch) = epoch {
-            let view = node.view();
-            let now_ms = node.inner.config.clock.now_ms();
-            for (table, freshness, options) in crate::tiering::lake_tables(&view) {
-                let since = *last.entry(table.table_id).or_insert(now_ms);
-                let due = u64::try_from(interval(freshness, &options.lake_maintenance).as_millis())
-                    .unwrap_or(u64::MAX);
-                if now_ms.saturating_sub(since) < due {
-                    continue;
-                }
-                last.insert(table.table_id, now_ms);
-                if let Err(e) = maintain_table(&node, epoch, table).await {
-                    tracing::warn!(error = %e, table = %table.name, "lake maintenance failed");
-                }
+/// The lease holder's lake maintenance, run by the coordinator ([`mink_coordinator::Duty`]):
+/// each round maintains the lake tables due.
+pub(crate) struct LakeMaintenanceDuty {
+    node: Node,
+    /// table id -> when it was last maintained (or when this node began to hold the lease).
+    last: Mutex<HashMap<u64, u64>>,
+}
+
+impl LakeMaintenanceDuty {
+    pub(crate) fn new(node: Node) -> Self {
+        LakeMaintenanceDuty {
+            node,
+            last: Mutex::new(HashMap::new()),
+        }
+    }
+
+    async fn maintain_due(&self, epoch: u64) {
+        let node = &self.node;
+        let view = node.view();
+        let now_ms = node.inner.config.clock.now_ms();
+        for (table, freshness, options) in crate::tiering::lake_tables(&view) {
+            let since = *self
+                .last
+                .lock()
+                .expect("maintenance schedule")
+                .entry(table.table_id)
+                .or_insert(now_ms);
+            let due = u64::try_from(interval(freshness, &options.lake_maintenance).as_millis())
+                .unwrap_or(u64::MAX);
+            if now_ms.saturating_sub(since) < due {
+                continue;
             }
-        } else {
-            last.clear();
+            self.last
+                .lock()
+                .expect("maintenance schedule")
+                .insert(table.table_id, now_ms);
+            if let Err(e) = maintain_table(node, epoch, table).await {
+                tracing::warn!(error = %e, table = %table.name, "lake maintenance failed");
+            }
         }
-        tokio::select! {
-            _ = tokio::time::sleep(MAINTENANCE_TICK) => {}
-            _ = shutdown.changed() => return,
-        }
+    }
+}
+
+impl mink_coordinator::Duty for LakeMaintenanceDuty {
+    fn name(&self) -> &'static str {
+        "lake maintenance"
+    }
+
+    fn period(&self) -> Duration {
+        MAINTENANCE_TICK
+    }
+
+    fn round(&self, epoch: u64) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(self.maintain_due(epoch))
+    }
+
+    fn lease_lost(&self) {
+        self.last.lock().expect("maintenance schedule").clear();
     }
 }
 

@@ -436,18 +436,25 @@ impl Node {
         let retention = tokio::spawn(crate::retention::run(node.clone()));
         let snapshots = tokio::spawn(crate::kv::run_snapshots(node.clone()));
         let tiering = tokio::spawn(crate::tiering::run(node.clone()));
-        let maintenance = tokio::spawn(crate::lake_maintenance::run(node.clone()));
+        // The lease holder's duties beyond the coordinator's own, run by it while the lease
+        // is held.
+        let duties: Vec<Arc<dyn mink_coordinator::Duty>> = vec![
+            Arc::new(crate::lake_maintenance::LakeMaintenanceDuty::new(
+                node.clone(),
+            )),
+            Arc::new(crate::tiering::LakeSnapshotsDuty::new(node.clone())),
+        ];
         let coordinator = mink_coordinator::spawn(
             node.inner.sink.clone(),
             node.inner.streams.clone(),
             node.inner.config.coordinator(),
+            duties,
         );
         node.inner.tasks.lock().expect("tasks lock").extend([
             leadership,
             retention,
             snapshots,
             tiering,
-            maintenance,
             coordinator,
         ]);
         tracing::info!(node_id = node.inner.config.node_id, "node started");

@@ -25,6 +25,8 @@
 //! `_commit_timestamp`.
 
 use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use arrow::array::RecordBatch;
@@ -57,11 +59,8 @@ pub(crate) fn tiering_node(view: &mink_metadata::View, table: &TableRecord) -> O
 
 pub(crate) async fn run(node: Node) {
     let mut shutdown = node.inner.shutdown.subscribe();
-    let lease = node.inner.sink.lease();
     // table id -> when this node last ran a round of it (its record may lag the commit).
     let mut ran: HashMap<u64, u64> = HashMap::new();
-    // table id -> the catalog's metadata location last checked against the record.
-    let mut checked: HashMap<u64, String> = HashMap::new();
     let mut ticks: u64 = 0;
     loop {
         let view = node.view();
@@ -112,18 +111,58 @@ pub(crate) async fn run(node: Node) {
                 tracing::warn!(error = %e, table = %table.name, "tiering round failed");
             }
         }
-        // The lease holder records every lake table whose Iceberg table moved (a round here
-        // or elsewhere, a compaction).
-        let epoch = lease.borrow().coordinator_epoch();
-        if let Some(epoch) = epoch
-            && let Err(e) = record_moved(&node, epoch, &view, &mut checked).await
-        {
-            tracing::warn!(error = %e, "recording lake snapshots failed");
-        }
         tokio::select! {
             _ = tokio::time::sleep(TIERING_TICK) => {}
             _ = shutdown.changed() => return,
         }
+    }
+}
+
+/// The lease holder records every lake table whose Iceberg table moved (a round here or
+/// elsewhere, a compaction): a [`mink_coordinator::Duty`] the coordinator runs.
+pub(crate) struct LakeSnapshotsDuty {
+    node: Node,
+    /// table id -> the catalog's metadata location last checked against the record.
+    checked: Mutex<HashMap<u64, String>>,
+}
+
+impl LakeSnapshotsDuty {
+    pub(crate) fn new(node: Node) -> Self {
+        LakeSnapshotsDuty {
+            node,
+            checked: Mutex::new(HashMap::new()),
+        }
+    }
+
+    async fn record(&self, epoch: u64) {
+        let view = self.node.view();
+        if lake_tables(&view).next().is_none() {
+            return;
+        }
+        // Out of the lock across the awaits (one round at a time: nothing else takes it).
+        let mut checked = std::mem::take(&mut *self.checked.lock().expect("checked"));
+        if let Err(e) = record_moved(&self.node, epoch, &view, &mut checked).await {
+            tracing::warn!(error = %e, "recording lake snapshots failed");
+        }
+        *self.checked.lock().expect("checked") = checked;
+    }
+}
+
+impl mink_coordinator::Duty for LakeSnapshotsDuty {
+    fn name(&self) -> &'static str {
+        "lake snapshot records"
+    }
+
+    fn period(&self) -> Duration {
+        TIERING_TICK
+    }
+
+    fn round(&self, epoch: u64) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(self.record(epoch))
+    }
+
+    fn lease_lost(&self) {
+        self.checked.lock().expect("checked").clear();
     }
 }
 
