@@ -18,6 +18,12 @@ use crate::common::{LocalCluster, MINK, manifest_dir, python, rows, spawn_load};
 
 const TTL_MS: u64 = 2000;
 
+/// `n` node processes with the tests' lease TTL and a 10 ms flush delay; `None` when skipped.
+fn nodes(n: u64) -> Option<LocalCluster> {
+    let ttl = TTL_MS.to_string();
+    LocalCluster::start(n, &["--lease-ttl-ms", &ttl, "--flush-delay-ms", "10"])
+}
+
 /// Runs `mink --server <address> <args>`; panics with its stderr on failure.
 fn mink(address: &str, args: &[&str]) -> String {
     let out = Command::new(MINK)
@@ -298,11 +304,7 @@ fn runtime() -> tokio::runtime::Runtime {
 /// the last node takes the lease and every bucket.
 #[test]
 fn a_cluster_keeps_every_acknowledged_row_when_nodes_are_killed() {
-    let ttl = TTL_MS.to_string();
-    let Some(cluster) = LocalCluster::start(3, &["--lease-ttl-ms", &ttl, "--flush-delay-ms", "10"])
-    else {
-        return;
-    };
+    let Some(cluster) = nodes(3) else { return };
     // Clients talk to a node that is not the lease holder; the first victim is the third.
     let holder = lease_holder(&cluster.address(1));
     let entry_id = [1, 2, 3].into_iter().find(|n| *n != holder).unwrap();
@@ -352,11 +354,7 @@ fn a_cluster_keeps_every_acknowledged_row_when_nodes_are_killed() {
 fn kafka_clients_follow_the_leaders_and_the_coordinator_through_a_sigkill() {
     use std::io::{BufRead as _, Read as _, Write as _};
     let Some(python) = python() else { return };
-    let ttl = TTL_MS.to_string();
-    let Some(cluster) = LocalCluster::start(3, &["--lease-ttl-ms", &ttl, "--flush-delay-ms", "10"])
-    else {
-        return;
-    };
+    let Some(cluster) = nodes(3) else { return };
     let holder = lease_holder(&cluster.address(1));
     let bootstrap = cluster
         .kafka
@@ -455,11 +453,7 @@ fn queued_to(port: u16) -> u64 {
 #[test]
 fn a_paused_node_makes_nothing_visible_after_its_buckets_moved() {
     let Some(python) = python() else { return };
-    let ttl = TTL_MS.to_string();
-    let Some(cluster) = LocalCluster::start(3, &["--lease-ttl-ms", &ttl, "--flush-delay-ms", "10"])
-    else {
-        return;
-    };
+    let Some(cluster) = nodes(3) else { return };
     let holder = lease_holder(&cluster.address(1));
     let entry_id = [1, 2, 3].into_iter().find(|n| *n != holder).unwrap();
     let paused = [1, 2, 3]
@@ -582,12 +576,7 @@ fn a_paused_node_makes_nothing_visible_after_its_buckets_moved() {
 /// row is lost or stored twice.
 #[test]
 fn a_rolling_restart_and_a_rebalance_under_load_lose_nothing() {
-    let ttl = TTL_MS.to_string();
-    let Some(mut cluster) =
-        LocalCluster::start(4, &["--lease-ttl-ms", &ttl, "--flush-delay-ms", "10"])
-    else {
-        return;
-    };
+    let Some(mut cluster) = nodes(4) else { return };
     let entry = cluster.address(4);
     lease_holder(&entry);
     mink(&entry, &["node", "drain", "4"]);
@@ -634,11 +623,7 @@ fn a_rolling_restart_and_a_rebalance_under_load_lose_nothing() {
 /// served, writes wait and resume once it is back, and every acknowledged row is stored once.
 #[test]
 fn a_metadata_database_outage_under_load_loses_nothing() {
-    let ttl = TTL_MS.to_string();
-    let Some(cluster) = LocalCluster::start(3, &["--lease-ttl-ms", &ttl, "--flush-delay-ms", "10"])
-    else {
-        return;
-    };
+    let Some(cluster) = nodes(3) else { return };
     let entry = cluster.address(1);
     lease_holder(&entry);
     create_tables(&entry);

@@ -11,7 +11,7 @@ use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProdu
 use kafka_protocol::messages::{
     ApiKey, ProduceRequest, ProduceResponse, RequestHeader, ResponseHeader, TopicName,
 };
-use kafka_protocol::protocol::{Decodable as _, Encodable, StrBytes};
+use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use mink_node::{BucketRef, Node, NodeConfig, TableSpec};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
@@ -399,7 +399,10 @@ async fn kcat_lists_produces_and_consumes() {
     let (listed, consumed) = tokio::task::spawn_blocking(move || {
         use std::io::Write as _;
         let kcat = |args: &[&str], input: Option<&str>| {
+            // kcat as installed: the test harness's library path (cargo adds the build
+            // directories, among them a librdkafka built without zstd) is not its.
             let mut child = std::process::Command::new("kcat")
+                .env_remove("LD_LIBRARY_PATH")
                 .args(["-b", &kafka])
                 .args(args)
                 .stdin(std::process::Stdio::piped())
@@ -590,11 +593,7 @@ async fn commits_from_outside_the_current_generation_are_refused() {
                     0, 0, 0, 0, 0, 1, 0, 1, b't', 0, 0, 0, 0,
                 ])),
         ]);
-    let mut response = exchange(&mut socket, &request_frame(ApiKey::JoinGroup, 2, 42, &join))
-        .await
-        .unwrap();
-    ResponseHeader::decode(&mut response, 0).unwrap();
-    let joined = JoinGroupResponse::decode(&mut response, 2).unwrap();
+    let joined: JoinGroupResponse = ask(&mut socket, ApiKey::JoinGroup, 2, &join).await;
     assert_eq!(joined.error_code, 0, "{joined:?}");
     let (generation, member) = (joined.generation_id, joined.member_id.clone());
     let sync = SyncGroupRequest::default()
@@ -606,16 +605,8 @@ async fn commits_from_outside_the_current_generation_are_refused() {
                 .with_member_id(member.clone())
                 .with_assignment(Bytes::new()),
         ]);
-    let mut response = exchange(&mut socket, &request_frame(ApiKey::SyncGroup, 1, 42, &sync))
-        .await
-        .unwrap();
-    ResponseHeader::decode(&mut response, 0).unwrap();
-    assert_eq!(
-        SyncGroupResponse::decode(&mut response, 1)
-            .unwrap()
-            .error_code,
-        0
-    );
+    let synced: SyncGroupResponse = ask(&mut socket, ApiKey::SyncGroup, 1, &sync).await;
+    assert_eq!(synced.error_code, 0);
     async fn commit_at(
         socket: &mut tokio::net::TcpStream,
         group_id: &'static str,
@@ -637,10 +628,7 @@ async fn commits_from_outside_the_current_generation_are_refused() {
                             .with_committed_offset(offset),
                     ]),
             ]);
-        let frame = request_frame(ApiKey::OffsetCommit, 2, 42, &request);
-        let mut response = exchange(socket, &frame).await.unwrap();
-        ResponseHeader::decode(&mut response, 0).unwrap();
-        let r = OffsetCommitResponse::decode(&mut response, 2).unwrap();
+        let r: OffsetCommitResponse = ask(socket, ApiKey::OffsetCommit, 2, &request).await;
         r.topics[0].partitions[0].error_code
     }
     let stranger = || StrBytes::from_static_str("stranger");
@@ -865,10 +853,7 @@ async fn metadata_topic(
                 .with_name(Some(TopicName(StrBytes::from_static_str(topic)))),
         ]))
         .with_allow_auto_topic_creation(allow);
-    let frame = request_frame(ApiKey::Metadata, version, 3, &request);
-    let mut response = exchange(socket, &frame).await.unwrap();
-    ResponseHeader::decode(&mut response, 0).unwrap();
-    let r = MetadataResponse::decode(&mut response, version).unwrap();
+    let r: MetadataResponse = ask(socket, ApiKey::Metadata, version, &request).await;
     (r.topics[0].error_code, r.topics[0].partitions.len())
 }
 
@@ -917,6 +902,19 @@ async fn exchange(socket: &mut tokio::net::TcpStream, frame: &[u8]) -> std::io::
     let mut buf = vec![0u8; usize::try_from(size).unwrap()];
     socket.read_exact(&mut buf).await?;
     Ok(Bytes::from(buf))
+}
+
+/// Sends `request` (API `key` at `version`, header versions by them) and decodes its answer.
+async fn ask<A: Decodable>(
+    socket: &mut tokio::net::TcpStream,
+    key: ApiKey,
+    version: i16,
+    request: &impl Encodable,
+) -> A {
+    let frame = request_frame(key, version, 42, request);
+    let mut response = exchange(socket, &frame).await.unwrap();
+    ResponseHeader::decode(&mut response, key.response_header_version(version)).unwrap();
+    A::decode(&mut response, version).unwrap()
 }
 
 fn produce_frame(records: Bytes) -> Vec<u8> {
@@ -1241,15 +1239,9 @@ async fn what_kafka_offers_and_mink_does_not_map_is_refused_with_its_codes() {
             })
             .collect::<Vec<_>>()
     };
-    let frame = request_frame(
-        ApiKey::Metadata,
-        4,
-        42,
-        &MetadataRequest::default().with_topics(Some(topics(&["partitioned", "keyed", "t"]))),
-    );
-    let mut response = exchange(&mut socket, &frame).await.unwrap();
-    ResponseHeader::decode(&mut response, 0).unwrap();
-    let named = MetadataResponse::decode(&mut response, 4).unwrap();
+    let named_request =
+        MetadataRequest::default().with_topics(Some(topics(&["partitioned", "keyed", "t"])));
+    let named: MetadataResponse = ask(&mut socket, ApiKey::Metadata, 4, &named_request).await;
     let codes: Vec<(String, i16)> = named
         .topics
         .iter()
@@ -1266,10 +1258,7 @@ async fn what_kafka_offers_and_mink_does_not_map_is_refused_with_its_codes() {
     );
     // No topics named (null): every topic.
     let every = MetadataRequest::default().with_topics(None);
-    let frame = request_frame(ApiKey::Metadata, 4, 42, &every);
-    let mut response = exchange(&mut socket, &frame).await.unwrap();
-    ResponseHeader::decode(&mut response, 0).unwrap();
-    let all = MetadataResponse::decode(&mut response, 4).unwrap();
+    let all: MetadataResponse = ask(&mut socket, ApiKey::Metadata, 4, &every).await;
     let listed: Vec<String> = all
         .topics
         .iter()
@@ -1312,26 +1301,13 @@ async fn what_kafka_offers_and_mink_does_not_map_is_refused_with_its_codes() {
             StrBytes::from_static_str("tx"),
         )))
         .with_transaction_timeout_ms(60_000);
-    let mut response = exchange(
-        &mut socket,
-        &request_frame(ApiKey::InitProducerId, 1, 42, &request),
-    )
-    .await
-    .unwrap();
-    ResponseHeader::decode(&mut response, 0).unwrap();
-    let init = InitProducerIdResponse::decode(&mut response, 1).unwrap();
+    let init: InitProducerIdResponse = ask(&mut socket, ApiKey::InitProducerId, 1, &request).await;
     assert_eq!(init.error_code, refused);
     let request = FindCoordinatorRequest::default()
         .with_key(StrBytes::from_static_str("tx"))
         .with_key_type(1);
-    let mut response = exchange(
-        &mut socket,
-        &request_frame(ApiKey::FindCoordinator, 1, 42, &request),
-    )
-    .await
-    .unwrap();
-    ResponseHeader::decode(&mut response, 0).unwrap();
-    let found = FindCoordinatorResponse::decode(&mut response, 1).unwrap();
+    let found: FindCoordinatorResponse =
+        ask(&mut socket, ApiKey::FindCoordinator, 1, &request).await;
     assert_eq!(
         found.error_code,
         ResponseError::CoordinatorNotAvailable.code()
@@ -1478,10 +1454,8 @@ async fn idempotent_producers_store_a_retried_batch_once() {
     let mut socket = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
     let version = 1;
     let request = InitProducerIdRequest::default().with_transaction_timeout_ms(60_000);
-    let frame = request_frame(ApiKey::InitProducerId, version, 7, &request);
-    let mut response = exchange(&mut socket, &frame).await.unwrap();
-    ResponseHeader::decode(&mut response, 0).unwrap();
-    let init = InitProducerIdResponse::decode(&mut response, version).unwrap();
+    let init: InitProducerIdResponse =
+        ask(&mut socket, ApiKey::InitProducerId, version, &request).await;
     assert_eq!(init.error_code, 0);
     let producer = init.producer_id.0;
     assert!(producer > 0, "{producer}");

@@ -10,10 +10,11 @@ and reads on from its committed offsets: every record once, none it committed ag
 
 import sys
 import threading
-import time
 
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
+
+from waits import CHANGED, until  # tests/waits.py
 
 bootstrap = sys.argv[1].split(",")
 TOPIC = "moving"
@@ -29,10 +30,6 @@ def produce(tag):
     futures = [producer.send(TOPIC, value=f"{tag}-{i}".encode(), partition=i % 4) for i in range(40)]
     producer.flush(60)
     return [f.get(timeout=60) for f in futures]
-
-
-# Notified by the consumer thread after each poll: what `until` waits on.
-CHANGED = threading.Condition()
 
 
 class Member(threading.Thread):
@@ -78,29 +75,20 @@ class Member(threading.Thread):
             return len(set((p, o) for p, o, _ in self.records))
 
 
-def until(what, done, seconds=60):
-    """Returns once `done()` holds, checked after each poll of the consumer thread; fails after
-    `seconds` naming what it waited for."""
-    deadline = time.monotonic() + seconds
-    with CHANGED:
-        while not done():
-            left = deadline - time.monotonic()
-            assert left > 0, f"waited {seconds}s for {what}"
-            CHANGED.wait(left)
 
 
 first = produce("before")
 member = Member()
-until("the 40 records before", lambda: member.count() >= 40)
+until("the 40 records before", lambda: member.count() >= 40, 60)
 member.commit_now.set()
-until("the commit", member.committed.is_set)
+until("the commit", member.committed.is_set, 60)
 with member.lock:
     seen_before = len(member.records)
 print("ready", flush=True)
 sys.stdin.readline()  # the lease holder is gone
 
 second = produce("after")
-until("the 40 records after", lambda: member.count() >= 80)
+until("the 40 records after", lambda: member.count() >= 80, 60)
 member.running = False
 member.join(30)
 by_offset = {}

@@ -10,11 +10,12 @@ the records produced since, nothing committed before being delivered again.
 import logging
 import sys
 import threading
-import time
 
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import CommitFailedError
+
+from waits import CHANGED, until  # tests/waits.py
 
 bootstrap, phase = sys.argv[1], sys.argv[2]
 
@@ -34,19 +35,6 @@ def produce(tag, per_partition):
     producer.flush()
 
 
-# Notified by every consumer thread after each poll: what `until` waits on.
-CHANGED = threading.Condition()
-
-
-def until(what, done, state, seconds=60):
-    """Returns once `done()` holds, checked after each poll; fails after `seconds` naming what
-    it waited for and the members' state."""
-    deadline = time.monotonic() + seconds
-    with CHANGED:
-        while not done():
-            left = deadline - time.monotonic()
-            assert left > 0, f"waited {seconds}s for {what}; state: {state()}"
-            CHANGED.wait(left)
 
 
 class Member(threading.Thread):
@@ -108,14 +96,14 @@ if phase == "before":
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     admin.create_topics([NewTopic(TOPIC, num_partitions=PARTITIONS, replication_factor=1)])
     m1 = Member("m1")
-    until("m1 to hold all six partitions", shares([m1], 6), view([m1]))
+    until("m1 to hold all six partitions", shares([m1], 6), 60, view([m1]))
     m2 = Member("m2")
-    until("m1 and m2 to share the partitions 3/3", shares([m1, m2], 3), view([m1, m2]))
+    until("m1 and m2 to share the partitions 3/3", shares([m1, m2], 3), 60, view([m1, m2]))
     m3 = Member("m3")
     members = [m1, m2, m3]
-    until("three members to share the partitions 2/2/2", shares(members, 2), view(members))
+    until("three members to share the partitions 2/2/2", shares(members, 2), 60, view(members))
     produce("first", 10)
-    until("the 60 records", lambda: len(read(members)) >= 60, view(members))
+    until("the 60 records", lambda: len(read(members)) >= 60, 60, view(members))
     records = read(members)
     assert [(p, o) for p, o, _ in records] == [(p, o) for p in range(PARTITIONS) for o in range(10)], records
     for m in members:
@@ -123,9 +111,9 @@ if phase == "before":
         assert {p for p, _, _ in records} == held, (m.name, held, records)
     # m3 leaves: m1 and m2 take its partitions over and read on from its commits.
     m3.stop()
-    until("m1 and m2 to share the partitions 3/3 again", shares([m1, m2], 3), view([m1, m2]))
+    until("m1 and m2 to share the partitions 3/3 again", shares([m1, m2], 3), 60, view([m1, m2]))
     produce("second", 2)
-    until("the 12 records produced after m3 left", lambda: len(read(members)) >= 72, view(members))
+    until("the 12 records produced after m3 left", lambda: len(read(members)) >= 72, 60, view(members))
     records = read(members)
     assert len(records) == 72 and len(set((p, o) for p, o, _ in records)) == 72, records
     m1.stop()
@@ -133,8 +121,8 @@ if phase == "before":
 else:
     produce("after", 1)
     members = [Member(f"n{i}") for i in range(3)]
-    until("three members to share the partitions 2/2/2", shares(members, 2), view(members))
-    until("the 6 records produced after the restart", lambda: len(read(members)) >= 6, view(members))
+    until("three members to share the partitions 2/2/2", shares(members, 2), 60, view(members))
+    until("the 6 records produced after the restart", lambda: len(read(members)) >= 6, 60, view(members))
     records = read(members)
     assert sorted(v for _, _, v in records) == sorted(f"after-{p}-0".encode() for p in range(PARTITIONS)), records
     assert [(p, o) for p, o, _ in records] == [(p, 12) for p in range(PARTITIONS)], records

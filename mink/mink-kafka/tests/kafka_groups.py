@@ -17,6 +17,8 @@ from kafka.admin import KafkaAdminClient, NewTopic
 bootstrap = sys.argv[1]
 import logging
 
+from waits import CHANGED, until  # tests/waits.py
+
 # The group's story, printed (by tests/kafka.rs) only if the script fails.
 logging.basicConfig(level=logging.WARNING, format="%(relativeCreated)d %(threadName)s %(name)s %(message)s")
 logging.getLogger("kafka.coordinator").setLevel(logging.INFO)
@@ -34,19 +36,6 @@ def produce(n, tag):
     producer.flush()
 
 
-# Notified by every consumer thread after each poll: what `until` waits on.
-CHANGED = threading.Condition()
-
-
-def until(what, done, seconds=30, state=lambda: None):
-    """Returns once `done()` holds, checked after each poll of a consumer thread; fails after
-    `seconds` naming what it waited for."""
-    deadline = time.monotonic() + seconds
-    with CHANGED:
-        while not done():
-            left = deadline - time.monotonic()
-            assert left > 0, f"waited {seconds}s for {what}; state: {state()}"
-            CHANGED.wait(left)
 
 
 class Member(threading.Thread):
