@@ -545,14 +545,12 @@ async fn the_coordinator_expires_offsets_on_its_own() {
         .commit_group_offsets("gone", &[(at, 5, -1, String::new())])
         .await
         .unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !s.node.group_offsets("gone").is_empty() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the coordinator kept offsets past their retention for 30 s"
-        );
-        next_change(&s.node).await;
-    }
+    until(
+        &s.node,
+        "the coordinator to drop offsets past their retention",
+        || async { s.node.group_offsets("gone").is_empty() },
+    )
+    .await;
     s.stop().await;
 }
 
@@ -738,38 +736,24 @@ async fn a_produce_to_a_node_not_leading_the_partition_is_refused_with_not_leade
     let dir = tempfile::tempdir().unwrap();
     let a = serve_node(dir.path(), 1).await;
     let b = serve_node(dir.path(), 2).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while a
-        .node
-        .cluster_status()
-        .await
-        .unwrap()
-        .nodes
-        .iter()
-        .filter(|n| n.live)
-        .count()
-        < 2
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "waited 30 s for two live nodes"
-        );
-        next_change(&a.node).await;
-    }
+    until(&a.node, "two live nodes", || async {
+        let status = a.node.cluster_status().await.unwrap();
+        status.nodes.iter().filter(|n| n.live).count() == 2
+    })
+    .await;
     raw_topic(&a.node, "t", 2).await;
-    // Each partition's leader, once both are placed.
-    let leaders = loop {
+    let leaders = || {
         let info = a.node.describe_table("kafka", "t").unwrap();
-        let leaders: Vec<u64> = info.buckets.iter().map(|x| x.leader_node_id).collect();
-        if leaders.iter().all(|l| *l == 1 || *l == 2) {
-            break leaders;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "waited 30 s for the partitions' leaders: {info:?}"
-        );
-        next_change(&a.node).await;
+        info.buckets
+            .iter()
+            .map(|x| x.leader_node_id)
+            .collect::<Vec<_>>()
     };
+    until(&a.node, "a leader for each partition", || async {
+        leaders().iter().all(|l| *l == 1 || *l == 2)
+    })
+    .await;
+    let leaders = leaders();
     let partition = 0;
     let (leader, other) = if leaders[0] == 1 { (&a, &b) } else { (&b, &a) };
     let mut socket = tokio::net::TcpStream::connect(&other.kafka).await.unwrap();
@@ -884,6 +868,19 @@ async fn run_script_with(python: PathBuf, script: &'static str, kafka: &str, arg
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Returns once `done` holds, checked at each metadata change `node` applies (or every 200
+/// ms); fails after 30 s naming `what` it waited for.
+async fn until<F: Future<Output = bool>>(node: &Node, what: &str, mut done: impl FnMut() -> F) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !done().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "waited 30 s for {what}"
+        );
+        next_change(node).await;
+    }
 }
 
 /// Returns once `node` applies its next metadata change, or after 200 ms: a wait between two
@@ -1353,14 +1350,10 @@ async fn what_kafka_offers_and_mink_does_not_map_is_refused_with_its_codes() {
     .unwrap();
     let header = ResponseHeader::decode(&mut response, 0).unwrap();
     assert_eq!(header.correlation_id, 43, "acks = 0 was answered");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while s.rows("kafka", "t", 0).await.is_empty() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the acks = 0 record was not stored within 10 s"
-        );
-        next_change(&s.node).await;
-    }
+    until(&s.node, "the acks = 0 record to be stored", || async {
+        !s.rows("kafka", "t", 0).await.is_empty()
+    })
+    .await;
     s.stop().await;
 }
 
