@@ -561,14 +561,13 @@ async fn the_coordinator_expires_offsets_on_its_own() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commits_from_outside_the_current_generation_are_refused() {
     use kafka_protocol::ResponseError;
-    use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
     use kafka_protocol::messages::offset_commit_request::{
         OffsetCommitRequestPartition, OffsetCommitRequestTopic,
     };
     use kafka_protocol::messages::sync_group_request::SyncGroupRequestAssignment;
     use kafka_protocol::messages::{
-        GroupId, JoinGroupRequest, JoinGroupResponse, OffsetCommitRequest, OffsetCommitResponse,
-        SyncGroupRequest, SyncGroupResponse,
+        GroupId, JoinGroupResponse, OffsetCommitRequest, OffsetCommitResponse, SyncGroupRequest,
+        SyncGroupResponse,
     };
     let dir = tempfile::tempdir().unwrap();
     let config = mink_kafka::KafkaConfig {
@@ -579,19 +578,7 @@ async fn commits_from_outside_the_current_generation_are_refused() {
     raw_topic(&s.node, "t", 1).await;
     let mut socket = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
     let group = || GroupId(StrBytes::from_static_str("g"));
-    let join = JoinGroupRequest::default()
-        .with_group_id(group())
-        .with_session_timeout_ms(30_000)
-        .with_rebalance_timeout_ms(30_000)
-        .with_protocol_type(StrBytes::from_static_str("consumer"))
-        .with_protocols(vec![
-            JoinGroupRequestProtocol::default()
-                .with_name(StrBytes::from_static_str("range"))
-                .with_metadata(Bytes::from_static(&[
-                    0, 0, 0, 0, 0, 1, 0, 1, b't', 0, 0, 0, 0,
-                ])),
-        ]);
-    let joined: JoinGroupResponse = ask(&mut socket, ApiKey::JoinGroup, 2, &join).await;
+    let joined: JoinGroupResponse = ask(&mut socket, ApiKey::JoinGroup, 2, &join_group("g")).await;
     assert_eq!(joined.error_code, 0, "{joined:?}");
     let (generation, member) = (joined.generation_id, joined.member_id.clone());
     let sync = SyncGroupRequest::default()
@@ -1386,6 +1373,76 @@ async fn a_fetch_waits_for_records_up_to_its_max_wait() {
         .unwrap();
     assert_eq!(fetched(response), [(0, 0, 1)]);
     s.stop().await;
+}
+
+/// A JoinGroup (v2) of a new consumer to `group`, subscribing to topic `t` (range).
+fn join_group(group: &'static str) -> kafka_protocol::messages::JoinGroupRequest {
+    use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
+    kafka_protocol::messages::JoinGroupRequest::default()
+        .with_group_id(kafka_protocol::messages::GroupId(
+            StrBytes::from_static_str(group),
+        ))
+        .with_session_timeout_ms(30_000)
+        .with_rebalance_timeout_ms(30_000)
+        .with_protocol_type(StrBytes::from_static_str("consumer"))
+        .with_protocols(vec![
+            JoinGroupRequestProtocol::default()
+                .with_name(StrBytes::from_static_str("range"))
+                .with_metadata(Bytes::from_static(&[
+                    0, 0, 0, 0, 0, 1, 0, 1, b't', 0, 0, 0, 0,
+                ])),
+        ])
+}
+
+/// A group's generations go on past a coordinator's end: the next coordinator starts the
+/// group at a generation after the last one the previous completed, so a member of the old
+/// generation cannot commit at the new coordinator.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_generation_outlives_its_coordinator() {
+    use kafka_protocol::messages::JoinGroupResponse;
+    let dir = tempfile::tempdir().unwrap();
+    let config = || mink_kafka::KafkaConfig {
+        initial_rebalance_delay: Duration::from_millis(10),
+        ..Default::default()
+    };
+    let a = serve_with(dir.path(), 1, config()).await;
+    let b = serve_with(dir.path(), 2, config()).await;
+    raw_topic(&a.node, "t", 1).await;
+    until(&a.node, "a group coordinator", || async {
+        a.node.group_coordinator().is_some()
+    })
+    .await;
+    let (first, next) = if a.node.group_coordinator() == Some(1) {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    let mut socket = tokio::net::TcpStream::connect(&first.kafka).await.unwrap();
+    let joined: JoinGroupResponse = ask(&mut socket, ApiKey::JoinGroup, 2, &join_group("g")).await;
+    assert_eq!(joined.error_code, 0, "{joined:?}");
+    let before = joined.generation_id;
+    until(&first.node, "the generation to be recorded", || async {
+        first.node.group_generation("g") == before
+    })
+    .await;
+    drop(socket);
+    first.stop().await;
+    let id = next.node.node_id();
+    until(
+        &next.node,
+        "the other node to coordinate the group",
+        || async { next.node.group_coordinator() == Some(id) },
+    )
+    .await;
+    let mut socket = tokio::net::TcpStream::connect(&next.kafka).await.unwrap();
+    let joined: JoinGroupResponse = ask(&mut socket, ApiKey::JoinGroup, 2, &join_group("g")).await;
+    assert_eq!(joined.error_code, 0, "{joined:?}");
+    assert!(
+        joined.generation_id > before,
+        "generation {} at the new coordinator, {before} at the old",
+        joined.generation_id
+    );
+    next.stop().await;
 }
 
 /// A Fetch (v11) of partition 0 of topic `t` from `offset`, waiting up to `max_wait_ms` for a
