@@ -609,6 +609,18 @@ fn a_rolling_restart_and_a_rebalance_under_load_lose_nothing() {
         eprintln!("node {n} stopped and started again; its buckets moved in {took:?}");
     }
     mink(&entry, &["node", "undrain", "4"]);
+    // A dry run prints the moves onto the empty node and makes none.
+    let plan = mink(&entry, &["cluster", "rebalance", "--dry-run"]);
+    let planned: usize = plan
+        .strip_prefix("would move ")
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        planned > 0 && plan.lines().count() == planned + 1,
+        "a dry run printed {plan}"
+    );
+    assert_eq!(led_by(4), 0, "the dry run moved buckets: {plan}");
     let moved = mink(&entry, &["cluster", "rebalance"]);
     assert!(moved.starts_with("moved "), "{moved}");
     assert!(led_by(4) > 0, "the rebalance gave node 4 buckets: {moved}");
