@@ -124,6 +124,15 @@ impl Served {
         self.node.shutdown().await;
     }
 
+    /// How many rows bucket `bucket` of `database.table` holds, read through the node.
+    async fn row_count(&self, database: &str, table: &str, bucket: u32) -> usize {
+        self.rows(database, table, bucket)
+            .await
+            .iter()
+            .map(arrow::array::RecordBatch::num_rows)
+            .sum()
+    }
+
     /// Every row of bucket `bucket` of `database.table`, read through the node.
     async fn rows(
         &self,
@@ -744,11 +753,8 @@ async fn a_produce_to_a_node_not_leading_the_partition_is_refused_with_not_leade
     let partition = 0;
     let (leader, other) = if leaders[0] == 1 { (&a, &b) } else { (&b, &a) };
     let mut socket = tokio::net::TcpStream::connect(&other.kafka).await.unwrap();
-    let response = exchange(&mut socket, &produce_frame_to(partition, encode_one()))
-        .await
-        .unwrap();
     assert_eq!(
-        produce_error(response),
+        produced(&mut socket, &produce_frame_to(partition, encode_one())).await,
         kafka_protocol::ResponseError::NotLeaderOrFollower.code()
     );
     assert!(
@@ -756,10 +762,10 @@ async fn a_produce_to_a_node_not_leading_the_partition_is_refused_with_not_leade
         "a refused write was stored"
     );
     let mut socket = tokio::net::TcpStream::connect(&leader.kafka).await.unwrap();
-    let response = exchange(&mut socket, &produce_frame_to(partition, encode_one()))
-        .await
-        .unwrap();
-    assert_eq!(produce_error(response), 0);
+    assert_eq!(
+        produced(&mut socket, &produce_frame_to(partition, encode_one())).await,
+        0
+    );
     let mut socket = tokio::net::TcpStream::connect(&other.kafka).await.unwrap();
     let response = exchange(&mut socket, &fetch_frame(&[partition]))
         .await
@@ -945,6 +951,11 @@ fn request_frame<R: Encodable>(
     frame.to_vec()
 }
 
+/// Sends a produce request `frame` and returns its partition's error code.
+async fn produced(socket: &mut tokio::net::TcpStream, frame: &[u8]) -> i16 {
+    produce_error(exchange(socket, frame).await.unwrap())
+}
+
 /// The partition error code of a produce response frame.
 fn produce_error(mut response: Bytes) -> i16 {
     let header = ResponseHeader::decode(&mut response, 0).unwrap();
@@ -976,11 +987,8 @@ async fn hostile_frames_get_errors_and_harm_nothing() {
     let mut bad_length = good.to_vec();
     bad_length[8..12].copy_from_slice(&1_000_000i32.to_be_bytes());
     for bad in [bad_crc, bad_count, bad_length, b"short".to_vec()] {
-        let response = exchange(&mut socket, &produce_frame(Bytes::from(bad)))
-            .await
-            .unwrap();
         assert_eq!(
-            produce_error(response),
+            produced(&mut socket, &produce_frame(Bytes::from(bad))).await,
             kafka_protocol::ResponseError::CorruptMessage.code()
         );
     }
@@ -989,8 +997,7 @@ async fn hostile_frames_get_errors_and_harm_nothing() {
         "a corrupt batch was stored"
     );
     // The good batch on the same connection.
-    let response = exchange(&mut socket, &produce_frame(good)).await.unwrap();
-    assert_eq!(produce_error(response), 0);
+    assert_eq!(produced(&mut socket, &produce_frame(good)).await, 0);
     // A frame claiming 2 GiB closes its connection, nothing read from it.
     let mut huge = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
     huge.write_all(&i32::MAX.to_be_bytes()).await.unwrap();
@@ -1036,11 +1043,8 @@ async fn hostile_frames_get_errors_and_harm_nothing() {
     .unwrap();
     drop(bomb);
     assert!(compressed.len() < 1 << 20, "{}", compressed.len());
-    let response = exchange(&mut socket, &produce_frame(compressed.freeze()))
-        .await
-        .unwrap();
     assert_eq!(
-        produce_error(response),
+        produced(&mut socket, &produce_frame(compressed.freeze())).await,
         kafka_protocol::ResponseError::CorruptMessage.code()
     );
     // A known API at a version it is not served at closes the connection; ApiVersions at
@@ -1075,16 +1079,8 @@ async fn hostile_frames_get_errors_and_harm_nothing() {
         }
     }
     // Others are still served; the good rows are there, once.
-    let response = exchange(&mut socket, &produce_frame(encode_one()))
-        .await
-        .unwrap();
-    assert_eq!(produce_error(response), 0);
-    let stored: usize = s
-        .rows("kafka", "t", 0)
-        .await
-        .iter()
-        .map(arrow::array::RecordBatch::num_rows)
-        .sum();
+    assert_eq!(produced(&mut socket, &produce_frame(encode_one())).await, 0);
+    let stored = s.row_count("kafka", "t", 0).await;
     assert_eq!(stored, 4);
     s.stop().await;
 }
@@ -1113,8 +1109,7 @@ async fn clients_that_stall_hold_bounded_memory_and_are_closed() {
             .map(|i| record(i, -1, -1, -1, 1000 + batch, None, Some(value.clone())))
             .collect();
         let frame = produce_frame(mink_kafka::records::encode_records(&records).unwrap());
-        let response = exchange(&mut socket, &frame).await.unwrap();
-        assert_eq!(produce_error(response), 0);
+        assert_eq!(produced(&mut socket, &frame).await, 0);
     }
     let response = exchange(&mut socket, &fetch_at(0, i32::MAX)).await.unwrap();
     assert!(
@@ -1145,10 +1140,7 @@ async fn clients_that_stall_hold_bounded_memory_and_are_closed() {
         .unwrap();
     // Another client is served meanwhile.
     let mut other = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
-    let response = exchange(&mut other, &produce_frame(encode_one()))
-        .await
-        .unwrap();
-    assert_eq!(produce_error(response), 0);
+    assert_eq!(produced(&mut other, &produce_frame(encode_one())).await, 0);
     // Both stalled clients are closed.
     let mut buf = [0u8; 1];
     let read = tokio::time::timeout(Duration::from_secs(30), partial.read(&mut buf))
@@ -1164,12 +1156,7 @@ async fn clients_that_stall_hold_bounded_memory_and_are_closed() {
     .await
     .expect("the client that read nothing was not closed within 30 s");
     // Its produce was never taken: the 128 records and the other client's one.
-    let stored: usize = s
-        .rows("kafka", "t", 0)
-        .await
-        .iter()
-        .map(arrow::array::RecordBatch::num_rows)
-        .sum();
+    let stored = s.row_count("kafka", "t", 0).await;
     assert_eq!(stored, 16 * 8 + 1);
     s.stop().await;
 }
@@ -1269,10 +1256,11 @@ async fn what_kafka_offers_and_mink_does_not_map_is_refused_with_its_codes() {
         request_frame(ApiKey::Produce, 7, 42, &request)
     };
     for topic in ["partitioned", "keyed"] {
-        let response = exchange(&mut socket, &produce_to(topic, None, -1))
-            .await
-            .unwrap();
-        assert_eq!(produce_error(response), unknown, "{topic}");
+        assert_eq!(
+            produced(&mut socket, &produce_to(topic, None, -1)).await,
+            unknown,
+            "{topic}"
+        );
     }
     // Transactions.
     let response = exchange(&mut socket, &produce_to("t", Some("tx"), -1))
@@ -1303,21 +1291,9 @@ async fn what_kafka_offers_and_mink_does_not_map_is_refused_with_its_codes() {
         sequence: 0,
         ..record(0, 7, 0, 0, 5, None, Some("tx".into()))
     };
-    let mut batch = BytesMut::new();
-    kafka_protocol::records::RecordBatchEncoder::encode(
-        &mut batch,
-        [&transactional],
-        &kafka_protocol::records::RecordEncodeOptions {
-            version: 2,
-            compression: kafka_protocol::records::Compression::None,
-        },
-    )
-    .unwrap();
-    let response = exchange(&mut socket, &produce_frame(batch.freeze()))
-        .await
-        .unwrap();
+    let batch = mink_kafka::records::encode_records(&[transactional]).unwrap();
     assert_eq!(
-        produce_error(response),
+        produced(&mut socket, &produce_frame(batch)).await,
         ResponseError::CorruptMessage.code()
     );
     assert!(
@@ -1349,9 +1325,7 @@ async fn what_kafka_offers_and_mink_does_not_map_is_refused_with_its_codes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fetch_waits_for_records_up_to_its_max_wait() {
     let dir = tempfile::tempdir().unwrap();
-    let s = serve(dir.path()).await;
-    raw_topic(&s.node, "t", 1).await;
-    let mut socket = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
+    let (s, mut socket) = serve_topic(dir.path()).await;
     let started = tokio::time::Instant::now();
     let response = exchange(&mut socket, &fetch_waiting(0, 300)).await.unwrap();
     assert!(
@@ -1363,10 +1337,10 @@ async fn a_fetch_waits_for_records_up_to_its_max_wait() {
     // A fetch that may wait 60 s, then a record produced from another connection.
     socket.write_all(&fetch_waiting(0, 60_000)).await.unwrap();
     let mut producer = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
-    let response = exchange(&mut producer, &produce_frame(encode_one()))
-        .await
-        .unwrap();
-    assert_eq!(produce_error(response), 0);
+    assert_eq!(
+        produced(&mut producer, &produce_frame(encode_one())).await,
+        0
+    );
     let response = tokio::time::timeout(Duration::from_secs(30), exchange(&mut socket, &[]))
         .await
         .expect("the waiting fetch was not answered within 30 s of the record")
@@ -1448,34 +1422,23 @@ async fn a_group_generation_outlives_its_coordinator() {
 /// A Fetch (v11) of partition 0 of topic `t` from `offset`, waiting up to `max_wait_ms` for a
 /// byte.
 fn fetch_waiting(offset: i64, max_wait_ms: i32) -> Vec<u8> {
-    use kafka_protocol::messages::FetchRequest;
-    use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
-    let request = FetchRequest::default()
-        .with_replica_id(kafka_protocol::messages::BrokerId(-1))
-        .with_max_wait_ms(max_wait_ms)
-        .with_min_bytes(1)
-        .with_max_bytes(1 << 20)
-        .with_topics(vec![
-            FetchTopic::default()
-                .with_topic(TopicName(StrBytes::from_static_str("t")))
-                .with_partitions(vec![
-                    FetchPartition::default()
-                        .with_partition(0)
-                        .with_fetch_offset(offset)
-                        .with_partition_max_bytes(1 << 20),
-                ]),
-        ]);
-    request_frame(ApiKey::Fetch, 11, 43, &request)
+    fetch_from(offset, max_wait_ms, 1 << 20)
 }
 
 /// A Fetch (v11) of partition 0 of topic `t` from `offset`, asking for `max_bytes` at most
 /// (the response's and the partition's) and waiting for nothing.
 fn fetch_at(offset: i64, max_bytes: i32) -> Vec<u8> {
+    fetch_from(offset, 0, max_bytes)
+}
+
+/// A Fetch (v11) of partition 0 of topic `t` from `offset`: `max_bytes` for the response and
+/// the partition, waiting up to `max_wait_ms` for a byte.
+fn fetch_from(offset: i64, max_wait_ms: i32, max_bytes: i32) -> Vec<u8> {
     use kafka_protocol::messages::FetchRequest;
     use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
     let request = FetchRequest::default()
         .with_replica_id(kafka_protocol::messages::BrokerId(-1))
-        .with_max_wait_ms(0)
+        .with_max_wait_ms(max_wait_ms)
         .with_min_bytes(1)
         .with_max_bytes(max_bytes)
         .with_topics(vec![
@@ -1499,9 +1462,7 @@ fn fetch_at(offset: i64, max_bytes: i32) -> Vec<u8> {
 async fn idempotent_producers_store_a_retried_batch_once() {
     use kafka_protocol::messages::{InitProducerIdRequest, InitProducerIdResponse};
     let dir = tempfile::tempdir().unwrap();
-    let s = serve(dir.path()).await;
-    raw_topic(&s.node, "t", 1).await;
-    let mut socket = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
+    let (s, mut socket) = serve_topic(dir.path()).await;
     let version = 1;
     let request = InitProducerIdRequest::default().with_transaction_timeout_ms(60_000);
     let init: InitProducerIdResponse =
@@ -1583,12 +1544,7 @@ async fn idempotent_producers_store_a_retried_batch_once() {
         base(exchange(&mut socket, &unknown).await.unwrap()).0,
         kafka_protocol::ResponseError::UnknownProducerId.code()
     );
-    let stored: usize = s
-        .rows("kafka", "t", 0)
-        .await
-        .iter()
-        .map(arrow::array::RecordBatch::num_rows)
-        .sum();
+    let stored = s.row_count("kafka", "t", 0).await;
     assert_eq!(stored, 6);
     s.stop().await;
 }
@@ -1704,9 +1660,7 @@ async fn a_fetch_does_not_wait_for_a_partition_reading_from_the_store() {
 async fn records_are_stored_compressed_as_their_producer_sent_them() {
     use kafka_protocol::records::{Compression, RecordBatchEncoder, RecordEncodeOptions};
     let dir = tempfile::tempdir().unwrap();
-    let s = serve(dir.path()).await;
-    raw_topic(&s.node, "t", 1).await;
-    let mut socket = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
+    let (s, mut socket) = serve_topic(dir.path()).await;
     // 50 records of 1 000 identical bytes: 50 000 bytes uncompressed, a few hundred compressed.
     let records: Vec<_> = (0..50)
         .map(|i| record(i, -1, -1, -1, 1_000 + i, None, Some("a".repeat(1_000))))
@@ -1837,6 +1791,14 @@ fn record(
         value: value.map(Bytes::from),
         headers: Default::default(),
     }
+}
+
+/// A node serving Kafka from `dir` with topic `t` (raw, one partition), and a connection to it.
+async fn serve_topic(dir: &std::path::Path) -> (Served, tokio::net::TcpStream) {
+    let s = serve(dir).await;
+    raw_topic(&s.node, "t", 1).await;
+    let socket = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
+    (s, socket)
 }
 
 /// Creates topic `name` (a raw log table of database `kafka`) with `partitions` buckets.
