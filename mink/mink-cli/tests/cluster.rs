@@ -39,13 +39,15 @@ fn mink(address: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn create_tables(address: &str) {
+/// Log table `app.<name>` of `rows`' columns, in six buckets by id.
+fn create_log_table(address: &str, name: &str) {
+    let table = format!("app.{name}");
     mink(
         address,
         &[
             "table",
             "create",
-            "app.events",
+            &table,
             "-c",
             "id Int64 not null",
             "-c",
@@ -56,6 +58,10 @@ fn create_tables(address: &str) {
             "id",
         ],
     );
+}
+
+fn create_tables(address: &str) {
+    create_log_table(address, "events");
     mink(
         address,
         &[
@@ -316,22 +322,7 @@ fn a_cluster_keeps_every_acknowledged_row_when_nodes_are_killed() {
     create_tables(&entry);
     // A table of its own to time the failover by: a write that spans its six buckets is
     // acknowledged once every one of them, the victim's too, takes writes again.
-    mink(
-        &entry,
-        &[
-            "table",
-            "create",
-            "app.probe",
-            "-c",
-            "id Int64 not null",
-            "-c",
-            "msg Utf8",
-            "--bucket-num",
-            "6",
-            "--bucket-key",
-            "id",
-        ],
-    );
+    create_log_table(&entry, "probe");
     let runtime = runtime();
     let client = runtime.block_on(Client::connect(&entry)).unwrap();
     let probe = runtime
