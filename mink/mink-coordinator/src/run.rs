@@ -216,15 +216,12 @@ impl Coordinator<'_> {
         let now_ms = u64::try_from(self.streams.now_ms()).unwrap_or(0);
         let retention_ms =
             u64::try_from(self.config.group_offsets_retention.as_millis()).unwrap_or(u64::MAX);
-        let view = self.sink.view();
-        let mut last_commit: BTreeMap<&str, u64> = BTreeMap::new();
-        for r in view.state.group_offsets.values() {
-            let last = last_commit.entry(r.group_id.as_str()).or_default();
-            *last = (*last).max(r.committed_at_ms);
-        }
-        if !last_commit
-            .values()
-            .any(|last| last.saturating_add(retention_ms) <= now_ms)
+        if self
+            .sink
+            .view()
+            .state
+            .groups_past_retention(now_ms, retention_ms)
+            .is_empty()
         {
             return;
         }

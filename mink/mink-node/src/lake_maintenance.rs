@@ -72,21 +72,16 @@ impl LakeMaintenanceDuty {
         let view = node.view();
         let now_ms = node.inner.config.clock.now_ms();
         for (table, freshness, options) in crate::tiering::lake_tables(&view) {
-            let since = *self
-                .last
-                .lock()
-                .expect("maintenance schedule")
-                .entry(table.table_id)
-                .or_insert(now_ms);
             let due = u64::try_from(interval(freshness, &options.lake_maintenance).as_millis())
                 .unwrap_or(u64::MAX);
-            if now_ms.saturating_sub(since) < due {
-                continue;
+            {
+                let mut last = self.last.lock().expect("maintenance schedule");
+                let since = last.entry(table.table_id).or_insert(now_ms);
+                if now_ms.saturating_sub(*since) < due {
+                    continue;
+                }
+                *since = now_ms;
             }
-            self.last
-                .lock()
-                .expect("maintenance schedule")
-                .insert(table.table_id, now_ms);
             if let Err(e) = maintain_table(node, epoch, table).await {
                 tracing::warn!(error = %e, table = %table.name, "lake maintenance failed");
             }

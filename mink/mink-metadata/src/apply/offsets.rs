@@ -118,19 +118,24 @@ impl State {
         }
     }
 
-    pub(super) fn expire_group_offsets(&mut self, c: &ExpireGroupOffsets) -> CommandResult {
+    /// The groups whose last commit is `retention_ms` or more before `now_ms`: what
+    /// [`ExpireGroupOffsets`] drops (the coordinator asks first, to propose only when some are).
+    pub fn groups_past_retention(&self, now_ms: u64, retention_ms: u64) -> Vec<String> {
         let mut last_commit: BTreeMap<&String, u64> = BTreeMap::new();
         for r in self.group_offsets.values() {
             let last = last_commit.entry(&r.group_id).or_default();
             *last = (*last).max(r.committed_at_ms);
         }
-        let expired: Vec<String> = last_commit
+        last_commit
             .into_iter()
-            .filter(|(_, last)| last.saturating_add(c.retention_ms) <= c.now_ms)
+            .filter(|(_, last)| last.saturating_add(retention_ms) <= now_ms)
             .map(|(g, _)| g.clone())
-            .collect();
+            .collect()
+    }
+
+    pub(super) fn expire_group_offsets(&mut self, c: &ExpireGroupOffsets) -> CommandResult {
         let mut n = 0u64;
-        for group in expired {
+        for group in self.groups_past_retention(c.now_ms, c.retention_ms) {
             let keys = self.group_keys(&group);
             n += remove_where(&mut self.group_offsets, keys) as u64;
         }
