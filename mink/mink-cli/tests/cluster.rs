@@ -343,19 +343,12 @@ fn a_cluster_keeps_every_acknowledged_row_when_nodes_are_killed() {
     cluster.signal(victim, "KILL");
     let killed = Instant::now();
     let took = until_failed_over(&runtime, &entry, victim);
-    // Served again: the first acknowledged write across every bucket, the victim's included.
-    let mut first = 0;
-    let served = loop {
-        match runtime.block_on(prober.write(&rows(0, first, 60))) {
-            Ok(_) => break killed.elapsed(),
-            Err(e) => assert!(
-                killed.elapsed() < Duration::from_millis(4 * TTL_MS),
-                "no write to the probe's buckets acknowledged within 4 TTLs: {e}"
-            ),
-        }
-        first += 60;
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    // Served again: a write across every bucket, the victim's included, acknowledged (the
+    // client follows redirects and retries until its deadline).
+    runtime
+        .block_on(prober.write(&rows(0, 0, 60)))
+        .expect("a write to the probe's buckets after the failover");
+    let served = killed.elapsed();
     eprintln!(
         "SIGKILL of node {victim}: its buckets had new leaders after {took:?}, took writes again \
          after {served:?} ({:.2} lease TTLs)",
@@ -548,6 +541,7 @@ fn a_paused_node_makes_nothing_visible_after_its_buckets_moved() {
         .rsplit_once(':')
         .and_then(|(_, p)| p.parse().ok())
         .unwrap();
+    // (Polled: the kernel tells no one when bytes wait in a socket.)
     let deadline = Instant::now() + Duration::from_secs(20);
     while queued_to(port) == 0 {
         assert!(

@@ -1147,14 +1147,18 @@ async fn clients_that_stall_hold_bounded_memory_and_are_closed() {
         .await
         .expect("the client that sent part of a frame was not closed within 30 s");
     assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
-    // The one not reading learns it when a write fails (its answers are unread).
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while stalled.write_all(&[0]).await.is_ok() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
+    // The one not reading learns it when a write fails: the node reads nothing more from it,
+    // so a large write fills the socket buffers and waits until the close resets it.
+    let written = tokio::time::timeout(
+        Duration::from_secs(30),
+        stalled.write_all(&vec![0u8; 64 << 20]),
+    )
     .await
     .expect("the client that read nothing was not closed within 30 s");
+    assert!(
+        written.is_err(),
+        "a 64 MiB write to a closed connection went through"
+    );
     // Its produce was never taken: the 128 records and the other client's one.
     let stored = s.row_count("kafka", "t", 0).await;
     assert_eq!(stored, 16 * 8 + 1);

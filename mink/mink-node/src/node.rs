@@ -351,7 +351,7 @@ pub(crate) struct Inner {
     /// Reads served here (`Node::reads_served`).
     pub(crate) reads_served: AtomicU64,
     /// Retention passes finished (`Node::retention_passes`).
-    pub(crate) retention_passes: AtomicU64,
+    pub(crate) retention_passes: watch::Sender<u64>,
     /// Table id → log-tail rows queries reported scanning since its last round here.
     pub(crate) tail_demand: Mutex<HashMap<u64, u64>>,
     /// Held through a tiering round: the scheduler's and `tier_now`'s rounds of a table would
@@ -422,7 +422,7 @@ impl Node {
                 forwarder: RwLock::new(None),
                 lake_rounds: AtomicU64::new(0),
                 reads_served: AtomicU64::new(0),
-                retention_passes: AtomicU64::new(0),
+                retention_passes: watch::channel(0).0,
                 tail_demand: Default::default(),
                 tiering: Default::default(),
                 kv_opening: tokio::sync::Mutex::new(()),

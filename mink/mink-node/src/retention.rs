@@ -53,19 +53,21 @@ pub(crate) async fn run(node: Node) {
                 Err(e) => tracing::info!(error = %e, stream_id, "retention could not trim"),
             }
         }
-        node.inner
-            .retention_passes
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        node.inner.retention_passes.send_modify(|n| *n += 1);
     }
 }
 
 impl Node {
-    /// Retention passes over the buckets this node leads, finished so far (a test's event
-    /// for "retention has looked").
+    /// Retention passes over the buckets this node leads, finished so far.
     pub fn retention_passes(&self) -> u64 {
-        self.inner
-            .retention_passes
-            .load(std::sync::atomic::Ordering::Relaxed)
+        *self.inner.retention_passes.borrow()
+    }
+
+    /// Returns once retention has finished `n` passes (a test's event for "retention has
+    /// looked").
+    pub async fn retention_passes_reach(&self, n: u64) {
+        let mut passes = self.inner.retention_passes.subscribe();
+        let _ = passes.wait_for(|p| *p >= n).await;
     }
 }
 

@@ -136,7 +136,7 @@ impl Membership {
 
     async fn renew(&mut self, limit: Duration) {
         let node = self.shared.node();
-        SinkStats::add(&self.shared.stats.lease_attempts, 1);
+        self.shared.stats.add_told(|s| &s.lease_attempts, 1);
         let sent = Instant::now();
         let ttl_ms = self.shared.config.lease_ttl_ms();
         let grant = match timeout(
@@ -429,7 +429,7 @@ pub(crate) async fn run_maintenance(shared: Arc<Shared>, queue: mpsc::Sender<Vec
         let Some(epoch) = held else { continue };
         loop {
             tokio::select! {
-                _ = m.step(epoch) => SinkStats::add(&shared.stats.maintenance_steps, 1),
+                _ = m.step(epoch) => shared.stats.add_told(|s| &s.maintenance_steps, 1),
                 _ = lease.wait_for(|s| s.coordinator_epoch() != Some(epoch)) => break,
                 _ = shutdown.changed() => return,
             }

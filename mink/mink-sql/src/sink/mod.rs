@@ -67,6 +67,8 @@ pub struct SinkStats {
     /// Maintenance steps the lease holder finished (snapshot, truncation and metadata version
     /// checks): a test's event for "the holder has looked".
     pub maintenance_steps: AtomicU64,
+    /// Told when `lease_attempts` or `maintenance_steps` moves ([`SinkStats::reaches`]).
+    counted: Notify,
 }
 
 impl SinkStats {
@@ -76,6 +78,26 @@ impl SinkStats {
 
     pub(crate) fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// [`SinkStats::add`] of a counter waiters are told about.
+    pub(crate) fn add_told(&self, counter: fn(&SinkStats) -> &AtomicU64, n: u64) {
+        Self::add(counter(self), n);
+        self.counted.notify_waiters();
+    }
+
+    /// Returns once `counter` reaches `n`, so a test sees the lease loop or the holder's
+    /// maintenance at work without polling. Only `lease_attempts` and `maintenance_steps` are
+    /// told; another counter waits for one of them to move.
+    pub async fn reaches(&self, counter: fn(&SinkStats) -> &AtomicU64, n: u64) {
+        loop {
+            let mut told = std::pin::pin!(self.counted.notified());
+            told.as_mut().enable();
+            if Self::get(counter(self)) >= n {
+                return;
+            }
+            told.await;
+        }
     }
 }
 

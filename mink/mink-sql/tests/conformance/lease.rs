@@ -74,16 +74,12 @@ async fn freeze_the_holder(db: &TestDb) -> (Sink, std::sync::Arc<Faults>, Sink, 
     let b = start(db, config(2)).await;
     let mut b_lease = b.lease();
     // B has tried for the lease a few times while A holds it.
-    let tried = || SinkStats::get(&b.stats().lease_attempts);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while tried() < 3 {
-        assert!(
-            Instant::now() < deadline,
-            "B tried for the lease {} times in 30 s",
-            tried()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        b.stats().reaches(|s| &s.lease_attempts, 3),
+    )
+    .await
+    .expect("B did not try for the lease three times within 30 s");
     assert_eq!(
         b_lease.borrow().coordinator_epoch(),
         None,

@@ -57,16 +57,12 @@ async fn an_old_binary_is_never_fed_a_newer_command(db: TestDb) {
     .unwrap()
     .unwrap();
     // The holder has looked at the versions the nodes support twice.
-    let looked = || SinkStats::get(&new.stats().maintenance_steps);
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while looked() < 2 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the lease holder ran {} maintenance steps in 30 s",
-            looked()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        new.stats().reaches(|s| &s.maintenance_steps, 2),
+    )
+    .await
+    .expect("the lease holder did not run two maintenance steps within 30 s");
     assert_eq!(
         new.view().state.metadata_version,
         1,
