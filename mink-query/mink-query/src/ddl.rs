@@ -15,8 +15,8 @@ use datafusion::logical_expr::{DdlStatement, LogicalPlan};
 use datafusion::prelude::SessionContext;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::{
-    CreateTableOptions, Expr, HiveDistributionStyle, ObjectName, ObjectType, SchemaName, SqlOption,
-    Statement, Value,
+    ArrayElemTypeDef, ColumnDef, CreateTableOptions, DataType as SqlType, Expr,
+    HiveDistributionStyle, ObjectName, ObjectType, SchemaName, SqlOption, Statement, Value,
 };
 use mink_client::{Client, protocol};
 
@@ -86,8 +86,8 @@ pub async fn run(ctx: &SessionContext, client: &Client, statement: &DfStatement)
                 }
             }
             let (database, table) = names(&create.name)?;
-            let plan = ctx
-                .state()
+            lake_timestamps(&mut stripped.columns);
+            let plan = column_planner(ctx)
                 .statement_to_plan(DfStatement::Statement(Box::new(Statement::CreateTable(
                     stripped,
                 ))))
@@ -201,7 +201,11 @@ async fn alter_table(
     let mut added = Vec::new();
     for op in &alter.operations {
         match op {
-            Op::AddColumn { column_def, .. } => added.push(column_def.clone()),
+            Op::AddColumn { column_def, .. } => {
+                let mut column = column_def.clone();
+                lake_timestamps(std::slice::from_mut(&mut column));
+                added.push(column);
+            }
             Op::SetOptionsParens { options }
             | Op::SetTblProperties {
                 table_properties: options,
@@ -229,7 +233,7 @@ async fn alter_table(
                 .collect::<Vec<_>>()
                 .join(", ")
         );
-        let plan = ctx.state().create_logical_plan(&probe).await?;
+        let plan = column_planner(ctx).create_logical_plan(&probe).await?;
         let LogicalPlan::Ddl(DdlStatement::CreateMemoryTable(c)) = plan else {
             return Err(DataFusionError::Internal(
                 "ADD COLUMN planned otherwise".into(),
@@ -256,6 +260,43 @@ async fn alter_table(
     }
     client.alter_table(&change).await.map_err(client_error)?;
     Ok(())
+}
+
+/// `TIMESTAMP` columns as Postgres, Spark and Iceberg type them: microseconds unless a
+/// precision is given. DataFusion's nanoseconds are a format-v3 Iceberg type that pyiceberg and
+/// DuckDB cannot read in the v2 lake tables Mink writes.
+fn lake_timestamps(columns: &mut [ColumnDef]) {
+    fn micros(t: &mut SqlType) {
+        match t {
+            SqlType::Timestamp(precision @ None, _) => *precision = Some(6),
+            SqlType::Array(
+                ArrayElemTypeDef::AngleBracket(t)
+                | ArrayElemTypeDef::SquareBracket(t, _)
+                | ArrayElemTypeDef::Parenthesis(t),
+            ) => micros(t),
+            SqlType::Struct(fields, _) => {
+                for f in fields {
+                    micros(&mut f.field_type);
+                }
+            }
+            SqlType::Map(k, v) => {
+                micros(k);
+                micros(v);
+            }
+            _ => {}
+        }
+    }
+    for c in columns {
+        micros(&mut c.data_type);
+    }
+}
+
+/// A planner for column definitions: `TIMESTAMP WITH TIME ZONE` (`TIMESTAMPTZ`) is in UTC,
+/// where DataFusion takes the session's time zone (none by default, so no zone at all).
+fn column_planner(ctx: &SessionContext) -> datafusion::execution::SessionState {
+    let mut state = ctx.state();
+    state.config_mut().options_mut().execution.time_zone = Some("UTC".into());
+    state
 }
 
 /// An identifier as DataFusion resolves it: unquoted names are lowercase.

@@ -510,6 +510,69 @@ async fn insert_into_log_and_primary_key_tables() {
     c.stop().await;
 }
 
+/// SQL's `TIMESTAMP` is microseconds (as in Postgres, Spark and Iceberg, whose v2 tables have
+/// no nanoseconds), `TIMESTAMPTZ` microseconds in UTC; a lake table refuses nanoseconds when it
+/// is created, naming the column.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_timestamps_are_microseconds() {
+    use arrow::datatypes::{DataType, TimeUnit};
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path()).await;
+    c.rows("CREATE SCHEMA app").await;
+    c.rows(
+        "CREATE TABLE app.ts (id BIGINT NOT NULL, at TIMESTAMP, at_utc TIMESTAMPTZ, \
+         at_tz TIMESTAMP WITH TIME ZONE, at_ns TIMESTAMP(9)) WITH ('bucket.num' = '1')",
+    )
+    .await;
+    c.rows("ALTER TABLE app.ts ADD COLUMN later TIMESTAMPTZ")
+        .await;
+    let schema = c.client.schema("app", "ts").await.unwrap();
+    let types: Vec<DataType> = schema
+        .fields()
+        .iter()
+        .skip(1)
+        .map(|f| f.data_type().clone())
+        .collect();
+    let utc = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
+    assert_eq!(
+        types,
+        vec![
+            DataType::Timestamp(TimeUnit::Microsecond, None),
+            utc.clone(),
+            utc.clone(),
+            DataType::Timestamp(TimeUnit::Nanosecond, None),
+            utc,
+        ]
+    );
+    // A lake table with timestamps tiers and reads back.
+    c.rows(
+        "CREATE TABLE app.lts (id BIGINT NOT NULL, at TIMESTAMP, at_utc TIMESTAMPTZ) WITH \
+         ('bucket.num' = '1', 'table.datalake.enabled' = 'true', 'table.datalake.freshness' = '1h')",
+    )
+    .await;
+    c.rows(
+        "INSERT INTO app.lts VALUES (1, TIMESTAMP '2026-01-02 03:04:05.123456', \
+         TIMESTAMP '2026-01-02 03:04:05Z')",
+    )
+    .await;
+    tier_now(&c, "lts").await;
+    assert_eq!(
+        c.rows("SELECT at, at_utc FROM app.\"lts$lake\"").await,
+        strings(&[&["2026-01-02T03:04:05.123456", "2026-01-02T03:04:05Z"]])
+    );
+    let refused = c
+        .error(
+            "CREATE TABLE app.lns (id BIGINT NOT NULL, at_ns TIMESTAMP(9)) WITH \
+             ('bucket.num' = '1', 'table.datalake.enabled' = 'true')",
+        )
+        .await;
+    assert!(
+        refused.contains("at_ns") && refused.contains("use microseconds"),
+        "{refused}"
+    );
+    c.stop().await;
+}
+
 /// A table tiered into the lake: the table is the union of lake and log, `t$lake` its lake
 /// snapshot, `t$log` its log; filters prune the lake's side too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

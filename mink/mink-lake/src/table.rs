@@ -36,7 +36,33 @@ pub(crate) fn column_type(field: &Field) -> LakeResult<NestedFieldRef> {
             column: field.name().clone(),
             reason: format!("{} has no Iceberg type ({e})", field.data_type()),
         })?;
-    Ok(Arc::clone(&converted.as_struct().fields()[0]))
+    let column = Arc::clone(&converted.as_struct().fields()[0]);
+    // Nanosecond timestamps are Iceberg format v3; Mink's lake tables are v2, which pyiceberg
+    // and DuckDB read.
+    if has_nanoseconds(&column.field_type) {
+        return Err(LakeError::Incompatible {
+            column: field.name().clone(),
+            reason: format!(
+                "{} has nanosecond precision, which Iceberg format v2 cannot hold: use microseconds (TIMESTAMP or TIMESTAMP(6) in SQL, Timestamp(µs) in Arrow)",
+                field.data_type()
+            ),
+        });
+    }
+    Ok(column)
+}
+
+/// Whether `t` is or holds a nanosecond timestamp.
+fn has_nanoseconds(t: &Type) -> bool {
+    match t {
+        Type::Primitive(p) => {
+            matches!(p, PrimitiveType::TimestampNs | PrimitiveType::TimestamptzNs)
+        }
+        Type::Struct(s) => s.fields().iter().any(|f| has_nanoseconds(&f.field_type)),
+        Type::List(l) => has_nanoseconds(&l.element_field.field_type),
+        Type::Map(m) => {
+            has_nanoseconds(&m.key_field.field_type) || has_nanoseconds(&m.value_field.field_type)
+        }
+    }
 }
 
 /// The Iceberg schema of a Mink table's lake: `columns` (with the Iceberg types of their Arrow
@@ -165,4 +191,58 @@ pub fn check_compatible(existing: &Schema, columns: &ArrowSchema) -> LakeResult<
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::datatypes::{DataType, Field, Schema as ArrowSchema, TimeUnit};
+
+    use super::*;
+
+    /// A nanosecond timestamp, alone or nested, is refused by name; microseconds are Iceberg's
+    /// `timestamp` and `timestamptz`.
+    #[test]
+    fn nanosecond_timestamps_are_refused() {
+        let ns = DataType::Timestamp(TimeUnit::Nanosecond, None);
+        for (name, t) in [
+            ("at", ns.clone()),
+            (
+                "at_utc",
+                DataType::Timestamp(TimeUnit::Nanosecond, Some("UTC".into())),
+            ),
+            (
+                "ats",
+                DataType::List(Arc::new(Field::new("item", ns, true))),
+            ),
+        ] {
+            let columns = ArrowSchema::new(vec![
+                Field::new("id", DataType::Int64, false),
+                Field::new(name, t, true),
+            ]);
+            match lake_schema(&columns) {
+                Err(LakeError::Incompatible { column, reason }) => {
+                    assert_eq!(column, name);
+                    assert!(reason.contains("use microseconds"), "{reason}");
+                }
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+        let columns = ArrowSchema::new(vec![
+            Field::new("at", DataType::Timestamp(TimeUnit::Microsecond, None), true),
+            Field::new(
+                "at_utc",
+                DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+                true,
+            ),
+        ]);
+        let schema = lake_schema(&columns).unwrap();
+        assert_eq!(
+            *schema.field_by_name("at").unwrap().field_type,
+            Type::Primitive(PrimitiveType::Timestamp)
+        );
+        assert_eq!(
+            *schema.field_by_name("at_utc").unwrap().field_type,
+            Type::Primitive(PrimitiveType::Timestamptz)
+        );
+    }
 }
