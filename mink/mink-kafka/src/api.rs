@@ -49,16 +49,18 @@ use mink_node::{BucketRef, Node, NodeError, TableInfo, TableSpec, WriteTarget, W
 
 use crate::conn::{Answer, Context};
 use crate::records::{self, RecordError};
-use crate::{error_code, table_of, topic_of};
+use crate::{error_code, invalid_topic_name, table_of, topic_of};
 
 /// The versions advertised, per API: within what `kafka-protocol` speaks, and what librdkafka,
-/// kafka-python and aiokafka negotiate (see ../shared/FACTS.md). Metadata stops at 9 (topic
-/// ids come with 10), Fetch at 12 and Produce at 9 (before topic ids), ListOffsets at 7.
+/// kafka-python and aiokafka negotiate (see ../shared/FACTS.md). Metadata goes to 12, with
+/// topic ids: librdkafka sizes its parse buffer at four times an answer's bytes, and without
+/// the ids' 16 bytes a topic an answer of a dozen topics overflows it. Fetch stops at 12 and
+/// Produce at 9 (before topic ids), ListOffsets at 6 (7 adds the max-timestamp query).
 const VERSIONS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::Produce, 3, 9),
     (ApiKey::Fetch, 4, 12),
-    (ApiKey::ListOffsets, 1, 7),
-    (ApiKey::Metadata, 0, 9),
+    (ApiKey::ListOffsets, 1, 6),
+    (ApiKey::Metadata, 0, 12),
     (ApiKey::ApiVersions, 0, 3),
     (ApiKey::CreateTopics, 2, 7),
     (ApiKey::InitProducerId, 0, 4),
@@ -271,46 +273,77 @@ fn metadata(cx: &Context, request: &MetadataRequest) -> MetadataResponse {
                 .with_port(*port)
         })
         .collect();
-    let names: Vec<String> = match &request.topics {
-        Some(topics) => topics
+    let version = cx.header.request_api_version;
+    // Named topics, or by id (version 10 on, with no name); none named lists every topic (an
+    // empty list too in version 0).
+    let asked: Vec<std::result::Result<String, uuid::Uuid>> = match &request.topics {
+        Some(topics) if !(topics.is_empty() && version == 0) => topics
             .iter()
-            .filter_map(|t| t.name.as_ref().map(|n| n.0.as_str().to_string()))
+            .map(|t| match &t.name {
+                Some(n) if !n.0.is_empty() || t.topic_id.is_nil() => Ok(n.0.to_string()),
+                _ => Err(t.topic_id),
+            })
             .collect(),
-        None => view
+        _ => view
             .state
             .tables
             .values()
             .filter(|t| t.primary_key.is_empty() && t.partition_keys.is_empty())
-            .map(|t| topic_of(&cx.config, &t.database, &t.name))
+            .filter_map(|t| {
+                let topic = topic_of(&cx.config, &t.database, &t.name);
+                // A table another one shadows (see `table_of`) is not a topic.
+                (table_of(&cx.node, &cx.config, &topic) == (t.database.clone(), t.name.clone()))
+                    .then_some(Ok(topic))
+            })
             .collect(),
     };
-    let topics = names
-        .iter()
-        .map(|name| {
-            let topic = MetadataResponseTopic::default().with_name(Some(topic_name(name)));
-            match topic_table(cx, name) {
+    let topics = asked
+        .into_iter()
+        .map(|asked| {
+            let name = match asked {
+                Ok(name) => name,
+                Err(id) => match view
+                    .state
+                    .tables
+                    .values()
+                    .find(|t| topic_id(t.table_id) == id)
+                {
+                    Some(t) => topic_of(&cx.config, &t.database, &t.name),
+                    None => {
+                        return MetadataResponseTopic::default()
+                            .with_topic_id(id)
+                            .with_error_code(ResponseError::UnknownTopicId.code());
+                    }
+                },
+            };
+            let topic = MetadataResponseTopic::default().with_name(Some(topic_name(&name)));
+            match topic_table(cx, &name) {
                 Err(code) => topic.with_error_code(code.code()),
-                Ok(info) => topic.with_partitions(
-                    info.buckets
-                        .iter()
-                        .map(|b| {
-                            let p = MetadataResponsePartition::default()
-                                .with_partition_index(i32::try_from(b.bucket).unwrap_or(i32::MAX))
-                                .with_leader_epoch(
-                                    i32::try_from(b.leader_epoch).unwrap_or(i32::MAX),
-                                );
-                            if kafka_nodes.contains_key(&b.leader_node_id) {
-                                let leader = broker(b.leader_node_id);
-                                p.with_leader_id(leader)
-                                    .with_replica_nodes(vec![leader])
-                                    .with_isr_nodes(vec![leader])
-                            } else {
-                                p.with_error_code(ResponseError::LeaderNotAvailable.code())
-                                    .with_leader_id(BrokerId(-1))
-                            }
-                        })
-                        .collect(),
-                ),
+                Ok(info) => topic
+                    .with_topic_id(topic_id(info.table_id))
+                    .with_partitions(
+                        info.buckets
+                            .iter()
+                            .map(|b| {
+                                let p = MetadataResponsePartition::default()
+                                    .with_partition_index(
+                                        i32::try_from(b.bucket).unwrap_or(i32::MAX),
+                                    )
+                                    .with_leader_epoch(
+                                        i32::try_from(b.leader_epoch).unwrap_or(i32::MAX),
+                                    );
+                                if kafka_nodes.contains_key(&b.leader_node_id) {
+                                    let leader = broker(b.leader_node_id);
+                                    p.with_leader_id(leader)
+                                        .with_replica_nodes(vec![leader])
+                                        .with_isr_nodes(vec![leader])
+                                } else {
+                                    p.with_error_code(ResponseError::LeaderNotAvailable.code())
+                                        .with_leader_id(BrokerId(-1))
+                                }
+                            })
+                            .collect(),
+                    ),
             }
         })
         .collect();
@@ -319,6 +352,12 @@ fn metadata(cx: &Context, request: &MetadataRequest) -> MetadataResponse {
         .with_cluster_id(Some(StrBytes::from_static_str("mink")))
         .with_controller_id(broker(cx.node.node_id()))
         .with_topics(topics)
+}
+
+/// A topic's id (Metadata 10 on): its table's id under a prefix of Mink's own, so a topic
+/// dropped and created again gets a new one, as in Kafka.
+pub(crate) fn topic_id(table_id: u64) -> uuid::Uuid {
+    uuid::Uuid::from_u64_pair(u64::from_be_bytes(*b"mink\0tid"), table_id)
 }
 
 fn broker(node_id: u64) -> BrokerId {
@@ -336,7 +375,9 @@ async fn create_topics(cx: &Context, request: CreateTopicsRequest) -> CreateTopi
         } else {
             t.num_partitions
         };
-        let refused = if partitions < 1 {
+        let refused = if let Some(why) = invalid_topic_name(&name) {
+            Some((ResponseError::InvalidTopicException, why))
+        } else if partitions < 1 {
             Some((
                 ResponseError::InvalidPartitions,
                 format!("{partitions} partitions: a topic needs at least one"),
@@ -519,7 +560,7 @@ async fn produce(cx: Context, request: ProduceRequest) -> Result<Answer> {
                             if let Some(b) = info.buckets.iter().find(|b| b.bucket == bucket) {
                                 produced.start = i64::try_from(b.start_offset).unwrap_or(-1);
                             }
-                            match rows_of(info, p.records.as_ref()) {
+                            match rows_of(info, bucket, p.records.as_ref()) {
                                 Err(e) => {
                                     if let RecordError::Invalid { index, reason } = &e {
                                         produced.batch_errors.push(
@@ -634,10 +675,14 @@ fn written(
 /// stream checks as Kafka does (start at 0, no gaps, duplicates answered with their offsets),
 /// and the rows' time: the latest record time of a raw topic (Kafka's CreateTime, which its
 /// time index keeps), none for a typed table (stamped at append, LogAppendTime); and whether
-/// the producer compressed any of its batches.
+/// the producer compressed any of its batches. A typed table with a bucket key takes only
+/// rows of `bucket` (the partition produced to): a producer's partitioner cannot route by
+/// Mink's hash, so a record of another bucket fails the batch, naming the partition it
+/// belongs to.
 #[allow(clippy::type_complexity)]
 fn rows_of(
     table: &TableInfo,
+    bucket: u32,
     records: Option<&Bytes>,
 ) -> std::result::Result<
     (
@@ -669,13 +714,45 @@ fn rows_of(
         let time = all.iter().map(|r| r.timestamp).max().filter(|t| *t >= 0);
         Ok((rows, writer, time, compressed))
     } else {
-        Ok((
-            records::json_rows(&table.schema, &all)?,
-            writer,
-            None,
-            compressed,
-        ))
+        let rows = records::json_rows(&table.schema, &all)?;
+        if let Some((index, belongs)) = misrouted(table, &rows, bucket)? {
+            return Err(RecordError::Invalid {
+                index,
+                reason: format!(
+                    "record {index} belongs to partition {belongs}, not {bucket}: table {}.{} routes rows by its bucket key ({}) with Mink's hash, which a Kafka partitioner does not compute; produce it over Flight, or create the table without a bucket key",
+                    table.database,
+                    table.name,
+                    table.bucket_key.join(", ")
+                ),
+            });
+        }
+        Ok((rows, writer, None, compressed))
     }
+}
+
+/// The first row of `rows` (of a typed table) that its bucket key routes to a bucket other
+/// than `bucket`: its index and its bucket.
+fn misrouted(
+    table: &TableInfo,
+    rows: &arrow::array::RecordBatch,
+    bucket: u32,
+) -> std::result::Result<Option<(usize, u32)>, RecordError> {
+    if table.bucket_key.is_empty() || table.bucket_count <= 1 {
+        return Ok(None);
+    }
+    let invalid = |reason: String| RecordError::Invalid { index: 0, reason };
+    let key = table
+        .bucket_key
+        .iter()
+        .map(|k| {
+            rows.schema()
+                .index_of(k)
+                .map_err(|e| invalid(e.to_string()))
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let buckets = mink_log::routing::buckets_of(rows, &key, table.bucket_count)
+        .map_err(|e| invalid(e.to_string()))?;
+    Ok(buckets.into_iter().enumerate().find(|(_, b)| *b != bucket))
 }
 
 /// A producer id for an idempotent producer: a Mink writer id (at the epoch writers start
@@ -1016,8 +1093,13 @@ fn group_coordinator(cx: &Context) -> Option<(u64, String, i32)> {
 fn find_coordinator(cx: &Context, request: &FindCoordinatorRequest) -> FindCoordinatorResponse {
     let response = FindCoordinatorResponse::default().with_node_id(BrokerId(-1));
     if request.key_type != 0 {
-        // Transaction coordinators: transactions are out of scope.
-        return response.with_error_code(ResponseError::CoordinatorNotAvailable.code());
+        // A transaction coordinator. Clients retry COORDINATOR_NOT_AVAILABLE for as long as
+        // their transaction timeout; this code fails `init_transactions` at once.
+        return response
+            .with_error_code(ResponseError::TransactionalIdAuthorizationFailed.code())
+            .with_error_message(Some(StrBytes::from_static_str(
+                "Mink does not support Kafka transactions: use an idempotent producer",
+            )));
     }
     match group_coordinator(cx) {
         Some((id, host, port)) => response
@@ -1123,20 +1205,22 @@ fn leave_group(cx: Context, request: LeaveGroupRequest) -> Answer {
     Answer::Later(
         async move {
             let codes = cx.groups.leave(request.group_id.0.as_str(), &members).await;
-            let mut response = LeaveGroupResponse::default().with_members(
-                members
-                    .iter()
-                    .zip(&codes)
-                    .map(|(m, c)| {
-                        MemberResponse::default()
-                            .with_member_id(StrBytes::from_string(m.clone()))
-                            .with_error_code(c.code())
-                    })
-                    .collect(),
-            );
-            if cx.header.request_api_version < 3 {
-                response = response.with_error_code(codes[0].code());
-            }
+            // Versions 0-2 answer with one code and have no member list to set.
+            let response = if cx.header.request_api_version < 3 {
+                LeaveGroupResponse::default().with_error_code(codes[0].code())
+            } else {
+                LeaveGroupResponse::default().with_members(
+                    members
+                        .iter()
+                        .zip(&codes)
+                        .map(|(m, c)| {
+                            MemberResponse::default()
+                                .with_member_id(StrBytes::from_string(m.clone()))
+                                .with_error_code(c.code())
+                        })
+                        .collect(),
+                )
+            };
             cx.respond(&response)
         }
         .boxed(),
@@ -1458,12 +1542,17 @@ fn describe_configs(cx: &Context, request: &DescribeConfigsRequest) -> DescribeC
                             let ttl = mink_log::options::TableOptions::parse(&info.options)
                                 .ok()
                                 .and_then(|o| o.log_ttl);
+                            let retention = config(
+                                "retention.ms",
+                                ttl.map_or_else(|| "-1".to_string(), |t| t.as_millis().to_string()),
+                            );
                             let mut configs = vec![
-                                match ttl {
-                                    // Set on the table (table.log.ttl): a topic config.
-                                    Some(t) => config("retention.ms", t.as_millis().to_string())
-                                        .with_config_source(1),
-                                    None => config("retention.ms", "-1".to_string()),
+                                // Set on the table (table.log.ttl): a topic config; else the
+                                // default (7 days).
+                                if info.options.contains_key(mink_log::options::LOG_TTL) {
+                                    retention.with_config_source(1)
+                                } else {
+                                    retention
                                 },
                                 config("cleanup.policy", "delete".to_string()),
                             ];
@@ -1568,6 +1657,9 @@ async fn auto_create(cx: &Context, request: &MetadataRequest) {
         return;
     };
     for name in topics.iter().filter_map(|t| t.name.as_ref()) {
+        if invalid_topic_name(name.0.as_str()).is_some() {
+            continue; // answered UNKNOWN_TOPIC_OR_PARTITION, as Kafka does
+        }
         let (database, table) = table_of(&cx.node, &cx.config, name.0.as_str());
         if cx.node.describe_table(&database, &table).is_ok() {
             continue;

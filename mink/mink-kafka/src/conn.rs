@@ -49,8 +49,9 @@ pub(crate) struct Context {
 
 impl Context {
     /// `body` framed as the response to this request (header version by its API and version).
+    /// `body` as the answer; an empty one (which closes the connection) if it fails to encode.
     pub(crate) fn respond(&self, body: &impl Encodable) -> Option<Frames> {
-        respond(self.api_key, &self.header, body).map(Frames::from)
+        Some(respond(self.api_key, &self.header, body).map_or_else(Frames::default, Frames::from))
     }
 }
 
@@ -110,6 +111,11 @@ pub(crate) async fn run(
                         Answer::Later(f) => f.await,
                     };
                     if let Some(mut f) = frames {
+                        if !f.has_remaining() {
+                            // An answer that failed to encode: a client waiting for it
+                            // would wait out its request timeout; closing makes it retry.
+                            return Err(std::io::Error::other("an answer failed to encode"));
+                        }
                         tokio::time::timeout(idle, writer.write_all_buf(&mut f))
                             .await
                             .map_err(|_| {

@@ -17,6 +17,7 @@ use kafka_protocol::messages::{ApiKey, FetchResponse, RequestHeader};
 use crate::records::put_uvarint;
 
 /// A response frame (its size first) as a sequence of chunks; written with vectored writes.
+/// An empty one is an answer that failed to encode: the connection is closed instead.
 #[derive(Debug, Default)]
 pub(crate) struct Frames {
     /// None empty.
@@ -86,7 +87,10 @@ const FRAMED: std::ops::RangeInclusive<i16> = 4..=12;
 pub(crate) fn fetch_response(header: &RequestHeader, response: &FetchResponse) -> Option<Frames> {
     let version = header.request_api_version;
     if !FRAMED.contains(&version) || !plain(response) {
-        return crate::conn::respond(ApiKey::Fetch, header, response).map(Frames::from);
+        return Some(
+            crate::conn::respond(ApiKey::Fetch, header, response)
+                .map_or_else(Frames::default, Frames::from),
+        );
     }
     let flexible = version >= 12;
     let mut frames = Frames::default();

@@ -160,15 +160,42 @@ pub(crate) fn error_code(e: &NodeError) -> ResponseError {
     }
 }
 
-/// The table a topic names: `db.t` when database `db` exists, otherwise `t` in the Kafka
-/// database.
+/// The table a topic names, the inverse of [`topic_of`]: `t` in the Kafka database when that
+/// table exists (a topic created as `com.acme.orders` stays reachable whatever databases come
+/// later), else `t` of database `db` for `db.t` when `db` is another existing database, else
+/// `t` in the Kafka database (where a new topic is created).
 pub(crate) fn table_of(node: &Node, config: &KafkaConfig, topic: &str) -> (String, String) {
-    if let Some((db, table)) = topic.split_once('.')
-        && node.view().state.databases.contains_key(db)
+    let view = node.view();
+    if view.state.table_by_name(&config.database, topic).is_none()
+        && let Some((db, table)) = topic.split_once('.')
+        && db != config.database
+        && view.state.databases.contains_key(db)
     {
         return (db.to_string(), table.to_string());
     }
     (config.database.clone(), topic.to_string())
+}
+
+/// Why `topic` is not a name Kafka allows (ASCII letters, digits, `.`, `_` and `-`, at most
+/// 249 of them, not `.` or `..`), if it is not.
+pub(crate) fn invalid_topic_name(topic: &str) -> Option<String> {
+    if topic.is_empty() || topic == "." || topic == ".." {
+        Some(format!("{topic:?} is not a topic name"))
+    } else if topic.len() > 249 {
+        Some(format!(
+            "a topic name has at most 249 characters; this one has {}",
+            topic.len()
+        ))
+    } else {
+        topic
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+            .map(|c| {
+                format!(
+                    "topic {topic:?} holds {c:?}: a topic name is ASCII letters, digits, '.', '_' and '-'"
+                )
+            })
+    }
 }
 
 /// A table's topic name: plain in the Kafka database, `db.t` elsewhere.

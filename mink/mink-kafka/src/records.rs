@@ -260,8 +260,22 @@ fn binary(column: Option<&arrow::array::BinaryArray>, i: usize) -> Option<&[u8]>
 }
 
 /// `records` at consecutive offsets from `base_offset`, appended to `out` as one uncompressed
-/// v2 record batch (what a broker returns for a batch its producer did not compress).
+/// v2 record batch (what a broker returns for a batch its producer did not compress), with the
+/// producer's times (CreateTime).
 pub fn encode_batch(records: &[mink_log::raw::Record<'_>], base_offset: u64, out: &mut BytesMut) {
+    encode_batch_as(records, base_offset, 0, out);
+}
+
+/// The attributes bit of a batch whose time is the broker's (LogAppendTime), not its
+/// producer's.
+const LOG_APPEND_TIME: i16 = 1 << 3;
+
+fn encode_batch_as(
+    records: &[mink_log::raw::Record<'_>],
+    base_offset: u64,
+    attributes: i16,
+    out: &mut BytesMut,
+) {
     let Some(first) = records.first() else {
         return;
     };
@@ -292,7 +306,7 @@ pub fn encode_batch(records: &[mink_log::raw::Record<'_>], base_offset: u64, out
     out.put_i32(NO_PARTITION_LEADER_EPOCH);
     out.put_i8(2);
     out.put_u32(0); // the CRC, filled in below
-    out.put_i16(0); // attributes: uncompressed, CreateTime, not transactional
+    out.put_i16(attributes); // uncompressed, not transactional
     out.put_i32(i32::try_from(records.len() - 1).unwrap_or(i32::MAX));
     out.put_i64(min_time);
     out.put_i64(max_time);
@@ -389,7 +403,7 @@ pub fn json_rows(schema: &SchemaRef, records: &[Record]) -> Result<RecordBatch, 
 
 /// Rows of a typed table stored from `base_offset` on, appended to `out` as one record batch
 /// whose values are the rows as JSON objects (no key; nulls left out), each with its stored
-/// batch's time.
+/// batch's time (LogAppendTime).
 pub fn encode_json(
     batch: &RecordBatch,
     base_offset: u64,
@@ -412,7 +426,7 @@ pub fn encode_json(
         .collect();
     // The batch's room at once: the JSON is only known here, after the response was sized.
     out.reserve(HEADER + 39 * records.len() + values.len());
-    encode_batch(&records, base_offset, out);
+    encode_batch_as(&records, base_offset, LOG_APPEND_TIME, out);
     Ok(())
 }
 

@@ -935,6 +935,18 @@ fn request_frame<R: Encodable>(
     correlation: i32,
     request: &R,
 ) -> Vec<u8> {
+    request_frame_with(key, version, correlation, |body| {
+        request.encode(body, version).unwrap();
+    })
+}
+
+/// A request frame: its size, a header, then what `encode` writes.
+fn request_frame_with(
+    key: ApiKey,
+    version: i16,
+    correlation: i32,
+    encode: impl FnOnce(&mut BytesMut),
+) -> Vec<u8> {
     let header = RequestHeader::default()
         .with_request_api_key(key as i16)
         .with_request_api_version(version)
@@ -944,7 +956,7 @@ fn request_frame<R: Encodable>(
     header
         .encode(&mut body, key.request_header_version(version))
         .unwrap();
-    request.encode(&mut body, version).unwrap();
+    encode(&mut body);
     let mut frame = BytesMut::new();
     frame.put_i32(i32::try_from(body.len()).unwrap());
     frame.extend_from_slice(&body);
@@ -1168,8 +1180,8 @@ async fn clients_that_stall_hold_bounded_memory_and_are_closed() {
 /// What Kafka offers and Mink does not map is refused with Kafka's codes: a partitioned or a
 /// primary-key table is not a topic (Metadata and Produce answer UNKNOWN_TOPIC_OR_PARTITION,
 /// and listing every topic leaves them out); a transactional id gets
-/// TRANSACTIONAL_ID_AUTHORIZATION_FAILED from InitProducerId and Produce, a transaction
-/// coordinator COORDINATOR_NOT_AVAILABLE, a transactional batch CORRUPT_MESSAGE, each storing
+/// TRANSACTIONAL_ID_AUTHORIZATION_FAILED from InitProducerId, Produce and FindCoordinator (a
+/// code clients take as fatal, not one they retry), a transactional batch CORRUPT_MESSAGE, each storing
 /// nothing. A produce with acks = 0 is stored and answered with nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_kafka_offers_and_mink_does_not_map_is_refused_with_its_codes() {
@@ -1284,9 +1296,13 @@ async fn what_kafka_offers_and_mink_does_not_map_is_refused_with_its_codes() {
         .with_key_type(1);
     let found: FindCoordinatorResponse =
         ask(&mut socket, ApiKey::FindCoordinator, 1, &request).await;
-    assert_eq!(
-        found.error_code,
-        ResponseError::CoordinatorNotAvailable.code()
+    assert_eq!(found.error_code, refused);
+    assert!(
+        found
+            .error_message
+            .as_ref()
+            .is_some_and(|m| m.contains("transactions")),
+        "{found:?}"
     );
     let transactional = kafka_protocol::records::Record {
         transactional: true,
@@ -1820,4 +1836,397 @@ async fn raw_topic(node: &Node, name: &str, partitions: u32) {
     })
     .await
     .unwrap();
+}
+
+/// Writes a request at a version.
+type Encode = Box<dyn Fn(&mut BytesMut, i16)>;
+
+/// A request of some API, and how to decode its answer.
+struct Exchange {
+    encode: Encode,
+    decode: fn(&mut Bytes, i16) -> anyhow::Result<()>,
+}
+
+impl Exchange {
+    fn of<R: Encodable + 'static, A: Decodable>(request: R) -> Exchange {
+        Exchange {
+            encode: Box::new(move |body, version| request.encode(body, version).unwrap()),
+            decode: |response, version| A::decode(response, version).map(|_| ()),
+        }
+    }
+}
+
+/// Every version of every API the listener advertises is answered with a response that decodes
+/// at that version (a field a version lacks, set in an answer, fails its encoding: LeaveGroup
+/// v0-2 once went unanswered, and every consumer's close waited out its timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_advertised_version_of_every_api_is_answered() {
+    use kafka_protocol::messages::create_topics_request::CreatableTopic;
+    use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
+    use kafka_protocol::messages::leave_group_request::MemberIdentity;
+    use kafka_protocol::messages::*;
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve(dir.path()).await;
+    raw_topic(&s.node, "t", 1).await;
+    let mut socket = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
+    let versions: ApiVersionsResponse = ask(
+        &mut socket,
+        ApiKey::ApiVersions,
+        3,
+        &ApiVersionsRequest::default(),
+    )
+    .await;
+    let group = || GroupId(StrBytes::from_static_str("nobody"));
+    let member = || StrBytes::from_static_str("m");
+    let mut answered = 0;
+    for api in &versions.api_keys {
+        let key = ApiKey::try_from(api.api_key).unwrap();
+        for version in api.min_version..=api.max_version {
+            let request = match key {
+                ApiKey::Produce => Exchange::of::<_, ProduceResponse>(
+                    ProduceRequest::default()
+                        .with_acks(-1)
+                        .with_timeout_ms(1000),
+                ),
+                ApiKey::Fetch => {
+                    Exchange::of::<_, FetchResponse>(FetchRequest::default().with_max_wait_ms(0))
+                }
+                ApiKey::ListOffsets => {
+                    Exchange::of::<_, ListOffsetsResponse>(ListOffsetsRequest::default())
+                }
+                ApiKey::Metadata => Exchange::of::<_, MetadataResponse>(MetadataRequest::default()),
+                ApiKey::ApiVersions => {
+                    Exchange::of::<_, ApiVersionsResponse>(ApiVersionsRequest::default())
+                }
+                ApiKey::CreateTopics => Exchange::of::<_, CreateTopicsResponse>(
+                    CreateTopicsRequest::default().with_topics(vec![
+                        CreatableTopic::default()
+                            .with_name(TopicName(StrBytes::from_static_str("t")))
+                            .with_num_partitions(1)
+                            .with_replication_factor(1),
+                    ]),
+                ),
+                ApiKey::InitProducerId => {
+                    Exchange::of::<_, InitProducerIdResponse>(InitProducerIdRequest::default())
+                }
+                ApiKey::FindCoordinator => Exchange::of::<_, FindCoordinatorResponse>(
+                    FindCoordinatorRequest::default().with_key(StrBytes::from_static_str("g")),
+                ),
+                // An unknown member of a group with none: refused at once, in every version.
+                ApiKey::JoinGroup => Exchange::of::<_, JoinGroupResponse>(
+                    JoinGroupRequest::default()
+                        .with_group_id(group())
+                        .with_member_id(member())
+                        .with_session_timeout_ms(10_000)
+                        .with_rebalance_timeout_ms(10_000)
+                        .with_protocol_type(StrBytes::from_static_str("consumer"))
+                        .with_protocols(vec![
+                            JoinGroupRequestProtocol::default()
+                                .with_name(StrBytes::from_static_str("range")),
+                        ]),
+                ),
+                ApiKey::SyncGroup => Exchange::of::<_, SyncGroupResponse>(
+                    SyncGroupRequest::default()
+                        .with_group_id(group())
+                        .with_member_id(member()),
+                ),
+                ApiKey::Heartbeat => Exchange::of::<_, HeartbeatResponse>(
+                    HeartbeatRequest::default()
+                        .with_group_id(group())
+                        .with_member_id(member()),
+                ),
+                ApiKey::LeaveGroup => Exchange::of::<_, LeaveGroupResponse>(if version < 3 {
+                    LeaveGroupRequest::default()
+                        .with_group_id(group())
+                        .with_member_id(member())
+                } else {
+                    LeaveGroupRequest::default()
+                        .with_group_id(group())
+                        .with_members(vec![MemberIdentity::default().with_member_id(member())])
+                }),
+                ApiKey::OffsetCommit => Exchange::of::<_, OffsetCommitResponse>(
+                    OffsetCommitRequest::default()
+                        .with_group_id(group())
+                        .with_member_id(member()),
+                ),
+                ApiKey::OffsetFetch => Exchange::of::<_, OffsetFetchResponse>(
+                    OffsetFetchRequest::default().with_group_id(group()),
+                ),
+                ApiKey::ListGroups => {
+                    Exchange::of::<_, ListGroupsResponse>(ListGroupsRequest::default())
+                }
+                ApiKey::DescribeGroups => Exchange::of::<_, DescribeGroupsResponse>(
+                    DescribeGroupsRequest::default().with_groups(vec![group()]),
+                ),
+                ApiKey::DeleteTopics => {
+                    Exchange::of::<_, DeleteTopicsResponse>(DeleteTopicsRequest::default())
+                }
+                ApiKey::CreatePartitions => {
+                    Exchange::of::<_, CreatePartitionsResponse>(CreatePartitionsRequest::default())
+                }
+                ApiKey::DescribeConfigs => {
+                    Exchange::of::<_, DescribeConfigsResponse>(DescribeConfigsRequest::default())
+                }
+                ApiKey::DescribeCluster => {
+                    Exchange::of::<_, DescribeClusterResponse>(DescribeClusterRequest::default())
+                }
+                other => panic!("{other:?} is advertised and has no request in this test"),
+            };
+            let correlation = i32::from(api.api_key) * 100 + i32::from(version);
+            let frame = request_frame_with(key, version, correlation, |body| {
+                (request.encode)(body, version);
+            });
+            let mut response =
+                tokio::time::timeout(Duration::from_secs(30), exchange(&mut socket, &frame))
+                    .await
+                    .unwrap_or_else(|_| panic!("{key:?} v{version} was not answered in 30 s"))
+                    .unwrap_or_else(|e| panic!("{key:?} v{version} closed the connection: {e}"));
+            let header =
+                ResponseHeader::decode(&mut response, key.response_header_version(version))
+                    .unwrap();
+            assert_eq!(header.correlation_id, correlation, "{key:?} v{version}");
+            (request.decode)(&mut response, version)
+                .unwrap_or_else(|e| panic!("{key:?} v{version}: {e}"));
+            assert!(response.is_empty(), "{key:?} v{version}: bytes left over");
+            answered += 1;
+        }
+    }
+    assert!(answered > 80, "{answered} versions answered");
+    s.stop().await;
+}
+
+/// A topic's name maps to one table and back: `com.acme.orders` created over Kafka stays that
+/// topic when a database `com` appears later; a table of another database is `db.t`, unless a
+/// topic of the same name shadows it; `kafka.t` is no name of topic `t`. Names Kafka refuses
+/// are refused. Metadata (version 12) gives each topic an id, and answers a topic asked by id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topic_names_map_to_tables_one_to_one() {
+    use kafka_protocol::ResponseError;
+    use kafka_protocol::messages::create_topics_request::CreatableTopic;
+    use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+    use kafka_protocol::messages::{
+        CreateTopicsRequest, CreateTopicsResponse, MetadataRequest, MetadataResponse,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve(dir.path()).await;
+    s.node.create_database("kafka", true).await.unwrap();
+    let mut socket = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
+    let create = |names: &[&str]| {
+        CreateTopicsRequest::default().with_topics(
+            names
+                .iter()
+                .map(|n| {
+                    CreatableTopic::default()
+                        .with_name(TopicName(StrBytes::from_string((*n).to_string())))
+                        .with_num_partitions(1)
+                        .with_replication_factor(1)
+                })
+                .collect(),
+        )
+    };
+    let created: CreateTopicsResponse = ask(
+        &mut socket,
+        ApiKey::CreateTopics,
+        7,
+        &create(&["com.acme.orders", "sp ace", "t"]),
+    )
+    .await;
+    let codes: Vec<i16> = created.topics.iter().map(|t| t.error_code).collect();
+    assert_eq!(
+        codes,
+        [0, ResponseError::InvalidTopicException.code(), 0],
+        "{created:?}"
+    );
+    assert!(s.node.describe_table("kafka", "com.acme.orders").is_ok());
+    s.node.create_database("com", false).await.unwrap();
+    s.node.create_database("db", false).await.unwrap();
+    for (database, name) in [("com", "acme.orders"), ("db", "x")] {
+        s.node
+            .create_table(TableSpec {
+                database: database.into(),
+                name: name.into(),
+                schema: mink_kafka::records::raw_schema(),
+                primary_key: vec![],
+                options: [("bucket.num".to_string(), "1".to_string())].into(),
+                partition_keys: vec![],
+                comment: String::new(),
+                if_not_exists: false,
+            })
+            .await
+            .unwrap();
+    }
+    let every: MetadataResponse = ask(
+        &mut socket,
+        ApiKey::Metadata,
+        12,
+        &MetadataRequest::default().with_topics(None),
+    )
+    .await;
+    let mut listed: Vec<(String, uuid::Uuid)> = every
+        .topics
+        .iter()
+        .map(|t| (t.name.as_ref().unwrap().0.to_string(), t.topic_id))
+        .collect();
+    listed.sort();
+    let names: Vec<&str> = listed.iter().map(|(n, _)| n.as_str()).collect();
+    // `com.acme.orders` once: the Kafka database's table shadows com's.
+    assert_eq!(names, ["com.acme.orders", "db.x", "t"]);
+    assert!(listed.iter().all(|(_, id)| !id.is_nil()), "{listed:?}");
+    let named = |names: &[&str]| {
+        MetadataRequest::default().with_topics(Some(
+            names
+                .iter()
+                .map(|n| {
+                    MetadataRequestTopic::default()
+                        .with_name(Some(TopicName(StrBytes::from_string((*n).to_string()))))
+                })
+                .collect(),
+        ))
+    };
+    let asked: MetadataResponse = ask(
+        &mut socket,
+        ApiKey::Metadata,
+        12,
+        &named(&["com.acme.orders", "kafka.t", "db.x"]),
+    )
+    .await;
+    let codes: Vec<i16> = asked.topics.iter().map(|t| t.error_code).collect();
+    let unknown = ResponseError::UnknownTopicOrPartition.code();
+    assert_eq!(codes, [0, unknown, 0], "{asked:?}");
+    assert_eq!(asked.topics[0].topic_id, listed[0].1);
+    // By id: the name comes back; an id of no topic is UNKNOWN_TOPIC_ID.
+    let by_id = MetadataRequest::default().with_topics(Some(vec![
+        MetadataRequestTopic::default()
+            .with_name(None)
+            .with_topic_id(listed[1].1),
+        MetadataRequestTopic::default()
+            .with_name(None)
+            .with_topic_id(uuid::Uuid::from_u128(7)),
+    ]));
+    let found: MetadataResponse = ask(&mut socket, ApiKey::Metadata, 12, &by_id).await;
+    assert_eq!(found.topics[0].name.as_ref().unwrap().0.as_str(), "db.x");
+    assert_eq!(found.topics[0].partitions.len(), 1);
+    assert_eq!(
+        found.topics[1].error_code,
+        ResponseError::UnknownTopicId.code()
+    );
+    s.stop().await;
+}
+
+/// A typed table with a bucket key routes rows by Mink's hash, which a Kafka partitioner does
+/// not compute: a record produced to a partition its key does not route to fails its batch with
+/// INVALID_RECORD naming the partition it belongs to, and nothing of the batch is stored; a
+/// batch of rows of the partition is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_keyed_topic_takes_only_the_rows_of_the_partition() {
+    use kafka_protocol::messages::ProduceResponse;
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve(dir.path()).await;
+    s.node.create_database("kafka", true).await.unwrap();
+    let schema = Schema::new(vec![Field::new("id", DataType::Int64, false)]);
+    s.node
+        .create_table(TableSpec {
+            database: "kafka".into(),
+            name: "t".into(),
+            schema: schema.clone(),
+            primary_key: vec![],
+            options: [
+                ("bucket.num".to_string(), "4".to_string()),
+                ("bucket.key".to_string(), "id".to_string()),
+            ]
+            .into(),
+            partition_keys: vec![],
+            comment: String::new(),
+            if_not_exists: false,
+        })
+        .await
+        .unwrap();
+    let ids: Vec<i64> = (0..16).collect();
+    let batch = arrow::array::RecordBatch::try_new(
+        std::sync::Arc::new(schema),
+        vec![std::sync::Arc::new(arrow::array::Int64Array::from(
+            ids.clone(),
+        ))],
+    )
+    .unwrap();
+    let buckets = mink_log::routing::buckets_of(&batch, &[0], 4).unwrap();
+    let of = |b: u32| -> Vec<i64> {
+        ids.iter()
+            .zip(&buckets)
+            .filter(|(_, x)| **x == b)
+            .map(|(id, _)| *id)
+            .collect()
+    };
+    let (home, away) = (
+        of(0),
+        ids.iter().find(|id| !of(0).contains(id)).copied().unwrap(),
+    );
+    let away_bucket = buckets[usize::try_from(away).unwrap()];
+    let records = |values: &[i64]| {
+        let records: Vec<_> = values
+            .iter()
+            .enumerate()
+            .map(|(i, id)| {
+                record(
+                    i64::try_from(i).unwrap(),
+                    -1,
+                    -1,
+                    -1,
+                    5,
+                    None,
+                    Some(format!("{{\"id\": {id}}}")),
+                )
+            })
+            .collect();
+        mink_kafka::records::encode_records(&records).unwrap()
+    };
+    let mut socket = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
+    let mut mixed = home.clone();
+    mixed.insert(1, away);
+    // Version 8 on, an answer names the records that failed.
+    let request = ProduceRequest::default()
+        .with_acks(-1)
+        .with_timeout_ms(5000)
+        .with_topic_data(vec![
+            TopicProduceData::default()
+                .with_name(TopicName(StrBytes::from_static_str("t")))
+                .with_partition_data(vec![
+                    PartitionProduceData::default()
+                        .with_index(0)
+                        .with_records(Some(records(&mixed))),
+                ]),
+        ]);
+    let answer: ProduceResponse = ask(&mut socket, ApiKey::Produce, 8, &request).await;
+    let p = &answer.responses[0].partition_responses[0];
+    assert_eq!(
+        p.error_code,
+        kafka_protocol::ResponseError::InvalidRecord.code()
+    );
+    assert_eq!(p.record_errors.len(), 1, "{p:?}");
+    assert_eq!(p.record_errors[0].batch_index, 1);
+    let message = p.record_errors[0]
+        .batch_index_error_message
+        .as_ref()
+        .unwrap()
+        .to_string();
+    assert!(
+        message.contains(&format!("belongs to partition {away_bucket}")) && message.contains("id"),
+        "{message}"
+    );
+    assert!(
+        s.rows("kafka", "t", 0).await.is_empty(),
+        "a refused batch was stored"
+    );
+    assert_eq!(
+        produced(&mut socket, &produce_frame_to(0, records(&home))).await,
+        0
+    );
+    let stored: usize = s
+        .rows("kafka", "t", 0)
+        .await
+        .iter()
+        .map(arrow::array::RecordBatch::num_rows)
+        .sum();
+    assert_eq!(stored, home.len());
+    s.stop().await;
 }

@@ -148,6 +148,7 @@ while len(rows) < 2:
     for _, records in consumer.poll(timeout_ms=1000).items():
         rows.extend(json.loads(r.value) for r in records)
         times.extend(r.timestamp for r in records)
+        assert all(r.timestamp_type == 1 for r in records), records  # LogAppendTime
 assert rows == [{"id": 1, "name": "ann"}, {"id": 2}], rows
 # A typed table's records carry the time the node appended them (LogAppendTime).
 typed_to = int(time.time() * 1000)
@@ -252,6 +253,7 @@ cadmin = AdminClient({"bootstrap.servers": bootstrap})
 for _, f in cadmin.describe_configs([CConfigResource("topic", "raw")]).items():
     entries = f.result(30)
     assert entries["retention.ms"].value == str(7 * 24 * 3600 * 1000), entries
+    assert entries["retention.ms"].is_default, entries["retention.ms"]
     assert entries["cleanup.policy"].value == "delete", entries
 cluster = admin.describe_cluster()
 assert len(cluster["brokers"]) == 1, cluster
@@ -286,5 +288,46 @@ except InvalidConfigurationError as e:
     assert "producer, zstd or uncompressed" in str(e), e
 assert "lz4ed" not in admin.list_topics(), admin.list_topics()
 assert "doomed" not in admin.list_topics(), admin.list_topics()
+
+# Many topics: librdkafka sizes its Metadata parse buffer from the answer's bytes, which once
+# overflowed past a dozen topics (list_topics failed, regex subscriptions got nothing).
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import NewTopic as CNewTopic
+
+many = [f"many-{i:02}" for i in range(30)]
+for _, f in cadmin.create_topics([CNewTopic(t, 1, 1) for t in many]).items():
+    f.result(30)
+listed = cadmin.list_topics(timeout=30).topics
+assert set(many) <= set(listed), sorted(listed)
+assert all(listed[t].error is None for t in many), {t: listed[t].error for t in many}
+pattern = Consumer({"bootstrap.servers": bootstrap, "group.id": "regex", "auto.offset.reset": "earliest"})
+assigned = []
+pattern.subscribe(["^many-0.*"], on_assign=lambda c, ps: assigned.extend(p.topic for p in ps))
+deadline = time.monotonic() + 30
+while len(assigned) < 10:
+    assert time.monotonic() < deadline, f"assigned {assigned}"
+    pattern.poll(0.5)
+pattern.close()
+assert sorted(assigned) == many[:10], assigned
+
+# A transactional producer fails at once with a fatal error (transactions are out of scope),
+# instead of retrying to find a transaction coordinator until its timeout.
+tx = Producer({"bootstrap.servers": bootstrap, "transactional.id": "tx-1"})
+try:
+    tx.init_transactions(60)
+    raise AssertionError("transactions were initialised")
+except KafkaException as e:
+    error = e.args[0]
+    assert error.fatal() or "TRANSACTIONAL_ID_AUTHORIZATION_FAILED" in error.name(), error
+    assert "transactions" in error.str(), error
+
+# Kafka's rules for topic names.
+from kafka.errors import InvalidTopicError
+
+try:
+    admin.create_topics([NewTopic("sp ace", num_partitions=1, replication_factor=1)])
+    raise AssertionError("a topic name with a space was taken")
+except InvalidTopicError as e:
+    assert "a topic name is ASCII letters" in str(e), e
 admin.close()
 print("ok")
