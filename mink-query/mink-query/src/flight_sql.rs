@@ -2,8 +2,8 @@
 //!
 //! A statement is planned by `GetFlightInfo`, which fixes its cut (the tables' high
 //! watermarks); the plan waits under a handle in the ticket until `DoGet` runs it (once, for
-//! up to [`PLAN_TTL`]). DDL and DML are refused with a clear error until the engine carries
-//! them out.
+//! up to [`PLAN_TTL`]). DDL runs when it is planned; `INSERT`, `UPDATE` and `DELETE` run at
+//! `GetFlightInfo` too, their count waiting for the `DoGet`.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -31,8 +31,10 @@ use datafusion::arrow::array::{ArrayRef, Int32Array, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt64Type};
 use datafusion::arrow::ipc::writer::IpcWriteOptions;
 use datafusion::common::{ParamValues, ScalarValue};
+use datafusion::datasource::MemTable;
 use datafusion::error::DataFusionError;
-use datafusion::prelude::DataFrame;
+use datafusion::logical_expr::LogicalPlan;
+use datafusion::prelude::{DataFrame, SessionContext};
 use futures::{Stream, StreamExt as _, TryStreamExt as _};
 use mink_client::{ErrorCode, protocol};
 use prost::Message as _;
@@ -165,14 +167,29 @@ impl MinkFlightSql {
     }
 
     /// The `FlightInfo` of a planned statement: its schema, one endpoint whose ticket is the
-    /// handle the plan waits under, the index the planning read at.
-    fn planned(
+    /// handle the plan waits under, the index the planning read at. `INSERT`, `UPDATE` and
+    /// `DELETE` run now, as DDL does when planned, and their count waits instead: a client
+    /// that executes a write and never fetches its result (ADBC's `cursor.execute` then
+    /// `close`) still writes.
+    async fn planned(
         &self,
         sql: &str,
         plan: DataFrame,
         engine: &QueryEngine,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
+        let plan = if matches!(plan.logical_plan(), LogicalPlan::Dml(_)) {
+            let _running = engine.queries().track(sql, "flight sql", None, None);
+            let schema = Arc::new(plan.schema().as_arrow().clone());
+            let (state, _) = plan.clone().into_parts();
+            let counted = plan.collect().await.map_err(status)?;
+            let counted = MemTable::try_new(schema, vec![counted]).map_err(status)?;
+            SessionContext::new_with_state(state)
+                .read_table(Arc::new(counted))
+                .map_err(status)?
+        } else {
+            plan
+        };
         let schema = plan.schema().as_arrow().clone();
         let handle = self.keep(sql, plan);
         let ticket = TicketStatementQuery {
@@ -364,7 +381,7 @@ impl FlightSqlService for MinkFlightSql {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let (engine, plan) = self.plan(&request, &query.query).await?;
-        self.planned(&query.query, plan, &engine, request)
+        self.planned(&query.query, plan, &engine, request).await
     }
 
     /// A statement that returns no rows (`INSERT INTO`): the number of rows it wrote.
@@ -693,7 +710,7 @@ impl FlightSqlService for MinkFlightSql {
                 .map_err(status)?,
             None => plan,
         };
-        self.planned(&prepared.sql, plan, &engine, request)
+        self.planned(&prepared.sql, plan, &engine, request).await
     }
 
     /// A prepared `INSERT`, `UPDATE` or `DELETE`: run once per bound row of parameters (once

@@ -57,6 +57,16 @@ cur.executemany("INSERT INTO app.events VALUES (?, ?, ?)", [(6000, "pp", 1), (60
 cur.execute("SELECT sum(amount) FROM app.events WHERE kind = 'pp'")
 assert cur.fetchall() == [(3,)]
 
+# A write runs when it is executed: a cursor closed without fetching its count loses nothing.
+with conn.cursor() as c:
+    c.execute("INSERT INTO app.users VALUES (7, 'gil'), (8, 'hal')")
+with conn.cursor() as c:
+    c.execute("DELETE FROM app.users WHERE id = 4")
+with conn.cursor() as c:
+    c.execute("DELETE FROM app.users WHERE id = ?", parameters=(8,))
+cur.execute("SELECT id FROM app.users ORDER BY id")
+assert cur.fetchall() == [(1,), (2,), (7,)]
+
 # Errors carry DataFusion's message.
 try:
     cur.execute("SELECT * FROM app.nope")
