@@ -8,6 +8,7 @@ use kafka_protocol::ResponseError;
 use kafka_protocol::messages::api_versions_response::ApiVersion;
 use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
 use kafka_protocol::messages::create_topics_response::CreatableTopicResult;
+use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
 use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
 use kafka_protocol::messages::describe_cluster_response::DescribeClusterBroker;
 use kafka_protocol::messages::describe_configs_response::{
@@ -34,15 +35,16 @@ use kafka_protocol::messages::produce_response::{
 };
 use kafka_protocol::messages::{
     ApiKey, ApiVersionsRequest, ApiVersionsResponse, BrokerId, CreatePartitionsRequest,
-    CreatePartitionsResponse, CreateTopicsRequest, CreateTopicsResponse, DeleteTopicsRequest,
-    DeleteTopicsResponse, DescribeClusterRequest, DescribeClusterResponse, DescribeConfigsRequest,
-    DescribeConfigsResponse, DescribeGroupsRequest, DescribeGroupsResponse, FetchRequest,
-    FetchResponse, FindCoordinatorRequest, FindCoordinatorResponse, GroupId, HeartbeatRequest,
-    HeartbeatResponse, InitProducerIdRequest, InitProducerIdResponse, JoinGroupRequest,
-    LeaveGroupRequest, LeaveGroupResponse, ListGroupsRequest, ListGroupsResponse,
-    ListOffsetsRequest, ListOffsetsResponse, MetadataRequest, MetadataResponse,
-    OffsetCommitRequest, OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse,
-    ProduceRequest, ProduceResponse, ProducerId, RequestHeader, SyncGroupRequest, TopicName,
+    CreatePartitionsResponse, CreateTopicsRequest, CreateTopicsResponse, DeleteGroupsRequest,
+    DeleteGroupsResponse, DeleteTopicsRequest, DeleteTopicsResponse, DescribeClusterRequest,
+    DescribeClusterResponse, DescribeConfigsRequest, DescribeConfigsResponse,
+    DescribeGroupsRequest, DescribeGroupsResponse, FetchRequest, FetchResponse,
+    FindCoordinatorRequest, FindCoordinatorResponse, GroupId, HeartbeatRequest, HeartbeatResponse,
+    InitProducerIdRequest, InitProducerIdResponse, JoinGroupRequest, LeaveGroupRequest,
+    LeaveGroupResponse, ListGroupsRequest, ListGroupsResponse, ListOffsetsRequest,
+    ListOffsetsResponse, MetadataRequest, MetadataResponse, OffsetCommitRequest,
+    OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse, ProduceRequest, ProduceResponse,
+    ProducerId, RequestHeader, SyncGroupRequest, TopicName,
 };
 use kafka_protocol::protocol::{Decodable, StrBytes};
 use mink_node::{BucketRef, Node, NodeError, TableInfo, TableSpec, WriteTarget, WriterBatchId};
@@ -73,6 +75,7 @@ const VERSIONS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::OffsetFetch, 1, 7),
     (ApiKey::ListGroups, 0, 4),
     (ApiKey::DescribeGroups, 0, 4),
+    (ApiKey::DeleteGroups, 0, 2),
     (ApiKey::DeleteTopics, 1, 5),
     (ApiKey::CreatePartitions, 0, 3),
     (ApiKey::DescribeConfigs, 1, 4),
@@ -152,6 +155,11 @@ pub(crate) async fn handle(cx: Context, mut body: Bytes) -> Result<Answer> {
         ApiKey::DescribeGroups => {
             let request: DescribeGroupsRequest = decode(&mut body, version)?;
             Answer::Now(cx.respond(&describe_groups(&cx, &request)))
+        }
+        ApiKey::DeleteGroups => {
+            let request: DeleteGroupsRequest = decode(&mut body, version)?;
+            let response = delete_groups(&cx, &request).await;
+            Answer::Now(cx.respond(&response))
         }
         ApiKey::DeleteTopics => {
             let request: DeleteTopicsRequest = decode(&mut body, version)?;
@@ -1384,6 +1392,46 @@ fn offset_fetch(cx: &Context, request: &OffsetFetchRequest) -> OffsetFetchRespon
         }
     };
     OffsetFetchResponse::default().with_topics(topics)
+}
+
+/// DeleteGroups (`kafka-consumer-groups --delete`): a group with no members loses its committed
+/// offsets; one with members is refused (NON_EMPTY_GROUP), one unknown is GROUP_ID_NOT_FOUND.
+async fn delete_groups(cx: &Context, request: &DeleteGroupsRequest) -> DeleteGroupsResponse {
+    let mut results = Vec::with_capacity(request.groups_names.len());
+    for id in &request.groups_names {
+        let group = id.0.as_str();
+        let code = if !cx.groups.coordinating() {
+            ResponseError::NotCoordinator
+        } else {
+            let known = {
+                let mut groups = cx.groups.groups.lock().expect("groups");
+                match groups.get(group) {
+                    Some(g) if !g.members.is_empty() => Err(ResponseError::NonEmptyGroup),
+                    Some(_) => {
+                        groups.remove(group);
+                        Ok(true)
+                    }
+                    None => Ok(false),
+                }
+            };
+            match known {
+                Err(code) => code,
+                Ok(known) if !known && cx.node.group_offsets(group).is_empty() => {
+                    ResponseError::GroupIdNotFound
+                }
+                Ok(_) => match cx.node.delete_group_offsets(group).await {
+                    Ok(()) => crate::groups::NO_ERROR,
+                    Err(e) => error_code(&e),
+                },
+            }
+        };
+        results.push(
+            DeletableGroupResult::default()
+                .with_group_id(id.clone())
+                .with_error_code(code.code()),
+        );
+    }
+    DeleteGroupsResponse::default().with_results(results)
 }
 
 fn list_groups(cx: &Context) -> ListGroupsResponse {

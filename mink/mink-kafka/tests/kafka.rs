@@ -1958,6 +1958,9 @@ async fn every_advertised_version_of_every_api_is_answered() {
                 ApiKey::DescribeGroups => Exchange::of::<_, DescribeGroupsResponse>(
                     DescribeGroupsRequest::default().with_groups(vec![group()]),
                 ),
+                ApiKey::DeleteGroups => Exchange::of::<_, DeleteGroupsResponse>(
+                    DeleteGroupsRequest::default().with_groups_names(vec![group()]),
+                ),
                 ApiKey::DeleteTopics => {
                     Exchange::of::<_, DeleteTopicsResponse>(DeleteTopicsRequest::default())
                 }

@@ -310,6 +310,30 @@ while len(assigned) < 10:
 pattern.close()
 assert sorted(assigned) == many[:10], assigned
 
+# DeleteGroups: a group with no members goes (and is unknown after); one with members stays.
+from confluent_kafka import KafkaError
+
+member = Consumer({"bootstrap.servers": bootstrap, "group.id": "busy", "auto.offset.reset": "earliest"})
+joined = []
+member.subscribe(["many-00"], on_assign=lambda c, ps: joined.extend(ps))
+deadline = time.monotonic() + 30
+while not joined:
+    assert time.monotonic() < deadline, "the busy group's member was not assigned"
+    member.poll(0.5)
+member.commit(offsets=[TopicPartition("many-00", 0, 0)], asynchronous=False)
+for group, expected in [("regex", None), ("regex", KafkaError.GROUP_ID_NOT_FOUND), ("busy", KafkaError.NON_EMPTY_GROUP)]:
+    try:
+        for _, f in cadmin.delete_consumer_groups([group]).items():
+            f.result(30)
+        assert expected is None, f"{group} was deleted"
+    except KafkaException as e:
+        assert e.args[0].code() == expected, (group, e)
+member.close()
+for _, f in cadmin.delete_consumer_groups(["busy"]).items():
+    f.result(30)
+groups = {g.group_id for g in cadmin.list_consumer_groups().result(30).valid}
+assert not {"regex", "busy"} & groups, groups
+
 # A transactional producer fails at once with a fatal error (transactions are out of scope),
 # instead of retrying to find a transaction coordinator until its timeout.
 tx = Producer({"bootstrap.servers": bootstrap, "transactional.id": "tx-1"})
