@@ -9,9 +9,14 @@ use datafusion::arrow::array::{
     ArrayRef, BooleanArray, Int64Array, RecordBatch, StringArray, TimestampMillisecondArray,
     UInt32Array, UInt64Array,
 };
-use datafusion::catalog::{SchemaProvider, TableProvider};
-use datafusion::datasource::MemTable;
-use datafusion::error::Result;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::catalog::{SchemaProvider, Session, TableProvider};
+use datafusion::common::Statistics;
+use datafusion::datasource::{MemTable, TableType};
+use datafusion::error::{DataFusionError, Result};
+use datafusion::logical_expr::dml::InsertOp;
+use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
+use datafusion::physical_plan::ExecutionPlan;
 use mink_client::{Client, ErrorCode, TableDescription};
 
 use crate::client_error;
@@ -267,13 +272,96 @@ impl SchemaProvider for SystemTables {
             _ => return Ok(None),
         };
         let schema = batch.schema();
-        Ok(Some(Arc::new(MemTable::try_new(
-            schema,
-            vec![vec![batch]],
-        )?)))
+        Ok(Some(Arc::new(ReadOnly {
+            name: format!("{SYSTEM}.{name}"),
+            rows: MemTable::try_new(schema, vec![vec![batch]])?,
+        })))
     }
 
     fn table_exist(&self, name: &str) -> bool {
         TABLES.contains(&name)
+    }
+}
+
+/// A system table: its rows as read when the statement was planned, refusing writes (a
+/// `MemTable` would take them and forget them).
+#[derive(Debug)]
+struct ReadOnly {
+    name: String,
+    rows: MemTable,
+}
+
+impl ReadOnly {
+    fn refuse(&self) -> DataFusionError {
+        DataFusionError::Plan(format!(
+            "{}: system tables are read-only (the cluster's metadata, as it is)",
+            self.name
+        ))
+    }
+}
+
+#[async_trait]
+impl TableProvider for ReadOnly {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn schema(&self) -> SchemaRef {
+        self.rows.schema()
+    }
+
+    fn table_type(&self) -> TableType {
+        self.rows.table_type()
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        self.rows.scan(state, projection, filters, limit).await
+    }
+
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> Result<Vec<TableProviderFilterPushDown>> {
+        self.rows.supports_filters_pushdown(filters)
+    }
+
+    fn statistics(&self) -> Option<Statistics> {
+        self.rows.statistics()
+    }
+
+    async fn insert_into(
+        &self,
+        _state: &dyn Session,
+        _input: Arc<dyn ExecutionPlan>,
+        _insert_op: InsertOp,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Err(self.refuse())
+    }
+
+    async fn delete_from(
+        &self,
+        _state: &dyn Session,
+        _filters: Vec<Expr>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Err(self.refuse())
+    }
+
+    async fn update(
+        &self,
+        _state: &dyn Session,
+        _assignments: Vec<(String, Expr)>,
+        _filters: Vec<Expr>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Err(self.refuse())
+    }
+
+    async fn truncate(&self, _state: &dyn Session) -> Result<Arc<dyn ExecutionPlan>> {
+        Err(self.refuse())
     }
 }
