@@ -129,6 +129,15 @@ impl MinkFlightSql {
                     })?,
             ),
         };
+        // Each request runs on an engine of its own: a SET would be forgotten with it.
+        if crate::settings::is_set_freshness(sql) {
+            return Err(Status::invalid_argument(format!(
+                "SET {} does not last past its request over Flight SQL: send the {} header with each request instead (an ADBC connection's call header adbc.flight.sql.rpc.call_header.{})",
+                crate::settings::FRESHNESS,
+                crate::settings::FRESHNESS_HEADER,
+                crate::settings::FRESHNESS_HEADER,
+            )));
+        }
         let engine = self.engine.fork(floor);
         if let Some(v) = request.metadata().get(crate::settings::FRESHNESS_HEADER) {
             let v = v.to_str().map_err(|_| {

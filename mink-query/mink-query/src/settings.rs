@@ -50,6 +50,22 @@ impl Freshness {
     }
 }
 
+/// Whether `sql` is a `SET mink.freshness` statement (whatever its value).
+pub fn is_set_freshness(sql: &str) -> bool {
+    use datafusion::sql::parser::{DFParser, Statement as S};
+    use datafusion::sql::sqlparser::ast::{Set, Statement};
+    let Ok(statements) = DFParser::parse_sql(sql) else {
+        return false;
+    };
+    statements.iter().any(|s| {
+        matches!(s, S::Statement(s) if matches!(
+            s.as_ref(),
+            Statement::Set(Set::SingleAssignment { variable, .. })
+                if variable.to_string().eq_ignore_ascii_case(FRESHNESS)
+        ))
+    })
+}
+
 /// The freshness a `SET mink.freshness = ...` statement sets; `None` for any other
 /// statement.
 pub fn set_statement(statement: &datafusion::sql::parser::Statement) -> Result<Option<Freshness>> {

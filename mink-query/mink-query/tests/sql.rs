@@ -452,6 +452,20 @@ async fn errors_name_what_is_wrong() {
         matches!(&ddl, Err(arrow_flight::error::FlightError::Tonic(s)) if s.code() == tonic::Code::InvalidArgument && s.message().contains("DDL not supported")),
         "{ddl:?}"
     );
+    // Each request runs on an engine of its own: a SET would be forgotten, so it is refused
+    // (plain or prepared), naming the header that does the job.
+    let set = sql
+        .execute("SET mink.freshness = 'lake'".into(), None)
+        .await;
+    assert!(
+        matches!(&set, Err(arrow_flight::error::FlightError::Tonic(s)) if s.code() == tonic::Code::InvalidArgument && s.message().contains("mink-freshness header")),
+        "{set:?}"
+    );
+    let set = sql.prepare("set MINK.FRESHNESS = '30s'".into(), None).await;
+    assert!(
+        matches!(&set, Err(arrow_flight::error::FlightError::Tonic(s)) if s.code() == tonic::Code::InvalidArgument && s.message().contains("mink-freshness header")),
+        "{set:?}"
+    );
     assert_eq!(
         c.rows("SELECT count(*) FROM app.users").await,
         strings(&[&["3"]])
