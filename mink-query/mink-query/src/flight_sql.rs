@@ -187,6 +187,7 @@ impl MinkFlightSql {
         engine: &QueryEngine,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
+        all_bound(&plan)?;
         let plan = if matches!(plan.logical_plan(), LogicalPlan::Dml(_)) {
             let _running = engine.queries().track(sql, "flight sql", None, None);
             let schema = Arc::new(plan.schema().as_arrow().clone());
@@ -242,6 +243,25 @@ fn updated(batches: &[RecordBatch]) -> i64 {
         _ => batches.iter().map(|b| b.num_rows() as u64).sum(),
     };
     i64::try_from(count).unwrap_or(i64::MAX)
+}
+
+/// Refuses a statement about to run with parameters no value was bound to (DataFusion would
+/// fail it at execution, as its own fault).
+fn all_bound(plan: &DataFrame) -> Result<(), Status> {
+    let mut unbound: Vec<String> = plan
+        .logical_plan()
+        .get_parameter_types()
+        .map_err(status)?
+        .into_keys()
+        .collect();
+    if unbound.is_empty() {
+        return Ok(());
+    }
+    unbound.sort();
+    Err(Status::invalid_argument(format!(
+        "no value bound to {}: bind one row of parameters before running the statement",
+        unbound.join(", ")
+    )))
 }
 
 /// `schema` as the IPC message Flight SQL carries schemas in.
@@ -312,21 +332,38 @@ fn sql_info() -> SqlInfoData {
 }
 
 /// A DataFusion error as a gRPC status carrying its message: what the statement got wrong
-/// is `INVALID_ARGUMENT`, what is missing `NOT_FOUND`, what is not built `UNIMPLEMENTED`.
+/// (including a value that does not convert to its column's type) is `INVALID_ARGUMENT`,
+/// what is missing `NOT_FOUND`, a name taken `ALREADY_EXISTS`, what is not built
+/// `UNIMPLEMENTED`.
 #[allow(clippy::needless_pass_by_value)] // reads best as `.map_err(status)`
 pub fn status(e: DataFusionError) -> Status {
+    use datafusion::arrow::error::ArrowError;
     let message = e.to_string();
     match e.find_root() {
         DataFusionError::SQL(..)
         | DataFusionError::Plan(_)
         | DataFusionError::SchemaError(..)
         | DataFusionError::Configuration(_) => Status::invalid_argument(message),
+        // The optimizer folds casts of literals, so `ts > 'notadate'` fails in a rule, wrapped
+        // as the rule's failure, with Arrow's error at the root.
+        DataFusionError::ArrowError(inner, _)
+            if matches!(
+                inner.as_ref(),
+                ArrowError::CastError(_)
+                    | ArrowError::ParseError(_)
+                    | ArrowError::DivideByZero
+                    | ArrowError::ArithmeticOverflow(_)
+            ) =>
+        {
+            Status::invalid_argument(message)
+        }
         DataFusionError::NotImplemented(_) => Status::unimplemented(message),
         DataFusionError::External(inner) => match inner
             .downcast_ref::<mink_client::ClientError>()
             .and_then(mink_client::ClientError::code)
         {
             Some(ErrorCode::NotFound) => Status::not_found(message),
+            Some(ErrorCode::AlreadyExists) => Status::already_exists(message),
             Some(ErrorCode::Invalid | ErrorCode::OffsetOutOfRange) => {
                 Status::invalid_argument(message)
             }
@@ -400,6 +437,7 @@ impl FlightSqlService for MinkFlightSql {
         request: Request<PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
         let (_, plan) = self.plan(&request, &command.query).await?;
+        all_bound(&plan)?;
         Ok(updated(&plan.collect().await.map_err(status)?))
     }
 
@@ -752,6 +790,7 @@ impl FlightSqlService for MinkFlightSql {
                     .map_err(status)?,
                 None => plan,
             };
+            all_bound(&plan)?;
             total = total.saturating_add(updated(&plan.collect().await.map_err(status)?));
         }
         Ok(total)

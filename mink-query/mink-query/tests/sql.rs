@@ -473,6 +473,82 @@ async fn errors_name_what_is_wrong() {
     c.stop().await;
 }
 
+/// Over Flight SQL the gRPC code says who can act: a name taken is `ALREADY_EXISTS`; a value
+/// that does not convert to its column's type and a parameter left unbound are the statement's
+/// fault, `INVALID_ARGUMENT`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flight_sql_codes_say_who_can_act() {
+    use arrow_flight::error::FlightError;
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path()).await;
+    c.load().await;
+    let mut sql = c.flight_sql().await;
+    let code = |r: &Result<arrow_flight::FlightInfo, FlightError>| match r {
+        Err(FlightError::Tonic(s)) => Some((s.code(), s.message().to_string())),
+        _ => None,
+    };
+    let duplicate = sql
+        .execute("CREATE TABLE app.events (id BIGINT NOT NULL)".into(), None)
+        .await;
+    assert!(
+        matches!(code(&duplicate), Some((tonic::Code::AlreadyExists, m)) if m.contains("app.events")),
+        "{duplicate:?}"
+    );
+    // Planned, then run: a cast of a literal fails in the optimizer, when the DoGet runs it.
+    for statement in [
+        "SELECT id FROM app.\"events$log\" WHERE __timestamp > 'notadate'",
+        "INSERT INTO app.events VALUES ('x', 'k', 1)",
+    ] {
+        let refused = match sql.execute(statement.into(), None).await {
+            Ok(info) => {
+                let mut sql = sql.clone();
+                match sql.do_get(info.endpoint[0].ticket.clone().unwrap()).await {
+                    Ok(stream) => stream.try_collect::<Vec<_>>().await.map(|_| ()),
+                    Err(e) => Err(e),
+                }
+            }
+            Err(e) => Err(e),
+        };
+        assert!(
+            matches!(&refused, Err(FlightError::Tonic(s)) if s.code() == tonic::Code::InvalidArgument),
+            "{statement}: {refused:?}"
+        );
+    }
+    let mut prepared = sql
+        .prepare(
+            "SELECT name FROM app.users WHERE id = $1 AND name = $2".into(),
+            None,
+        )
+        .await
+        .unwrap();
+    prepared
+        .set_parameters(
+            arrow::array::RecordBatch::try_from_iter(vec![(
+                "$1",
+                std::sync::Arc::new(arrow::array::Int64Array::from(vec![1]))
+                    as arrow::array::ArrayRef,
+            )])
+            .unwrap(),
+        )
+        .unwrap();
+    let unbound = prepared.execute().await;
+    assert!(
+        matches!(code(&unbound), Some((tonic::Code::InvalidArgument, m)) if m.contains("$2")),
+        "{unbound:?}"
+    );
+    // Nothing bound at all.
+    let mut prepared = sql
+        .prepare("SELECT name FROM app.users WHERE id = $1".into(), None)
+        .await
+        .unwrap();
+    let unbound = prepared.execute().await;
+    assert!(
+        matches!(code(&unbound), Some((tonic::Code::InvalidArgument, m)) if m.contains("no value bound to $1")),
+        "{unbound:?}"
+    );
+    c.stop().await;
+}
+
 /// `INSERT INTO` appends to a log table and upserts into a primary-key table, through the
 /// nodes; what cannot be written is refused with the reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
