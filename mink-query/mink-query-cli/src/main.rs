@@ -83,7 +83,7 @@ async fn main() -> std::process::ExitCode {
         Err(e) => {
             #[allow(clippy::print_stderr)]
             {
-                eprintln!("error: {e:#}");
+                eprintln!("error: {}", error_text(&e));
             }
             std::process::ExitCode::FAILURE
         }
@@ -162,6 +162,23 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
     out.flush()?;
     Ok(())
+}
+
+/// `e` with its causes, each said once: a DataFusion error's message already holds its
+/// source's, which `{e:#}` would repeat.
+pub(crate) fn error_text(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let message = cause.to_string();
+        if text.contains(&message) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&message);
+    }
+    text
 }
 
 /// Prints a line on standard output.
@@ -261,6 +278,10 @@ pub(crate) fn print_batches(
     format: Format,
     mut out: &mut (dyn Write + Send),
 ) -> anyhow::Result<()> {
+    // DDL and SET answer no columns: nothing to print (no empty table, no `{}` line).
+    if schema.fields().is_empty() && format != Format::Parquet {
+        return Ok(());
+    }
     match format {
         Format::Table => {
             let shown = if batches.is_empty() {

@@ -163,7 +163,7 @@ fn report(result: anyhow::Result<()>) {
     if let Err(e) = result {
         #[allow(clippy::print_stderr)]
         {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", crate::error_text(&e));
         }
     }
 }

@@ -152,6 +152,39 @@ async fn statements_from_the_command_line_and_files() {
         !ok && err.contains("table 'mink.app.nope' not found"),
         "{err}"
     );
+    // Said once: DataFusion's message holds its source's already.
+    let a = s.address.clone();
+    let (ok, _, err) = tokio::task::spawn_blocking(move || {
+        mink_query(&a, &["-c", "SELECT nosuch FROM app.people"])
+    })
+    .await
+    .unwrap();
+    assert!(
+        !ok && err.matches("No field named nosuch").count() == 1,
+        "{err}"
+    );
+    // DDL and SET answer no rows: nothing is printed, in any text format.
+    for (format, table) in [("table", "t1"), ("csv", "t2"), ("json", "t3")] {
+        let a = s.address.clone();
+        let create = format!("CREATE TABLE app.{table} (id BIGINT NOT NULL)");
+        let (ok, out, err) = tokio::task::spawn_blocking(move || {
+            mink_query(
+                &a,
+                &[
+                    "--format",
+                    format,
+                    "-c",
+                    &create,
+                    "-c",
+                    "SET mink.freshness = 'lake'",
+                ],
+            )
+        })
+        .await
+        .unwrap();
+        assert!(ok, "{err}");
+        assert_eq!(out, "", "{format}");
+    }
     let (ok, _, err) =
         tokio::task::spawn_blocking(|| mink_query("127.0.0.1:1", &["-c", "SELECT 1"]))
             .await
