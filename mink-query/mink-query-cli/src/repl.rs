@@ -140,22 +140,44 @@ pub(crate) async fn run(engine: &QueryEngine, format: Format) -> anyhow::Result<
     Ok(())
 }
 
-/// The columns of `table` (`database.table`, or a table of database `default`).
+/// The columns of `table` (`database.table`, or a table of database `default`), as planning a
+/// read of it finds them: `t$log`, `t$lake` and the system tables too, which the information
+/// schema does not list.
 async fn describe(engine: &QueryEngine, table: &str, format: Format) -> anyhow::Result<()> {
+    use std::sync::Arc;
+
+    use arrow::array::{ArrayRef, RecordBatch, StringArray};
     let (database, name) = table.split_once('.').unwrap_or(("default", table));
+    let quoted = |i: &str| format!("\"{}\"", i.replace('"', "\"\""));
     let df = engine
         .sql(&format!(
-            "SELECT column_name AS column, data_type AS type, is_nullable AS nullable FROM information_schema.columns WHERE table_catalog = 'mink' AND table_schema = '{}' AND table_name = '{}' ORDER BY ordinal_position",
-            database.replace('\'', "''"),
-            name.replace('\'', "''")
+            "SELECT * FROM {}.{}",
+            quoted(database),
+            quoted(name)
         ))
         .await?;
-    let schema = df.schema().as_arrow().clone();
-    let batches = df.collect().await?;
-    if batches.iter().all(|b| b.num_rows() == 0) {
-        anyhow::bail!("no table {database}.{name}");
-    }
-    print_batches(&schema, &batches, format, &mut std::io::stdout())
+    let fields = df.schema().as_arrow().fields().clone();
+    let column = |values: Vec<String>| Arc::new(StringArray::from(values)) as ArrayRef;
+    let batch = RecordBatch::try_from_iter(vec![
+        (
+            "column",
+            column(fields.iter().map(|f| f.name().clone()).collect()),
+        ),
+        (
+            "type",
+            column(fields.iter().map(|f| f.data_type().to_string()).collect()),
+        ),
+        (
+            "nullable",
+            column(
+                fields
+                    .iter()
+                    .map(|f| if f.is_nullable() { "YES" } else { "NO" }.to_string())
+                    .collect(),
+            ),
+        ),
+    ])?;
+    print_batches(&batch.schema(), &[batch], format, &mut std::io::stdout())
 }
 
 /// Prints a statement's error; the prompt goes on.

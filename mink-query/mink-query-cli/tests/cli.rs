@@ -399,6 +399,11 @@ async fn the_prompt_in_a_terminal() {
         until("the table list", &|s| s.contains("| app      | people |"));
         typed("\\d app.people");
         until("the columns", &|s| s.contains("| name   | Utf8  | YES"));
+        // A virtual table, which the information schema does not list.
+        typed("\\d app.people$changelog");
+        until("the changelog's columns", &|s| {
+            s.contains("| _change_type ")
+        });
         typed("\\timing");
         until("timing on", &|s| s.contains("Timing is on."));
         typed("SELECT nope FROM app.people;");
