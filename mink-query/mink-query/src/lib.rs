@@ -168,6 +168,7 @@ impl QueryEngine {
             .with_allow_statements(false);
         let plan = ctx.state().statement_to_plan(statement).await?;
         options.verify_plan(&plan)?;
+        insert::refuse_lossy_values(&plan)?;
         let planned = ctx.execute_logical_plan(plan).await?;
         // With parameters, the check waits until they are bound (`bound_dml`).
         if planned.logical_plan().get_parameter_types()?.is_empty() {

@@ -592,10 +592,28 @@ async fn insert_into_log_and_primary_key_tables() {
         .error("INSERT OVERWRITE app.events VALUES (1, 'x', 1)")
         .await;
     assert!(overwrite.contains("not supported"), "{overwrite}");
+    // A value that would lose its fraction in an integer column is refused, not truncated;
+    // a cast the statement writes itself stands.
+    for lossy in [
+        "INSERT INTO app.events VALUES (1.5, 'x', 1)",
+        "INSERT INTO app.events (id, amount) VALUES (3000, 2), (3001, 2.5)",
+        "INSERT INTO app.events SELECT id + 3000, kind, amount * 1.5 FROM app.events",
+    ] {
+        let refused = c.error(lossy).await;
+        assert!(
+            refused.contains("is refused, not truncated"),
+            "{lossy}: {refused}"
+        );
+    }
+    assert_eq!(
+        c.rows("INSERT INTO app.events VALUES (4000, 'x', CAST(2.5 AS BIGINT) + 1)")
+            .await,
+        strings(&[&["1"]])
+    );
     // Nothing of the refused statements was stored.
     assert_eq!(
         c.rows("SELECT count(*) FROM app.events").await,
-        strings(&[&["105"]])
+        strings(&[&["106"]])
     );
     c.stop().await;
 }
