@@ -94,7 +94,7 @@ fn workload(
         kafka: (transport == "kafka").then(|| address.to_string()),
         topic: topic.to_string(),
         database: "bench".into(),
-        partitions: a.partitions,
+        partitions: Some(a.partitions),
         record_size: a.record_size,
         producers: a.producers,
         consumers: a.consumers,

@@ -269,3 +269,63 @@ async fn sql_statements_over_flight_sql() {
     server.await.unwrap().unwrap();
     s.stop().await;
 }
+
+/// The summary states the topic as the run found it, not as asked: an existing topic or table
+/// keeps its partitions (and the summary says `--partitions` was not applied), and a consume
+/// run reports the mean size of the records it read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_summary_states_what_was_measured() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = mink_testkit::serve(dir.path(), mink_kafka::KafkaConfig::default()).await;
+    for (transport, address, name) in [
+        ("--kafka", &s.kafka, "topic mink-bench"),
+        ("--flight", &s.flight, "table bench.mink-bench"),
+    ] {
+        let produce = |partitions: &'static str| {
+            vec![
+                "produce",
+                transport,
+                address,
+                "--partitions",
+                partitions,
+                "--record-size",
+                "100",
+                "--max-records",
+                "300",
+                "--batch-records",
+                "100",
+                "--duration",
+                "60",
+                "--json",
+            ]
+        };
+        let out = ok(&produce("3")).await;
+        assert!(
+            out.contains(&format!("{name}, 3 partitions, 100 B records,")),
+            "{out}"
+        );
+        let out = ok(&produce("8")).await;
+        let kind = name.split(' ').next().unwrap();
+        assert!(
+            out.contains(&format!(
+                "{name}, 3 partitions (the {kind} exists: --partitions 8 not applied), 100 B"
+            )),
+            "{out}"
+        );
+        let json: serde_json::Value =
+            serde_json::from_str(out.lines().find(|l| l.starts_with('{')).unwrap()).unwrap();
+        assert_eq!(json["partitions"], 3, "{json}");
+
+        // Neither --partitions nor --record-size: the defaults (4, 1024) are not what was read.
+        let out = ok(&["consume", transport, address, "--duration", "60", "--json"]).await;
+        assert_eq!(records(&out, "consumed"), 600, "{out}");
+        assert!(
+            out.contains(&format!("{name}, 3 partitions, 100 B records (mean read)")),
+            "{out}"
+        );
+        let json: serde_json::Value =
+            serde_json::from_str(out.lines().find(|l| l.starts_with('{')).unwrap()).unwrap();
+        assert_eq!(json["record_size"], 100.0, "{json}");
+    }
+    s.stop().await;
+}

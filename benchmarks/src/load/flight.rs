@@ -25,7 +25,7 @@ pub(super) async fn run(
     start: Instant,
     produced: &Shared,
     consumed: &Shared,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<usize> {
     let address = args.flight.clone().unwrap_or_default();
     let client = Client::connect(&address).await?;
     if mode != Mode::Consume {
@@ -35,13 +35,14 @@ pub(super) async fn run(
                 &args.database,
                 &args.topic,
                 &schema(),
-                [("bucket.num", args.partitions.to_string())],
+                [("bucket.num", args.partitions().to_string())],
                 &[],
                 true,
             )
             .await?;
     }
     let table = client.describe_table(&args.database, &args.topic).await?;
+    let partitions = usize::try_from(table.bucket_count)?;
     let buckets: Vec<(u32, u64)> = table
         .buckets
         .iter()
@@ -77,7 +78,8 @@ pub(super) async fn run(
             )));
         }
     }
-    super::finish(mode, producers, consumers, consumed).await
+    super::finish(mode, producers, consumers, consumed).await?;
+    Ok(partitions)
 }
 
 /// One producer: batches of `batch_records` records until the deadline or its share of

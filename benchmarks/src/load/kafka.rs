@@ -44,7 +44,7 @@ pub(super) async fn run(
     start: Instant,
     produced: &Shared,
     consumed: &Shared,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<usize> {
     if mode != Mode::Consume {
         create_topic(args).await?;
     }
@@ -115,7 +115,8 @@ pub(super) async fn run(
             )));
         }
     }
-    super::finish(mode, producers, consumers, consumed).await
+    super::finish(mode, producers, consumers, consumed).await?;
+    Ok(partitions.len())
 }
 
 /// Creates the topic with `--partitions` unless it exists.
@@ -124,7 +125,7 @@ async fn create_topic(args: &Args) -> anyhow::Result<()> {
         config(args).create().context("a Kafka admin client")?;
     let topic = NewTopic::new(
         &args.topic,
-        i32::try_from(args.partitions)?,
+        i32::try_from(args.partitions())?,
         TopicReplication::Fixed(1),
     );
     let results = admin

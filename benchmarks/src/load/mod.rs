@@ -32,15 +32,16 @@ pub(crate) struct Args {
     #[arg(long)]
     pub(crate) kafka: Option<String>,
     /// The topic (Kafka) or table (Flight, in `--database`); created with `--partitions` when
-    /// it does not exist.
+    /// it does not exist (an existing one is used as it is).
     #[arg(long, default_value = "mink-bench")]
     pub(crate) topic: String,
     /// The database of the Flight table.
     #[arg(long, default_value = "bench")]
     pub(crate) database: String,
-    /// Partitions (buckets) of a topic or table the benchmark creates.
-    #[arg(long, default_value_t = 4)]
-    pub(crate) partitions: u32,
+    /// Partitions (buckets) of a topic or table the benchmark creates, default 4. An existing
+    /// one keeps its own, as kafka-producer-perf-test does; the summary says so.
+    #[arg(long)]
+    pub(crate) partitions: Option<u32>,
     /// Bytes per record: the send time (8 bytes) and padding.
     #[arg(long, default_value_t = 1024)]
     pub(crate) record_size: usize,
@@ -84,6 +85,8 @@ pub(crate) struct Args {
     #[arg(long)]
     pub(crate) json: bool,
 }
+
+const DEFAULT_PARTITIONS: u32 = 4;
 
 fn key_value(s: &str) -> Result<(String, String), String> {
     s.split_once('=')
@@ -138,7 +141,7 @@ impl Args {
         if self.producers == 0 || self.consumers == 0 || self.batch_records == 0 {
             bail!("--producers, --consumers and --batch-records take at least 1");
         }
-        if self.partitions == 0 {
+        if self.partitions == Some(0) {
             bail!("--partitions takes at least 1");
         }
         if !(self.duration > 0.0 && self.duration.is_finite()) {
@@ -163,6 +166,11 @@ impl Args {
             report::format_of(report)?;
         }
         Ok(())
+    }
+
+    /// The partitions of a topic or table the run creates.
+    fn partitions(&self) -> u32 {
+        self.partitions.unwrap_or(DEFAULT_PARTITIONS)
     }
 
     fn duration(&self) -> Duration {
@@ -418,6 +426,8 @@ pub(crate) struct Measured {
     pub(crate) timelines: Vec<(&'static str, Vec<Second>)>,
     /// When the timelines' first second began.
     pub(crate) start: Instant,
+    /// The partitions (buckets) of the topic or table, as the run found them.
+    pub(crate) partitions: usize,
 }
 
 /// Runs `mode` as `args` say, with live progress: each side's figures.
@@ -436,14 +446,14 @@ pub(crate) async fn measure(mode: Mode, args: &Args) -> anyhow::Result<Measured>
         Mode::Sql => bail!("sql runs are measured by load::sql"),
     };
     let (bar, ticker) = progress(mode, args.transport(), sides.clone());
-    let result = if args.kafka.is_some() {
+    let partitions = if args.kafka.is_some() {
         kafka::run(mode, args, start, &produced, &consumed).await
     } else {
         flight::run(mode, args, start, &produced, &consumed).await
     };
     ticker.abort();
     bar.finish_and_clear();
-    result?;
+    let partitions = partitions?;
     let figures: Vec<Figures> = sides
         .iter()
         .map(|(side, r)| Figures::of(side, &r.lock().expect("recorder lock")))
@@ -466,15 +476,20 @@ pub(crate) async fn measure(mode: Mode, args: &Args) -> anyhow::Result<Measured>
         figures,
         timelines,
         start,
+        partitions,
     })
 }
 
 #[allow(clippy::print_stdout, clippy::print_stderr)] // the user's output
 pub(crate) async fn run(mode: Mode, args: Args) -> anyhow::Result<()> {
     let Measured {
-        figures, timelines, ..
+        figures,
+        timelines,
+        partitions,
+        ..
     } = measure(mode, &args).await?;
-    let summary = summary(mode, &args, &figures);
+    let record_size = record_size(mode, &args, &figures);
+    let summary = summary(mode, &args, partitions, record_size, &figures);
     println!("{summary}");
     if args.json {
         println!(
@@ -483,8 +498,9 @@ pub(crate) async fn run(mode: Mode, args: Args) -> anyhow::Result<()> {
                 "workload": mode.name(),
                 "transport": args.transport(),
                 "address": args.address(),
-                "record_size": args.record_size,
-                "partitions": args.partitions,
+                "topic": args.topic,
+                "record_size": record_size,
+                "partitions": partitions,
                 "producers": args.producers,
                 "consumers": args.consumers,
                 "rate": args.rate,
@@ -501,16 +517,44 @@ pub(crate) async fn run(mode: Mode, args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The run's parameters and figures as Markdown.
-fn summary(mode: Mode, args: &Args, figures: &[Figures]) -> String {
+/// Bytes per record: as sent, or for a consume run the mean of what was read (the topic's
+/// records, whatever size they were written at).
+fn record_size(mode: Mode, args: &Args, figures: &[Figures]) -> f64 {
+    match (mode, figures.first()) {
+        (Mode::Consume, Some(f)) if f.records > 0 => f.bytes as f64 / f.records as f64,
+        _ => args.record_size as f64,
+    }
+}
+
+/// The run's parameters and figures as Markdown: the topic as the run found it.
+fn summary(
+    mode: Mode,
+    args: &Args,
+    partitions: usize,
+    record_size: f64,
+    figures: &[Figures],
+) -> String {
+    let (kind, name) = if args.kafka.is_some() {
+        ("topic", args.topic.clone())
+    } else {
+        ("table", format!("{}.{}", args.database, args.topic))
+    };
+    let ignored = match args.partitions {
+        Some(asked) if asked as usize != partitions => {
+            format!(" (the {kind} exists: --partitions {asked} not applied)")
+        }
+        _ => String::new(),
+    };
+    let records = if mode == Mode::Consume {
+        format!("{record_size:.0} B records (mean read)")
+    } else {
+        format!("{} B records", args.record_size)
+    };
     let mut out = format!(
-        "{} over {} at {}: topic {}, {} partitions, {} B records, {} producers, {} consumers, acks={}{}\n\n",
+        "{} over {} at {}: {kind} {name}, {partitions} partitions{ignored}, {records}, {} producers, {} consumers, acks={}{}\n\n",
         mode.name(),
         args.transport(),
         args.address(),
-        args.topic,
-        args.partitions,
-        args.record_size,
         args.producers,
         args.consumers,
         args.acks,
