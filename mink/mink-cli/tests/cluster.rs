@@ -602,6 +602,33 @@ fn a_paused_node_makes_nothing_visible_after_its_buckets_moved() {
 /// fourth: a rolling restart of the other three (SIGTERM, start again, one after another),
 /// then the fourth takes buckets again and a rebalance moves some onto it. No acknowledged
 /// row is lost or stored twice.
+/// `deploy/local-cluster` keeps the cluster's PostgreSQL while its nodes restart: once every
+/// node it started was stopped and started again (`local-cluster node ID`), the cluster still
+/// serves what it stored. (It once stopped and deleted PostgreSQL when its last original node
+/// exited, and the restarted node could not start.)
+#[test]
+fn a_cluster_outlives_a_restart_of_every_node() {
+    let Some(mut cluster) = nodes(1) else { return };
+    let entry = cluster.address(1);
+    create_log_table(&entry, "kept");
+    let mut produce = Command::new(MINK)
+        .args(["--server", &entry, "produce", "app.kept"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(
+        &mut produce.stdin.take().unwrap(),
+        b"{\"id\": 7, \"msg\": \"kept\"}\n",
+    )
+    .unwrap();
+    assert!(produce.wait().unwrap().success());
+    cluster.signal(1, "TERM");
+    cluster.exited(1);
+    cluster.restart(1);
+    let scanned = mink(&entry, &["scan", "app.kept"]);
+    assert!(scanned.contains("kept"), "after the restart: {scanned}");
+}
+
 #[test]
 fn a_rolling_restart_and_a_rebalance_under_load_lose_nothing() {
     let Some(mut cluster) = nodes(4) else { return };

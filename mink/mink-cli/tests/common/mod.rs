@@ -349,6 +349,24 @@ impl LocalCluster {
         assert!(status.success(), "kill -s {signal} node {id}");
     }
 
+    /// Waits for node `id`'s process to exit (after a signal that stops it).
+    pub fn exited(&self, id: u64) {
+        let pid = self.nodes[&id].0.to_string();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while Command::new("kill")
+            .args(["-0", &pid])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "waited 30 s for node {id} (pid {pid}) to exit"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Starts node `id` again with its settings (`deploy/local-cluster node`), once serving.
     pub fn restart(&mut self, id: u64) {
         let script = manifest_dir().join("../../deploy/local-cluster");
