@@ -160,6 +160,43 @@ fn path_url(p: &Path) -> String {
     format!("file://{}", p.display())
 }
 
+/// `url` with its secrets replaced by `***`: a password in its user info, and the values of
+/// query parameters that name a secret, password or token. Printed settings end up in logs.
+pub(crate) fn redact(url: &str) -> String {
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let mut out = match base.split_once("://") {
+        Some((scheme, rest)) => {
+            let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+            match authority.rsplit_once('@') {
+                Some((user_info, host)) => match user_info.split_once(':') {
+                    Some((user, _)) => format!("{scheme}://{user}:***@{host}{path}"),
+                    None => base.to_string(),
+                },
+                None => base.to_string(),
+            }
+        }
+        None => base.to_string(),
+    };
+    if !query.is_empty() {
+        let pairs: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((key, _))
+                    if ["secret", "password", "token"]
+                        .iter()
+                        .any(|s| key.to_ascii_lowercase().contains(s)) =>
+                {
+                    format!("{key}=***")
+                }
+                _ => pair.to_string(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&pairs.join("&"));
+    }
+    out
+}
+
 /// What a node needs to start, checked.
 struct Checked {
     node_id: u64,
@@ -185,13 +222,24 @@ fn check(args: &NodeArgs) -> anyhow::Result<Checked> {
         .iter()
         .any(|p| metadata.starts_with(p))
     {
-        bail!("--metadata {metadata:?}: expected postgres://user@host/db or sqlite://<path>");
+        bail!(
+            "--metadata {:?}: expected postgres://user@host/db or sqlite://<path>",
+            redact(&metadata)
+        );
     }
     let objects = args.object_store.clone().context(
         "--object-store (MINK_OBJECT_STORE) is required: s3://bucket/prefix?endpoint=... or a path",
     )?;
-    if objects.starts_with("s3://") || objects.starts_with("memory:") {
-        s3stream::store::open(&objects).with_context(|| format!("--object-store {objects:?}"))?;
+    match objects.split_once("://").map(|(scheme, _)| scheme) {
+        None | Some("file") => {}
+        Some("s3" | "memory") => {
+            s3stream::store::open(&objects)
+                .with_context(|| format!("--object-store {:?}", redact(&objects)))?;
+        }
+        Some(other) => bail!(
+            "--object-store {:?}: unsupported scheme {other:?}: use s3://, file:// or a path",
+            redact(&objects)
+        ),
     }
     let listen = args.listen.clone().unwrap_or_else(|| "0.0.0.0:7171".into());
     let address = |flag: &str, a: &str| -> anyhow::Result<std::net::SocketAddr> {
@@ -211,8 +259,40 @@ fn check(args: &NodeArgs) -> anyhow::Result<Checked> {
     {
         address("--metrics-listen", m)?;
     }
+    // Listeners bound by name (`localhost:9092`) and addresses others dial: host and port.
+    let host_port = |flag: &str, a: &str| -> anyhow::Result<()> {
+        match a.rsplit_once(':') {
+            Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(()),
+            _ => bail!("{flag} {a:?}: expected host:port"),
+        }
+    };
+    for (flag, value) in [
+        ("--sql-listen", &args.sql_listen),
+        ("--kafka-listen", &args.kafka_listen),
+    ] {
+        if let Some(a) = value.as_deref().filter(|a| *a != "none" && !a.is_empty()) {
+            host_port(flag, a)?;
+        }
+    }
+    for (flag, value) in [
+        ("--advertised-address", &args.advertised_address),
+        ("--kafka-advertised-address", &args.kafka_advertised_address),
+    ] {
+        if let Some(a) = value.as_deref() {
+            host_port(flag, a)?;
+        }
+    }
     if args.lease_ttl_ms.is_some_and(|t| t < 100) {
         bail!("--lease-ttl-ms must be at least 100");
+    }
+    // The flag's parser refuses 0; a config file's value arrives here unchecked.
+    if args.max_reads_in_flight == Some(0) {
+        bail!("--max-reads-in-flight must be at least 1");
+    }
+    if args.kafka_auto_create_partitions == Some(0) {
+        bail!(
+            "--kafka-auto-create-partitions is 0: a topic needs at least one partition (leave it unset to create no topics on Metadata)"
+        );
     }
     Ok(Checked {
         node_id,
@@ -228,8 +308,8 @@ pub(crate) fn check_config(args: &NodeArgs) -> anyhow::Result<()> {
     crate::say(&format!(
         "the configuration of node {} is valid\n  metadata: {}\n  objects:  {}\n  listen:   {}\n  advertised: {}\n",
         c.node_id,
-        c.metadata,
-        c.objects,
+        redact(&c.metadata),
+        redact(&c.objects),
         c.listen,
         args.advertised_address.as_deref().unwrap_or(&c.listen)
     ));
@@ -279,10 +359,6 @@ pub(crate) async fn run(args: NodeArgs, dev: bool) -> anyhow::Result<()> {
     if let Some(s) = args.kv_snapshot_interval_s {
         config.kv_snapshot_interval = Duration::from_secs(s.max(1));
     }
-    anyhow::ensure!(
-        args.kafka_auto_create_partitions != Some(0),
-        "kafka-auto-create-partitions is 0: a topic needs at least one partition (leave it unset to create no topics on Metadata)"
-    );
     // The Kafka listener is bound before the node starts: its address is registered with it.
     let kafka = match args.kafka_listen.as_deref() {
         None | Some("none" | "") => None,
@@ -309,7 +385,11 @@ pub(crate) async fn run(args: NodeArgs, dev: bool) -> anyhow::Result<()> {
         }
     };
     let node = Node::start(config).await.with_context(|| {
-        format!("node {node_id} could not start (metadata {metadata}, objects {objects})")
+        format!(
+            "node {node_id} could not start (metadata {}, objects {})",
+            redact(&metadata),
+            redact(&objects)
+        )
     })?;
     telemetry::observe_node(&node);
 
@@ -369,7 +449,9 @@ pub(crate) async fn run(args: NodeArgs, dev: bool) -> anyhow::Result<()> {
         server.max_message_bytes = m;
     }
     let mut out = format!(
-        "mink node {node_id} is serving\n  Flight:   grpc://{advertised}\n  Metadata: {metadata}\n  Objects:  {objects}\n"
+        "mink node {node_id} is serving\n  Flight:   grpc://{advertised}\n  Metadata: {}\n  Objects:  {}\n",
+        redact(&metadata),
+        redact(&objects)
     );
     if let Some(q) = sql_address {
         out.push_str(&format!(
@@ -431,5 +513,83 @@ async fn serve_sql(
     ));
     if let Err(e) = service.serve(listener, std::future::pending()).await {
         tracing::error!(error = %e, "the Flight SQL server stopped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{NodeArgs, check, redact};
+
+    #[test]
+    fn printed_settings_hide_their_secrets() {
+        assert_eq!(
+            redact("postgres://mink:mink@db:5432/mink?sslmode=require"),
+            "postgres://mink:***@db:5432/mink?sslmode=require"
+        );
+        assert_eq!(
+            redact(
+                "s3://b/p?endpoint=http://s3:9000&access_key_id=k&secret_access_key=s&session_token=t"
+            ),
+            "s3://b/p?endpoint=http://s3:9000&access_key_id=k&secret_access_key=***&session_token=***"
+        );
+        for plain in [
+            "postgres://mink@db/mink",
+            "sqlite:///x/m.db",
+            "/data/objects",
+        ] {
+            assert_eq!(redact(plain), plain);
+        }
+    }
+
+    /// `--check-config` refuses what the node would refuse when starting.
+    #[test]
+    fn the_check_refuses_what_the_node_would() {
+        let valid = NodeArgs {
+            node_id: Some(1),
+            metadata: Some("sqlite:///tmp/m.db".into()),
+            object_store: Some("/tmp/objects".into()),
+            listen: Some("127.0.0.1:7171".into()),
+            ..NodeArgs::default()
+        };
+        assert!(check(&valid).is_ok());
+        let refused = |args: NodeArgs, flag: &str| {
+            let e = format!("{:#}", check(&args).err().expect(flag));
+            assert!(e.contains(flag), "{e}");
+        };
+        refused(
+            NodeArgs {
+                object_store: Some("gs://b/p".into()),
+                ..valid.clone()
+            },
+            "--object-store",
+        );
+        refused(
+            NodeArgs {
+                sql_listen: Some("1.2.3.4:99999".into()),
+                ..valid.clone()
+            },
+            "--sql-listen",
+        );
+        refused(
+            NodeArgs {
+                advertised_address: Some("nohost".into()),
+                ..valid.clone()
+            },
+            "--advertised-address",
+        );
+        refused(
+            NodeArgs {
+                kafka_auto_create_partitions: Some(0),
+                ..valid.clone()
+            },
+            "--kafka-auto-create-partitions",
+        );
+        refused(
+            NodeArgs {
+                max_reads_in_flight: Some(0),
+                ..valid
+            },
+            "--max-reads-in-flight",
+        );
     }
 }
