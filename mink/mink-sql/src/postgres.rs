@@ -45,6 +45,20 @@ impl PostgresStore {
     /// Connects with explicit options (for example a `search_path` that puts the tables in
     /// their own schema).
     pub async fn connect_with(options: PgConnectOptions) -> StoreResult<Self> {
+        // The pool retries a connection that fails until its acquire timeout (30 s), then says
+        // only "pool timed out": one connection first names why (refused, unknown host, bad
+        // password), at once.
+        {
+            use sqlx::{ConnectOptions as _, Connection as _};
+            let first = options.connect().await.map_err(|e| {
+                StoreError::Unavailable(format!(
+                    "cannot connect to PostgreSQL at {}:{}: {e}",
+                    options.get_host(),
+                    options.get_port()
+                ))
+            })?;
+            let _ = first.close().await;
+        }
         let pool = PgPoolOptions::new()
             .max_connections(4)
             .connect_with(options)
@@ -257,5 +271,31 @@ impl LogStore for PostgresStore {
             .await
             .map_err(classify)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PostgresStore;
+    use crate::StoreError;
+
+    /// A database that cannot be reached is named with the reason (the pool alone says only
+    /// "pool timed out", after its acquire timeout).
+    #[tokio::test]
+    async fn an_unreachable_database_is_named_with_why() {
+        // A port nothing listens on: bound, then released.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let url = format!("postgres://mink@127.0.0.1:{port}/mink");
+        let Err(StoreError::Unavailable(e)) = PostgresStore::connect(&url).await else {
+            panic!("connected to nothing at {url}");
+        };
+        assert!(
+            e.contains(&format!("127.0.0.1:{port}")) && e.to_lowercase().contains("refused"),
+            "{e}"
+        );
     }
 }
