@@ -1823,9 +1823,14 @@ async fn serve_topic(dir: &std::path::Path) -> (Served, tokio::net::TcpStream) {
 
 /// Creates topic `name` (a raw log table of database `kafka`) with `partitions` buckets.
 async fn raw_topic(node: &Node, name: &str, partitions: u32) {
-    node.create_database("kafka", true).await.unwrap();
+    raw_table(node, "kafka", name, partitions).await;
+}
+
+/// Creates `database` if need be, and in it a raw log table `name` of `partitions` buckets.
+async fn raw_table(node: &Node, database: &str, name: &str, partitions: u32) {
+    node.create_database(database, true).await.unwrap();
     node.create_table(TableSpec {
-        database: "kafka".into(),
+        database: database.into(),
         name: name.into(),
         schema: mink_kafka::records::raw_schema(),
         primary_key: vec![],
@@ -2041,23 +2046,8 @@ async fn topic_names_map_to_tables_one_to_one() {
         "{created:?}"
     );
     assert!(s.node.describe_table("kafka", "com.acme.orders").is_ok());
-    s.node.create_database("com", false).await.unwrap();
-    s.node.create_database("db", false).await.unwrap();
-    for (database, name) in [("com", "acme.orders"), ("db", "x")] {
-        s.node
-            .create_table(TableSpec {
-                database: database.into(),
-                name: name.into(),
-                schema: mink_kafka::records::raw_schema(),
-                primary_key: vec![],
-                options: [("bucket.num".to_string(), "1".to_string())].into(),
-                partition_keys: vec![],
-                comment: String::new(),
-                if_not_exists: false,
-            })
-            .await
-            .unwrap();
-    }
+    raw_table(&s.node, "com", "acme.orders", 1).await;
+    raw_table(&s.node, "db", "x", 1).await;
     let every: MetadataResponse = ask(
         &mut socket,
         ApiKey::Metadata,
