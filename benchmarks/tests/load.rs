@@ -329,3 +329,38 @@ async fn the_summary_states_what_was_measured() {
     }
     s.stop().await;
 }
+
+/// A Kafka address nothing listens on fails the run within the reachability timeout, naming
+/// the address and librdkafka's cause, before any topic is created or read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_kafka_address_is_named() {
+    // A port that was free a moment ago: nothing listens on it once the listener is dropped.
+    let address = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let run = |mode: &'static str| {
+        let address = address.clone();
+        async move {
+            let started = std::time::Instant::now();
+            let out = bench(&[mode, "--kafka", &address, "--duration", "3"]).await;
+            (mode, out, started.elapsed())
+        }
+    };
+    let (produce, consume) = tokio::join!(run("produce"), run("consume"));
+    for (mode, out, took) in [produce, consume] {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success()
+                && stderr.contains(&format!("cannot reach a Kafka broker at {address}: "))
+                && stderr.contains("Connection refused"),
+            "{mode}: {stderr}"
+        );
+        // The reachability timeout (10 s), not CreateTopics' or the consumer's (30 s and more).
+        assert!(
+            took < std::time::Duration::from_secs(25),
+            "{mode}: {took:?}"
+        );
+    }
+}

@@ -4,15 +4,15 @@
 //! (no group coordination in the measurement).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use futures::StreamExt as _;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::{ClientContext, DefaultClientContext};
-use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{Consumer as _, StreamConsumer};
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
+use rdkafka::consumer::{BaseConsumer, Consumer as _, ConsumerContext, StreamConsumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{
     BaseRecord, DeliveryResult, Producer as _, ProducerContext, ThreadedProducer,
@@ -25,6 +25,43 @@ use super::{Args, Mode, Pacer, Shared, fill_random, now_us};
 const DEFAULT_IN_FLIGHT_BYTES: usize = 8 << 20;
 /// How long metadata and admin requests may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the first metadata request may take: an unreachable broker fails the run soon.
+const REACH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The first error librdkafka reported (a refused connection, say), to say why a broker could
+/// not be reached. Reported on the client's queue: read by polling it.
+#[derive(Default)]
+struct Reach {
+    first: Mutex<Option<String>>,
+}
+
+impl Reach {
+    fn note(&self, message: &str) {
+        // Without the log line's `[thrd:…]: ` prefix.
+        let message = message
+            .strip_prefix("[thrd:")
+            .and_then(|m| m.split_once("]: "))
+            .map_or(message, |(_, m)| m);
+        self.first
+            .lock()
+            .expect("error lock")
+            .get_or_insert_with(|| message.to_string());
+    }
+}
+
+impl ClientContext for Reach {
+    fn log(&self, level: RDKafkaLogLevel, _: &str, message: &str) {
+        if (level as i32) <= (RDKafkaLogLevel::Error as i32) {
+            self.note(message);
+        }
+    }
+
+    fn error(&self, _: KafkaError, reason: &str) {
+        self.note(reason);
+    }
+}
+
+impl ConsumerContext for Reach {}
 
 fn config(args: &Args) -> ClientConfig {
     let mut c = ClientConfig::new();
@@ -45,15 +82,29 @@ pub(super) async fn run(
     produced: &Shared,
     consumed: &Shared,
 ) -> anyhow::Result<usize> {
-    if mode != Mode::Consume {
-        create_topic(args).await?;
-    }
-    let probe: StreamConsumer = config(args)
+    let probe: BaseConsumer<Reach> = config(args)
         .set("group.id", "mink-bench")
-        .create()
+        .create_with_context(Reach::default())
         .context("a Kafka consumer")?;
     // librdkafka's metadata calls block their thread: off the runtime's workers, which may be
     // serving the broker itself (the kafka suite runs a node in this process).
+    tokio::task::block_in_place(|| probe.fetch_metadata(Some(&args.topic), REACH_TIMEOUT))
+        .map_err(|e| {
+            // librdkafka's own error (a refused connection, say) says more than the timeout.
+            let until = Instant::now() + Duration::from_millis(100);
+            while let Some(left) = until.checked_duration_since(Instant::now()) {
+                let _ = probe.poll(left);
+            }
+            let cause = probe.context().first.lock().expect("error lock").take();
+            anyhow::anyhow!(
+                "cannot reach a Kafka broker at {}: {}",
+                args.address(),
+                cause.unwrap_or_else(|| e.to_string())
+            )
+        })?;
+    if mode != Mode::Consume {
+        create_topic(args).await?;
+    }
     let metadata =
         tokio::task::block_in_place(|| probe.fetch_metadata(Some(&args.topic), REQUEST_TIMEOUT))
             .context("topic metadata")?;
