@@ -257,6 +257,11 @@ async fn sql_statements_over_flight_sql() {
             ],
             "--clients takes at least 1",
         ),
+        // The node's Flight address, not its Flight SQL one.
+        (
+            vec!["sql", "--flight-sql", &s.flight, "--query", "SELECT 1"],
+            &format!("{} serves Arrow Flight, not Flight SQL", s.flight),
+        ),
     ] {
         let out = bench(&args).await;
         let stderr = String::from_utf8_lossy(&out.stderr);

@@ -87,10 +87,16 @@ async fn client(
         let due = pacer.next(1).await;
         let query = &args.queries[next % args.queries.len()];
         next += 1;
-        let info = sql
-            .execute(query.clone(), None)
-            .await
-            .with_context(|| format!("running {query:?}"))?;
+        let info = match sql.execute(query.clone(), None).await {
+            Ok(info) => info,
+            // A Mink node's Flight service answers a statement as a table read without a
+            // table's path: the user gave its Flight port.
+            Err(e) if e.to_string().contains("expected a path descriptor") => bail!(
+                "{} serves Arrow Flight, not Flight SQL: give --flight-sql a Flight SQL address, a node's --sql-listen (127.0.0.1:7272 under `mink dev`) or `mink-query serve`'s",
+                args.flight_sql
+            ),
+            Err(e) => return Err(e).with_context(|| format!("running {query:?}")),
+        };
         let mut bytes = 0u64;
         for endpoint in info.endpoint {
             let ticket = endpoint.ticket.context("an endpoint without a ticket")?;
