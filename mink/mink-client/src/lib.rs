@@ -57,6 +57,17 @@ pub enum ClientError {
     /// The server answered something this client does not understand.
     #[error("protocol: {0}")]
     Protocol(String),
+    /// A write's retry deadline passed while the client waited for `awaited` from the node at
+    /// `address`: a node whose metadata database is down takes requests and never answers.
+    #[error(
+        "no {awaited} within {} s: the node at {address} did not answer (is its metadata database reachable?)",
+        waited.as_secs_f64()
+    )]
+    Timeout {
+        awaited: &'static str,
+        address: String,
+        waited: Duration,
+    },
 }
 
 impl ClientError {
@@ -72,7 +83,8 @@ impl ClientError {
     pub fn is_retriable(&self) -> bool {
         match self {
             ClientError::Server { code, .. } => code.is_retriable(),
-            ClientError::Transport { .. } => true,
+            // The outcome is unknown, as after a dropped connection.
+            ClientError::Transport { .. } | ClientError::Timeout { .. } => true,
             _ => false,
         }
     }
@@ -85,7 +97,8 @@ pub type ClientResult<T> = Result<T, ClientError>;
 pub struct ClientConfig {
     /// Largest gRPC message sent or accepted.
     pub max_message_bytes: usize,
-    /// How long a write keeps retrying retriable failures before giving up.
+    /// How long a write may take, its retries and the waits for answers included, before it
+    /// fails.
     pub retry_deadline: Duration,
     pub connect_timeout: Duration,
 }

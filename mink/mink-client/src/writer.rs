@@ -136,6 +136,29 @@ impl TableWriter {
         self.writer.map(|w| w.writer_id)
     }
 
+    /// When a write started now must have finished: [`crate::ClientConfig::retry_deadline`].
+    fn deadline(&self) -> tokio::time::Instant {
+        tokio::time::Instant::now() + self.client.config().retry_deadline
+    }
+
+    /// The error of a write whose deadline passed while it waited for `awaited` from the node
+    /// at `address`.
+    fn timed_out(&self, awaited: &'static str, address: &str) -> ClientError {
+        ClientError::Timeout {
+            awaited,
+            address: address.to_string(),
+            waited: self.client.config().retry_deadline,
+        }
+    }
+
+    /// [`TableWriter::refresh`], given up at `deadline`: a node may take a request and never
+    /// answer it.
+    async fn refresh_within(&mut self, deadline: tokio::time::Instant) -> ClientResult<()> {
+        tokio::time::timeout_at(deadline, self.refresh())
+            .await
+            .unwrap_or_else(|_| Err(self.timed_out("table description", self.client.address())))
+    }
+
     async fn refresh(&mut self) -> ClientResult<()> {
         let d = self
             .client
@@ -154,14 +177,18 @@ impl TableWriter {
     /// marks deletes; a batch of only some columns (the key among them) is a partial update
     /// of those columns.
     pub async fn write(&mut self, batch: &RecordBatch) -> ClientResult<WriteSummary> {
+        let deadline = self.deadline();
         if self.layout.is_none() {
-            self.refresh().await?;
+            self.refresh_within(deadline).await?;
         }
         if self.idempotent && self.writer.is_none() {
-            self.writer = Some(self.client.allocate_writer().await?);
+            let writer = tokio::time::timeout_at(deadline, self.client.allocate_writer())
+                .await
+                .unwrap_or_else(|_| Err(self.timed_out("writer id", self.client.address())))?;
+            self.writer = Some(writer);
         }
         let parts = self.route(batch)?;
-        self.send_parts(parts).await
+        self.send_parts(parts, deadline).await
     }
 
     /// A writer `writer` (allocated by the cluster) whose batches stand at `positions` in the
@@ -217,8 +244,9 @@ impl TableWriter {
                 "write_following needs a writer made by TableWriter::following".into(),
             ));
         }
+        let deadline = self.deadline();
         if self.layout.is_none() {
-            self.refresh().await?;
+            self.refresh_within(deadline).await?;
         }
         let layout = self.layout.as_ref().expect("layout loaded");
         let invalid = |e: mink_log::LogError| ClientError::Invalid(e.to_string());
@@ -276,17 +304,21 @@ impl TableWriter {
                 sequence: Some((first, last_offset.max(first))),
             });
         }
-        self.send_parts(parts).await
+        self.send_parts(parts, deadline).await
     }
 
-    /// Sends `parts` to their leaders until each is stored, retrying what may be retried.
-    async fn send_parts(&mut self, mut parts: Vec<Part>) -> ClientResult<WriteSummary> {
+    /// Sends `parts` to their leaders until each is stored, retrying what may be retried, and
+    /// fails once `deadline` passes (an attempt without an answer included).
+    async fn send_parts(
+        &mut self,
+        mut parts: Vec<Part>,
+        deadline: tokio::time::Instant,
+    ) -> ClientResult<WriteSummary> {
         let rows = parts.iter().map(|p| p.batch.num_rows() as u64).sum();
         let mut done: Vec<BucketResult> = Vec::with_capacity(parts.len());
-        let deadline = tokio::time::Instant::now() + self.client.config().retry_deadline;
         let mut backoff = Duration::from_millis(20);
         while !parts.is_empty() {
-            let outcomes = self.send(&parts).await;
+            let outcomes = self.send(&parts, deadline).await;
             let mut retry = Vec::new();
             let mut refresh = false;
             let mut last_error = None;
@@ -298,6 +330,7 @@ impl TableWriter {
                         }
                         done.push(result);
                     }
+                    Err(e @ ClientError::Timeout { .. }) => return Err(e),
                     Err(e) => {
                         let retriable = if self.idempotent {
                             e.is_retriable()
@@ -334,7 +367,11 @@ impl TableWriter {
                 backoff = (backoff * 2).min(Duration::from_secs(1));
                 if refresh {
                     // Leaders moved or are being assigned: ask again (errors retry next round).
-                    let _ = self.refresh().await;
+                    if let Err(e @ ClientError::Timeout { .. }) =
+                        self.refresh_within(deadline).await
+                    {
+                        return Err(e);
+                    }
                 }
             }
         }
@@ -418,7 +455,11 @@ impl TableWriter {
 
     /// Sends every part to its leader (one `DoPut` per leader, concurrently); a result per
     /// part, in order.
-    async fn send(&self, parts: &[Part]) -> Vec<ClientResult<BucketResult>> {
+    async fn send(
+        &self,
+        parts: &[Part],
+        deadline: tokio::time::Instant,
+    ) -> Vec<ClientResult<BucketResult>> {
         let layout = self.layout.as_ref().expect("layout loaded");
         let mut by_address: HashMap<String, Vec<usize>> = HashMap::new();
         for (i, p) in parts.iter().enumerate() {
@@ -431,7 +472,14 @@ impl TableWriter {
         }
         let sends = by_address.into_iter().map(|(address, indices)| async move {
             let group: Vec<&Part> = indices.iter().map(|&i| &parts[i]).collect();
-            let results = self.put(&address, &group).await;
+            let results = match tokio::time::timeout_at(deadline, self.put(&address, &group)).await
+            {
+                Ok(r) => r,
+                Err(_) => {
+                    let e = self.timed_out("acknowledgement", &address);
+                    group.iter().map(|_| Err(e.clone())).collect()
+                }
+            };
             indices.into_iter().zip(results).collect::<Vec<_>>()
         });
         let mut out: Vec<Option<ClientResult<BucketResult>>> = parts.iter().map(|_| None).collect();

@@ -29,6 +29,16 @@ impl Server {
     }
 
     async fn start_with(dir: &std::path::Path, node_id: u64, config: ServerConfig) -> Server {
+        Self::start_advertising(dir, node_id, config, None).await
+    }
+
+    /// A node telling clients to reach it at `advertised` (a proxy), not its own address.
+    async fn start_advertising(
+        dir: &std::path::Path,
+        node_id: u64,
+        config: ServerConfig,
+        advertised: Option<&str>,
+    ) -> Server {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap().to_string();
         let mut c = NodeConfig::new(
@@ -36,7 +46,7 @@ impl Server {
             &format!("sqlite://{}", dir.join("meta.db").display()),
             dir.join("objects").to_str().unwrap(),
         );
-        c.advertised_address = address.clone();
+        c.advertised_address = advertised.unwrap_or(&address).to_string();
         c.lease_ttl = Duration::from_millis(1000);
         c.engine.flush_delay = Duration::from_millis(5);
         c.leadership_interval = Duration::from_millis(20);
@@ -1316,4 +1326,115 @@ async fn flight_info_gives_lake_history_its_own_endpoints() {
     got.sort_unstable();
     assert_eq!(got, (0..110).collect::<Vec<_>>());
     a.stop().await;
+}
+
+/// A TCP proxy in front of a node that passes everything until [`SilencingProxy::silence`];
+/// from then on it drops what the node sends back, so requests are taken and never answered,
+/// as by a node whose metadata database is down.
+struct SilencingProxy {
+    silent: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl SilencingProxy {
+    fn start(listener: tokio::net::TcpListener, upstream: String) -> SilencingProxy {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let silent = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let quiet = Arc::clone(&silent);
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let server = tokio::net::TcpStream::connect(&upstream).await.unwrap();
+                let (mut client_read, mut client_write) = client.into_split();
+                let (mut server_read, mut server_write) = server.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
+                });
+                let quiet = Arc::clone(&quiet);
+                tokio::spawn(async move {
+                    let mut buf = vec![0; 64 << 10];
+                    while let Ok(n @ 1..) = server_read.read(&mut buf).await {
+                        if quiet.load(std::sync::atomic::Ordering::SeqCst) {
+                            continue;
+                        }
+                        if client_write.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        SilencingProxy { silent }
+    }
+
+    fn silence(&self) {
+        self.silent.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A write whose node takes its requests and never answers fails at the retry deadline with
+/// an error naming what it waited for, whether the wait is for the table's description or for
+/// the acknowledgement of its rows; it does not hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_write_no_node_answers_fails_at_the_retry_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxied = listener.local_addr().unwrap().to_string();
+    let server =
+        Server::start_advertising(dir.path(), 1, ServerConfig::default(), Some(&proxied)).await;
+    let proxy = SilencingProxy::start(listener, server.address.clone());
+    let config = mink_client::ClientConfig {
+        retry_deadline: Duration::from_millis(1500),
+        ..Default::default()
+    };
+    let client = Client::connect_with(&proxied, config).await.unwrap();
+    events_table(&client, 2).await;
+    let d = until_led(&client, "events").await;
+    assert!(
+        d.buckets.iter().all(|b| b.leader_address == proxied),
+        "{d:?}"
+    );
+    let mut writer = client.writer("app", "events");
+    writer.write(&batch(0..10)).await.unwrap();
+
+    proxy.silence();
+    // Bounded here so that a write that hangs fails the test instead of stalling it.
+    let bounded = |w: mink_client::TableWriter| async move {
+        let mut w = w;
+        let started = tokio::time::Instant::now();
+        let outcome = tokio::time::timeout(Duration::from_secs(30), w.write(&batch(10..20)))
+            .await
+            .expect("the write hung past its 1.5 s retry deadline");
+        (outcome, started.elapsed())
+    };
+    let (outcome, took) = bounded(writer).await;
+    let e = outcome.unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            ClientError::Timeout { awaited: "acknowledgement", address, .. } if *address == proxied
+        ),
+        "{e:?}"
+    );
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "no acknowledgement within 1.5 s: the node at {proxied} did not answer (is its metadata database reachable?)"
+        )
+    );
+    assert!(took >= Duration::from_millis(1400), "{took:?}");
+    // A new writer first asks for the table's description: that wait is bounded too.
+    let (outcome, _) = bounded(client.writer("app", "events")).await;
+    let e = outcome.unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            ClientError::Timeout {
+                awaited: "table description",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    // The node's graceful stop waits for connections the silenced proxy keeps open.
+    drop(client);
+    server.stop().await;
 }
