@@ -135,10 +135,30 @@ async fn produce_consume_and_e2e_over_flight_and_kafka() {
     }
 
     // Refused before anything is sent.
+    let missing = dir.path().join("missing").join("run.md");
+    let missing = missing.to_str().unwrap();
     for (args, expected) in [
         (
             vec!["produce", "--flight", &s.flight, "--acks", "1"],
             "acknowledged once durable",
+        ),
+        (vec!["produce"], "<--flight <FLIGHT>|--kafka <KAFKA>>"),
+        (
+            vec!["produce", "--kafka", &s.kafka, "--in-flight-bytes", "0"],
+            "--in-flight-bytes 0: at least one record's bytes (--record-size 1024)",
+        ),
+        // Before the run, not after it: no topic `unwritten` is created.
+        (
+            vec![
+                "produce",
+                "--kafka",
+                &s.kafka,
+                "--topic",
+                "unwritten",
+                "--report",
+                missing,
+            ],
+            "missing does not exist",
         ),
         (
             vec!["produce", "--kafka", &s.kafka, "--report", "out.txt"],
@@ -156,6 +176,7 @@ async fn produce_consume_and_e2e_over_flight_and_kafka() {
             "{args:?}: {stderr}"
         );
     }
+    assert!(s.node.describe_table("kafka", "unwritten").is_err());
     s.stop().await;
 }
 
@@ -206,6 +227,8 @@ async fn sql_statements_over_flight_sql() {
     ));
 
     let html = dir.path().join("sql.html");
+    let missing = dir.path().join("missing").join("sql.html");
+    let missing = missing.to_str().unwrap().to_string();
     let out = ok(&[
         "sql",
         "--flight-sql",
@@ -256,6 +279,18 @@ async fn sql_statements_over_flight_sql() {
                 "0",
             ],
             "--clients takes at least 1",
+        ),
+        (
+            vec![
+                "sql",
+                "--flight-sql",
+                &sql_address,
+                "--query",
+                "SELECT 1",
+                "--report",
+                &missing,
+            ],
+            "missing does not exist",
         ),
         // The node's Flight address, not its Flight SQL one.
         (
@@ -324,8 +359,11 @@ async fn the_summary_states_what_was_measured() {
         // Neither --partitions nor --record-size: the defaults (4, 1024) are not what was read.
         let out = ok(&["consume", transport, address, "--duration", "60", "--json"]).await;
         assert_eq!(records(&out, "consumed"), 600, "{out}");
+        // Nothing about producers, acks or a rate: a consume run has none.
         assert!(
-            out.contains(&format!("{name}, 3 partitions, 100 B records (mean read)")),
+            out.contains(&format!(
+                "{name}, 3 partitions, 100 B records (mean read), 1 consumers\n"
+            )),
             "{out}"
         );
         let json: serde_json::Value =

@@ -23,13 +23,15 @@ use hdrhistogram::Histogram;
 
 /// What a workload runs against and how.
 #[derive(clap::Args, Debug, Clone)]
+#[group(id = "load")]
+#[command(group = clap::ArgGroup::new("target").args(["flight", "kafka"]).required(true))]
 pub(crate) struct Args {
     /// A Mink node's Arrow Flight address (`host:port`).
-    #[arg(long, required_unless_present = "kafka", conflicts_with = "kafka")]
+    #[arg(long, group = "target")]
     pub(crate) flight: Option<String>,
     /// A Kafka-protocol bootstrap address (`host:port`): Mink's Kafka listener or any Kafka
     /// broker.
-    #[arg(long)]
+    #[arg(long, group = "target")]
     pub(crate) kafka: Option<String>,
     /// The topic (Kafka) or table (Flight, in `--database`); created with `--partitions` when
     /// it does not exist (an existing one is used as it is).
@@ -57,8 +59,8 @@ pub(crate) struct Args {
     pub(crate) batch_records: usize,
     /// Bytes of records a Kafka producer has unacknowledged at most, default 8 MiB
     /// (librdkafka's own queue holds up to 1 GiB: without a bound an unthrottled run measures
-    /// how long records wait in the client, not the broker). A Flight writer has one write of
-    /// `--batch-records` in flight instead.
+    /// how long records wait in the client, not the broker); at least `--record-size`. A
+    /// Flight writer has one write of `--batch-records` in flight instead.
     #[arg(long)]
     pub(crate) in_flight_bytes: Option<usize>,
     /// Records per second over all producers; 0 sends as fast as acknowledgements allow.
@@ -78,7 +80,7 @@ pub(crate) struct Args {
     #[arg(long = "kafka-config", value_parser = key_value)]
     pub(crate) kafka_config: Vec<(String, String)>,
     /// Write a report with throughput and latency plots: `.md` (plots as SVG files beside it)
-    /// or `.html` (plots inline).
+    /// or `.html` (plots inline), in a writable directory.
     #[arg(long)]
     pub(crate) report: Option<std::path::PathBuf>,
     /// Print the summary as one JSON object too.
@@ -162,8 +164,16 @@ impl Args {
                 "--in-flight-bytes applies to --kafka (a Flight writer has one write of --batch-records in flight)"
             );
         }
+        if let Some(bytes) = self.in_flight_bytes
+            && bytes < self.record_size
+        {
+            bail!(
+                "--in-flight-bytes {bytes}: at least one record's bytes (--record-size {})",
+                self.record_size
+            );
+        }
         if let Some(report) = &self.report {
-            report::format_of(report)?;
+            report::check(report)?;
         }
         Ok(())
     }
@@ -501,9 +511,10 @@ pub(crate) async fn run(mode: Mode, args: Args) -> anyhow::Result<()> {
                 "topic": args.topic,
                 "record_size": record_size,
                 "partitions": partitions,
-                "producers": args.producers,
-                "consumers": args.consumers,
-                "rate": args.rate,
+                "producers": (mode != Mode::Consume).then_some(args.producers),
+                "consumers": (mode != Mode::Produce).then_some(args.consumers),
+                "acks": (mode != Mode::Consume).then_some(&args.acks),
+                "rate": (mode != Mode::Consume).then_some(args.rate),
                 "figures": figures,
             })
         );
@@ -550,19 +561,32 @@ fn summary(
     } else {
         format!("{} B records", args.record_size)
     };
+    // Only what applies: a consume run has no producers, acks or rate.
+    let mut facts = vec![
+        format!("{kind} {name}"),
+        format!("{partitions} partitions{ignored}"),
+        records,
+    ];
+    if mode != Mode::Consume {
+        facts.push(format!("{} producers", args.producers));
+    }
+    if mode != Mode::Produce {
+        facts.push(format!("{} consumers", args.consumers));
+    }
+    if mode != Mode::Consume {
+        facts.push(format!("acks={}", args.acks));
+        facts.push(if args.rate > 0 {
+            format!("rate {} records/s", args.rate)
+        } else {
+            "unthrottled".to_string()
+        });
+    }
     let mut out = format!(
-        "{} over {} at {}: {kind} {name}, {partitions} partitions{ignored}, {records}, {} producers, {} consumers, acks={}{}\n\n",
+        "{} over {} at {}: {}\n\n",
         mode.name(),
         args.transport(),
         args.address(),
-        args.producers,
-        args.consumers,
-        args.acks,
-        if args.rate > 0 {
-            format!(", rate {} records/s", args.rate)
-        } else {
-            ", unthrottled".to_string()
-        },
+        facts.join(", ")
     );
     let latency = match mode {
         Mode::Produce => "latency: due to acknowledged",

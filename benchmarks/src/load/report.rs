@@ -24,6 +24,41 @@ pub(super) fn format_of(path: &Path) -> anyhow::Result<Format> {
     }
 }
 
+/// Refuses a report the run could not write, before the run (its figures would be lost after
+/// it): a name of neither format, or a directory that is missing or not writable.
+pub(super) fn check(path: &Path) -> anyhow::Result<()> {
+    format_of(path)?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        bail!(
+            "--report {}: {} {}",
+            path.display(),
+            dir.display(),
+            if dir.exists() {
+                "is not a directory"
+            } else {
+                "does not exist"
+            }
+        );
+    }
+    if let Err(e) = tempfile::NamedTempFile::new_in(dir) {
+        // The OS's error, without the temporary file's name.
+        let cause = e.raw_os_error().map_or_else(
+            || e.to_string(),
+            |c| std::io::Error::from_raw_os_error(c).to_string(),
+        );
+        bail!(
+            "--report {}: cannot write in {}: {cause}",
+            path.display(),
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
 const WIDTH: u32 = 900;
 const HEIGHT: u32 = 320;
 const COLORS: [RGBColor; 4] = [

@@ -54,7 +54,7 @@ impl SqlArgs {
             bail!("--query: an empty statement");
         }
         if let Some(report) = &self.report {
-            report::format_of(report)?;
+            report::check(report)?;
         }
         Ok(())
     }
