@@ -257,6 +257,52 @@ async fn sql_statements_over_flight_sql() {
     let page = std::fs::read_to_string(&html).unwrap();
     assert!(page.contains("mink-bench sql over flight-sql") && page.matches("<svg").count() == 2);
 
+    // docs/benchmarks.md's statements, over the README quick start's `app.events`.
+    client.create_database("app", false).await.unwrap();
+    let events = arrow::array::RecordBatch::try_new(
+        Arc::new(arrow::datatypes::Schema::new(vec![
+            arrow::datatypes::Field::new("user_id", arrow::datatypes::DataType::Int64, false),
+            arrow::datatypes::Field::new("event", arrow::datatypes::DataType::Utf8, true),
+        ])),
+        vec![
+            Arc::new(arrow::array::Int64Array::from(vec![1, 2])),
+            Arc::new(arrow::array::StringArray::from(vec!["signup", "login"])),
+        ],
+    )
+    .unwrap();
+    client
+        .create_table(
+            "app",
+            "events",
+            &events.schema(),
+            [("bucket.num", "4"), ("bucket.key", "user_id")],
+            &[],
+            false,
+        )
+        .await
+        .unwrap();
+    client.writer("app", "events").write(&events).await.unwrap();
+    let out = ok(&[
+        "sql",
+        "--flight-sql",
+        &sql_address,
+        "--clients",
+        "1",
+        "--max-queries",
+        "2",
+        "--duration",
+        "60",
+        "--query",
+        "SELECT count(*) FROM app.events",
+        "--query",
+        "SELECT event, count(*) FROM app.events GROUP BY event",
+        "--json",
+    ])
+    .await;
+    let json: serde_json::Value =
+        serde_json::from_str(out.lines().find(|l| l.starts_with('{')).unwrap()).unwrap();
+    assert_eq!(json["rows"], 1 + 2, "{json}");
+
     for (args, expected) in [
         (
             vec![
