@@ -8,7 +8,7 @@ use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use clap::Subcommand;
 use mink_client::{Client, TableDescription, protocol};
 
-use crate::say;
+use crate::out;
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum DatabaseCommand {
@@ -170,7 +170,7 @@ pub(crate) async fn database(client: &Client, c: DatabaseCommand) -> anyhow::Res
             if_not_exists,
         } => {
             client.create_database(&name, if_not_exists).await?;
-            say(&format!("created database {name}\n"));
+            out(&format!("created database {name}\n"))?;
         }
         DatabaseCommand::Drop {
             name,
@@ -178,11 +178,11 @@ pub(crate) async fn database(client: &Client, c: DatabaseCommand) -> anyhow::Res
             if_exists,
         } => {
             client.drop_database(&name, cascade, if_exists).await?;
-            say(&format!("dropped database {name}\n"));
+            out(&format!("dropped database {name}\n"))?;
         }
         DatabaseCommand::List => {
             for d in client.list_databases().await? {
-                say(&format!("{d}\n"));
+                out(&format!("{d}\n"))?;
             }
         }
     }
@@ -237,16 +237,16 @@ pub(crate) async fn table(client: &Client, c: TableCommand) -> anyhow::Result<()
                     if_not_exists,
                 })
                 .await?;
-            say(&format!("created table {}.{}\n", d.database, d.table));
-            say(&describe_text(&d));
+            out(&format!("created table {}.{}\n", d.database, d.table))?;
+            out(&describe_text(&d))?;
         }
         TableCommand::Describe { table, json } => {
             let (database, name) = split_table(&table)?;
             let d = client.describe_table(&database, &name).await?;
             if json {
-                say(&format!("{}\n", serde_json::to_string_pretty(&d)?));
+                out(&format!("{}\n", serde_json::to_string_pretty(&d)?))?;
             } else {
-                say(&describe_text(&d));
+                out(&describe_text(&d))?;
             }
         }
         TableCommand::Alter {
@@ -289,16 +289,16 @@ pub(crate) async fn table(client: &Client, c: TableCommand) -> anyhow::Result<()
                     schema,
                 })
                 .await?;
-            say(&describe_text(&d));
+            out(&describe_text(&d))?;
         }
         TableCommand::Drop { table, if_exists } => {
             let (database, name) = split_table(&table)?;
             client.drop_table(&database, &name, if_exists).await?;
-            say(&format!("dropped table {database}.{name}\n"));
+            out(&format!("dropped table {database}.{name}\n"))?;
         }
         TableCommand::List { database } => {
             for t in client.list_tables(&database).await? {
-                say(&format!("{database}.{t}\n"));
+                out(&format!("{database}.{t}\n"))?;
             }
         }
     }
@@ -389,10 +389,10 @@ pub(crate) async fn partition(client: &Client, c: PartitionCommand) -> anyhow::R
             let p = client
                 .create_partition(&database, &name, &partition, if_not_exists)
                 .await?;
-            say(&format!(
+            out(&format!(
                 "created partition {} (id {}) of {database}.{name}\n",
                 p.name, p.partition_id
-            ));
+            ))?;
         }
         PartitionCommand::Drop {
             table,
@@ -403,9 +403,9 @@ pub(crate) async fn partition(client: &Client, c: PartitionCommand) -> anyhow::R
             client
                 .drop_partition(&database, &name, &partition, if_exists)
                 .await?;
-            say(&format!(
+            out(&format!(
                 "dropped partition {partition} of {database}.{name}\n"
-            ));
+            ))?;
         }
     }
     Ok(())
@@ -438,9 +438,9 @@ pub(crate) async fn cluster(client: &Client, c: Option<ClusterCommand>) -> anyho
         ClusterCommand::Rebalance { dry_run } => {
             let moves = client.rebalance(dry_run).await?;
             let verb = if dry_run { "would move" } else { "moved" };
-            say(&format!("{verb} {} buckets\n", moves.len()));
+            out(&format!("{verb} {} buckets\n", moves.len()))?;
             for m in moves {
-                say(&format!("  {m}\n"));
+                out(&format!("  {m}\n"))?;
             }
             Ok(())
         }
@@ -451,15 +451,15 @@ pub(crate) async fn node(client: &Client, c: NodeCommand) -> anyhow::Result<()> 
     match c {
         NodeCommand::Drain { node_id } => {
             client.drain_node(node_id, false).await?;
-            say(&format!(
+            out(&format!(
                 "node {node_id} is drained: the coordinator moves its buckets to the other nodes (watch with `mink cluster status`)\n"
-            ));
+            ))?;
         }
         NodeCommand::Undrain { node_id } => {
             client.drain_node(node_id, true).await?;
-            say(&format!(
+            out(&format!(
                 "node {node_id} takes buckets again (`mink cluster rebalance` gives it its share)\n"
-            ));
+            ))?;
         }
     }
     Ok(())
@@ -472,10 +472,10 @@ async fn cluster_status(client: &Client) -> anyhow::Result<()> {
         (Some(n), None) => format!("node {n}"),
         _ => "none".to_string(),
     };
-    say(&format!(
+    out(&format!(
         "answered by node {}; metadata applied up to index {}; lease holder: {coordinator}\n",
         c.node_id, c.applied_index,
-    ));
+    ))?;
     for n in &c.nodes {
         let state = if n.live { "live" } else { "down" };
         let heartbeat = n
@@ -490,16 +490,16 @@ async fn cluster_status(client: &Client) -> anyhow::Result<()> {
             .filter(|(k, _)| k.as_str() != "flight")
             .map(|(k, v)| format!(", {k} at {v}"))
             .collect();
-        say(&format!(
+        out(&format!(
             "  node {} (epoch {}) at {}: {state}{heartbeat}, leads {} buckets{drained}{listeners}\n",
             n.node_id, n.node_epoch, n.address, n.buckets
-        ));
+        ))?;
     }
     if c.buckets_without_live_leader > 0 {
-        say(&format!(
+        out(&format!(
             "{} buckets have no live leader (failover pending, or a new table)\n",
             c.buckets_without_live_leader
-        ));
+        ))?;
     }
     Ok(())
 }

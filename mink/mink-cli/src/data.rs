@@ -394,7 +394,7 @@ pub(crate) async fn produce(client: &Client, a: ProduceArgs) -> anyhow::Result<(
     }
     let _ = reader.await;
     bar.finish_and_clear();
-    crate::say(&format!("wrote {rows} rows to {database}.{table}\n"));
+    crate::out(&format!("wrote {rows} rows to {database}.{table}\n"))?;
     Ok(())
 }
 
@@ -539,23 +539,6 @@ impl Sink {
     }
 }
 
-/// A closed standard output (`mink scan | head`) ends the command quietly.
-fn quiet_on_broken_pipe(r: anyhow::Result<()>) -> anyhow::Result<()> {
-    match r {
-        Err(e)
-            if e.chain().any(|c| {
-                c.downcast_ref::<std::io::Error>()
-                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-                    || c.downcast_ref::<arrow::error::ArrowError>()
-                        .is_some_and(|a| a.to_string().contains("Broken pipe"))
-            }) =>
-        {
-            Ok(())
-        }
-        other => other,
-    }
-}
-
 fn column_list(columns: Option<&String>) -> Vec<String> {
     columns
         .map(|c| {
@@ -678,7 +661,7 @@ pub(crate) async fn scan(client: &Client, a: ScanArgs) -> anyhow::Result<()> {
     let mut sink: Option<Sink> = None;
     let mut rows = 0u64;
     let mut more = false;
-    let result = async {
+    let result: anyhow::Result<()> = async {
         while let Some(r) = stream.next().await {
             let r = r?;
             let mut batch = if a.with_offsets {
@@ -715,7 +698,7 @@ pub(crate) async fn scan(client: &Client, a: ScanArgs) -> anyhow::Result<()> {
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    quiet_on_broken_pipe(result)?;
+    result?;
     if a.format == OutFormat::Table || to_file {
         let note = if more && a.limit.is_none() {
             " (more rows: raise --limit or use --format csv)"
@@ -727,7 +710,7 @@ pub(crate) async fn scan(client: &Client, a: ScanArgs) -> anyhow::Result<()> {
             .as_ref()
             .map(|p| format!(" to {}", p.display()))
             .unwrap_or_default();
-        crate::say(&format!("{rows} rows{written}{note}\n"));
+        crate::out(&format!("{rows} rows{written}{note}\n"))?;
     }
     Ok(())
 }
@@ -773,7 +756,7 @@ pub(crate) async fn tail(client: &Client, a: TailArgs) -> anyhow::Result<()> {
     }
     let mut merged = futures::stream::select_all(streams);
     let mut sink: Option<Sink> = None;
-    let result = async {
+    let result: anyhow::Result<()> = async {
         while let Some(r) = merged.next().await {
             let r = r?;
             let batch = if a.with_offsets {
@@ -791,7 +774,7 @@ pub(crate) async fn tail(client: &Client, a: TailArgs) -> anyhow::Result<()> {
         Ok(())
     }
     .await;
-    quiet_on_broken_pipe(result)
+    result
 }
 
 pub(crate) async fn lookup(client: &Client, a: LookupArgs) -> anyhow::Result<()> {

@@ -86,10 +86,28 @@ enum Command {
     Lookup(data::LookupArgs),
 }
 
-/// Prints to stdout (the CLI's output, not a log).
-#[allow(clippy::print_stdout)]
+/// Prints a node's output to stdout; a node keeps serving once nobody reads it.
 pub(crate) fn say(text: &str) {
-    print!("{text}");
+    let _ = out(text);
+}
+
+/// Prints a client command's output to stdout. A closed stdout (`mink scan | head`) is an
+/// error that ends the command, quietly and successfully (see [`closed_stdout`]).
+pub(crate) fn out(text: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    std::io::stdout().lock().write_all(text.as_bytes())
+}
+
+/// Whether `e` is a write to a stdout whose reader has gone: the end of the output, as for
+/// `ls | head`, not a failure.
+fn closed_stdout(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            // Arrow's writers keep the I/O error only in their message.
+            || c.downcast_ref::<arrow::error::ArrowError>()
+                .is_some_and(|a| a.to_string().contains("Broken pipe"))
+    })
 }
 
 /// What to do about a failure, in words.
@@ -161,6 +179,7 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if closed_stdout(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprint_line(&explain(&e, &server));
             ExitCode::FAILURE

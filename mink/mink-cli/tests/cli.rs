@@ -152,6 +152,85 @@ fn dev_serves_admin_produce_scan_and_metrics() {
 }
 
 /// Runs `tests/<script>` with the test virtualenv's Python against a new `mink dev` node.
+/// A client command whose stdout closes before it prints (`mink scan | true`) ends as `ls |
+/// head` does: exit status 0, nothing on stderr, for each way the CLI prints.
+#[test]
+fn a_closed_stdout_ends_client_commands_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let dev = Dev::start(&dir.path().join("data"), "127.0.0.1:0", &[]);
+    dev.run(
+        &[
+            "table",
+            "create",
+            "app.kv",
+            "-c",
+            "id Int64 not null",
+            "-c",
+            "msg Utf8",
+            "--primary-key",
+            "id",
+        ],
+        None,
+    );
+    dev.run(
+        &["produce", "app.kv"],
+        Some("{\"id\": 1, \"msg\": \"a\"}\n"),
+    );
+    let commands: &[&[&str]] = &[
+        &["scan", "app.kv"],
+        &["scan", "app.kv", "--format", "csv"],
+        &["scan", "app.kv", "--format", "json"],
+        &["lookup", "app.kv", "{\"id\": 1}"],
+        &["cluster", "status"],
+        &["cluster", "rebalance", "--dry-run"],
+        &["table", "describe", "app.kv"],
+        &["table", "list", "app"],
+        &["database", "list"],
+    ];
+    for args in commands {
+        // The reading end is gone before the command starts: every write to stdout fails.
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = Command::new(MINK)
+            .args(["--server", &dev.flight])
+            .args(*args)
+            .stdin(std::process::Stdio::null())
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && stderr.is_empty(),
+            "mink {args:?} into a closed pipe: {:?}, stderr: {stderr}",
+            out.status
+        );
+    }
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(MINK)
+        .args(["--server", &dev.flight, "produce", "app.kv"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write as _;
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(b"{\"id\": 2, \"msg\": \"b\"}\n")?;
+            child.wait_with_output()
+        })
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stderr.is_empty(),
+        "produce: {stderr}"
+    );
+}
+
 fn run_pyarrow_script(script: &str) {
     let Some(python) = python() else { return };
     let dir = tempfile::tempdir().unwrap();
