@@ -205,6 +205,77 @@ impl std::fmt::Display for Step {
     }
 }
 
+impl std::fmt::Display for Why {
+    /// The reason in an operator's words.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Why::Unassigned => write!(f, "it had no leader"),
+            Why::Restarted => write!(f, "its leader restarted"),
+            Why::Failover { from } => write!(f, "node {from} stopped heartbeating"),
+            Why::Rebalance { .. } => write!(f, "to even out the buckets per node"),
+            Why::Drain { from } => write!(f, "node {from} is drained"),
+            Why::HandedOver { from } => write!(f, "node {from} handed it over"),
+            Why::HandoverOverdue { from } => {
+                write!(f, "node {from} did not hand it over in time")
+            }
+        }
+    }
+}
+
+/// A bucket by its table's name: `app.events bucket 3`, or `app.events partition 2024-01-01
+/// bucket 3` (ids only when the table is not in `state`).
+pub fn bucket_name(state: &State, (table_id, partition_id, bucket): BucketKey) -> String {
+    let table = state.tables.get(&table_id).map_or_else(
+        || format!("table {table_id}"),
+        |t| format!("{}.{}", t.database, t.name),
+    );
+    let partition = match state.partitions.get(&(table_id, partition_id)) {
+        Some(p) => format!(" partition {}", p.name),
+        None if partition_id != 0 => format!(" partition {partition_id}"),
+        None => String::new(),
+    };
+    format!("{table}{partition} bucket {bucket}")
+}
+
+impl Step {
+    /// The step for an operator (`mink cluster rebalance`): buckets by their table's name in
+    /// `state`, the reason in words. [`Step`]'s `Display` is the compact form, with ids.
+    pub fn describe(&self, state: &State) -> String {
+        match self {
+            Step::Lead {
+                bucket,
+                node_id,
+                why,
+            } => format!(
+                "lead {} on node {node_id} ({why})",
+                bucket_name(state, *bucket)
+            ),
+            Step::Transfer {
+                bucket,
+                from,
+                to,
+                why,
+                ..
+            } => format!(
+                "move {} from node {from} to node {to} ({why})",
+                bucket_name(state, *bucket)
+            ),
+            Step::CancelTransfer { bucket, leader, .. } => format!(
+                "cancel the move of {} (it stays on node {leader})",
+                bucket_name(state, *bucket)
+            ),
+            Step::DropKvSnapshot {
+                bucket,
+                snapshot_id,
+                location,
+            } => format!(
+                "drop KV snapshot {snapshot_id} of {} ({location})",
+                bucket_name(state, *bucket)
+            ),
+        }
+    }
+}
+
 /// Nodes marked drained in the metadata.
 pub fn drained(state: &State) -> BTreeSet<u64> {
     state

@@ -322,7 +322,7 @@ impl Coordinator<'_> {
         let mut report = format!("{token}\n");
         for step in planner::plan_rebalance(&obs) {
             if self.carry_out(&step).await {
-                report.push_str(&format!("{step}\n"));
+                report.push_str(&format!("{}\n", step.describe(&view.state)));
             }
         }
         let done = Command::PutKv(PutKv {

@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use mink_coordinator::planner::{self, Observation, PlannerConfig, Step, Why};
 use mink_metadata::{
     BucketRecord, KvRecord, KvSnapshotRecord, NodeRecord, State, StreamRecord, StreamState,
+    TableRecord,
 };
 
 /// A cluster as the coordinator sees it.
@@ -418,6 +419,20 @@ fn a_rebalance_evens_out_the_buckets_per_node() {
     let (min, max) = (*load.values().min().unwrap(), *load.values().max().unwrap());
     assert!(max - min <= 1, "{load:?}");
     assert_eq!(steps.len(), 3, "as few moves as evening out needs");
+    // What `mink cluster rebalance` prints: the table's name and the reason in words.
+    c.state.tables.insert(
+        1,
+        TableRecord {
+            table_id: 1,
+            database: "app".into(),
+            name: "events".into(),
+            ..Default::default()
+        },
+    );
+    assert_eq!(
+        steps[0].describe(&c.state),
+        "move app.events bucket 6 from node 1 to node 3 (to even out the buckets per node)"
+    );
     t.finish("rebalance");
 }
 

@@ -118,7 +118,7 @@ impl Node {
             };
             return Ok(planner::plan_rebalance(&obs)
                 .iter()
-                .map(ToString::to_string)
+                .map(|step| step.describe(&view.state))
                 .collect());
         }
         // A token no earlier request used: this node's identity and applied index.
