@@ -365,14 +365,17 @@ pub(crate) fn describe_text(d: &TableDescription) -> String {
             .tiered_offset
             .map(|t| format!(", in the lake below {t}"))
             .unwrap_or_default();
+        let leader = if b.leader_node_id == 0 {
+            "no leader yet (`mink cluster status` says why)".to_string()
+        } else {
+            format!(
+                "leader node {} ({}) at epoch {}",
+                b.leader_node_id, b.leader_address, b.leader_epoch
+            )
+        };
         out.push_str(&format!(
-            "  {p}bucket {}: offsets {}..{}, leader node {} ({}) at epoch {}{lake}\n",
-            b.bucket,
-            b.start_offset,
-            b.end_offset,
-            b.leader_node_id,
-            b.leader_address,
-            b.leader_epoch
+            "  {p}bucket {}: offsets {}..{}, {leader}{lake}\n",
+            b.bucket, b.start_offset, b.end_offset,
         ));
     }
     out
@@ -438,7 +441,7 @@ pub(crate) async fn cluster(client: &Client, c: Option<ClusterCommand>) -> anyho
         ClusterCommand::Rebalance { dry_run } => {
             let moves = client.rebalance(dry_run).await?;
             let verb = if dry_run { "would move" } else { "moved" };
-            out(&format!("{verb} {} buckets\n", moves.len()))?;
+            out(&format!("{verb} {}\n", buckets(moves.len() as u64)))?;
             for m in moves {
                 out(&format!("  {m}\n"))?;
             }
@@ -466,16 +469,30 @@ pub(crate) async fn node(client: &Client, c: NodeCommand) -> anyhow::Result<()> 
 }
 
 async fn cluster_status(client: &Client) -> anyhow::Result<()> {
-    let c = client.describe_cluster().await?;
+    out(&status_text(&client.describe_cluster().await?))?;
+    Ok(())
+}
+
+/// `n buckets`, or `1 bucket`.
+fn buckets(n: u64) -> String {
+    if n == 1 {
+        "1 bucket".to_string()
+    } else {
+        format!("{n} buckets")
+    }
+}
+
+/// What `mink cluster status` prints.
+fn status_text(c: &protocol::ClusterDescription) -> String {
     let coordinator = match (c.coordinator_node_id, c.coordinator_epoch) {
         (Some(n), Some(e)) => format!("node {n} (coordinator epoch {e})"),
         (Some(n), None) => format!("node {n}"),
         _ => "none".to_string(),
     };
-    out(&format!(
+    let mut text = format!(
         "answered by node {}; metadata applied up to index {}; lease holder: {coordinator}\n",
         c.node_id, c.applied_index,
-    ))?;
+    );
     for n in &c.nodes {
         let state = if n.live { "live" } else { "down" };
         let heartbeat = n
@@ -490,16 +507,85 @@ async fn cluster_status(client: &Client) -> anyhow::Result<()> {
             .filter(|(k, _)| k.as_str() != "flight")
             .map(|(k, v)| format!(", {k} at {v}"))
             .collect();
-        out(&format!(
-            "  node {} (epoch {}) at {}: {state}{heartbeat}, leads {} buckets{drained}{listeners}\n",
-            n.node_id, n.node_epoch, n.address, n.buckets
-        ))?;
+        text.push_str(&format!(
+            "  node {} (epoch {}) at {}: {state}{heartbeat}, leads {}{drained}{listeners}\n",
+            n.node_id,
+            n.node_epoch,
+            n.address,
+            buckets(n.buckets)
+        ));
     }
     if c.buckets_without_live_leader > 0 {
-        out(&format!(
-            "{} buckets have no live leader (failover pending, or a new table)\n",
-            c.buckets_without_live_leader
-        ))?;
+        let why = if c.nodes.iter().any(|n| n.live && !n.drained) {
+            "failover pending, or a new table"
+        } else if c.nodes.iter().any(|n| n.live) {
+            "every live node is drained: `mink node undrain <id>` lets one lead them"
+        } else {
+            "no node is live"
+        };
+        let verb = if c.buckets_without_live_leader == 1 {
+            "has"
+        } else {
+            "have"
+        };
+        text.push_str(&format!(
+            "{} {verb} no live leader ({why})\n",
+            buckets(c.buckets_without_live_leader)
+        ));
     }
-    Ok(())
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(node_id: u64, live: bool, drained: bool, buckets: u64) -> protocol::NodeDescription {
+        protocol::NodeDescription {
+            node_id,
+            node_epoch: 1,
+            address: format!("10.0.0.{node_id}:7171"),
+            live,
+            heartbeat_age_ms: None,
+            buckets,
+            drained,
+            listeners: BTreeMap::new(),
+        }
+    }
+
+    fn cluster(
+        nodes: Vec<protocol::NodeDescription>,
+        orphans: u64,
+    ) -> protocol::ClusterDescription {
+        protocol::ClusterDescription {
+            node_id: 1,
+            applied_index: 7,
+            coordinator_node_id: Some(1),
+            coordinator_epoch: Some(2),
+            nodes,
+            buckets_without_live_leader: orphans,
+        }
+    }
+
+    #[test]
+    fn status_counts_in_words_and_says_why_buckets_have_no_leader() {
+        let text = status_text(&cluster(
+            vec![node(1, true, false, 1), node(2, false, false, 2)],
+            2,
+        ));
+        assert!(
+            text.contains("node 1 (epoch 1) at 10.0.0.1:7171: live, leads 1 bucket\n"),
+            "{text}"
+        );
+        assert!(text.contains("down, leads 2 buckets\n"), "{text}");
+        assert!(
+            text.ends_with("2 buckets have no live leader (failover pending, or a new table)\n"),
+            "{text}"
+        );
+        let text = status_text(&cluster(
+            vec![node(1, true, true, 0), node(2, false, false, 0)],
+            1,
+        ));
+        assert!(text.ends_with("1 bucket has no live leader (every live node is drained: `mink node undrain <id>` lets one lead them)\n"), "{text}");
+    }
 }

@@ -177,12 +177,34 @@ impl Node {
     }
 
     /// Marks a node drained (the coordinator moves its buckets to the others and gives it no
-    /// new ones), or no longer drained.
+    /// new ones), or no longer drained. Refused when no other live node would take buckets:
+    /// every bucket, and every new table's, would be left without a leader.
     pub async fn drain(&self, node_id: u64, drained: bool) -> NodeResult<()> {
-        if !self.view().state.nodes.contains_key(&node_id) {
+        let state = self.view().state;
+        if !state.nodes.contains_key(&node_id) {
             return Err(NodeError::NotFound(format!(
                 "node {node_id} is not registered"
             )));
+        }
+        if drained {
+            let already = planner::drained(&state);
+            let others = self
+                .inner
+                .sink
+                .live_nodes()
+                .await?
+                .iter()
+                .filter(|n| {
+                    n.node_id != node_id
+                        && state.nodes.contains_key(&n.node_id)
+                        && !already.contains(&n.node_id)
+                })
+                .count();
+            if others == 0 {
+                return Err(NodeError::Invalid(format!(
+                    "node {node_id} is the last live node that takes buckets: drained, it would leave every bucket without a leader; start or undrain another node first"
+                )));
+            }
         }
         let key = planner::drained_key(node_id);
         let command = if drained {

@@ -1260,6 +1260,17 @@ async fn rebalance_and_drain_move_buckets_between_live_nodes() {
     let status = a.cluster_status().await.unwrap();
     let two = status.nodes.iter().find(|n| n.node_id == 2).unwrap();
     assert!(two.live && two.drained && two.buckets == 0, "{status:?}");
+    // Node 1 is the last live node taking buckets: draining it too is refused.
+    let refused = b.drain(1, true).await;
+    assert!(
+        matches!(&refused, Err(NodeError::Invalid(m)) if m.starts_with("node 1 is the last live node that takes buckets")),
+        "{refused:?}"
+    );
+    let status = b.cluster_status().await.unwrap();
+    assert!(
+        status.nodes.iter().all(|n| n.drained == (n.node_id == 2)),
+        "{status:?}"
+    );
     // Registered before the cluster reached metadata_version 3, the nodes state their
     // listeners once it has.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
