@@ -313,6 +313,36 @@ fn load(state: &State) -> BTreeMap<u64, usize> {
     load
 }
 
+/// Buckets of each table per node, (table, node) → count, counted as [`load`] counts them.
+fn table_load(state: &State) -> BTreeMap<(u64, u64), usize> {
+    let mut load = BTreeMap::new();
+    for b in state.buckets.values() {
+        let node = moving_to(state, b).unwrap_or(b.leader_node_id);
+        if node != 0 {
+            *load.entry((b.table_id, node)).or_insert(0) += 1;
+        }
+    }
+    load
+}
+
+/// The candidate leading the fewest buckets of `table_id`, then the least loaded, then the
+/// lowest id, counted as taking one more: a new table spreads over the live nodes even when
+/// one of them leads far fewer buckets overall (a restarted node), as Kafka spreads a topic's
+/// partitions over the brokers.
+fn take_spreading(
+    candidates: &mut BTreeMap<u64, usize>,
+    per_table: &mut BTreeMap<(u64, u64), usize>,
+    table_id: u64,
+) -> Option<u64> {
+    let (&id, _) = candidates.iter().min_by_key(|(id, n)| {
+        let of_table = per_table.get(&(table_id, **id)).copied().unwrap_or(0);
+        (of_table, **n, **id)
+    })?;
+    *candidates.get_mut(&id).expect("present") += 1;
+    *per_table.entry((table_id, id)).or_insert(0) += 1;
+    Some(id)
+}
+
 /// Live nodes that may take buckets (registered, not drained), with their load.
 fn candidates(obs: &Observation<'_>) -> BTreeMap<u64, usize> {
     let drained = drained(obs.state);
@@ -354,11 +384,13 @@ enum LeaderState {
     Dead,
 }
 
-/// Every bucket's leadership: unassigned buckets to the least loaded live node, buckets of a
-/// restarted leader back to it, and (with `obs.failover`) buckets of a dead leader to the least
-/// loaded live nodes. Buckets led by a live node never move here (see [`plan_rebalance`]).
+/// Every bucket's leadership: unassigned buckets to the live node leading the fewest buckets
+/// of their table (the least loaded among those), buckets of a restarted leader back to it,
+/// and (with `obs.failover`) buckets of a dead leader to the least loaded live nodes. Buckets
+/// led by a live node never move here (see [`plan_rebalance`]).
 pub fn plan_leadership(obs: &Observation<'_>) -> Vec<Step> {
     let mut candidates = candidates(obs);
+    let mut per_table = table_load(obs.state);
     let mut steps = Vec::new();
     for (key, b) in obs.state.buckets.iter() {
         let why = match leader_state(obs, b) {
@@ -381,7 +413,14 @@ pub fn plan_leadership(obs: &Observation<'_>) -> Vec<Step> {
             },
             LeaderState::Dead => continue,
         };
-        if let Some(node_id) = take_least_loaded(&mut candidates) {
+        let node = if why == Why::Unassigned {
+            take_spreading(&mut candidates, &mut per_table, key.0)
+        } else {
+            take_least_loaded(&mut candidates).inspect(|id| {
+                *per_table.entry((key.0, *id)).or_insert(0) += 1;
+            })
+        };
+        if let Some(node_id) = node {
             steps.push(Step::Lead {
                 bucket: *key,
                 node_id,

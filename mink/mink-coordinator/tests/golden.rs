@@ -312,9 +312,31 @@ fn new_buckets_go_to_the_least_loaded_live_nodes() {
     assert_eq!(got.len(), 5);
     assert!(got.iter().all(|(_, _, why)| *why == Why::Unassigned));
     let on = |n| got.iter().filter(|(_, node, _)| *node == n).count();
-    // Node 2 catches up with node 1 first, then they alternate.
+    // They alternate (the table spreads), the less loaded node 2 first on each tie.
+    assert_eq!(
+        got.iter().map(|(_, node, _)| *node).collect::<Vec<_>>(),
+        [2, 1, 2, 1, 2]
+    );
     assert_eq!((on(1), on(2), on(3)), (2, 3, 0));
     t.finish("new_buckets");
+}
+
+#[test]
+fn a_new_tables_buckets_spread_over_the_live_nodes() {
+    let mut c = Cluster::nodes(3);
+    // Node 1 came back from a restart after its buckets failed over: it leads none.
+    c.table(1, 12, &[2, 3]);
+    c.table(2, 8, &[0]);
+    let mut t = Transcript::new(&c);
+    let steps = t.plan("plan", planner::plan(&c.observe(true), &config()));
+    let got = leads(&steps);
+    assert_eq!(got.len(), 8);
+    assert!(got.iter().all(|(_, _, why)| *why == Why::Unassigned));
+    let on = |n| got.iter().filter(|(_, node, _)| *node == n).count();
+    // Spread over every live node, not all on the empty one; the extra bucket on the least
+    // loaded.
+    assert_eq!((on(1), on(2), on(3)), (3, 3, 2));
+    t.finish("new_table_spreads");
 }
 
 #[test]
