@@ -27,7 +27,8 @@ struct Cli {
         long,
         global = true,
         env = "MINK_SERVER",
-        default_value = "127.0.0.1:7171"
+        default_value = "127.0.0.1:7171",
+        value_parser = parse_server
     )]
     server: String,
     #[command(subcommand)]
@@ -84,6 +85,24 @@ enum Command {
     Tail(data::TailArgs),
     /// Look up rows of a primary-key table by key (or by bucket-key prefix).
     Lookup(data::LookupArgs),
+}
+
+/// `host:port`, optionally after `grpc://` or `http://`: a host alone is a usage error
+/// (the client would otherwise fail later, on a connection to port 80).
+fn parse_server(text: &str) -> Result<String, String> {
+    let address = ["grpc+tcp://", "grpc://", "http://"]
+        .iter()
+        .find_map(|scheme| text.trim().strip_prefix(scheme))
+        .unwrap_or(text.trim())
+        .trim_end_matches('/');
+    match address.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
+            Ok(text.trim().to_string())
+        }
+        _ => Err(format!(
+            "expected HOST:PORT, such as 127.0.0.1:7171 or grpc://node1:7171 (got {text:?})"
+        )),
+    }
 }
 
 /// Prints a node's output to stdout; a node keeps serving once nobody reads it.

@@ -231,6 +231,26 @@ fn a_closed_stdout_ends_client_commands_quietly() {
     );
 }
 
+/// A server address without a port is a usage error that names the expected form; nothing
+/// is connected to.
+#[test]
+fn a_server_without_a_port_is_a_usage_error() {
+    for server in ["localhost", "grpc://localhost", "localhost:port"] {
+        let out = Command::new(MINK)
+            .args(["--server", server, "database", "list"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.code() == Some(2)
+                && stderr.contains(&format!("invalid value '{server}' for '--server <SERVER>'"))
+                && stderr.contains("expected HOST:PORT"),
+            "{server}: {:?} {stderr}",
+            out.status
+        );
+    }
+}
+
 fn run_pyarrow_script(script: &str) {
     let Some(python) = python() else { return };
     let dir = tempfile::tempdir().unwrap();
