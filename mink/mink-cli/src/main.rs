@@ -27,8 +27,7 @@ struct Cli {
         long,
         global = true,
         env = "MINK_SERVER",
-        default_value = "127.0.0.1:7171",
-        value_parser = parse_server
+        default_value = "127.0.0.1:7171"
     )]
     server: String,
     #[command(subcommand)]
@@ -88,7 +87,8 @@ enum Command {
 }
 
 /// `host:port`, optionally after `grpc://` or `http://`: a host alone is a usage error
-/// (the client would otherwise fail later, on a connection to port 80).
+/// (the client would otherwise fail later, on a connection to port 80). Checked only for the
+/// commands that reach a node: `mink dev` and `mink node` run with any `MINK_SERVER` set.
 fn parse_server(text: &str) -> Result<String, String> {
     let address = ["grpc+tcp://", "grpc://", "http://"]
         .iter()
@@ -186,6 +186,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let server = cli.server.clone();
+    let serves = matches!(
+        cli.command,
+        Command::Dev { .. } | Command::Node { action: None, .. }
+    );
+    if !serves && let Err(e) = parse_server(&server) {
+        <Cli as clap::CommandFactory>::command()
+            .error(
+                clap::error::ErrorKind::ValueValidation,
+                format!("invalid value '{server}' for '--server <SERVER>': {e}"),
+            )
+            .exit();
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
