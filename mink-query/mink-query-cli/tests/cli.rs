@@ -292,6 +292,18 @@ async fn the_prompt_in_a_terminal() {
     let socket = dir.path().join("tmux.sock");
     let address = s.address.clone();
     let home = dir.path().to_path_buf();
+    // A failed check must not leave the tmux server and its prompt running.
+    struct KillServer(std::path::PathBuf);
+    impl Drop for KillServer {
+        fn drop(&mut self) {
+            let _ = Command::new("tmux")
+                .arg("-S")
+                .arg(&self.0)
+                .arg("kill-server")
+                .output();
+        }
+    }
+    let _server = KillServer(socket.clone());
     tokio::task::spawn_blocking(move || {
         let tmux = |args: &[&str]| {
             let out = Command::new("tmux")
@@ -436,11 +448,6 @@ async fn the_prompt_in_a_terminal() {
             }
         }
         reader.join().unwrap();
-        let _ = Command::new("tmux")
-            .arg("-S")
-            .arg(&socket)
-            .arg("kill-server")
-            .output();
         assert!(
             home.join(".mink_query_history").exists(),
             "the history was saved"
