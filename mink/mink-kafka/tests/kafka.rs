@@ -911,9 +911,14 @@ fn produce_frame(records: Bytes) -> Vec<u8> {
     produce_frame_to(0, records)
 }
 
-/// A Produce request of `records` to partition `partition` of topic `t`.
+/// A Produce request frame (version 7) of `records` to partition `partition` of topic `t`.
 fn produce_frame_to(partition: i32, records: Bytes) -> Vec<u8> {
-    let request = ProduceRequest::default()
+    request_frame(ApiKey::Produce, 7, 42, &produce_request(partition, records))
+}
+
+/// A Produce request (acks = all) of `records` to partition `partition` of topic `t`.
+fn produce_request(partition: i32, records: Bytes) -> ProduceRequest {
+    ProduceRequest::default()
         .with_acks(-1)
         .with_timeout_ms(5000)
         .with_topic_data(vec![
@@ -924,8 +929,7 @@ fn produce_frame_to(partition: i32, records: Bytes) -> Vec<u8> {
                         .with_index(partition)
                         .with_records(Some(records)),
                 ]),
-        ]);
-    request_frame(ApiKey::Produce, 7, 42, &request)
+        ])
 }
 
 /// A request frame: its size, a header, then `request` at `version`.
@@ -2177,18 +2181,7 @@ async fn a_bucket_keyed_topic_takes_only_the_rows_of_the_partition() {
     let mut mixed = home.clone();
     mixed.insert(1, away);
     // Version 8 on, an answer names the records that failed.
-    let request = ProduceRequest::default()
-        .with_acks(-1)
-        .with_timeout_ms(5000)
-        .with_topic_data(vec![
-            TopicProduceData::default()
-                .with_name(TopicName(StrBytes::from_static_str("t")))
-                .with_partition_data(vec![
-                    PartitionProduceData::default()
-                        .with_index(0)
-                        .with_records(Some(records(&mixed))),
-                ]),
-        ]);
+    let request = produce_request(0, records(&mixed));
     let answer: ProduceResponse = ask(&mut socket, ApiKey::Produce, 8, &request).await;
     let p = &answer.responses[0].partition_responses[0];
     assert_eq!(
