@@ -902,11 +902,55 @@ impl Client {
 /// The error and its causes on one line (tonic's transport errors hide the useful part).
 fn source_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
+    let mut last = out.clone();
     let mut source = e.source();
     while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
+        // Some errors repeat their source's text, or wrap one that says the same
+        // ("tcp connect error: tcp connect error: ..."): each text once.
+        let text = s.to_string();
+        if text != last && !last.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        last = text;
         source = s.source();
     }
     out
+}
+
+#[cfg(test)]
+mod source_chain_tests {
+    /// An error whose source says what it says.
+    #[derive(Debug)]
+    struct Layer(&'static str, Option<Box<Layer>>);
+
+    impl std::fmt::Display for Layer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Layer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|l| l as _)
+        }
+    }
+
+    #[test]
+    fn each_text_of_an_error_chain_is_said_once() {
+        let e = Layer(
+            "transport error",
+            Some(Box::new(Layer(
+                "tcp connect error",
+                Some(Box::new(Layer(
+                    "tcp connect error",
+                    Some(Box::new(Layer("Connection refused (os error 111)", None))),
+                ))),
+            ))),
+        );
+        assert_eq!(
+            super::source_chain(&e),
+            "transport error: tcp connect error: Connection refused (os error 111)"
+        );
+    }
 }
