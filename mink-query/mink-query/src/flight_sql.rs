@@ -358,18 +358,25 @@ pub fn status(e: DataFusionError) -> Status {
             Status::invalid_argument(message)
         }
         DataFusionError::NotImplemented(_) => Status::unimplemented(message),
-        DataFusionError::External(inner) => match inner
-            .downcast_ref::<mink_client::ClientError>()
-            .and_then(mink_client::ClientError::code)
-        {
-            Some(ErrorCode::NotFound) => Status::not_found(message),
-            Some(ErrorCode::AlreadyExists) => Status::already_exists(message),
-            Some(ErrorCode::Invalid | ErrorCode::OffsetOutOfRange) => {
-                Status::invalid_argument(message)
+        DataFusionError::External(inner) => {
+            // The node's own words, without DataFusion's "External error: " before them.
+            let message = match &e {
+                DataFusionError::External(_) => inner.to_string(),
+                _ => message,
+            };
+            match inner
+                .downcast_ref::<mink_client::ClientError>()
+                .and_then(mink_client::ClientError::code)
+            {
+                Some(ErrorCode::NotFound) => Status::not_found(message),
+                Some(ErrorCode::AlreadyExists) => Status::already_exists(message),
+                Some(ErrorCode::Invalid | ErrorCode::OffsetOutOfRange) => {
+                    Status::invalid_argument(message)
+                }
+                Some(ErrorCode::Unavailable | ErrorCode::NotLeader) => Status::unavailable(message),
+                _ => Status::internal(message),
             }
-            Some(ErrorCode::Unavailable | ErrorCode::NotLeader) => Status::unavailable(message),
-            _ => Status::internal(message),
-        },
+        }
         _ => Status::internal(message),
     }
 }
