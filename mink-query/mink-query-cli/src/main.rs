@@ -80,6 +80,10 @@ async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     match run(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        // `mink-query -c ... | head`: the reader has what it wanted, as with `ls | head`.
+        Err(_) if STDOUT_CLOSED.load(std::sync::atomic::Ordering::Relaxed) => {
+            std::process::ExitCode::SUCCESS
+        }
         Err(e) => {
             #[allow(clippy::print_stderr)]
             {
@@ -155,13 +159,41 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Some(path) => Box::new(std::io::BufWriter::new(
             std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
         )),
-        None => Box::new(std::io::stdout()),
+        None => Box::new(Stdout),
     };
     for sql in statements {
         run_statement(&engine, &sql, cli.format, false, &mut out).await?;
     }
     out.flush()?;
     Ok(())
+}
+
+/// Set when a write to standard output found its reader gone (the statement's rows stop
+/// there; the writers that failed wrap the I/O error each in their own way).
+static STDOUT_CLOSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Standard output, noting in [`STDOUT_CLOSED`] a write that found its reader gone.
+struct Stdout;
+
+impl Stdout {
+    fn noted<T>(result: std::io::Result<T>) -> std::io::Result<T> {
+        if let Err(e) = &result
+            && e.kind() == std::io::ErrorKind::BrokenPipe
+        {
+            STDOUT_CLOSED.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        result
+    }
+}
+
+impl Write for Stdout {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        Self::noted(std::io::stdout().write(buf))
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Self::noted(std::io::stdout().flush())
+    }
 }
 
 /// `e` with its causes, each said once: a DataFusion error's message already holds its

@@ -457,3 +457,35 @@ async fn the_prompt_in_a_terminal() {
     .unwrap();
     s.stop().await;
 }
+
+/// `mink-query -c ... | head`: a standard output whose reader is gone ends the output quietly,
+/// in every format (each writer wraps the broken pipe its own way), as `mink scan` does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stdout_ends_the_output_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve(dir.path()).await;
+    let a = s.address.clone();
+    tokio::task::spawn_blocking(move || {
+        for format in ["table", "csv", "json", "parquet"] {
+            // The reading end is gone before the command starts: every write to stdout fails.
+            let (reader, writer) = std::io::pipe().unwrap();
+            drop(reader);
+            let out = Command::new(MINK_QUERY)
+                .args(["--server", &a, "--format", format])
+                .args(["-c", "SELECT id, name FROM app.people"])
+                .stdout(writer)
+                .stderr(std::process::Stdio::piped())
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                out.status.success() && stderr.is_empty(),
+                "--format {format} into a closed pipe: {:?}, stderr: {stderr}",
+                out.status
+            );
+        }
+    })
+    .await
+    .unwrap();
+    s.stop().await;
+}
