@@ -57,7 +57,25 @@ fn decode(schema: &SchemaRef, values: &[(usize, Option<&[u8]>)]) -> Result<Recor
     }
     let batch = decoder.flush().map_err(|e| JsonError {
         index: first,
-        reason: e.to_string(),
+        reason: match values {
+            [(_, Some(value))] => missing_required(schema, value).unwrap_or_else(|| e.to_string()),
+            _ => e.to_string(),
+        },
     })?;
     Ok(batch.unwrap_or_else(|| RecordBatch::new_empty(Arc::clone(schema))))
+}
+
+/// The first column `schema` requires (not nullable) that the JSON object `value` leaves out
+/// or gives as null, said so: Arrow's own error names a struct child, not the column.
+fn missing_required(schema: &SchemaRef, value: &[u8]) -> Option<String> {
+    let object: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(value).ok()?;
+    schema.fields().iter().find_map(|f| {
+        let given = object.get(f.name()).filter(|v| !v.is_null());
+        (!f.is_nullable() && given.is_none()).then(|| {
+            format!(
+                "column {:?} is not nullable and the object has no value for it",
+                f.name()
+            )
+        })
+    })
 }

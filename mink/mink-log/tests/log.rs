@@ -671,3 +671,23 @@ fn a_received_batch_is_stored_as_received_when_it_matches_the_table() {
 fn field_names(schema: &Schema) -> Vec<String> {
     schema.fields().iter().map(|f| f.name().clone()).collect()
 }
+
+/// A JSON row that leaves out a required column, or gives it as null, is refused naming the
+/// column (Arrow's own error names a struct child), with the record's index.
+#[test]
+fn json_rows_missing_a_required_column_name_it() {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("name", DataType::Utf8, true),
+    ]));
+    for bad in [&b"{\"name\": \"a\"}"[..], b"{\"id\": null}"] {
+        let values = [Some(&b"{\"id\": 1}"[..]), Some(bad)];
+        let e = mink_log::json::rows(&schema, &values).unwrap_err();
+        assert_eq!(e.index, 1);
+        assert!(
+            e.reason.contains("column \"id\" is not nullable"),
+            "{}",
+            e.reason
+        );
+    }
+}
