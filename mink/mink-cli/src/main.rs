@@ -27,7 +27,7 @@ struct Cli {
         long,
         global = true,
         env = "MINK_SERVER",
-        default_value = "127.0.0.1:7171"
+        default_value = DEFAULT_SERVER
     )]
     server: String,
     #[command(subcommand)]
@@ -85,6 +85,9 @@ enum Command {
     /// Look up rows of a primary-key table by key (or by bucket-key prefix).
     Lookup(data::LookupArgs),
 }
+
+/// The node a client command reaches when `--server` and `MINK_SERVER` are unset.
+const DEFAULT_SERVER: &str = "127.0.0.1:7171";
 
 /// `host:port`, optionally after `grpc://` or `http://`: a host alone is a usage error
 /// (the client would otherwise fail later, on a connection to port 80). Checked only for the
@@ -184,7 +187,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    // `MINK_SERVER=` (set, empty) reads as unset, as shells and env files leave it.
+    if cli.server.trim().is_empty() {
+        cli.server = DEFAULT_SERVER.to_string();
+    }
     let server = cli.server.clone();
     let serves = matches!(
         cli.command,

@@ -249,6 +249,18 @@ fn a_server_without_a_port_is_a_usage_error() {
             out.status
         );
     }
+    // Set and empty reads as unset: the default node, not a usage error.
+    let out = Command::new(MINK)
+        .args(["database", "list"])
+        .env("MINK_SERVER", "")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() || (out.status.code() == Some(1) && stderr.contains("127.0.0.1:7171")),
+        "MINK_SERVER='': {:?} {stderr}",
+        out.status
+    );
 }
 
 fn run_pyarrow_script(script: &str) {
