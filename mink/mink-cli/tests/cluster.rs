@@ -14,7 +14,7 @@ use arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch};
 use arrow::datatypes::Int64Type;
 use mink_client::{Client, Scan};
 
-use crate::common::{LocalCluster, MINK, manifest_dir, python, rows, spawn_load};
+use crate::common::{LocalCluster, MINK, Relay, manifest_dir, python, rows, spawn_load};
 
 const TTL_MS: u64 = 2000;
 
@@ -453,28 +453,6 @@ except flight.FlightError as e:
     print(f"error: {e}")
 "#;
 
-/// Bytes received and not yet read on the established TCP connections whose local port is
-/// `port` (Linux's /proc/net/tcp and tcp6: a stopped process's unread requests).
-fn queued_to(port: u16) -> u64 {
-    ["/proc/net/tcp", "/proc/net/tcp6"]
-        .iter()
-        .filter_map(|f| std::fs::read_to_string(f).ok())
-        .flat_map(|table| {
-            table
-                .lines()
-                .skip(1)
-                .filter_map(|line| {
-                    let fields: Vec<&str> = line.split_whitespace().collect();
-                    let local = u16::from_str_radix(fields.get(1)?.rsplit_once(':')?.1, 16).ok()?;
-                    let established = *fields.get(3)? == "01";
-                    let rx = u64::from_str_radix(fields.get(4)?.split_once(':')?.1, 16).ok()?;
-                    (local == port && established).then_some(rx)
-                })
-                .collect::<Vec<_>>()
-        })
-        .sum()
-}
-
 /// A node paused (SIGSTOP) past the lease TTL loses its buckets; a write it received while
 /// paused and handles after SIGCONT is refused, and nothing of it ever becomes visible.
 #[test]
@@ -518,13 +496,10 @@ fn a_paused_node_makes_nothing_visible_after_its_buckets_moved() {
 
     cluster.signal(paused, "STOP");
     until_failed_over(&runtime, &entry, paused);
+    // Through a relay, which says when the request is in the paused process's socket.
+    let relay = Relay::start(&cluster.address(paused));
     let late = Command::new(&python)
-        .args([
-            "-c",
-            PAUSED_WRITE,
-            &cluster.address(paused),
-            &bucket.to_string(),
-        ])
+        .args(["-c", PAUSED_WRITE, &relay.address, &bucket.to_string()])
         .arg(
             ids.iter()
                 .map(ToString::to_string)
@@ -536,20 +511,10 @@ fn a_paused_node_makes_nothing_visible_after_its_buckets_moved() {
         .unwrap();
     // The request waits in the paused process's socket (the kernel queues what it cannot
     // read); then it is woken.
-    let port: u16 = cluster
-        .address(paused)
-        .rsplit_once(':')
-        .and_then(|(_, p)| p.parse().ok())
-        .unwrap();
-    // (Polled: the kernel tells no one when bytes wait in a socket.)
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while queued_to(port) == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the late write did not reach the paused node's socket within 20 s"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    relay
+        .forwarded
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the late write did not reach the paused node's socket within 20 s");
     cluster.signal(paused, "CONT");
     let out = late.wait_with_output().unwrap();
     let answer = String::from_utf8_lossy(&out.stdout).into_owned();

@@ -176,6 +176,51 @@ pub fn free_port() -> String {
     l.local_addr().unwrap().to_string()
 }
 
+/// A TCP relay to `upstream`. `forwarded` gets a message each time bytes from a client were
+/// written to the upstream socket, where the kernel holds them even for a stopped process: the
+/// event a test waits for before waking one.
+pub struct Relay {
+    pub address: String,
+    pub forwarded: std::sync::mpsc::Receiver<()>,
+}
+
+impl Relay {
+    pub fn start(upstream: &str) -> Relay {
+        use std::io::{Read as _, Write as _};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let (sent, forwarded) = std::sync::mpsc::channel();
+        let upstream = upstream.to_string();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let (Ok(mut client), Ok(mut server)) =
+                    (client, std::net::TcpStream::connect(&upstream))
+                else {
+                    return;
+                };
+                let (mut back_to, mut back_from) =
+                    (client.try_clone().unwrap(), server.try_clone().unwrap());
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut back_from, &mut back_to);
+                    let _ = back_to.shutdown(std::net::Shutdown::Write);
+                });
+                let sent = sent.clone();
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while let Ok(n @ 1..) = client.read(&mut buf) {
+                        if server.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                        let _ = sent.send(());
+                    }
+                    let _ = server.shutdown(std::net::Shutdown::Write);
+                });
+            }
+        });
+        Relay { address, forwarded }
+    }
+}
+
 /// Rows `first..first+n` of writer `w`: ids are unique across writers.
 pub fn rows(w: i64, first: i64, n: i64) -> RecordBatch {
     let ids: Vec<i64> = (first..first + n).map(|i| w * 1_000_000 + i).collect();
@@ -349,22 +394,25 @@ impl LocalCluster {
         assert!(status.success(), "kill -s {signal} node {id}");
     }
 
-    /// Waits for node `id`'s process to exit (after a signal that stops it).
+    /// Waits for node `id`'s process to exit (after a signal that stops it). The node is the
+    /// script's child, not ours: a pidfd of it turns readable when it exits.
     pub fn exited(&self, id: u64) {
-        let pid = self.nodes[&id].0.to_string();
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while Command::new("kill")
-            .args(["-0", &pid])
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-        {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "waited 30 s for node {id} (pid {pid}) to exit"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        use rustix::event::{PollFd, PollFlags, Timespec, poll};
+        let pid = self.nodes[&id].0;
+        let raw = rustix::process::Pid::from_raw(i32::try_from(pid).unwrap()).unwrap();
+        let Ok(fd) = rustix::process::pidfd_open(raw, rustix::process::PidfdFlags::empty()) else {
+            return; // gone already
+        };
+        let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+        let ready = poll(
+            &mut fds,
+            Some(&Timespec {
+                tv_sec: 30,
+                tv_nsec: 0,
+            }),
+        )
+        .unwrap();
+        assert_eq!(ready, 1, "waited 30 s for node {id} (pid {pid}) to exit");
     }
 
     /// Starts node `id` again with its settings (`deploy/local-cluster node`), once serving.
