@@ -568,28 +568,9 @@ async fn produce(cx: Context, request: ProduceRequest) -> Result<Answer> {
                             if let Some(b) = info.buckets.iter().find(|b| b.bucket == bucket) {
                                 produced.start = i64::try_from(b.start_offset).unwrap_or(-1);
                             }
-                            match rows_of(info, bucket, p.records.as_ref()) {
-                                Err(e) => {
-                                    if let RecordError::Invalid { index, reason } = &e {
-                                        produced.batch_errors.push(
-                                            BatchIndexAndErrorMessage::default()
-                                                .with_batch_index(
-                                                    i32::try_from(*index).unwrap_or(i32::MAX),
-                                                )
-                                                .with_batch_index_error_message(Some(
-                                                    StrBytes::from_string(reason.clone()),
-                                                )),
-                                        );
-                                    }
-                                    let code = match e {
-                                        RecordError::Corrupt { .. } => {
-                                            ResponseError::CorruptMessage
-                                        }
-                                        RecordError::Invalid { .. } => ResponseError::InvalidRecord,
-                                    };
-                                    Err((code, e.to_string()))
-                                }
-                                Ok((rows, writer, timestamp_ms, compressed)) => cx
+                            match rows_of(info, p.records.as_ref()) {
+                                Err(e) => Err(refused(&mut produced.batch_errors, &e)),
+                                Ok((rows, writer, timestamp_ms, compressed)) => match cx
                                     .node
                                     .submit_write(
                                         &info.database,
@@ -604,7 +585,21 @@ async fn produce(cx: Context, request: ProduceRequest) -> Result<Answer> {
                                         },
                                     )
                                     .await
-                                    .map_err(|e| (error_code(&e), e.to_string())),
+                                {
+                                    // A producer's partitioner cannot route by Mink's hash:
+                                    // the record is the producer's to send elsewhere.
+                                    Err(NodeError::WrongBucket { row, belongs, .. }) => {
+                                        let reason = format!(
+                                            "record {row} belongs to partition {belongs}, not {bucket}: table {}.{} routes rows by its bucket key ({}) with Mink's hash, which a Kafka partitioner does not compute; produce it over Flight, or create the table without a bucket key",
+                                            info.database,
+                                            info.name,
+                                            info.bucket_key.join(", ")
+                                        );
+                                        let e = RecordError::Invalid { index: row, reason };
+                                        Err(refused(&mut produced.batch_errors, &e))
+                                    }
+                                    written => written.map_err(|e| (error_code(&e), e.to_string())),
+                                },
                             }
                         }
                     }
@@ -683,14 +678,10 @@ fn written(
 /// stream checks as Kafka does (start at 0, no gaps, duplicates answered with their offsets),
 /// and the rows' time: the latest record time of a raw topic (Kafka's CreateTime, which its
 /// time index keeps), none for a typed table (stamped at append, LogAppendTime); and whether
-/// the producer compressed any of its batches. A typed table with a bucket key takes only
-/// rows of `bucket` (the partition produced to): a producer's partitioner cannot route by
-/// Mink's hash, so a record of another bucket fails the batch, naming the partition it
-/// belongs to.
+/// the producer compressed any of its batches.
 #[allow(clippy::type_complexity)]
 fn rows_of(
     table: &TableInfo,
-    bucket: u32,
     records: Option<&Bytes>,
 ) -> std::result::Result<
     (
@@ -722,45 +713,33 @@ fn rows_of(
         let time = all.iter().map(|r| r.timestamp).max().filter(|t| *t >= 0);
         Ok((rows, writer, time, compressed))
     } else {
-        let rows = records::json_rows(&table.schema, &all)?;
-        if let Some((index, belongs)) = misrouted(table, &rows, bucket)? {
-            return Err(RecordError::Invalid {
-                index,
-                reason: format!(
-                    "record {index} belongs to partition {belongs}, not {bucket}: table {}.{} routes rows by its bucket key ({}) with Mink's hash, which a Kafka partitioner does not compute; produce it over Flight, or create the table without a bucket key",
-                    table.database,
-                    table.name,
-                    table.bucket_key.join(", ")
-                ),
-            });
-        }
-        Ok((rows, writer, None, compressed))
+        Ok((
+            records::json_rows(&table.schema, &all)?,
+            writer,
+            None,
+            compressed,
+        ))
     }
 }
 
-/// The first row of `rows` (of a typed table) that its bucket key routes to a bucket other
-/// than `bucket`: its index and its bucket.
-fn misrouted(
-    table: &TableInfo,
-    rows: &arrow::array::RecordBatch,
-    bucket: u32,
-) -> std::result::Result<Option<(usize, u32)>, RecordError> {
-    if table.bucket_key.is_empty() || table.bucket_count <= 1 {
-        return Ok(None);
+/// The answer to a partition's records refused: its code and message, and for a record the
+/// table refuses, the record named in `batch_errors` (INVALID_RECORD's list).
+fn refused(
+    batch_errors: &mut Vec<BatchIndexAndErrorMessage>,
+    e: &RecordError,
+) -> (ResponseError, String) {
+    if let RecordError::Invalid { index, reason } = e {
+        batch_errors.push(
+            BatchIndexAndErrorMessage::default()
+                .with_batch_index(i32::try_from(*index).unwrap_or(i32::MAX))
+                .with_batch_index_error_message(Some(StrBytes::from_string(reason.clone()))),
+        );
     }
-    let invalid = |reason: String| RecordError::Invalid { index: 0, reason };
-    let key = table
-        .bucket_key
-        .iter()
-        .map(|k| {
-            rows.schema()
-                .index_of(k)
-                .map_err(|e| invalid(e.to_string()))
-        })
-        .collect::<std::result::Result<Vec<_>, _>>()?;
-    let buckets = mink_log::routing::buckets_of(rows, &key, table.bucket_count)
-        .map_err(|e| invalid(e.to_string()))?;
-    Ok(buckets.into_iter().enumerate().find(|(_, b)| *b != bucket))
+    let code = match e {
+        RecordError::Corrupt { .. } => ResponseError::CorruptMessage,
+        RecordError::Invalid { .. } => ResponseError::InvalidRecord,
+    };
+    (code, e.to_string())
 }
 
 /// A producer id for an idempotent producer: a Mink writer id (at the epoch writers start

@@ -17,6 +17,15 @@ pub enum NodeError {
     /// The request or its data is wrong; retrying it unchanged fails again.
     #[error("{0}")]
     Invalid(String),
+    /// A write naming its bucket holds a row its table's bucket key routes to another one.
+    #[error(
+        "row {row} belongs to bucket {belongs}, not {bucket}: the table routes rows by its bucket key"
+    )]
+    WrongBucket {
+        row: usize,
+        bucket: u32,
+        belongs: u32,
+    },
     /// The bucket is led by another node: send the request there.
     #[error("{bucket} is led by node {leader} at {address} (leader epoch {leader_epoch})")]
     NotLeader {

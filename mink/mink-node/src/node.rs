@@ -928,10 +928,14 @@ impl Node {
                 (Some(b), true) => parts.push((partition, partition_id, b, batch)),
                 (Some(b), false) => {
                     let buckets = buckets_of(&batch, &key, record.bucket_count)?;
-                    if buckets.iter().any(|p| *p != b) {
-                        return Err(NodeError::Invalid(format!(
-                            "the batch for bucket {b} holds rows of other buckets (see the routing function)"
-                        )));
+                    if let Some((row, belongs)) =
+                        buckets.into_iter().enumerate().find(|(_, p)| *p != b)
+                    {
+                        return Err(NodeError::WrongBucket {
+                            row,
+                            bucket: b,
+                            belongs,
+                        });
                     }
                     parts.push((partition, partition_id, b, batch));
                 }
