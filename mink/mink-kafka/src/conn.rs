@@ -48,10 +48,10 @@ pub(crate) struct Context {
 }
 
 impl Context {
-    /// `body` framed as the response to this request (header version by its API and version).
-    /// `body` as the answer; an empty one (which closes the connection) if it fails to encode.
+    /// `body` framed as the response to this request (header version by its API and version);
+    /// see [`Frames::answer`].
     pub(crate) fn respond(&self, body: &impl Encodable) -> Option<Frames> {
-        Some(respond(self.api_key, &self.header, body).map_or_else(Frames::default, Frames::from))
+        Frames::answer(respond(self.api_key, &self.header, body))
     }
 }
 
@@ -283,7 +283,7 @@ async fn handle(
         // with a version it finds in our list.
         let header = RequestHeader::decode(&mut frame, 1)
             .map_err(|e| ConnError::Malformed(e.to_string()))?;
-        let answer = crate::api::api_versions_unsupported(&header).map(Frames::from);
+        let answer = Frames::answer(crate::api::api_versions_unsupported(&header));
         return Ok(Answer::Now(answer));
     }
     if !crate::api::supported(api_key, version) {

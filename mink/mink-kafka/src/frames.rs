@@ -25,6 +25,12 @@ pub(crate) struct Frames {
 }
 
 impl Frames {
+    /// An encoded answer as frames; an empty one (the connection closes) when it failed to
+    /// encode.
+    pub(crate) fn answer(encoded: Option<Bytes>) -> Option<Frames> {
+        Some(encoded.map_or_else(Frames::default, Frames::from))
+    }
+
     fn push(&mut self, chunk: Bytes) {
         if !chunk.is_empty() {
             self.chunks.push_back(chunk);
@@ -87,10 +93,7 @@ const FRAMED: std::ops::RangeInclusive<i16> = 4..=12;
 pub(crate) fn fetch_response(header: &RequestHeader, response: &FetchResponse) -> Option<Frames> {
     let version = header.request_api_version;
     if !FRAMED.contains(&version) || !plain(response) {
-        return Some(
-            crate::conn::respond(ApiKey::Fetch, header, response)
-                .map_or_else(Frames::default, Frames::from),
-        );
+        return Frames::answer(crate::conn::respond(ApiKey::Fetch, header, response));
     }
     let flexible = version >= 12;
     let mut frames = Frames::default();
