@@ -92,19 +92,18 @@ const DEFAULT_SERVER: &str = "127.0.0.1:7171";
 /// `host:port`, optionally after `grpc://` or `http://`: a host alone is a usage error
 /// (the client would otherwise fail later, on a connection to port 80). Checked only for the
 /// commands that reach a node: `mink dev` and `mink node` run with any `MINK_SERVER` set.
-fn parse_server(text: &str) -> Result<String, String> {
+fn parse_server(text: &str) -> Result<(), String> {
     let address = ["grpc+tcp://", "grpc://", "http://"]
         .iter()
         .find_map(|scheme| text.trim().strip_prefix(scheme))
         .unwrap_or(text.trim())
         .trim_end_matches('/');
-    match address.rsplit_once(':') {
-        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
-            Ok(text.trim().to_string())
-        }
-        _ => Err(format!(
+    if serve::is_host_port(address) {
+        Ok(())
+    } else {
+        Err(format!(
             "expected HOST:PORT, such as 127.0.0.1:7171 or grpc://node1:7171 (got {text:?})"
-        )),
+        ))
     }
 }
 

@@ -197,6 +197,12 @@ pub(crate) fn redact(url: &str) -> String {
     out
 }
 
+/// Whether `a` is `host:port`, with a host and a port number.
+pub(crate) fn is_host_port(a: &str) -> bool {
+    a.rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
+}
+
 /// What a node needs to start, checked.
 struct Checked {
     node_id: u64,
@@ -261,10 +267,8 @@ fn check(args: &NodeArgs) -> anyhow::Result<Checked> {
     }
     // Listeners bound by name (`localhost:9092`) and addresses others dial: host and port.
     let host_port = |flag: &str, a: &str| -> anyhow::Result<()> {
-        match a.rsplit_once(':') {
-            Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(()),
-            _ => bail!("{flag} {a:?}: expected host:port"),
-        }
+        anyhow::ensure!(is_host_port(a), "{flag} {a:?}: expected host:port");
+        Ok(())
     };
     for (flag, value) in [
         ("--sql-listen", &args.sql_listen),
