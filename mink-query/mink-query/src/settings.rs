@@ -52,38 +52,35 @@ impl Freshness {
 
 /// Whether `sql` is a `SET mink.freshness` statement (whatever its value).
 pub fn is_set_freshness(sql: &str) -> bool {
-    use datafusion::sql::parser::{DFParser, Statement as S};
+    datafusion::sql::parser::DFParser::parse_sql(sql)
+        .is_ok_and(|statements| statements.iter().any(|s| freshness_values(s).is_some()))
+}
+
+/// The values of `statement` if it is `SET mink.freshness = ...`.
+fn freshness_values(
+    statement: &datafusion::sql::parser::Statement,
+) -> Option<&[datafusion::sql::sqlparser::ast::Expr]> {
+    use datafusion::sql::parser::Statement as S;
     use datafusion::sql::sqlparser::ast::{Set, Statement};
-    let Ok(statements) = DFParser::parse_sql(sql) else {
-        return false;
+    let S::Statement(s) = statement else {
+        return None;
     };
-    statements.iter().any(|s| {
-        matches!(s, S::Statement(s) if matches!(
-            s.as_ref(),
-            Statement::Set(Set::SingleAssignment { variable, .. })
-                if variable.to_string().eq_ignore_ascii_case(FRESHNESS)
-        ))
-    })
+    match s.as_ref() {
+        Statement::Set(Set::SingleAssignment {
+            variable, values, ..
+        }) if variable.to_string().eq_ignore_ascii_case(FRESHNESS) => Some(values),
+        _ => None,
+    }
 }
 
 /// The freshness a `SET mink.freshness = ...` statement sets; `None` for any other
 /// statement.
 pub fn set_statement(statement: &datafusion::sql::parser::Statement) -> Result<Option<Freshness>> {
-    use datafusion::sql::parser::Statement as S;
-    use datafusion::sql::sqlparser::ast::{Expr, Set, Statement, Value};
-    let S::Statement(s) = statement else {
+    use datafusion::sql::sqlparser::ast::{Expr, Value};
+    let Some(values) = freshness_values(statement) else {
         return Ok(None);
     };
-    let Statement::Set(Set::SingleAssignment {
-        variable, values, ..
-    }) = s.as_ref()
-    else {
-        return Ok(None);
-    };
-    if !variable.to_string().eq_ignore_ascii_case(FRESHNESS) {
-        return Ok(None);
-    }
-    let value = match values.as_slice() {
+    let value = match values {
         [Expr::Value(v)] => match &v.value {
             Value::SingleQuotedString(s) | Value::DoubleQuotedString(s) => s.clone(),
             other => other.to_string(),
