@@ -279,7 +279,7 @@ pub struct EngineStats {
     pub appends: AtomicU64,
     pub appended_bytes: AtomicU64,
     pub flushes: AtomicU64,
-    /// Flushes whose object is PUT (their commit may still wait for earlier ones).
+    /// Flushes whose object is PUT and queued for commit (which may still wait for earlier ones).
     pub uploads: AtomicU64,
     pub puts: AtomicU64,
     pub put_retries: AtomicU64,

@@ -104,13 +104,15 @@ impl Engine {
             let uploaded = uploaded.clone();
             tokio::spawn(async move {
                 let done = engine.upload(flush).await;
-                add(&engine.stats.uploads, 1);
-                engine.counted.notify_waiters();
                 // The slot bounds PUTs, not commits: a commit held up by the database (a slow
                 // sync of its log) lets the next PUTs go on, and their commits then share one
                 // transaction. Memory stays bounded by `max_buffered_bytes`.
                 drop(put_slot);
                 let _ = uploaded.send(done);
+                // Counted once the committer has it: whoever waits on `uploads` may rely on the
+                // flush being queued for commit.
+                add(&engine.stats.uploads, 1);
+                engine.counted.notify_waiters();
             });
         }
     }
