@@ -104,7 +104,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let lake = match (&cli.metadata, &cli.object_store) {
         (Some(m), Some(o)) => Some(std::sync::Arc::new(
             mink_query::open_lake(m, o).await.with_context(|| {
-                format!("cannot open the lake's catalog in {m} and files in {o}")
+                format!(
+                    "cannot open the lake's catalog in {} and files in {}",
+                    mink_sql::redact_url(m),
+                    mink_sql::redact_url(o)
+                )
             })?,
         )),
         _ => None,

@@ -193,6 +193,36 @@ async fn statements_from_the_command_line_and_files() {
     s.stop().await;
 }
 
+/// A lake that cannot be opened is named, without the passwords and keys of its URLs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lake_that_cannot_be_opened_is_named_without_its_secrets() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve(dir.path()).await;
+    let a = s.address.clone();
+    let (ok, _, err) = tokio::task::spawn_blocking(move || {
+        mink_query(
+            &a,
+            &[
+                "--metadata",
+                "postgres://mink:hunter2@127.0.0.1:1/mink",
+                "--object-store",
+                "s3://b/p?endpoint=http://127.0.0.1:1&secret_access_key=hunter3",
+                "-c",
+                "SELECT 1",
+            ],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(
+        !ok && err.contains("postgres://mink:***@127.0.0.1:1/mink")
+            && err.contains("secret_access_key=***")
+            && !err.contains("hunter"),
+        "{err}"
+    );
+    s.stop().await;
+}
+
 /// Parquet output: into a file with --output, or into a pipe; one statement only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_as_parquet() {

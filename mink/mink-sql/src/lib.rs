@@ -39,7 +39,71 @@ pub async fn connect(url: &str) -> StoreResult<Arc<dyn LogStore>> {
         Ok(Arc::new(PostgresStore::connect(url).await?))
     } else {
         Err(StoreError::Database(format!(
-            "unsupported metadata URL {url:?}: use sqlite::memory:, sqlite://<path> or postgres://..."
+            "unsupported metadata URL {:?}: use sqlite::memory:, sqlite://<path> or postgres://...",
+            redact_url(url)
         )))
+    }
+}
+
+/// `url` with its secrets replaced by `***`: a password in its user info, and the values of
+/// query parameters that name a secret, password or token. Printed settings end up in logs.
+pub fn redact_url(url: &str) -> String {
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let mut out = match base.split_once("://") {
+        Some((scheme, rest)) => {
+            let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+            match authority.rsplit_once('@') {
+                Some((user_info, host)) => match user_info.split_once(':') {
+                    Some((user, _)) => format!("{scheme}://{user}:***@{host}{path}"),
+                    None => base.to_string(),
+                },
+                None => base.to_string(),
+            }
+        }
+        None => base.to_string(),
+    };
+    if !query.is_empty() {
+        let pairs: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((key, _))
+                    if ["secret", "password", "token"]
+                        .iter()
+                        .any(|s| key.to_ascii_lowercase().contains(s)) =>
+                {
+                    format!("{key}=***")
+                }
+                _ => pair.to_string(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&pairs.join("&"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn printed_settings_hide_their_secrets() {
+        assert_eq!(
+            redact_url("postgres://mink:mink@db:5432/mink?sslmode=require"),
+            "postgres://mink:***@db:5432/mink?sslmode=require"
+        );
+        assert_eq!(
+            redact_url(
+                "s3://b/p?endpoint=http://s3:9000&access_key_id=k&secret_access_key=s&session_token=t"
+            ),
+            "s3://b/p?endpoint=http://s3:9000&access_key_id=k&secret_access_key=***&session_token=***"
+        );
+        for plain in [
+            "postgres://mink@db/mink",
+            "sqlite:///x/m.db",
+            "/data/objects",
+        ] {
+            assert_eq!(redact_url(plain), plain);
+        }
     }
 }

@@ -41,12 +41,13 @@ pub enum StoreUrlError {
 
 /// Opens the object store `url` names.
 pub fn open(url: &str) -> Result<Arc<dyn ObjectStore>, StoreUrlError> {
+    // Errors end up in logs: they name the URL without its secrets.
     let invalid = |reason: String| StoreUrlError::Invalid {
-        url: url.to_string(),
+        url: mink_sql::redact_url(url),
         reason,
     };
     let store_error = |source| StoreUrlError::Store {
-        url: url.to_string(),
+        url: mink_sql::redact_url(url),
         source,
     };
     if url == "memory://" || url == "memory:" {
