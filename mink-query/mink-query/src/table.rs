@@ -25,6 +25,68 @@ pub(crate) fn tiered(d: &TableDescription) -> bool {
     mink_log::options::TableOptions::parse(&d.options).is_ok_and(|o| o.lake_freshness.is_some())
 }
 
+/// Refuses `statement` (`UPDATE`, `DELETE`) on a primary-key table that would not store what it
+/// writes back: with a merge engine other than the default, an update is aggregated into the
+/// row or ignored (Apache Fluss refuses both statements there too), and deletes follow
+/// `table.delete.behavior`, which drops or refuses them unless it is `allow`.
+fn merged_as_written(d: &TableDescription, statement: &str) -> Result<()> {
+    let option = |key: &str| {
+        d.options
+            .get(key)
+            .map(|v| v.trim().to_ascii_lowercase())
+            .filter(|v| !v.is_empty())
+    };
+    let name = format!("{}.{}", d.database, d.table);
+    let engine = option("table.merge-engine");
+    let deletes = option("table.delete.behavior")
+        .unwrap_or_else(|| if engine.is_some() { "ignore" } else { "allow" }.to_string());
+    let update = statement == "UPDATE";
+    let why = match engine.as_deref() {
+        None if update || deletes == "allow" => return Ok(()),
+        None if deletes == "disable" => format!(
+            "{name} refuses deletes (table.delete.behavior = 'disable'): DELETE applies to a \
+             table created with table.delete.behavior = 'allow'"
+        ),
+        None => format!(
+            "{name} drops deletes (table.delete.behavior = '{deletes}'): a DELETE would change \
+             nothing; DELETE applies to a table created with table.delete.behavior = 'allow'"
+        ),
+        Some("aggregation") if update => format!(
+            "{name} merges rows with the aggregation engine (table.merge-engine = 'aggregation'): \
+             an UPDATE would be aggregated into the row by each column's fields.<column>.agg \
+             function (summed, for sum), not set"
+        ),
+        Some("first_row") if update => format!(
+            "{name} keeps the first row of each key (table.merge-engine = 'first_row'): an UPDATE \
+             would be ignored"
+        ),
+        Some("versioned") if update => format!(
+            "{name} keeps the row of the greatest version of each key (table.merge-engine = \
+             'versioned'): an UPDATE would be ignored unless it raised the version"
+        ),
+        Some(engine) => format!(
+            "{name} merges rows with the {engine} engine (table.merge-engine = '{engine}'), whose \
+             deletes follow table.delete.behavior = '{deletes}'{}",
+            match deletes.as_str() {
+                "allow" => "",
+                "disable" => ": a DELETE would be refused",
+                _ => ": a DELETE would be ignored",
+            }
+        ),
+    };
+    Err(DataFusionError::Plan(match engine {
+        None => why,
+        Some(_) if update => format!(
+            "{why}. UPDATE and DELETE are refused on a table with a merge engine, as in Apache \
+             Fluss: write rows with INSERT INTO (the engine merges them) instead"
+        ),
+        Some(_) => format!(
+            "{why}. UPDATE and DELETE are refused on a table with a merge engine, as in Apache \
+             Fluss"
+        ),
+    }))
+}
+
 /// Keys a point lookup takes at most; more are read by scanning.
 const MAX_LOOKUP_KEYS: usize = 1024;
 
@@ -250,7 +312,7 @@ impl MinkTable {
                 d.database, d.table
             )));
         }
-        Ok(())
+        merged_as_written(d, statement)
     }
 
     /// The scan with the lake's side read straight from object storage, when this engine can

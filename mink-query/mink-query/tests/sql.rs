@@ -999,6 +999,99 @@ async fn update_and_delete_change_primary_key_tables() {
     c.stop().await;
 }
 
+/// `UPDATE` and `DELETE` are refused on tables whose merge engine would not carry them out as
+/// written (as Apache Fluss refuses them): an aggregation would sum an update into the row, a
+/// `first_row` or `versioned` table ignores it, and a table whose `table.delete.behavior` is
+/// not `allow` drops or refuses deletes. The rows stay as they were; over Flight SQL the
+/// refusal is `INVALID_ARGUMENT`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn update_and_delete_refuse_what_the_merge_engine_would_not_apply() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path()).await;
+    c.load().await;
+    for ddl in [
+        "CREATE TABLE app.visits (user_id BIGINT NOT NULL, visits BIGINT, PRIMARY KEY (user_id)) \
+         WITH ('table.merge-engine' = 'aggregation', 'fields.visits.agg' = 'sum')",
+        "CREATE TABLE app.firsts (id BIGINT NOT NULL, name VARCHAR, PRIMARY KEY (id)) \
+         WITH ('table.merge-engine' = 'first_row')",
+        "CREATE TABLE app.versions (id BIGINT NOT NULL, ver BIGINT, name VARCHAR, PRIMARY KEY (id)) \
+         WITH ('table.merge-engine' = 'versioned', 'table.merge-engine.versioned.ver-column' = 'ver')",
+        "CREATE TABLE app.kept (id BIGINT NOT NULL, name VARCHAR, PRIMARY KEY (id)) \
+         WITH ('table.delete.behavior' = 'ignore')",
+    ] {
+        c.rows(ddl).await;
+    }
+    c.rows("INSERT INTO app.visits VALUES (1, 5)").await;
+    c.rows("INSERT INTO app.firsts VALUES (1, 'ann')").await;
+    c.rows("INSERT INTO app.versions VALUES (1, 1, 'ann')")
+        .await;
+    c.rows("INSERT INTO app.kept VALUES (1, 'ann')").await;
+    for (statement, names) in [
+        (
+            "UPDATE app.visits SET visits = 100 WHERE user_id = 1",
+            &["app.visits", "aggregation", "summed"][..],
+        ),
+        (
+            "DELETE FROM app.visits WHERE user_id = 1",
+            &["app.visits", "aggregation"][..],
+        ),
+        (
+            "UPDATE app.firsts SET name = 'bob' WHERE id = 1",
+            &["app.firsts", "first_row"][..],
+        ),
+        ("DELETE FROM app.firsts", &["app.firsts", "first_row"][..]),
+        (
+            "UPDATE app.versions SET name = 'bob' WHERE id = 1",
+            &["app.versions", "versioned"][..],
+        ),
+        (
+            "DELETE FROM app.versions WHERE id = 1",
+            &["app.versions", "versioned"][..],
+        ),
+        (
+            "DELETE FROM app.kept WHERE id = 1",
+            &["app.kept", "table.delete.behavior", "ignore"][..],
+        ),
+    ] {
+        let refused = c.error(statement).await;
+        for name in names {
+            assert!(refused.contains(name), "{statement}: {refused}");
+        }
+    }
+    // Nothing changed.
+    assert_eq!(
+        c.rows("SELECT visits FROM app.visits").await,
+        strings(&[&["5"]])
+    );
+    assert_eq!(
+        c.rows("SELECT name FROM app.firsts").await,
+        strings(&[&["ann"]])
+    );
+    assert_eq!(
+        c.rows("SELECT name FROM app.versions").await,
+        strings(&[&["ann"]])
+    );
+    // Deletes are what `ignore` drops; an update applies.
+    assert_eq!(
+        c.rows("UPDATE app.kept SET name = 'bob' WHERE id = 1")
+            .await,
+        strings(&[&["1"]])
+    );
+    assert_eq!(
+        c.rows("SELECT name FROM app.kept").await,
+        strings(&[&["bob"]])
+    );
+    let mut sql = c.flight_sql().await;
+    let refused = sql
+        .execute_update("UPDATE app.visits SET visits = 100".into(), None)
+        .await;
+    assert!(
+        matches!(&refused, Err(arrow_flight::error::FlightError::Tonic(s)) if s.code() == tonic::Code::InvalidArgument && s.message().contains("aggregation")),
+        "{refused:?}"
+    );
+    c.stop().await;
+}
+
 /// A statement running over Flight SQL is listed in `system.queries` while its `DoGet`
 /// streams; `CancelFlightInfo` stops it (its stream ends with CANCELLED) or forgets one planned
 /// and not yet fetched.
