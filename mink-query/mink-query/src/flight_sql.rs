@@ -272,10 +272,14 @@ fn ipc_schema(schema: &Schema) -> Result<bytes::Bytes, Status> {
     Ok(message.0)
 }
 
-/// The record batches of a `DoPut` (bound parameters).
+/// The record batches of a `DoPut` (bound parameters). A message without an IPC header (the
+/// descriptor alone, which is how arrow-flight's client sends a prepared update whose
+/// parameters it bound before) carries none.
 async fn parameter_rows(stream: PeekableFlightDataStream) -> Result<Vec<RecordBatch>, Status> {
     arrow_flight::decode::FlightRecordBatchStream::new_from_flight_data(
-        stream.map_err(FlightError::from),
+        stream
+            .try_filter(|d| futures::future::ready(!d.data_header.is_empty()))
+            .map_err(FlightError::from),
     )
     .try_collect()
     .await
@@ -283,7 +287,7 @@ async fn parameter_rows(stream: PeekableFlightDataStream) -> Result<Vec<RecordBa
 }
 
 /// Each row of `batches` as positional parameter values (`$1` is the first column).
-fn parameters(batches: &[RecordBatch]) -> Result<Vec<ParamValues>, Status> {
+fn parameters(batches: &[RecordBatch]) -> Result<Vec<Vec<ScalarValue>>, Status> {
     let mut rows = Vec::new();
     for b in batches {
         for r in 0..b.num_rows() {
@@ -293,10 +297,47 @@ fn parameters(batches: &[RecordBatch]) -> Result<Vec<ParamValues>, Status> {
                 .map(|c| ScalarValue::try_from_array(c, r))
                 .collect::<datafusion::error::Result<Vec<_>>>()
                 .map_err(status)?;
-            rows.push(ParamValues::from(values));
+            rows.push(values);
         }
     }
     Ok(rows)
+}
+
+/// `plan` with `values` bound to its parameters (`$1` the first), each cast to the type the
+/// statement gives its parameter (an `INSERT`'s column, the column it is compared with): a
+/// client binds an integer as Int64 whatever the column, and DataFusion would carry the value
+/// into the plan with the client's type. A value that does not convert (2^40 into an INT) is
+/// refused, naming the column.
+fn bind(plan: DataFrame, values: Vec<ScalarValue>) -> Result<DataFrame, Status> {
+    let fields = plan.logical_plan().get_parameter_fields().map_err(status)?;
+    let options = arrow::compute::CastOptions {
+        safe: false,
+        ..Default::default()
+    };
+    let values = values
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let id = format!("${}", i + 1);
+            match fields.get(&id) {
+                Some(Some(f)) if v.data_type() != *f.data_type() => {
+                    v.cast_to_with_options(f.data_type(), &options).map_err(|e| {
+                        Status::invalid_argument(format!(
+                            "the value bound to {id} ({v}, {}) does not convert to {}, the type of column {}: {}",
+                            v.data_type(),
+                            f.data_type(),
+                            f.name(),
+                            e.find_root()
+                        ))
+                    })
+                }
+                _ => Ok(v),
+            }
+        })
+        .collect::<Result<Vec<_>, Status>>()?;
+    plan.with_param_values(ParamValues::from(values))
+        .and_then(crate::bound_dml)
+        .map_err(status)
 }
 
 /// `response` with the highest metadata index `engine` has seen (`mink-applied-index`): a
@@ -758,10 +799,7 @@ impl FlightSqlService for MinkFlightSql {
             ));
         }
         let plan = match rows.into_iter().next() {
-            Some(values) => plan
-                .with_param_values(values)
-                .and_then(crate::bound_dml)
-                .map_err(status)?,
+            Some(values) => bind(plan, values)?,
             None => plan,
         };
         self.planned(&prepared.sql, plan, &engine, request).await
@@ -780,7 +818,7 @@ impl FlightSqlService for MinkFlightSql {
         if rows.is_empty() {
             rows = parameters(&prepared.parameters)?;
         }
-        let runs: Vec<Option<ParamValues>> = if rows.is_empty() {
+        let runs: Vec<Option<Vec<ScalarValue>>> = if rows.is_empty() {
             vec![None]
         } else {
             rows.into_iter().map(Some).collect()
@@ -791,10 +829,7 @@ impl FlightSqlService for MinkFlightSql {
             *r.metadata_mut() = metadata.clone();
             let (_, plan) = self.plan(&r, &prepared.sql).await?;
             let plan = match values {
-                Some(v) => plan
-                    .with_param_values(v)
-                    .and_then(crate::bound_dml)
-                    .map_err(status)?,
+                Some(v) => bind(plan, v)?,
                 None => plan,
             };
             all_bound(&plan)?;

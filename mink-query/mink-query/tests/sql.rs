@@ -1092,6 +1092,80 @@ async fn update_and_delete_refuse_what_the_merge_engine_would_not_apply() {
     c.stop().await;
 }
 
+/// A prepared `INSERT`'s parameters are cast to their columns' types (a client binds a Python
+/// int as Int64, whatever the column); a value that does not fit is refused, naming the column.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepared_insert_parameters_take_their_columns_types() {
+    use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path()).await;
+    c.load().await;
+    c.rows("CREATE TABLE app.o (id BIGINT, item VARCHAR, qty INT, PRIMARY KEY (id))")
+        .await;
+    let mut sql = c.flight_sql().await;
+    let row = |id: i64, item: &str, qty: i64| {
+        RecordBatch::try_from_iter(vec![
+            ("$1", Arc::new(Int64Array::from(vec![id])) as ArrayRef),
+            ("$2", Arc::new(StringArray::from(vec![item])) as ArrayRef),
+            ("$3", Arc::new(Int64Array::from(vec![qty])) as ArrayRef),
+        ])
+        .unwrap()
+    };
+    // As an update (ADBC's executemany) and as a query (its execute).
+    let mut prepared = sql
+        .prepare("INSERT INTO app.o VALUES (?, ?, ?)".into(), None)
+        .await
+        .unwrap();
+    prepared.set_parameters(row(11, "fig", 2)).unwrap();
+    assert_eq!(prepared.execute_update().await.unwrap(), 1);
+    prepared.set_parameters(row(12, "kiwi", 3)).unwrap();
+    prepared.execute().await.unwrap();
+    assert_eq!(
+        c.rows("SELECT id, item, qty FROM app.o ORDER BY id").await,
+        strings(&[&["11", "fig", "2"], &["12", "kiwi", "3"]])
+    );
+    // Also with the columns named, in another order.
+    let mut named = sql
+        .prepare(
+            "INSERT INTO app.o (qty, id, item) VALUES ($1, $2, $3)".into(),
+            None,
+        )
+        .await
+        .unwrap();
+    named
+        .set_parameters(
+            RecordBatch::try_from_iter(vec![
+                ("$1", Arc::new(Int64Array::from(vec![4])) as ArrayRef),
+                ("$2", Arc::new(Int64Array::from(vec![13])) as ArrayRef),
+                ("$3", Arc::new(StringArray::from(vec!["lime"])) as ArrayRef),
+            ])
+            .unwrap(),
+        )
+        .unwrap();
+    assert_eq!(named.execute_update().await.unwrap(), 1);
+    // 2^40 does not fit an INT.
+    prepared.set_parameters(row(14, "plum", 1 << 40)).unwrap();
+    for refused in [
+        prepared.execute_update().await.map(|_| ()),
+        prepared.execute().await.map(|_| ()),
+    ] {
+        assert!(
+            matches!(&refused, Err(arrow_flight::error::FlightError::Tonic(s)) if s.code() == tonic::Code::InvalidArgument && s.message().contains("qty")),
+            "{refused:?}"
+        );
+    }
+    assert_eq!(
+        c.rows("SELECT id, item, qty FROM app.o ORDER BY id").await,
+        strings(&[
+            &["11", "fig", "2"],
+            &["12", "kiwi", "3"],
+            &["13", "lime", "4"]
+        ])
+    );
+    c.stop().await;
+}
+
 /// A statement running over Flight SQL is listed in `system.queries` while its `DoGet`
 /// streams; `CancelFlightInfo` stops it (its stream ends with CANCELLED) or forgets one planned
 /// and not yet fetched.
