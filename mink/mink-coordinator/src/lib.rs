@@ -8,7 +8,8 @@
 //! - gives the buckets of a restarted node back to its new life;
 //! - **fails over** the buckets of a node whose heartbeat expired to the least loaded live
 //!   nodes (once it has held the lease for `failover_grace`, so that every live node had time
-//!   to heartbeat); the new leader opens each stream at a higher leader epoch, which fences the
+//!   to heartbeat; at once for a node that stopped cleanly and expired its own heartbeat); the
+//!   new leader opens each stream at a higher leader epoch, which fences the
 //!   old process, and a primary-key bucket restores its working copy from its KV snapshot and
 //!   the changelog after it;
 //! - moves buckets off drained nodes, and carries out rebalance requests;

@@ -27,6 +27,10 @@ pub struct Observation<'a> {
     /// is new: a holder that has just taken the lease gives the other nodes time to be seen
     /// heartbeating before it moves their buckets (a whole cluster starting at once).
     pub failover: bool,
+    /// Nodes that stopped cleanly (expired their own heartbeat on the way out), with the node
+    /// epoch they stopped at. Their buckets fail over at once, grace or not: nothing is left to
+    /// wait for.
+    pub stopped: &'a BTreeMap<u64, u64>,
     /// Streams whose transfer has been pending longer than the coordinator waits for a
     /// leader to hand a bucket over: their target leads them anyway (which fences the old
     /// leader, as a failover does).
@@ -386,7 +390,8 @@ enum LeaderState {
 
 /// Every bucket's leadership: unassigned buckets to the live node leading the fewest buckets
 /// of their table (the least loaded among those), buckets of a restarted leader back to it,
-/// and (with `obs.failover`) buckets of a dead leader to the least loaded live nodes. Buckets
+/// and (with `obs.failover`, or at once when it stopped cleanly) buckets of a dead leader to
+/// the least loaded live nodes. Buckets
 /// led by a live node never move here (see [`plan_rebalance`]).
 pub fn plan_leadership(obs: &Observation<'_>) -> Vec<Step> {
     let mut candidates = candidates(obs);
@@ -408,9 +413,14 @@ pub fn plan_leadership(obs: &Observation<'_>) -> Vec<Step> {
                 continue;
             }
             LeaderState::None => Why::Unassigned,
-            LeaderState::Dead if obs.failover => Why::Failover {
-                from: b.leader_node_id,
-            },
+            LeaderState::Dead
+                if obs.failover
+                    || obs.stopped.get(&b.leader_node_id) == Some(&b.leader_node_epoch) =>
+            {
+                Why::Failover {
+                    from: b.leader_node_id,
+                }
+            }
             LeaderState::Dead => continue,
         };
         let node = if why == Why::Unassigned {

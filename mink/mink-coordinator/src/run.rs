@@ -183,12 +183,23 @@ impl Coordinator<'_> {
                 return;
             }
         };
+        let stopped = match self.sink.stopped_nodes().await {
+            Ok(nodes) => nodes
+                .into_iter()
+                .map(|n| (n.node_id, n.node_epoch))
+                .collect::<BTreeMap<_, _>>(),
+            Err(e) => {
+                tracing::warn!(error = %e, "coordinator: cannot read heartbeats");
+                return;
+            }
+        };
         let view = self.sink.view();
         let overdue = self.overdue(&view.state);
         let obs = Observation {
             state: &view.state,
             live: &live,
             failover: self.since.elapsed() >= self.config.failover_grace,
+            stopped: &stopped,
             overdue: &overdue,
         };
         let mut steps = planner::plan(&obs, &self.config.planner);
@@ -313,10 +324,12 @@ impl Coordinator<'_> {
             return;
         }
         let overdue = BTreeSet::new();
+        let stopped = BTreeMap::new();
         let obs = Observation {
             state: &view.state,
             live,
             failover: false,
+            stopped: &stopped,
             overdue: &overdue,
         };
         let mut report = format!("{token}\n");

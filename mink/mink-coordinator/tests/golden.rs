@@ -21,6 +21,7 @@ use mink_metadata::{
 struct Cluster {
     state: State,
     live: BTreeMap<u64, u64>,
+    stopped: BTreeMap<u64, u64>,
     overdue: BTreeSet<u64>,
 }
 
@@ -30,6 +31,7 @@ impl Cluster {
         let mut c = Cluster {
             state: State::default(),
             live: BTreeMap::new(),
+            stopped: BTreeMap::new(),
             overdue: BTreeSet::new(),
         };
         for id in 1..=n {
@@ -164,6 +166,7 @@ impl Cluster {
             state: &self.state,
             live: &self.live,
             failover,
+            stopped: &self.stopped,
             overdue: &self.overdue,
         }
     }
@@ -172,9 +175,10 @@ impl Cluster {
         let mut out = String::new();
         let drained = planner::drained(&self.state);
         for n in self.state.nodes.values() {
-            let heartbeat = match self.live.get(&n.node_id) {
-                Some(e) => format!("heartbeating at epoch {e}"),
-                None => "heartbeat expired".to_string(),
+            let heartbeat = match (self.live.get(&n.node_id), self.stopped.get(&n.node_id)) {
+                (Some(e), _) => format!("heartbeating at epoch {e}"),
+                (None, Some(e)) => format!("stopped cleanly at epoch {e}"),
+                (None, None) => "heartbeat expired".to_string(),
             };
             let d = if drained.contains(&n.node_id) {
                 ", drained"
@@ -395,6 +399,30 @@ fn a_dead_nodes_buckets_fail_over_to_the_least_loaded_live_nodes() {
     );
     assert!(none.is_empty());
     t.finish("failover");
+}
+
+#[test]
+fn a_cleanly_stopped_nodes_buckets_fail_over_at_once() {
+    let mut c = Cluster::nodes(3);
+    c.table(1, 6, &[1, 2, 3]);
+    // Node 3 stopped with SIGTERM: it expired its own heartbeat in its last life (epoch 1).
+    c.live.remove(&3);
+    c.stopped.insert(3, 1);
+    let mut t = Transcript::new(&c);
+    // A coordinator that has just taken the lease (the stopped node held it) moves them
+    // during its grace: there is nobody to wait for.
+    let steps = t.plan(
+        "plan during the failover grace",
+        planner::plan(&c.observe(false), &config()),
+    );
+    assert_eq!(
+        leads(&steps),
+        vec![
+            ((1, 0, 2), 1, Why::Failover { from: 3 }),
+            ((1, 0, 5), 2, Why::Failover { from: 3 })
+        ]
+    );
+    t.finish("stopped_node");
 }
 
 #[test]

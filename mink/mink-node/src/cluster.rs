@@ -110,10 +110,12 @@ impl Node {
                 .collect();
             let view = self.view();
             let overdue = std::collections::BTreeSet::new();
+            let stopped = BTreeMap::new();
             let obs = Observation {
                 state: &view.state,
                 live: &live,
                 failover: false,
+                stopped: &stopped,
                 overdue: &overdue,
             };
             return Ok(planner::plan_rebalance(&obs)

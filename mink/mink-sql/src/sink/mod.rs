@@ -449,6 +449,13 @@ impl Sink {
         Ok(nodes.into_iter().filter(|n| n.age_ms < ttl_ms).collect())
     }
 
+    /// The nodes that stopped cleanly: their heartbeat row was expired by the node itself
+    /// (`expire_heartbeat` on its way out), in its last node epoch, and none came since.
+    pub async fn stopped_nodes(&self) -> Result<Vec<crate::store::NodeRow>, SinkError> {
+        let nodes = self.inner.shared.store.nodes().await?;
+        Ok(nodes.into_iter().filter(|n| n.heartbeat_ms == 0).collect())
+    }
+
     /// Every node's heartbeat row, live or not.
     pub async fn node_rows(&self) -> Result<Vec<crate::store::NodeRow>, SinkError> {
         Ok(self.inner.shared.store.nodes().await?)
