@@ -232,6 +232,41 @@ expect_error(
     lambda: get({"database": "shop", "table": "items", "lookup": [{"shop": 1}]}),
     "no value for \"item\"",
 )
+# What a lookup does not take is refused, not ignored: read fields, key columns past the key or
+# the prefix, a null, a fraction for an integer column.
+items = {"database": "shop", "table": "items"}
+for extra, needle in [
+    ({"filter": [{"column": "price", "op": ">", "value": 5}]}, "filter does not apply to a lookup"),
+    ({"changelog": True}, "changelog does not apply"),
+    ({"bucket": 0}, "bucket does not apply"),
+]:
+    expect_error(lambda: get({**items, "lookup": [{"shop": 1, "item": "apple"}], **extra}), needle)
+expect_error(
+    lambda: get({**items, "prefix_lookup": [{"shop": 1, "item": "zz"}]}),
+    "key 0: \"item\" is not one of the key's columns",
+)
+expect_error(
+    lambda: get({**items, "lookup": [{"shop": 1, "item": "apple", "x": 1}]}),
+    "\"x\" is not one of the key's columns",
+)
+expect_error(lambda: get({**items, "lookup": [{"shop": None, "item": "apple"}]}), "\"shop\" is null")
+expect_error(
+    lambda: get({**items, "lookup": [{"shop": 1.5, "item": "apple"}]}),
+    "not exactly a value of its type Int64",
+)
+expect_error(lambda: get({**items, "prefix_lookup": [{"shop": 1.9}]}), "not exactly a value")
+# A descriptor's columns that are not the batch's: refused, nothing written.
+expect_error(
+    lambda: put(
+        "items",
+        pa.record_batch(
+            [pa.array([1], pa.int64()), pa.array(["apple"]), pa.array([7.0])],
+            names=["shop", "item", "price"],
+        ),
+        columns=["shop", "item", "stock"],
+    ),
+    "are not the batch's columns",
+)
 create("frozen", {"table.delete.behavior": "disable"})
 expect_error(lambda: put("frozen", batch([(1, "x", 1.0, 1)], ["delete"])), "disabled")
 expect_error(

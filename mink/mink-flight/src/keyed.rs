@@ -36,12 +36,23 @@ pub fn typed_keys(schema: &Schema, ids: &[String], keys: &[Key]) -> Result<Recor
                 .map_err(|_| format!("key column {c:?} is not in the table"))
         })
         .collect::<Result<_, _>>()?;
-    for (i, k) in keys.iter().enumerate() {
-        if let Some(c) = ids.iter().find(|c| k.get(*c).is_none_or(Value::is_null)) {
-            return Err(format!("key {i} has no value for {c:?}"));
-        }
-    }
     let key_schema = Arc::new(Schema::new(fields));
+    for (i, k) in keys.iter().enumerate() {
+        for c in ids {
+            match k.get(c) {
+                None => return Err(format!("key {i} has no value for {c:?}")),
+                Some(Value::Null) => return Err(format!("key {i}: {c:?} is null")),
+                Some(_) => {}
+            }
+        }
+        // A column the key does not hold would be left out of what is matched.
+        if let Some(extra) = k.keys().find(|c| !ids.contains(c)) {
+            return Err(format!(
+                "key {i}: {extra:?} is not one of the key's columns {ids:?}"
+            ));
+        }
+        mink_log::json::check_exact(&key_schema, k).map_err(|e| format!("key {i}: {e}"))?;
+    }
     let mut decoder = arrow::json::ReaderBuilder::new(Arc::clone(&key_schema))
         .build_decoder()
         .map_err(|e| e.to_string())?;

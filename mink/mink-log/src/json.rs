@@ -1,12 +1,14 @@
 //! JSON objects as rows of a typed table: what a Kafka produce to a typed topic and a Kafka
 //! source's `json` format both take. A value must be one JSON object of the table's columns
 //! with values of their types (nulls and missing nullable columns allowed, unknown columns
-//! refused).
+//! refused). A number must be exactly a value of its column's type: Arrow's JSON reader would
+//! truncate `1.9` into an integer column, and `12.349` into `Decimal128(10, 2)`.
 
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
-use arrow::datatypes::SchemaRef;
+use arrow::datatypes::{DataType, Schema, SchemaRef};
+use serde_json::{Map, Value};
 
 /// Why value `index` is not a row.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -48,6 +50,11 @@ fn decode(schema: &SchemaRef, values: &[(usize, Option<&[u8]>)]) -> Result<Recor
         if value.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
             return Err(invalid("the value is not a JSON object".into()));
         }
+        if may_be_inexact(schema, value) {
+            let object: Map<String, Value> =
+                serde_json::from_slice(value).map_err(|e| invalid(e.to_string()))?;
+            check_exact(schema, &object).map_err(invalid)?;
+        }
         let mut line = value.to_vec();
         line.push(b'\n');
         let read = decoder.decode(&line).map_err(|e| invalid(e.to_string()))?;
@@ -68,7 +75,7 @@ fn decode(schema: &SchemaRef, values: &[(usize, Option<&[u8]>)]) -> Result<Recor
 /// The first column `schema` requires (not nullable) that the JSON object `value` leaves out
 /// or gives as null, said so: Arrow's own error names a struct child, not the column.
 fn missing_required(schema: &SchemaRef, value: &[u8]) -> Option<String> {
-    let object: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(value).ok()?;
+    let object: Map<String, Value> = serde_json::from_slice(value).ok()?;
     schema.fields().iter().find_map(|f| {
         let given = object.get(f.name()).filter(|v| !v.is_null());
         (!f.is_nullable() && given.is_none()).then(|| {
@@ -78,4 +85,78 @@ fn missing_required(schema: &SchemaRef, value: &[u8]) -> Option<String> {
             )
         })
     })
+}
+
+/// Whether `value` (JSON text) may hold a number that a column of `schema` would not take
+/// exactly: a fraction or an exponent anywhere in it, and a column that would truncate one.
+/// Most rows have neither, and skip the second parse [`check_exact`] needs.
+pub fn may_be_inexact(schema: &Schema, value: &[u8]) -> bool {
+    schema.fields().iter().any(|f| truncates(f.data_type()))
+        && value.iter().any(|b| matches!(b, b'.' | b'e' | b'E'))
+}
+
+/// Checks that every value `object` gives a column of `schema` is exactly a value of the
+/// column's type: a whole number for an integer column, at most `scale` decimal places for a
+/// decimal one (as a number or a string). The error names the column and the value.
+pub fn check_exact(schema: &Schema, object: &Map<String, Value>) -> Result<(), String> {
+    for f in schema.fields() {
+        let Some(value) = object.get(f.name()) else {
+            continue;
+        };
+        let text = match value {
+            Value::Number(n) => n.to_string(),
+            Value::String(s) => s.trim().to_string(),
+            _ => continue,
+        };
+        let exact = match f.data_type() {
+            t if t.is_integer() => whole(&text),
+            DataType::Decimal32(_, scale)
+            | DataType::Decimal64(_, scale)
+            | DataType::Decimal128(_, scale)
+            | DataType::Decimal256(_, scale) => within_scale(&text, *scale),
+            _ => true,
+        };
+        if !exact {
+            return Err(format!(
+                "column {:?}: {value} is not exactly a value of its type {}",
+                f.name(),
+                f.data_type()
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn truncates(t: &DataType) -> bool {
+    t.is_integer()
+        || matches!(
+            t,
+            DataType::Decimal32(..)
+                | DataType::Decimal64(..)
+                | DataType::Decimal128(..)
+                | DataType::Decimal256(..)
+        )
+}
+
+/// Whether a number's text is a whole number (text that is no number is left to the reader).
+fn whole(text: &str) -> bool {
+    if !text.contains(['.', 'e', 'E']) {
+        return true;
+    }
+    text.parse::<f64>().map_or(true, |f| f.fract() == 0.0)
+}
+
+/// Whether a number's text has at most `scale` decimal places (trailing zeros aside).
+fn within_scale(text: &str, scale: i8) -> bool {
+    let (mantissa, exponent) = match text.split_once(['e', 'E']) {
+        Some((m, e)) => match e.parse::<i64>() {
+            Ok(e) => (m, e),
+            Err(_) => return true,
+        },
+        None => (text, 0),
+    };
+    let places = mantissa
+        .split_once('.')
+        .map_or(0, |(_, f)| f.trim_end_matches('0').len() as i64);
+    places - exponent <= i64::from(scale)
 }

@@ -691,3 +691,41 @@ fn json_rows_missing_a_required_column_name_it() {
         );
     }
 }
+
+/// A number that its column's type would truncate (a fraction into an integer, more decimal
+/// places than a decimal's scale) is refused naming the column; an exact one is taken.
+#[test]
+fn json_rows_take_numbers_exactly_or_not_at_all() {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("price", DataType::Decimal128(10, 2), true),
+    ]));
+    for (bad, column) in [
+        (&b"{\"id\": 1.9}"[..], "id"),
+        (b"{\"id\": 15e-1}", "id"),
+        (b"{\"id\": \"1.5\"}", "id"),
+        (b"{\"id\": 1, \"price\": 12.349}", "price"),
+        (b"{\"id\": 1, \"price\": \"12.349\"}", "price"),
+        (b"{\"id\": 1, \"price\": 1.2345e1}", "price"),
+    ] {
+        let values = [Some(&b"{\"id\": 1}"[..]), Some(bad)];
+        let e = mink_log::json::rows(&schema, &values).unwrap_err();
+        assert_eq!(e.index, 1, "{}", String::from_utf8_lossy(bad));
+        assert!(
+            e.reason.contains(&format!("column {column:?}"))
+                && e.reason.contains("not exactly a value of its type"),
+            "{}",
+            e.reason
+        );
+    }
+    let exact: [Option<&[u8]>; 3] = [
+        Some(b"{\"id\": 2.0, \"price\": 12.340}"),
+        Some(b"{\"id\": 15e1, \"price\": \"0.5\"}"),
+        Some(b"{\"id\": 3, \"price\": 1.25e1}"),
+    ];
+    let rows = mink_log::json::rows(&schema, &exact).unwrap();
+    let ids = rows.column(0).as_primitive::<Int64Type>();
+    assert_eq!(ids.values(), &[2, 150, 3]);
+    let prices = rows.column(1).as_primitive::<Decimal128Type>();
+    assert_eq!(prices.values(), &[1234, 50, 1250]);
+}

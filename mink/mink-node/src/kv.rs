@@ -574,10 +574,18 @@ fn widen(
         .auto_increment
         .is_some_and(|c| given.index_of(schema.field(c).name()).is_ok());
     for f in given.fields() {
-        if schema.index_of(f.name()).is_err() {
+        let Ok(want) = schema.field_with_name(f.name()) else {
             return Err(NodeError::Invalid(format!(
                 "column {:?} is not in the table",
                 f.name()
+            )));
+        };
+        if want.data_type() != f.data_type() {
+            return Err(NodeError::Invalid(format!(
+                "column {:?} of type {} does not match the table's type {}",
+                f.name(),
+                f.data_type(),
+                want.data_type()
             )));
         }
     }
@@ -601,9 +609,29 @@ fn widen(
         ),
         None => None,
     };
-    if targets.is_none() && given.fields().len() == schema.fields().len() {
+    if let Some(names) = columns {
+        // The descriptor names the batch's columns: a batch that differs would update columns
+        // the writer did not mean to (nulled) and drop the ones it sent.
+        let sent: Vec<&str> = given.fields().iter().map(|f| f.name().as_str()).collect();
+        let same = names.len() == sent.len()
+            && names.iter().all(|n| sent.contains(&n.as_str()))
+            && sent.iter().all(|c| names.iter().any(|n| n == c));
+        if !same {
+            return Err(NodeError::Invalid(format!(
+                "the descriptor's columns {names:?} are not the batch's columns {sent:?}"
+            )));
+        }
+    }
+    let in_order = given
+        .fields()
+        .iter()
+        .map(|f| f.name())
+        .eq(schema.fields().iter().map(|f| f.name()));
+    if targets.is_none() && in_order {
         return Ok((batch.clone(), None));
     }
+    // Otherwise taken by name, as a partial update's are: the table's order is not the writer's
+    // to know.
     let columns: Vec<ArrayRef> = schema
         .fields()
         .iter()

@@ -800,9 +800,53 @@ async fn primary_key_tables_refuse_bad_definitions_and_writes_precisely() {
         .await
         .unwrap_err();
     assert!(e.to_string().contains("\"user_id\" is not nullable"), "{e}");
+    // A descriptor naming other columns than the batch's: the batch's `visits` would be
+    // dropped, or a named column the batch lacks nulled.
+    for named in [vec!["user_id"], vec!["user_id", "visits", "user_id"]] {
+        let e = node
+            .write(
+                "app",
+                "t",
+                &visits(&[(3, 3)]),
+                &WriteTarget {
+                    columns: Some(named.iter().map(|c| c.to_string()).collect()),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("are not the batch's columns"),
+            "{named:?}: {e}"
+        );
+    }
     assert!(
         lookup_all(&node, "t", 0..5).await.is_empty(),
         "nothing stored"
+    );
+    // Whole rows in another order than the table's are taken by name; a wrong type is named.
+    let reordered = RecordBatch::try_from_iter(vec![
+        ("visits", Arc::new(Int64Array::from(vec![40])) as ArrayRef),
+        ("user_id", Arc::new(Int64Array::from(vec![4])) as ArrayRef),
+    ])
+    .unwrap();
+    node.write("app", "t", &reordered, &WriteTarget::default())
+        .await
+        .unwrap();
+    assert_eq!(lookup_all(&node, "t", 0..5).await, [(4, 40)]);
+    let wrong_type = RecordBatch::try_from_iter(vec![
+        ("visits", Arc::new(StringArray::from(vec!["x"])) as ArrayRef),
+        ("user_id", Arc::new(Int64Array::from(vec![4])) as ArrayRef),
+    ])
+    .unwrap();
+    let e = node
+        .write("app", "t", &wrong_type, &WriteTarget::default())
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("column \"visits\" of type Utf8 does not match the table's type Int64"),
+        "{e}"
     );
     node.shutdown().await;
 }

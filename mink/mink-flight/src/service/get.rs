@@ -42,6 +42,11 @@ impl MinkFlight {
             (None, None) => None,
         };
         if let Some((keys, prefix)) = keys {
+            if let Some(field) = read_only_field(&t) {
+                return Err(self.invalid(format!(
+                    "{field} does not apply to a lookup (it reads the keys' current rows, with `columns`)"
+                )));
+            }
             return self
                 .lookup(&t, keys, prefix, local_only, started)
                 .instrument(span)
@@ -179,6 +184,25 @@ impl MinkFlight {
         crate::metrics::finished("do_get", tonic::Code::Ok, started);
         Ok(self.respond(Box::pin(futures::stream::iter(messages)) as DoGetStream))
     }
+}
+
+/// The first field of `t` that only a read of buckets takes, if `t` sets one.
+fn read_only_field(t: &protocol::Ticket) -> Option<&'static str> {
+    [
+        ("partition", t.partition.is_some()),
+        ("bucket", t.bucket.is_some()),
+        ("offset", t.offset.is_some()),
+        ("latest", t.latest),
+        ("end_offset", t.end_offset.is_some()),
+        ("tail", t.tail),
+        ("tail_idle_ms", t.tail_idle_ms.is_some()),
+        ("max_rows", t.max_rows.is_some()),
+        ("changelog", t.changelog),
+        ("source", t.source.is_some()),
+        ("filter", !t.filter.is_empty()),
+    ]
+    .into_iter()
+    .find_map(|(name, set)| set.then_some(name))
 }
 
 /// A ticket in the node's terms.
