@@ -175,6 +175,92 @@ fn rows_bar(what: &str) -> ProgressBar {
 /// to the column's type. Text holds a dictionary column as its values, a duration as an
 /// integer count of the column's unit (what `scan` writes), and, in CSV (whose reader knows
 /// fewer types), binary as hex, any string as `Utf8` and half floats as `Float32`.
+/// The columns a CSV header names, in its order, typed as `table` (the table's columns as text
+/// holds them) types them; the header line is consumed. Unknown and repeated names are refused.
+fn csv_columns(
+    input: &mut dyn BufRead,
+    table: &SchemaRef,
+    name: &str,
+) -> anyhow::Result<SchemaRef> {
+    let mut line = Vec::new();
+    input
+        .read_until(b'\n', &mut line)
+        .context("CSV input: reading the header")?;
+    let header = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .from_reader(line.as_slice())
+        .records()
+        .next()
+        .transpose()
+        .context("CSV input: the header")?
+        .context("CSV input is empty: its first line names the columns (or give --no-header)")?;
+    let mut fields: Vec<Field> = Vec::with_capacity(header.len());
+    for column in header.iter().map(str::trim) {
+        let Ok(f) = table.field_with_name(column) else {
+            bail!(
+                "the CSV header names {column:?}, which is not a column of {name} (its columns: {}); give --no-header for input without a header",
+                names(table)
+            );
+        };
+        if fields.iter().any(|g| g.name() == column) {
+            bail!("the CSV header names {column:?} twice");
+        }
+        fields.push(f.clone());
+    }
+    Ok(Arc::new(Schema::new(fields)))
+}
+
+/// JSON lines (one object per line; blank lines skipped) as batches of `schema` of up to
+/// `batch_rows` rows. A key that is not a column is refused, and so is a number its column
+/// would not hold exactly (Arrow's reader truncates `1.9` into an integer column).
+fn json_lines(
+    mut input: Box<dyn BufRead + Send>,
+    schema: SchemaRef,
+    batch_rows: usize,
+) -> anyhow::Result<impl Iterator<Item = anyhow::Result<RecordBatch>> + Send> {
+    let mut decoder = arrow::json::ReaderBuilder::new(Arc::clone(&schema))
+        .with_batch_size(batch_rows)
+        .with_strict_mode(true)
+        .build_decoder()?;
+    let mut line = Vec::new();
+    let mut number = 0u64;
+    let mut done = false;
+    Ok(std::iter::from_fn(move || {
+        if done {
+            return None;
+        }
+        let mut next = || -> anyhow::Result<Option<RecordBatch>> {
+            loop {
+                line.clear();
+                if input.read_until(b'\n', &mut line)? == 0 {
+                    done = true;
+                    return Ok(decoder.flush()?);
+                }
+                number += 1;
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                if mink_log::json::may_be_inexact(&schema, &line) {
+                    let object =
+                        serde_json::from_slice(&line).with_context(|| format!("line {number}"))?;
+                    mink_log::json::check_exact(&schema, &object)
+                        .map_err(|e| anyhow::anyhow!("line {number}: {e}"))?;
+                }
+                decoder
+                    .decode(&line)
+                    .with_context(|| format!("line {number}"))?;
+                if decoder.len() >= batch_rows {
+                    return Ok(decoder.flush()?);
+                }
+            }
+        };
+        let batch = next();
+        // Nothing is read past an error.
+        done |= batch.is_err();
+        batch.transpose()
+    }))
+}
+
 fn text_type(t: &DataType, csv: bool) -> DataType {
     match t {
         DataType::Dictionary(_, values) => text_type(values, csv),
@@ -257,6 +343,15 @@ fn conform(batch: &RecordBatch, schema: &SchemaRef) -> anyhow::Result<RecordBatc
     Ok(RecordBatch::try_new(nullable, columns)?)
 }
 
+/// `n` `thing`s, in words: "1 row", "2 rows".
+pub(crate) fn count(n: u64, thing: &str) -> String {
+    if n == 1 {
+        format!("1 {thing}")
+    } else {
+        format!("{n} {thing}s")
+    }
+}
+
 fn names(schema: &Schema) -> String {
     schema
         .fields()
@@ -269,6 +364,11 @@ fn names(schema: &Schema) -> String {
 pub(crate) async fn produce(client: &Client, a: ProduceArgs) -> anyhow::Result<()> {
     let (database, table) = split_table(&a.table)?;
     let description = client.describe_table(&database, &table).await?;
+    if a.delete && description.primary_key.is_empty() {
+        bail!(
+            "{database}.{table} is a log table: --delete removes rows by key from a primary-key table"
+        );
+    }
     let schema: SchemaRef = Arc::new(
         description
             .arrow_schema()
@@ -329,7 +429,8 @@ pub(crate) async fn produce(client: &Client, a: ProduceArgs) -> anyhow::Result<(
                 ),
                 None => Box::new(std::io::stdin()),
             };
-            let input: Box<dyn BufRead + Send> = Box::new(BufReader::with_capacity(1 << 20, input));
+            let mut input: Box<dyn BufRead + Send> =
+                Box::new(BufReader::with_capacity(1 << 20, input));
             let table = Arc::clone(&schema);
             if format == InFormat::Csv {
                 if let Some(f) = schema.fields().iter().find(|f| f.data_type().is_nested()) {
@@ -340,16 +441,18 @@ pub(crate) async fn produce(client: &Client, a: ProduceArgs) -> anyhow::Result<(
                         f.data_type()
                     );
                 }
-                let reader = arrow::csv::ReaderBuilder::new(loose(true))
-                    .with_header(!a.no_header)
+                // A header names the columns: they are taken by name, in its order.
+                let columns = if a.no_header {
+                    loose(true)
+                } else {
+                    csv_columns(&mut input, &loose(true), &a.table)?
+                };
+                let reader = arrow::csv::ReaderBuilder::new(columns)
                     .with_batch_size(batch_rows)
                     .build(input)?;
                 Box::new(reader.map(move |b| conform(&b.context("CSV input")?, &table)))
             } else {
-                let reader = arrow::json::ReaderBuilder::new(loose(false))
-                    .with_batch_size(batch_rows)
-                    .build(input)?;
-                Box::new(reader.map(move |b| {
+                Box::new(json_lines(input, loose(false), batch_rows)?.map(move |b| {
                     let b = b.context("JSON input (one object per line, keys are column names)")?;
                     conform(&b, &table)
                 }))
@@ -360,7 +463,10 @@ pub(crate) async fn produce(client: &Client, a: ProduceArgs) -> anyhow::Result<(
     let (tx, mut rx) = tokio::sync::mpsc::channel::<anyhow::Result<RecordBatch>>(4);
     let reader = tokio::task::spawn_blocking(move || {
         for b in batches {
-            if tx.blocking_send(b).is_err() {
+            // Nothing is read past an error: Arrow's readers are not made to go on after one
+            // (arrow-csv's then broke a precondition of its own and aborted the process).
+            let failed = b.is_err();
+            if tx.blocking_send(b).is_err() || failed {
                 break;
             }
         }
@@ -388,13 +494,16 @@ pub(crate) async fn produce(client: &Client, a: ProduceArgs) -> anyhow::Result<(
         let written = writer
             .write(&batch)
             .await
-            .with_context(|| format!("after {rows} rows were written"))?;
+            .with_context(|| format!("after {} were written", count(rows, "row")))?;
         rows += written.rows;
         bar.set_position(rows);
     }
     let _ = reader.await;
     bar.finish_and_clear();
-    crate::out(&format!("wrote {rows} rows to {database}.{table}\n"))?;
+    crate::out(&format!(
+        "wrote {} to {database}.{table}\n",
+        count(rows, "row")
+    ))?;
     Ok(())
 }
 
@@ -710,7 +819,7 @@ pub(crate) async fn scan(client: &Client, a: ScanArgs) -> anyhow::Result<()> {
             .as_ref()
             .map(|p| format!(" to {}", p.display()))
             .unwrap_or_default();
-        crate::out(&format!("{rows} rows{written}{note}\n"))?;
+        crate::out(&format!("{}{written}{note}\n", count(rows, "row")))?;
     }
     Ok(())
 }
