@@ -56,6 +56,17 @@ assert cur.fetchall() == [(3,)]
 cur.executemany("INSERT INTO app.events VALUES (?, ?, ?)", [(6000, "pp", 1), (6001, "pp", 2)])
 cur.execute("SELECT sum(amount) FROM app.events WHERE kind = 'pp'")
 assert cur.fetchall() == [(3,)]
+# Python ints are bound as BIGINT: cast to an INT column; one that does not fit is refused.
+cur.execute("CREATE TABLE app.o (id BIGINT, item VARCHAR, qty INT, PRIMARY KEY (id))")
+cur.execute("INSERT INTO app.o VALUES (?, ?, ?)", (11, "fig", 2))
+cur.executemany("INSERT INTO app.o VALUES (?, ?, ?)", [(12, "kiwi", 3), (13, "lime", 4)])
+cur.execute("SELECT id, item, qty FROM app.o ORDER BY id")
+assert cur.fetchall() == [(11, "fig", 2), (12, "kiwi", 3), (13, "lime", 4)]
+try:
+    cur.execute("INSERT INTO app.o VALUES (?, ?, ?)", (14, "plum", 2**40))
+    raise AssertionError("2^40 went into an INT")
+except flight_sql.ProgrammingError as e:
+    assert "qty" in str(e), e
 
 # A write runs when it is executed: a cursor closed without fetching its count loses nothing.
 with conn.cursor() as c:
