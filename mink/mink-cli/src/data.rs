@@ -720,6 +720,13 @@ fn literal(text: &str) -> Result<serde_json::Value, String> {
     if let Some(s) = t.strip_prefix('\'').and_then(|s| s.strip_suffix('\'')) {
         return Ok(serde_json::Value::String(s.replace("''", "'")));
     }
+    if t.len() >= 2 && t.starts_with('"') && t.ends_with('"') {
+        // SQL's quotes: "a" would name a column; taken as text it matches nothing.
+        return Err(format!(
+            "{t}: strings go in single quotes ('{}')",
+            &t[1..t.len() - 1]
+        ));
+    }
     match t {
         "null" | "NULL" => return Ok(serde_json::Value::Null),
         "true" | "TRUE" => return Ok(serde_json::Value::Bool(true)),
@@ -966,5 +973,7 @@ mod tests {
         assert!(parse_predicate("name ~ 3").is_err());
         assert!(parse_predicate("name =").is_err());
         assert!(parse_predicate("name in 3").is_err());
+        let e = parse_predicate("name = \"a\"").unwrap_err().to_string();
+        assert!(e.contains("strings go in single quotes ('a')"), "{e}");
     }
 }
