@@ -11,38 +11,83 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
-use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef};
+use datafusion::catalog::TableProvider as _;
 use datafusion::datasource::sink::DataSink;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::{Cast, Expr, ExprSchemable as _, LogicalPlan, TryCast, WriteOp};
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType};
 use futures::StreamExt as _;
-use mink_client::Client;
+use mink_client::{Client, TableDescription};
 
-/// Writes rows into `database.table`.
+/// The refusal of a write giving `column` of `table` (NOT NULL) no value or NULL.
+fn not_null(d: &TableDescription, column: &str, what: &str) -> DataFusionError {
+    let key = if d.primary_key.iter().any(|k| k == column) {
+        " (a key column)"
+    } else {
+        ""
+    };
+    DataFusionError::Plan(format!(
+        "column {column} of {}.{} is NOT NULL{key}: the INSERT gives it {what}",
+        d.database, d.table
+    ))
+}
+
+/// Writes rows into a table.
 #[derive(Debug)]
 pub struct MinkSink {
     client: Client,
-    database: String,
-    table: String,
+    description: TableDescription,
+    /// The table's columns.
+    table_schema: SchemaRef,
+    /// What the sink takes: the table's columns, each nullable, so that a null where the table
+    /// refuses one reaches [`MinkSink::write_all`], which names the column.
     schema: SchemaRef,
 }
 
 impl MinkSink {
-    pub fn new(client: Client, database: String, table: String, schema: SchemaRef) -> Self {
+    /// A sink writing rows of `schema` (the table's columns) into the table `description`
+    /// describes.
+    pub fn new(client: Client, description: TableDescription, schema: SchemaRef) -> Self {
+        let nullable = Arc::new(Schema::new(
+            schema
+                .fields()
+                .iter()
+                .map(|f| f.as_ref().clone().with_nullable(true))
+                .collect::<Vec<_>>(),
+        ));
         MinkSink {
             client,
-            database,
-            table,
-            schema,
+            description,
+            table_schema: schema,
+            schema: nullable,
         }
+    }
+
+    /// `batch` as the table's columns, checked: no null where the table refuses one.
+    fn checked(&self, batch: &RecordBatch) -> Result<RecordBatch> {
+        let d = &self.description;
+        for (i, f) in self.table_schema.fields().iter().enumerate() {
+            if !f.is_nullable() && batch.column(i).null_count() > 0 {
+                return Err(not_null(d, f.name(), "NULL"));
+            }
+        }
+        // As the table's schema (the plan's may differ in nullability only).
+        Ok(RecordBatch::try_new(
+            Arc::clone(&self.table_schema),
+            batch.columns().to_vec(),
+        )?)
     }
 }
 
 impl DisplayAs for MinkSink {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "MinkSink: table={}.{}", self.database, self.table)
+        write!(
+            f,
+            "MinkSink: table={}.{}",
+            self.description.database, self.description.table
+        )
     }
 }
 
@@ -61,25 +106,82 @@ impl DataSink for MinkSink {
         mut data: SendableRecordBatchStream,
         _context: &Arc<TaskContext>,
     ) -> Result<u64> {
-        let mut writer = self.client.writer(&self.database, &self.table);
+        let (database, table) = (&self.description.database, &self.description.table);
+        let mut writer = self.client.writer(database, table);
         let mut rows = 0u64;
         while let Some(batch) = data.next().await {
             let batch = batch?;
             if batch.num_rows() == 0 {
                 continue;
             }
-            // As the table's schema (the plan's may differ in nullability only).
-            let batch = RecordBatch::try_new(Arc::clone(&self.schema), batch.columns().to_vec())?;
+            let batch = self.checked(&batch)?;
             writer.write(&batch).await.map_err(|e| {
                 DataFusionError::Execution(format!(
-                    "INSERT INTO {}.{} stopped after {rows} rows were stored: {e}",
-                    self.database, self.table
+                    "INSERT INTO {database}.{table} stopped after {rows} rows were stored: {e}"
                 ))
             })?;
             rows += batch.num_rows() as u64;
         }
         Ok(rows)
     }
+}
+
+/// Refuses, when it is planned, an `INSERT` into a Mink table that gives a NOT NULL column no
+/// value (it is not named) or a `NULL` in its `VALUES`: DataFusion would fail it later
+/// without naming the column. What only running the
+/// statement shows (nulls from a `SELECT`, parameters) is checked as its rows are written.
+pub fn refuse_missing_values(plan: &LogicalPlan) -> Result<()> {
+    let LogicalPlan::Dml(dml) = plan else {
+        return Ok(());
+    };
+    let (WriteOp::Insert(_), LogicalPlan::Projection(top)) = (&dml.op, dml.input.as_ref()) else {
+        return Ok(());
+    };
+    let provider = datafusion::datasource::source_as_provider(&dml.target)?;
+    let Some(table) = provider.as_any().downcast_ref::<crate::table::MinkTable>() else {
+        return Ok(());
+    };
+    let d = table.description();
+    let schema = table.schema();
+    let values = match top.input.as_ref() {
+        LogicalPlan::Values(v) => Some(v),
+        _ => None,
+    };
+    for e in &top.expr {
+        let Expr::Alias(alias) = e else {
+            continue;
+        };
+        let column = alias.name.as_str();
+        let Ok(field) = schema.field_with_name(column) else {
+            continue;
+        };
+        // The cells of the `VALUES` column it comes from; none for a column left out.
+        let cells: Option<Vec<&Expr>> = match uncast(&alias.expr) {
+            Expr::Literal(v, _) if v.is_null() => Some(vec![]),
+            Expr::Column(c) => values.and_then(|v| {
+                let i = top.input.schema().index_of_column(c).ok()?;
+                v.values.iter().map(|row| row.get(i)).collect()
+            }),
+            _ => None,
+        };
+        let null = |e: &&Expr| matches!(uncast(e), Expr::Literal(v, _) if v.is_null());
+        if !field.is_nullable() {
+            match cells {
+                Some(c) if c.is_empty() => return Err(not_null(d, column, "no value")),
+                Some(c) if c.iter().any(null) => return Err(not_null(d, column, "NULL")),
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `e` without the casts around it.
+fn uncast(mut e: &Expr) -> &Expr {
+    while let Expr::Cast(Cast { expr, .. }) | Expr::TryCast(TryCast { expr, .. }) = e {
+        e = expr;
+    }
+    e
 }
 
 /// Refuses an `INSERT` whose value would lose its fraction going into an integer column

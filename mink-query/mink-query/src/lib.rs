@@ -179,7 +179,9 @@ impl QueryEngine {
     }
 }
 
-/// `DELETE` and `UPDATE` checked before they run, their parameters bound. DataFusion hands a
+/// `INSERT`, `DELETE` and `UPDATE` checked before they run, their parameters bound: an
+/// `INSERT` that leaves a NOT NULL column without a value is refused naming it
+/// ([`insert::refuse_missing_values`]). DataFusion hands a
 /// table the filters of their `WHERE` as optimized: a `WHERE` that folds to false or null
 /// (`id = NULL`, `1 = 0`, a parameter bound to null) leaves none, which a table cannot tell
 /// from no `WHERE` at all, and a subquery becomes a join the table never sees. So a statement
@@ -191,6 +193,7 @@ pub fn bound_dml(df: DataFrame) -> Result<DataFrame> {
     let LogicalPlan::Dml(dml) = df.logical_plan() else {
         return Ok(df);
     };
+    insert::refuse_missing_values(df.logical_plan())?;
     if !matches!(dml.op, WriteOp::Delete | WriteOp::Update) {
         return Ok(df);
     }

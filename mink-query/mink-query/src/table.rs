@@ -499,11 +499,9 @@ impl TableProvider for MinkTable {
                 "{insert_op} is not supported: Mink tables take INSERT INTO (appends to a log table, upserts into a primary-key table)"
             )));
         }
-        let d = &self.description;
         let sink = MinkSink::new(
             self.client.clone(),
-            d.database.clone(),
-            d.table.clone(),
+            self.description.clone(),
             Arc::clone(&self.schema),
         );
         Ok(Arc::new(DataSinkExec::new(input, Arc::new(sink), None)))

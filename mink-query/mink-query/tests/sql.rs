@@ -587,7 +587,10 @@ async fn insert_into_log_and_primary_key_tables() {
     let null_key = c
         .error("INSERT INTO app.events VALUES (NULL, 'x', 1)")
         .await;
-    assert!(null_key.contains("id"), "{null_key}");
+    assert!(
+        null_key.contains("column id of app.events is NOT NULL"),
+        "{null_key}"
+    );
     let overwrite = c
         .error("INSERT OVERWRITE app.events VALUES (1, 'x', 1)")
         .await;
@@ -1162,6 +1165,92 @@ async fn prepared_insert_parameters_take_their_columns_types() {
             &["12", "kiwi", "3"],
             &["13", "lime", "4"]
         ])
+    );
+    c.stop().await;
+}
+
+/// An `INSERT` that gives a NOT NULL column (a key column, or one declared NOT NULL) no value or
+/// NULL is refused naming the column, as the statement's fault (`INVALID_ARGUMENT` over Flight
+/// SQL), and stores nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn insert_refuses_null_in_not_null_columns_naming_them() {
+    use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path()).await;
+    c.load().await;
+    c.rows("CREATE TABLE app.o (id BIGINT, item VARCHAR, qty INT, PRIMARY KEY (id))")
+        .await;
+    c.rows("CREATE TABLE app.nn (a BIGINT NOT NULL, b VARCHAR NOT NULL, c INT)")
+        .await;
+    for (statement, column) in [
+        (
+            "INSERT INTO app.o VALUES (NULL, 'x', 1)",
+            "column id of app.o is NOT NULL (a key column)",
+        ),
+        (
+            "INSERT INTO app.o (item, qty) VALUES ('x', 1)",
+            "column id of app.o is NOT NULL (a key column)",
+        ),
+        (
+            "INSERT INTO app.o VALUES (1, 'x', 1), (NULL, 'y', 2)",
+            "column id of app.o",
+        ),
+        (
+            "INSERT INTO app.o SELECT CASE WHEN id > 1 THEN NULL ELSE id END, 'x', 1 FROM app.users",
+            "column id of app.o",
+        ),
+        (
+            "INSERT INTO app.nn (a, c) VALUES (1, 1)",
+            "column b of app.nn is NOT NULL",
+        ),
+        (
+            "INSERT INTO app.nn VALUES (1, NULL, 1)",
+            "column b of app.nn is NOT NULL",
+        ),
+        (
+            "INSERT INTO app.events (kind) VALUES ('x')",
+            "column id of app.events is NOT NULL",
+        ),
+    ] {
+        let refused = c.error(statement).await;
+        assert!(refused.contains(column), "{statement}: {refused}");
+    }
+    let mut sql = c.flight_sql().await;
+    for statement in [
+        "INSERT INTO app.o VALUES (NULL, 'x', 1)",
+        "INSERT INTO app.o (item, qty) VALUES ('x', 1)",
+    ] {
+        let refused = sql.execute_update(statement.into(), None).await;
+        assert!(
+            matches!(&refused, Err(arrow_flight::error::FlightError::Tonic(s)) if s.code() == tonic::Code::InvalidArgument && s.message().contains("column id of app.o")),
+            "{statement}: {refused:?}"
+        );
+    }
+    // A parameter bound to null.
+    let mut prepared = sql
+        .prepare("INSERT INTO app.o VALUES (?, ?, ?)".into(), None)
+        .await
+        .unwrap();
+    prepared
+        .set_parameters(
+            RecordBatch::try_from_iter(vec![
+                ("$1", Arc::new(Int64Array::from(vec![None])) as ArrayRef),
+                ("$2", Arc::new(StringArray::from(vec!["x"])) as ArrayRef),
+                ("$3", Arc::new(Int64Array::from(vec![1])) as ArrayRef),
+            ])
+            .unwrap(),
+        )
+        .unwrap();
+    let refused = prepared.execute_update().await;
+    assert!(
+        matches!(&refused, Err(arrow_flight::error::FlightError::Tonic(s)) if s.code() == tonic::Code::InvalidArgument && s.message().contains("column id of app.o")),
+        "{refused:?}"
+    );
+    assert_eq!(
+        c.rows("SELECT (SELECT count(*) FROM app.o) AS o, (SELECT count(*) FROM app.nn) AS nn")
+            .await,
+        strings(&[&["0", "0"]])
     );
     c.stop().await;
 }
