@@ -93,6 +93,23 @@ fn count(rows: u64) -> Result<Arc<dyn ExecutionPlan>> {
     Ok(MemorySourceConfig::try_new_exec(&[vec![batch]], schema, None)? as _)
 }
 
+/// `batches` without the column `generated` (the auto-increment column, which writes leave
+/// out: a key keeps its value).
+fn without(generated: Option<&str>, batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
+    let Some(column) = generated else {
+        return Ok(batches);
+    };
+    batches
+        .into_iter()
+        .map(|b| {
+            let kept: Vec<usize> = (0..b.num_columns())
+                .filter(|&i| b.schema().field(i).name() != column)
+                .collect();
+            Ok(b.project(&kept)?)
+        })
+        .collect()
+}
+
 /// Writes `batches` to `database.table`; returns the rows written.
 async fn write(
     client: &Client,
@@ -118,18 +135,26 @@ pub(crate) async fn delete(
     client: &Client,
     name: (&str, &str),
     current: (Arc<dyn ExecutionPlan>, SchemaRef),
+    generated: Option<&str>,
     filters: Vec<Expr>,
 ) -> Result<Arc<dyn ExecutionPlan>> {
     let (plan, schema) = current;
     let rows = datafusion::physical_plan::collect(plan, state.task_ctx()).await?;
-    let rows = selected(state, &schema, &unqualified(filters)?, rows)?;
+    let rows = without(
+        generated,
+        selected(state, &schema, &unqualified(filters)?, rows)?,
+    )?;
     let deletes = rows
         .iter()
         .map(|b| {
             let mut columns = b.columns().to_vec();
             columns.push(Arc::new(StringArray::from(vec!["delete"; b.num_rows()])));
-            let mut fields: Vec<Field> =
-                schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+            let mut fields: Vec<Field> = b
+                .schema()
+                .fields()
+                .iter()
+                .map(|f| f.as_ref().clone())
+                .collect();
             fields.push(Field::new(ROW_KIND, DataType::Utf8, false));
             Ok(RecordBatch::try_new(
                 Arc::new(Schema::new(fields)),
@@ -141,13 +166,14 @@ pub(crate) async fn delete(
 }
 
 /// `UPDATE t SET assignments WHERE filters`: the selected rows, assignments applied, upserted.
-/// The key cannot change (that is a delete and an insert).
+/// The key cannot change (that is a delete and an insert), nor can the auto-increment column
+/// `generated` (which the rows are written without: a key keeps its value).
 pub(crate) async fn update(
     state: &dyn Session,
     client: &Client,
     name: (&str, &str),
     current: (Arc<dyn ExecutionPlan>, SchemaRef),
-    key: &[String],
+    (key, generated): (&[String], Option<&str>),
     assignments: Vec<(String, Expr)>,
     filters: Vec<Expr>,
 ) -> Result<Arc<dyn ExecutionPlan>> {
@@ -157,6 +183,16 @@ pub(crate) async fn update(
             "{}.{}: {column} is part of the primary key, which UPDATE cannot change: delete the row and insert it",
             name.0, name.1
         )));
+    }
+    if let Some((column, _)) = assignments
+        .iter()
+        .find(|(c, _)| Some(c.as_str()) == generated)
+    {
+        return Err(crate::insert::generated(
+            column,
+            &format!("{}.{}", name.0, name.1),
+            "an UPDATE",
+        ));
     }
     let df_schema = DFSchema::try_from(Arc::clone(&schema))?;
     let assignments = assignments
@@ -180,5 +216,5 @@ pub(crate) async fn update(
             Ok(RecordBatch::try_new(Arc::clone(&schema), columns)?)
         })
         .collect::<Result<Vec<_>>>()?;
-    count(write(client, name, &updated).await?)
+    count(write(client, name, &without(generated, updated)?).await?)
 }

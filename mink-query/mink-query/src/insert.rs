@@ -21,6 +21,24 @@ use datafusion::physical_plan::{DisplayAs, DisplayFormatType};
 use futures::StreamExt as _;
 use mink_client::{Client, TableDescription};
 
+/// The column a primary-key table generates (`auto-increment.fields`): writers leave it out.
+pub(crate) fn auto_increment(d: &TableDescription) -> Option<String> {
+    if d.primary_key.is_empty() {
+        return None;
+    }
+    d.options
+        .get("auto-increment.fields")
+        .map(|c| c.trim().to_string())
+        .filter(|c| !c.is_empty())
+}
+
+/// The refusal of a write setting `column`, the auto-increment column of `table`.
+pub(crate) fn generated(column: &str, table: &str, statement: &str) -> DataFusionError {
+    DataFusionError::Plan(format!(
+        "column {column} of {table} is auto-increment: the nodes generate its values, so {statement} may not set it (leave it out)"
+    ))
+}
+
 /// The refusal of a write giving `column` of `table` (NOT NULL) no value or NULL.
 fn not_null(d: &TableDescription, column: &str, what: &str) -> DataFusionError {
     let key = if d.primary_key.iter().any(|k| k == column) {
@@ -44,6 +62,8 @@ pub struct MinkSink {
     /// What the sink takes: the table's columns, each nullable, so that a null where the table
     /// refuses one reaches [`MinkSink::write_all`], which names the column.
     schema: SchemaRef,
+    /// The auto-increment column (its index): left out of what is written.
+    generated: Option<usize>,
 }
 
 impl MinkSink {
@@ -57,26 +77,42 @@ impl MinkSink {
                 .map(|f| f.as_ref().clone().with_nullable(true))
                 .collect::<Vec<_>>(),
         ));
+        let generated = auto_increment(&description).and_then(|c| schema.index_of(&c).ok());
         MinkSink {
             client,
             description,
             table_schema: schema,
             schema: nullable,
+            generated,
         }
     }
 
-    /// `batch` as the table's columns, checked: no null where the table refuses one.
+    /// `batch` as the table's columns, checked: no null where the table refuses one, nothing
+    /// in the auto-increment column (which is left out: the nodes fill it).
     fn checked(&self, batch: &RecordBatch) -> Result<RecordBatch> {
         let d = &self.description;
         for (i, f) in self.table_schema.fields().iter().enumerate() {
-            if !f.is_nullable() && batch.column(i).null_count() > 0 {
+            let nulls = batch.column(i).null_count();
+            if Some(i) == self.generated {
+                if nulls < batch.num_rows() {
+                    return Err(generated(
+                        f.name(),
+                        &format!("{}.{}", d.database, d.table),
+                        "an INSERT",
+                    ));
+                }
+            } else if !f.is_nullable() && nulls > 0 {
                 return Err(not_null(d, f.name(), "NULL"));
             }
         }
+        let kept: Vec<usize> = (0..self.table_schema.fields().len())
+            .filter(|i| Some(*i) != self.generated)
+            .collect();
+        let schema = Arc::new(self.table_schema.project(&kept)?);
         // As the table's schema (the plan's may differ in nullability only).
         Ok(RecordBatch::try_new(
-            Arc::clone(&self.table_schema),
-            batch.columns().to_vec(),
+            schema,
+            batch.project(&kept)?.columns().to_vec(),
         )?)
     }
 }
@@ -127,8 +163,8 @@ impl DataSink for MinkSink {
 }
 
 /// Refuses, when it is planned, an `INSERT` into a Mink table that gives a NOT NULL column no
-/// value (it is not named) or a `NULL` in its `VALUES`: DataFusion would fail it later
-/// without naming the column. What only running the
+/// value (it is not named) or a `NULL` in its `VALUES`, or gives the auto-increment column a
+/// value: DataFusion would fail it later without naming the column. What only running the
 /// statement shows (nulls from a `SELECT`, parameters) is checked as its rows are written.
 pub fn refuse_missing_values(plan: &LogicalPlan) -> Result<()> {
     let LogicalPlan::Dml(dml) = plan else {
@@ -143,6 +179,7 @@ pub fn refuse_missing_values(plan: &LogicalPlan) -> Result<()> {
     };
     let d = table.description();
     let schema = table.schema();
+    let generated_column = auto_increment(d);
     let values = match top.input.as_ref() {
         LogicalPlan::Values(v) => Some(v),
         _ => None,
@@ -165,7 +202,15 @@ pub fn refuse_missing_values(plan: &LogicalPlan) -> Result<()> {
             _ => None,
         };
         let null = |e: &&Expr| matches!(uncast(e), Expr::Literal(v, _) if v.is_null());
-        if !field.is_nullable() {
+        if generated_column.as_deref() == Some(column) {
+            if !cells.is_some_and(|c| c.iter().all(null)) {
+                return Err(generated(
+                    column,
+                    &format!("{}.{}", d.database, d.table),
+                    "an INSERT",
+                ));
+            }
+        } else if !field.is_nullable() {
             match cells {
                 Some(c) if c.is_empty() => return Err(not_null(d, column, "no value")),
                 Some(c) if c.iter().any(null) => return Err(not_null(d, column, "NULL")),

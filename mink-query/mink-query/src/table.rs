@@ -521,6 +521,7 @@ impl TableProvider for MinkTable {
             &self.client,
             (&d.database, &d.table),
             (current, Arc::clone(&self.schema)),
+            crate::insert::auto_increment(d).as_deref(),
             filters,
         )
         .await
@@ -541,7 +542,7 @@ impl TableProvider for MinkTable {
             &self.client,
             (&d.database, &d.table),
             (current, Arc::clone(&self.schema)),
-            &d.primary_key,
+            (&d.primary_key, crate::insert::auto_increment(d).as_deref()),
             assignments,
             filters,
         )
