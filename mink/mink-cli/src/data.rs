@@ -973,7 +973,7 @@ mod tests {
         assert!(parse_predicate("name ~ 3").is_err());
         assert!(parse_predicate("name =").is_err());
         assert!(parse_predicate("name in 3").is_err());
-        let e = parse_predicate("name = \"a\"").unwrap_err().to_string();
+        let e = parse_predicate("name = \"a\"").unwrap_err();
         assert!(e.contains("strings go in single quotes ('a')"), "{e}");
     }
 }
