@@ -134,10 +134,39 @@ fn closed_stdout(e: &anyhow::Error) -> bool {
 /// What to do about a failure, in words.
 fn explain(e: &anyhow::Error, server: &str) -> String {
     let mut message = format!("error: {e:#}");
-    if let Some(ClientError::Transport { .. }) = e.downcast_ref::<ClientError>() {
-        message.push_str(&format!(
-            "\nIs a node running at {server}? Start one with `mink dev`, or point at one with --server (MINK_SERVER)."
-        ));
+    // Another of a node's ports answers, each in its own way: the hint names them.
+    let other_port =
+        "give the node's Flight address (its --listen, 7171 by default; --server or MINK_SERVER)";
+    let hint = match e.downcast_ref::<ClientError>() {
+        Some(ClientError::Transport { message, .. })
+            if ["refused", "connect", "dns", "resolve"]
+                .iter()
+                .any(|s| message.contains(s)) =>
+        {
+            Some(format!(
+                "Is a node running at {server}? Start one with `mink dev`, or point at one with --server (MINK_SERVER)."
+            ))
+        }
+        Some(ClientError::Transport { .. }) => Some(format!(
+            "Something at {server} broke off the connection. Is a node running there? If it is another port (a node's Kafka port), {other_port}."
+        )),
+        Some(ClientError::Server { message, .. }) if message.starts_with("unknown action") => {
+            Some(format!(
+                "{server} serves Arrow Flight but is not a Mink node (Flight SQL's port?): {other_port}."
+            ))
+        }
+        Some(ClientError::Server { message, .. })
+            if message.contains("mapped from HTTP status code") =>
+        {
+            Some(format!(
+                "{server} is an HTTP server, not a Mink node (its metrics port?): {other_port}."
+            ))
+        }
+        _ => None,
+    };
+    if let Some(hint) = hint {
+        message.push('\n');
+        message.push_str(&hint);
     }
     message
 }

@@ -175,6 +175,22 @@ fn dev_serves_admin_produce_scan_and_metrics() {
     assert_eq!(stored, "", "nothing of the refused input is stored");
     let (ok, _, err) = dev.try_run(&["--server", "127.0.0.1:1", "database", "list"], None);
     assert!(!ok && err.contains("mink dev"), "{err}");
+    // Another of the node's ports: the error says which kind of port it might be.
+    let metrics = dev
+        .metrics
+        .trim_start_matches("http://")
+        .trim_end_matches("/metrics");
+    for (port, needle) in [
+        (dev.kafka.as_str(), "a node's Kafka port"),
+        (dev.sql.as_str(), "Flight SQL's port?"),
+        (metrics, "its metrics port?"),
+    ] {
+        let (ok, _, err) = dev.try_run(&["--server", port, "database", "list"], None);
+        assert!(
+            !ok && err.contains(needle) && err.contains("give the node's Flight address"),
+            "{port}: {err}"
+        );
+    }
     // Metrics: Flight calls, s3stream latency, the applied index.
     let metrics = http_get(&dev.metrics);
     // Its log goes to a file here: plain text, no terminal colour codes.
