@@ -10,7 +10,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::encode::{DictionaryHandling, FlightDataEncoderBuilder};
 use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_server::FlightServiceServer;
 use arrow_flight::sql::metadata::{SqlInfoData, SqlInfoDataBuilder};
@@ -449,12 +449,15 @@ fn command_info(
     )
 }
 
-/// `batches` (of `schema`) as a `DoGet` answer.
+/// `batches` (of `schema`) as a `DoGet` answer. Dictionary columns stay dictionaries: the
+/// encoder's default would send their values instead, and a client (ADBC) refuses a stream
+/// whose schema differs from the one `GetFlightInfo` announced.
 fn answer(
     schema: SchemaRef,
     batches: impl Stream<Item = Result<RecordBatch, FlightError>> + Send + 'static,
 ) -> Response<DoGetStream> {
     let stream = FlightDataEncoderBuilder::new()
+        .with_dictionary_handling(DictionaryHandling::Resend)
         .with_schema(schema)
         .build(batches)
         .map_err(Status::from);

@@ -27,13 +27,17 @@ objects = conn.adbc_get_objects(depth="all").read_all().to_pylist()
 assert [c["catalog_name"] for c in objects] == ["mink"], objects
 schemas = {s["db_schema_name"]: s for s in objects[0]["catalog_db_schemas"]}
 tables = {t["table_name"]: t for t in schemas["app"]["db_schema_tables"]}
-assert set(tables) == {"events", "users"}, tables
+assert set(tables) == {"events", "users", "nested"}, tables
 assert [c["column_name"] for c in tables["events"]["table_columns"]] == ["id", "kind", "amount"]
 schema = conn.adbc_get_table_schema("users", db_schema_filter="app")
 assert schema.names == ["id", "name"], schema
 assert conn.adbc_get_table_types() == ["TABLE"], conn.adbc_get_table_types()
 info = conn.adbc_get_info()
 assert info["vendor_name"] == "Mink", info
+
+# A dictionary column: the schema GetFlightInfo announces is the one DoGet streams.
+cur.execute("SELECT id, d FROM app.nested")
+assert cur.fetchall() == [(1, "x")]
 
 # Polars reads a query through the same connection.
 frame = pl.read_database("SELECT id, amount FROM app.events WHERE id >= 95 ORDER BY id", connection=conn)

@@ -1461,6 +1461,7 @@ async fn adbc_and_polars_over_flight_sql() {
     let dir = tempfile::tempdir().unwrap();
     let c = Cluster::start(dir.path()).await;
     c.load().await;
+    dictionary_table(&c).await;
     let script = manifest_dir().join("tests/adbc_flight_sql.py");
     let uri = format!("grpc://{}", c.sql_address);
     let out = tokio::process::Command::new(python)
@@ -1564,5 +1565,73 @@ async fn log_reads_go_to_the_bucket_leaders() {
         "every bucket read at the connected node"
     );
     second.shutdown().await;
+    c.stop().await;
+}
+
+/// `app.nested`: a log table with a dictionary column, one row written.
+async fn dictionary_table(c: &Cluster) {
+    use arrow::array::{DictionaryArray, Int64Array};
+    use arrow::datatypes::{DataType, Field, Int32Type, Schema};
+    let schema = Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new(
+            "d",
+            DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)),
+            true,
+        ),
+    ]);
+    c.client
+        .create_table_with(&mink_client::protocol::CreateTable {
+            database: "app".into(),
+            table: "nested".into(),
+            schema: mink_client::protocol::encode_schema(&schema).unwrap(),
+            options: [("bucket.num".to_string(), "1".to_string())].into(),
+            partition_keys: vec![],
+            primary_key: vec![],
+            comment: String::new(),
+            if_not_exists: false,
+        })
+        .await
+        .unwrap();
+    let row = arrow::array::RecordBatch::try_new(
+        std::sync::Arc::new(schema),
+        vec![
+            std::sync::Arc::new(Int64Array::from(vec![1])),
+            std::sync::Arc::new(DictionaryArray::<Int32Type>::from_iter([Some("x")])),
+        ],
+    )
+    .unwrap();
+    c.client.writer("app", "nested").write(&row).await.unwrap();
+}
+
+/// A dictionary column reads over Flight SQL: the schema `GetFlightInfo` announces is the one
+/// `DoGet` streams (ADBC refuses an endpoint whose schema differs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dictionary_columns_read_over_flight_sql() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path()).await;
+    c.client.create_database("app", true).await.unwrap();
+    dictionary_table(&c).await;
+    let mut sql = c.flight_sql().await;
+    let info = sql
+        .execute("SELECT id, d FROM app.nested".into(), None)
+        .await
+        .unwrap();
+    let announced = info.clone().try_decode_schema().unwrap();
+    let mut stream = sql
+        .do_get(info.endpoint[0].ticket.clone().unwrap())
+        .await
+        .unwrap();
+    let mut batches = vec![];
+    while let Some(b) = futures::StreamExt::next(&mut stream).await {
+        batches.push(b.unwrap());
+    }
+    let streamed = stream.schema().cloned().unwrap();
+    assert_eq!(
+        streamed.fields(),
+        announced.fields(),
+        "DoGet streamed another schema than GetFlightInfo announced"
+    );
+    assert_eq!(common::text_rows(&batches), strings(&[&["1", "x"]]));
     c.stop().await;
 }
