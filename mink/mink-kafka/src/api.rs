@@ -1216,6 +1216,9 @@ fn leave_group(cx: Context, request: LeaveGroupRequest) -> Answer {
 
 fn offset_commit(cx: Context, request: &OffsetCommitRequest) -> Answer {
     let group = request.group_id.0.as_str().to_string();
+    // The epoch the membership checks below were made under: the commit is refused if the
+    // lease has moved on by the time it is applied.
+    let coordinator_epoch = cx.node.group_coordinator_epoch();
     let refused = if cx.groups.coordinating() {
         cx.groups.may_commit(
             &group,
@@ -1270,7 +1273,9 @@ fn offset_commit(cx: Context, request: &OffsetCommitRequest) -> Answer {
             let stored = if entries.is_empty() {
                 Ok(())
             } else {
-                cx.node.commit_group_offsets(&group, &entries).await
+                cx.node
+                    .commit_group_offsets(&group, &entries, coordinator_epoch)
+                    .await
             };
             let failed = stored.err().map(|e| error_code(&e));
             let response = OffsetCommitResponse::default().with_topics(

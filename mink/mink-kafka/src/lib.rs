@@ -157,6 +157,7 @@ pub(crate) fn error_code(e: &NodeError) -> ResponseError {
         NodeError::WriterFenced { .. } => ResponseError::InvalidProducerEpoch,
         NodeError::UnknownWriter { .. } => ResponseError::UnknownProducerId,
         NodeError::Unavailable(_) => ResponseError::RequestTimedOut,
+        NodeError::NotCoordinator { .. } => ResponseError::NotCoordinator,
         _ => ResponseError::UnknownServerError,
     }
 }

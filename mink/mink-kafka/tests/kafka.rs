@@ -12,7 +12,7 @@ use kafka_protocol::messages::{
     ApiKey, ProduceRequest, ProduceResponse, RequestHeader, ResponseHeader, TopicName,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
-use mink_node::{BucketRef, Node, NodeConfig, TableSpec};
+use mink_node::{BucketRef, Node, NodeConfig, NodeError, TableSpec};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 struct Served {
@@ -489,7 +489,7 @@ async fn committed_offsets_expire_after_their_retention() {
     }
     let at = |t: &str| BucketRef::new("kafka", t, None, 0);
     s.node
-        .commit_group_offsets("old", &[(at("a"), 5, -1, "m".into())])
+        .commit_group_offsets("old", &[(at("a"), 5, -1, "m".into())], None)
         .await
         .unwrap();
     // A week's retention keeps them; none drops every group whose last commit is past it.
@@ -522,12 +522,37 @@ async fn committed_offsets_expire_after_their_retention() {
                 &[
                     (at("a"), 1, -1, String::new()),
                     (at("nope"), 1, -1, String::new())
-                ]
+                ],
+                None
             )
             .await
             .is_err()
     );
     assert!(s.node.group_offsets("g").is_empty());
+    // A group coordinator's commit carries its coordinator epoch: one from an epoch that is not
+    // the current one (a paused ex-coordinator's) is refused once the cluster fences them.
+    until(
+        &s.node,
+        "metadata_version 5 (fenced group commits)",
+        || async { s.node.view().state.metadata_version >= mink_metadata::GROUP_FENCING_VERSION },
+    )
+    .await;
+    let epoch = s.node.group_coordinator_epoch().expect("the lease holder");
+    let e = s
+        .node
+        .commit_group_offsets("g", &[(at("a"), 7, -1, String::new())], Some(epoch + 1))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, NodeError::NotCoordinator { current, .. } if current == epoch),
+        "{e:?}"
+    );
+    assert!(s.node.group_offsets("g").is_empty());
+    s.node
+        .commit_group_offsets("g", &[(at("a"), 7, -1, String::new())], Some(epoch))
+        .await
+        .unwrap();
+    assert_eq!(s.node.group_offsets("g")[0].offset, 7);
     s.stop().await;
 }
 
@@ -551,7 +576,7 @@ async fn the_coordinator_expires_offsets_on_its_own() {
     raw_topic(&s.node, "a", 1).await;
     let at = BucketRef::new("kafka", "a", None, 0);
     s.node
-        .commit_group_offsets("gone", &[(at, 5, -1, String::new())])
+        .commit_group_offsets("gone", &[(at, 5, -1, String::new())], None)
         .await
         .unwrap();
     until(

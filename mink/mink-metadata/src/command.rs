@@ -756,6 +756,12 @@ pub struct CommitGroupOffsets {
     pub group_id: String,
     #[prost(message, repeated, tag = "2")]
     pub offsets: Vec<GroupOffset>,
+    /// The coordinator epoch of the group coordinator that took the commit (Kafka's
+    /// OffsetCommit): from metadata_version 5 a commit from an earlier epoch is refused, so a
+    /// paused ex-coordinator cannot move offsets its successor's members committed. 0: not
+    /// taken by a group coordinator (a connector's own position), never refused for it.
+    #[prost(uint64, tag = "3")]
+    pub coordinator_epoch: u64,
 }
 
 /// A bucket of a table, as named in group-offset deletes.

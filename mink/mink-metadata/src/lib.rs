@@ -43,8 +43,12 @@ pub use state::{BucketKey, State, View};
 /// `DeleteProducerOffsets`, `ExpireProducerOffsets`); 3 — `RegisterNode` records an address
 /// per listener (`listeners`); 4 — an `AlterTable` turning `table.datalake.enabled` off
 /// forgets the table's lake snapshot record, and `CommitLakeSnapshot` is refused for a table
-/// without the lake.
-pub const METADATA_VERSION: u32 = 4;
+/// without the lake; 5 — a `CommitGroupOffsets` carrying a stale `coordinator_epoch` is
+/// refused.
+pub const METADATA_VERSION: u32 = 5;
+
+/// The cluster `metadata_version` from which group commits are fenced by coordinator epoch.
+pub const GROUP_FENCING_VERSION: u32 = 5;
 
 /// The cluster `metadata_version` from which a table's lake can be disabled.
 pub const LAKE_DISABLE_VERSION: u32 = 4;

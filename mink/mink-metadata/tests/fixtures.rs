@@ -286,6 +286,7 @@ fn commands_1() -> Vec<Command> {
                 leader_epoch: -134,
                 metadata: "meta-135".into(),
             }],
+            coordinator_epoch: 0,
         }),
         Command::DeleteGroupOffsets(DeleteGroupOffsets {
             group_id: "group-136".into(),
@@ -542,6 +543,7 @@ fn scenario_1() -> Driver {
                 leader_epoch: 1,
                 metadata: "m".into(),
             }],
+            coordinator_epoch: 0,
         }),
     );
     d
@@ -618,6 +620,46 @@ fn rows_written_by_metadata_version_3_still_decode() {
         .collect();
     let fresh: Vec<Vec<u8>> = expected.iter().map(encode_row).collect();
     let stored = unframe(&read_or_bless("rows-3.bin", &frame(&fresh)));
+    assert_eq!(stored.len(), expected.len());
+    for ((bytes, row), now) in stored.iter().zip(&expected).zip(&fresh) {
+        assert_eq!(&decode_row(bytes, METADATA_VERSION).unwrap(), row);
+        assert_eq!(bytes, now);
+    }
+}
+
+/// What metadata_version 5 added: `CommitGroupOffsets.coordinator_epoch`.
+fn commands_5() -> Vec<Command> {
+    vec![Command::CommitGroupOffsets(CommitGroupOffsets {
+        group_id: "group-501".into(),
+        offsets: vec![GroupOffset {
+            table_id: 502,
+            partition_id: 503,
+            bucket: 504,
+            offset: 505,
+            leader_epoch: -506,
+            metadata: "meta-507".into(),
+        }],
+        coordinator_epoch: 508,
+    })]
+}
+
+#[test]
+fn rows_written_by_metadata_version_5_still_decode() {
+    let expected: Vec<Row> = commands_5()
+        .into_iter()
+        .map(|command| Row {
+            token: RowToken {
+                node_id: 509,
+                node_epoch: 510,
+                incarnation: 511,
+                sequence: 512,
+            },
+            proposed_at_ms: 513,
+            commands: vec![command],
+        })
+        .collect();
+    let fresh: Vec<Vec<u8>> = expected.iter().map(encode_row).collect();
+    let stored = unframe(&read_or_bless("rows-5.bin", &frame(&fresh)));
     assert_eq!(stored.len(), expected.len());
     for ((bytes, row), now) in stored.iter().zip(&expected).zip(&fresh) {
         assert_eq!(&decode_row(bytes, METADATA_VERSION).unwrap(), row);

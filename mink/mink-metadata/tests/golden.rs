@@ -743,6 +743,7 @@ fn kv_allocation_and_offsets() {
                     metadata: "m".into(),
                 },
             ],
+            coordinator_epoch: 0,
         })
     };
     t.done(N1, commit_offsets("g1", 10));
@@ -755,6 +756,7 @@ fn kv_allocation_and_offsets() {
                 table_id: 9,
                 ..Default::default()
             }],
+            coordinator_epoch: 0,
         }),
         Rejected(RejectionKind::NotFound),
     );
@@ -1243,4 +1245,47 @@ fn a_writer_may_have_several_batches_in_one_commit() {
             .last_sequence,
         2
     );
+}
+
+/// From metadata_version 5 a group commit carrying a coordinator epoch that is not the current
+/// one (a paused ex-coordinator's) is refused; before it the field is not read, so old and new
+/// binaries apply the same log alike. 0 (no coordinator) is never refused.
+#[test]
+fn group_commits_are_fenced_by_coordinator_epoch_from_version_5() {
+    let mut driver = Driver::default();
+    driver
+        .one(register_supporting(N1, METADATA_VERSION))
+        .unwrap();
+    driver.one(coordinator(N1, 1)).unwrap();
+    driver.one(database("db")).unwrap();
+    driver.one(log_table("db", "events", 1)).unwrap();
+    let commit = |offset, coordinator_epoch| {
+        Command::CommitGroupOffsets(CommitGroupOffsets {
+            group_id: "g".into(),
+            offsets: vec![GroupOffset {
+                table_id: 1,
+                offset,
+                ..Default::default()
+            }],
+            coordinator_epoch,
+        })
+    };
+    let committed = |driver: &Driver| driver.state.group_offsets.values().next().unwrap().offset;
+    driver.one(commit(5, 9)).unwrap();
+    assert_eq!(committed(&driver), 5);
+    for version in 2..=GROUP_FENCING_VERSION {
+        driver
+            .one(Command::UpgradeMetadataVersion(UpgradeMetadataVersion {
+                coordinator_epoch: 1,
+                version,
+            }))
+            .unwrap();
+    }
+    let e = driver.one(commit(6, 9)).unwrap_err();
+    assert_eq!(e.kind(), RejectionKind::CoordinatorFenced);
+    assert_eq!(committed(&driver), 5, "a refused commit changes nothing");
+    driver.one(commit(7, 1)).unwrap();
+    assert_eq!(committed(&driver), 7);
+    driver.one(commit(8, 0)).unwrap();
+    assert_eq!(committed(&driver), 8);
 }

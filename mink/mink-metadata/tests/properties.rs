@@ -147,6 +147,7 @@ fn command(b: [u8; 8]) -> (NodeRef, Command) {
                 offset: small(b[4], 50),
                 ..Default::default()
             }],
+            coordinator_epoch: small(b[5], 3),
         }),
     };
     (n, c)

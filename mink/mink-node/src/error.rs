@@ -57,6 +57,12 @@ pub enum NodeError {
     /// An idempotent writer id that was never allocated.
     #[error("writer {writer_id} was never allocated: take a writer id from allocate_writer")]
     UnknownWriter { writer_id: u64 },
+    /// The caller coordinated consumer groups at coordinator epoch `epoch`, and the lease has
+    /// moved on since (to epoch `current`): the group's coordinator is another node now.
+    #[error(
+        "coordinator epoch {epoch} is no longer current (now {current}): the group's coordinator moved"
+    )]
+    NotCoordinator { epoch: u64, current: u64 },
     /// Try again shortly (no leader yet, catching up, storage or metadata unavailable).
     #[error("{0}")]
     Unavailable(String),

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use mink_metadata::{
     Command, CommitGroupOffsets, DeleteGroupOffsets, ExpireGroupOffsets, GroupOffset, PutKv,
+    RejectionKind,
 };
 
 use crate::{BucketRef, Node, NodeError, NodeResult};
@@ -35,11 +36,17 @@ impl Node {
     }
 
     /// Commits `offsets` of `group`, all in one command: each names a bucket of a table that
-    /// exists. The answer comes once the command is applied here.
+    /// exists. The answer comes once the command is applied here. `coordinator_epoch` is the
+    /// epoch at which the caller coordinates the group ([`Node::group_coordinator_epoch`], for
+    /// Kafka's OffsetCommit): once the cluster runs metadata_version 5, a commit from an epoch
+    /// that is no longer current is refused with [`NodeError::NotCoordinator`], so a paused
+    /// ex-coordinator cannot overwrite what its successor's members committed. `None` for a
+    /// position no group coordinator owns (a connector's).
     pub async fn commit_group_offsets(
         &self,
         group: &str,
         offsets: &[(BucketRef, u64, i32, String)],
+        coordinator_epoch: Option<u64>,
     ) -> NodeResult<()> {
         let view = self.view();
         let mut entries = Vec::with_capacity(offsets.len());
@@ -55,11 +62,25 @@ impl Node {
                 metadata: metadata.clone(),
             });
         }
-        self.propose_kv(Command::CommitGroupOffsets(CommitGroupOffsets {
-            group_id: group.to_string(),
-            offsets: entries,
-        }))
-        .await
+        let proposed = self
+            .inner
+            .sink
+            .propose(Command::CommitGroupOffsets(CommitGroupOffsets {
+                group_id: group.to_string(),
+                offsets: entries,
+                coordinator_epoch: coordinator_epoch.unwrap_or(0),
+            }))
+            .await?;
+        match proposed.result {
+            Ok(_) => Ok(()),
+            Err(r) if r.kind() == RejectionKind::CoordinatorFenced => {
+                Err(NodeError::NotCoordinator {
+                    epoch: coordinator_epoch.unwrap_or(0),
+                    current: r.current.unwrap_or(0),
+                })
+            }
+            Err(r) => Err(NodeError::Failed(r.to_string())),
+        }
     }
 
     /// The offsets `group` has committed, in tables that still exist.
@@ -158,6 +179,17 @@ impl Node {
             value: generation.to_be_bytes().to_vec(),
         }))
         .await
+    }
+
+    /// The coordinator epoch at which this node coordinates consumer groups, if its view says
+    /// it does (it holds the lease).
+    pub fn group_coordinator_epoch(&self) -> Option<u64> {
+        self.view()
+            .state
+            .coordinator
+            .as_ref()
+            .filter(|c| c.node_id == self.node_id())
+            .map(|c| c.epoch)
     }
 
     /// The node coordinating consumer groups: the lease holder, if the view names one.

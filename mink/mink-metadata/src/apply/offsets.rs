@@ -72,6 +72,9 @@ impl State {
         at_ms: u64,
     ) -> CommandResult {
         check_name("group", &c.group_id)?;
+        if self.metadata_version >= crate::GROUP_FENCING_VERSION && c.coordinator_epoch != 0 {
+            self.check_coordinator(c.coordinator_epoch)?;
+        }
         self.check_tables(c.offsets.iter().map(|o| &o.table_id))?;
         for o in &c.offsets {
             self.group_offsets.insert(
