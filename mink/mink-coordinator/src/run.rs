@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mink_metadata::{Command, ExpireGroupOffsets, PutKv};
-use mink_sql::Sink;
+use mink_sql::{NodeRow, Sink};
 use object_store::ObjectStoreExt as _;
 use s3stream::{CompactionConfig, S3Stream};
 use tokio::task::JoinHandle;
@@ -173,26 +173,21 @@ struct Coordinator<'a> {
 
 impl Coordinator<'_> {
     async fn tick(&mut self) {
-        let live = match self.sink.live_nodes().await {
-            Ok(nodes) => nodes
-                .into_iter()
-                .map(|n| (n.node_id, n.node_epoch))
-                .collect::<BTreeMap<_, _>>(),
+        let rows = match self.sink.node_rows().await {
+            Ok(rows) => rows,
             Err(e) => {
                 tracing::warn!(error = %e, "coordinator: cannot read heartbeats");
                 return;
             }
         };
-        let stopped = match self.sink.stopped_nodes().await {
-            Ok(nodes) => nodes
-                .into_iter()
+        let nodes = |keep: &dyn Fn(&NodeRow) -> bool| -> BTreeMap<u64, u64> {
+            rows.iter()
+                .filter(|n| keep(n))
                 .map(|n| (n.node_id, n.node_epoch))
-                .collect::<BTreeMap<_, _>>(),
-            Err(e) => {
-                tracing::warn!(error = %e, "coordinator: cannot read heartbeats");
-                return;
-            }
+                .collect()
         };
+        let live = nodes(&|n| self.sink.is_live(n));
+        let stopped = nodes(&NodeRow::stopped_cleanly);
         let view = self.sink.view();
         let overdue = self.overdue(&view.state);
         let obs = Observation {

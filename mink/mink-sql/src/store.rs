@@ -61,6 +61,14 @@ pub struct NodeRow {
     pub age_ms: i64,
 }
 
+impl NodeRow {
+    /// Whether the node stopped cleanly: it expired its own heartbeat on the way out
+    /// (`expire_heartbeat` sets it to 0), and has not heartbeated since.
+    pub fn stopped_cleanly(&self) -> bool {
+        self.heartbeat_ms == 0
+    }
+}
+
 /// Errors of a store operation, classed by what the caller can do about them.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

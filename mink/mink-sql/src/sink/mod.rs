@@ -444,16 +444,13 @@ impl Sink {
     /// Nodes whose heartbeat (by the database's clock) is younger than the lease TTL: the ones
     /// alive for assignment and failover.
     pub async fn live_nodes(&self) -> Result<Vec<crate::store::NodeRow>, SinkError> {
-        let ttl_ms = self.inner.shared.config.lease_ttl_ms();
         let nodes = self.inner.shared.store.nodes().await?;
-        Ok(nodes.into_iter().filter(|n| n.age_ms < ttl_ms).collect())
+        Ok(nodes.into_iter().filter(|n| self.is_live(n)).collect())
     }
 
-    /// The nodes that stopped cleanly: their heartbeat row was expired by the node itself
-    /// (`expire_heartbeat` on its way out), in its last node epoch, and none came since.
-    pub async fn stopped_nodes(&self) -> Result<Vec<crate::store::NodeRow>, SinkError> {
-        let nodes = self.inner.shared.store.nodes().await?;
-        Ok(nodes.into_iter().filter(|n| n.heartbeat_ms == 0).collect())
+    /// Whether a heartbeat row is live: younger than the lease TTL.
+    pub fn is_live(&self, node: &crate::store::NodeRow) -> bool {
+        node.age_ms < self.inner.shared.config.lease_ttl_ms()
     }
 
     /// Every node's heartbeat row, live or not.
