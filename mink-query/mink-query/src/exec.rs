@@ -71,3 +71,44 @@ pub(crate) fn as_plan_batch(schema: &SchemaRef, batch: &RecordBatch) -> Result<R
         &RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
     )?)
 }
+
+/// A physical optimizer rule, run after DataFusion's: each join and unnest gives way to other
+/// tasks as it emits batches. DataFusion yields to the runtime only as leaves produce batches
+/// (`EnsureCooperative`), but a join (a cross join above all) emits many batches, each ready
+/// at once, for one batch of its input: an aggregate over it computed for seconds without
+/// yielding, holding a runtime thread that other statements were waiting for. Wrapped in a
+/// `CooperativeExec`, each batch it emits spends the task's budget, so the task yields every
+/// so many batches however few its leaves read.
+#[derive(Debug, Default)]
+pub(crate) struct Yielding;
+
+impl datafusion::physical_optimizer::PhysicalOptimizerRule for Yielding {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        _config: &datafusion::config::ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        use datafusion::common::tree_node::{Transformed, TreeNode as _};
+        use datafusion::physical_plan::coop::CooperativeExec;
+        use datafusion::physical_plan::execution_plan::SchedulingType;
+        plan.transform_up(|p| {
+            let emits_many = p.children().len() > 1 || p.name() == "UnnestExec";
+            if emits_many && p.properties().scheduling_type != SchedulingType::Cooperative {
+                Ok(Transformed::yes(
+                    Arc::new(CooperativeExec::new(p)) as Arc<dyn ExecutionPlan>
+                ))
+            } else {
+                Ok(Transformed::no(p))
+            }
+        })
+        .map(|t| t.data)
+    }
+
+    fn name(&self) -> &str {
+        "Yielding"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}

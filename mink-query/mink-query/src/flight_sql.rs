@@ -51,6 +51,7 @@ type DoGetStream = Pin<Box<dyn Stream<Item = Result<FlightData, Status>> + Send 
 #[derive(Clone)]
 pub struct MinkFlightSql {
     engine: QueryEngine,
+    exec: Arc<Executor>,
     plans: Arc<Mutex<HashMap<String, Planned>>>,
     prepared: Arc<Mutex<HashMap<String, Prepared>>>,
     info: Arc<SqlInfoData>,
@@ -67,6 +68,114 @@ struct Prepared {
     at: Instant,
 }
 
+/// The threads statements run on, apart from the threads serving gRPC. DataFusion's operators
+/// compute for as long as their input is ready (a cross join's batches are ready as soon as
+/// asked for) and yield only between leaf batches: run on the server's threads, one heavy
+/// statement held them, and every other request (a metadata call, `system.queries`) waited for
+/// it to end. Here a statement holds only these threads, and its operators yield on them
+/// ([`crate::exec::yielding`]) so statements share them.
+struct Executor {
+    /// `None` once shut down (a runtime cannot be dropped on a runtime's thread).
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Executor {
+    fn new() -> Self {
+        let threads = std::thread::available_parallelism().map_or(2, usize::from);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .thread_name("mink-query-exec")
+            .enable_all()
+            .build()
+            .expect("cannot start the threads statements run on");
+        Executor {
+            runtime: Some(runtime),
+        }
+    }
+
+    fn handle(&self) -> &tokio::runtime::Handle {
+        self.runtime.as_ref().expect("executor running").handle()
+    }
+
+    /// Runs `work` on the executor's threads; dropping the returned future stops it.
+    async fn run<T: Send + 'static>(
+        &self,
+        work: impl Future<Output = Result<T, DataFusionError>> + Send + 'static,
+    ) -> Result<T, DataFusionError> {
+        let mut task = AbortOnDrop(self.handle().spawn(work));
+        match (&mut task.0).await {
+            Ok(r) => r,
+            Err(e) => Err(DataFusionError::Execution(format!(
+                "the statement's task ended: {e}"
+            ))),
+        }
+    }
+
+    /// `plan`'s batches, computed on the executor's threads (a few ahead of the consumer);
+    /// dropping the stream stops the statement. An error starting it is returned as such.
+    async fn stream(
+        &self,
+        plan: DataFrame,
+    ) -> Result<
+        impl Stream<Item = Result<RecordBatch, DataFusionError>> + Send + 'static,
+        DataFusionError,
+    > {
+        let (tx, rx) = tokio::sync::mpsc::channel(2);
+        let (started_tx, started) = tokio::sync::oneshot::channel();
+        let task = self.handle().spawn(async move {
+            let mut batches = match plan.execute_stream().await {
+                Ok(b) => b,
+                Err(e) => {
+                    let _ = started_tx.send(Err(e));
+                    return;
+                }
+            };
+            let _ = started_tx.send(Ok(()));
+            loop {
+                let next = tokio::select! {
+                    () = tx.closed() => return, // the consumer went away
+                    next = batches.next() => next,
+                };
+                let Some(next) = next else { return };
+                if tx.send(next).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let task = AbortOnDrop(task);
+        match started.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => {
+                return Err(DataFusionError::Execution(
+                    "the statement's task ended before it started".into(),
+                ));
+            }
+        }
+        Ok(futures::stream::unfold(
+            (rx, task),
+            |(mut rx, task)| async move { rx.recv().await.map(|b| (b, (rx, task))) },
+        ))
+    }
+}
+
+impl Drop for Executor {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// A task aborted when its handle is dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 impl std::fmt::Debug for MinkFlightSql {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MinkFlightSql")
@@ -79,6 +188,7 @@ impl MinkFlightSql {
     pub fn new(engine: QueryEngine) -> Self {
         MinkFlightSql {
             engine,
+            exec: Arc::new(Executor::new()),
             plans: Arc::default(),
             prepared: Arc::default(),
             info: Arc::new(sql_info()),
@@ -192,7 +302,7 @@ impl MinkFlightSql {
             let _running = engine.queries().track(sql, "flight sql", None, None);
             let schema = Arc::new(plan.schema().as_arrow().clone());
             let (state, _) = plan.clone().into_parts();
-            let counted = plan.collect().await.map_err(status)?;
+            let counted = self.exec.run(plan.collect()).await.map_err(status)?;
             let counted = MemTable::try_new(schema, vec![counted]).map_err(status)?;
             SessionContext::new_with_state(state)
                 .read_table(Arc::new(counted))
@@ -489,7 +599,9 @@ impl FlightSqlService for MinkFlightSql {
     ) -> Result<i64, Status> {
         let (_, plan) = self.plan(&request, &command.query).await?;
         all_bound(&plan)?;
-        Ok(updated(&plan.collect().await.map_err(status)?))
+        Ok(updated(
+            &self.exec.run(plan.collect()).await.map_err(status)?,
+        ))
     }
 
     async fn do_get_statement(
@@ -501,7 +613,7 @@ impl FlightSqlService for MinkFlightSql {
             .map_err(|_| Status::invalid_argument("a statement handle is not UTF-8"))?;
         let (sql, plan) = self.take(handle)?;
         let schema = Arc::new(plan.schema().as_arrow().clone());
-        let batches = plan.execute_stream().await.map_err(status)?;
+        let batches = self.exec.stream(plan).await.map_err(status)?;
         // Running until its stream ends or is dropped; CancelFlightInfo stops it.
         let (batches, cancel) = futures::stream::abortable(batches);
         let guard = self.engine.queries().track(
@@ -836,7 +948,8 @@ impl FlightSqlService for MinkFlightSql {
                 None => plan,
             };
             all_bound(&plan)?;
-            total = total.saturating_add(updated(&plan.collect().await.map_err(status)?));
+            let rows = self.exec.run(plan.collect()).await.map_err(status)?;
+            total = total.saturating_add(updated(&rows));
         }
         Ok(total)
     }

@@ -141,7 +141,14 @@ impl QueryEngine {
             .with_information_schema(true);
         // Mink's string columns are Utf8: `VARCHAR` in DDL and casts means that.
         config.options_mut().sql_parser.map_string_types_to_utf8view = false;
-        let ctx = SessionContext::new_with_config(config);
+        let mut rules = datafusion::physical_optimizer::optimizer::PhysicalOptimizer::new().rules;
+        rules.push(Arc::new(exec::Yielding));
+        let state = datafusion::execution::SessionStateBuilder::new()
+            .with_config(config)
+            .with_default_features()
+            .with_physical_optimizer_rules(rules)
+            .build();
+        let ctx = SessionContext::new_with_state(state);
         ctx.register_catalog(CATALOG, Arc::clone(&self.catalog) as _);
         Ok(ctx)
     }

@@ -1635,3 +1635,86 @@ async fn dictionary_columns_read_over_flight_sql() {
     assert_eq!(common::text_rows(&batches), strings(&[&["1", "x"]]));
     c.stop().await;
 }
+
+/// A statement's CPU work does not hold up other requests: while a cross join of 10^10 rows
+/// runs (hours), `system.queries` (another statement) and `GetDbSchemas` (metadata) from
+/// another connection are answered, and the cross join still runs until it is cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heavy_statement_does_not_hold_up_other_requests() {
+    use futures::StreamExt as _;
+    use prost::Message as _;
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path()).await;
+    c.rows("CREATE SCHEMA big").await;
+    c.rows("CREATE TABLE big.t (v BIGINT NOT NULL) WITH ('bucket.num' = '2')")
+        .await;
+    c.rows("INSERT INTO big.t SELECT value FROM generate_series(1, 100000)")
+        .await;
+    let heavy = "SELECT sum(a.v * b.v) FROM big.t a CROSS JOIN big.t b";
+    let mut sql = c.flight_sql().await;
+    let info = sql.execute(heavy.into(), None).await.unwrap();
+    // Answered once the statement runs (it is listed by then); its one row comes at the end.
+    let mut stream = sql
+        .do_get(info.endpoint[0].ticket.clone().unwrap())
+        .await
+        .unwrap();
+    let heavy_ended = tokio::spawn(async move {
+        while let Some(item) = stream.next().await {
+            item?;
+        }
+        Ok::<_, arrow_flight::error::FlightError>(())
+    });
+    let mut other = c.flight_sql().await;
+    let answered = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        let i = other
+            .execute("SELECT sql FROM system.queries".into(), None)
+            .await
+            .unwrap();
+        let listed: Vec<_> = other
+            .do_get(i.endpoint[0].ticket.clone().unwrap())
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        let i = other
+            .get_db_schemas(arrow_flight::sql::CommandGetDbSchemas::default())
+            .await
+            .unwrap();
+        let schemas: Vec<_> = other
+            .do_get(i.endpoint[0].ticket.clone().unwrap())
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        (common::text_rows(&listed), common::text_rows(&schemas))
+    })
+    .await;
+    let (listed, schemas) = answered.expect(
+        "system.queries and GetDbSchemas were not answered within 60 s while a heavy statement ran",
+    );
+    assert!(
+        !heavy_ended.is_finished(),
+        "the heavy statement ended before the others were answered"
+    );
+    assert!(listed.contains(&vec![heavy.to_string()]), "{listed:?}");
+    assert!(schemas.iter().any(|r| r[1] == "big"), "{schemas:?}");
+    // Cancelled, it stops.
+    let mut flight =
+        arrow_flight::flight_service_client::FlightServiceClient::new(c.channel().await);
+    let body = arrow_flight::CancelFlightInfoRequest::new(info).encode_to_vec();
+    flight
+        .do_action(arrow_flight::Action::new("CancelFlightInfo", body))
+        .await
+        .unwrap();
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(60), heavy_ended)
+        .await
+        .expect("the cancelled statement's stream did not end within 60 s")
+        .unwrap();
+    assert!(
+        matches!(&ended, Err(arrow_flight::error::FlightError::Tonic(s)) if s.code() == tonic::Code::Cancelled),
+        "{ended:?}"
+    );
+    c.stop().await;
+}
