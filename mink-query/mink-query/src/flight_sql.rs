@@ -515,18 +515,41 @@ pub fn status(e: DataFusionError) -> Status {
                 DataFusionError::External(_) => inner.to_string(),
                 _ => message,
             };
-            match inner
-                .downcast_ref::<mink_client::ClientError>()
-                .and_then(mink_client::ClientError::code)
-            {
-                Some(ErrorCode::NotFound) => Status::not_found(message),
-                Some(ErrorCode::AlreadyExists) => Status::already_exists(message),
-                Some(ErrorCode::Invalid | ErrorCode::OffsetOutOfRange) => {
-                    Status::invalid_argument(message)
-                }
-                Some(ErrorCode::Unavailable | ErrorCode::NotLeader) => Status::unavailable(message),
-                _ => Status::internal(message),
+            match client_error_in(&e) {
+                Some(c) => client_status(c, message),
+                None => Status::internal(message),
             }
+        }
+        _ => match client_error_in(&e) {
+            Some(c) => client_status(c, message),
+            None => Status::internal(message),
+        },
+    }
+}
+
+/// The client error somewhere in `e`'s chain (a node's answer, or that it cannot be reached).
+fn client_error_in(e: &DataFusionError) -> Option<&mink_client::ClientError> {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(e) = next {
+        if let Some(c) = e.downcast_ref::<mink_client::ClientError>() {
+            return Some(c);
+        }
+        next = e.source();
+    }
+    None
+}
+
+/// A node's error as a gRPC status: its code, and a node that cannot be reached (or does not
+/// answer) `UNAVAILABLE`, which a client may retry.
+fn client_status(e: &mink_client::ClientError, message: String) -> Status {
+    use mink_client::ClientError;
+    match (e, e.code()) {
+        (ClientError::Transport { .. } | ClientError::Timeout { .. }, _)
+        | (_, Some(ErrorCode::Unavailable | ErrorCode::NotLeader)) => Status::unavailable(message),
+        (_, Some(ErrorCode::NotFound)) => Status::not_found(message),
+        (_, Some(ErrorCode::AlreadyExists)) => Status::already_exists(message),
+        (_, Some(ErrorCode::Invalid | ErrorCode::OffsetOutOfRange)) => {
+            Status::invalid_argument(message)
         }
         _ => Status::internal(message),
     }

@@ -1718,3 +1718,42 @@ async fn a_heavy_statement_does_not_hold_up_other_requests() {
     );
     c.stop().await;
 }
+
+/// A node that cannot be reached is `UNAVAILABLE` over Flight SQL (a client may retry), for a
+/// statement that reads a table and for one that reads none (the catalog is the node's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_node_is_unavailable() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::start(dir.path()).await;
+    c.load().await;
+    c.stop_node_flight().await;
+    let mut sql = c.flight_sql().await;
+    for statement in ["SELECT 1", "SELECT count(*) FROM app.events"] {
+        let refused = match sql.execute(statement.into(), None).await {
+            Ok(info) => match sql.do_get(info.endpoint[0].ticket.clone().unwrap()).await {
+                Ok(stream) => stream.try_collect::<Vec<_>>().await.map(|_| ()),
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        };
+        assert!(
+            matches!(&refused, Err(arrow_flight::error::FlightError::Tonic(s)) if s.code() == tonic::Code::Unavailable),
+            "{statement}: {refused:?}"
+        );
+    }
+    let schemas = sql
+        .get_db_schemas(arrow_flight::sql::CommandGetDbSchemas::default())
+        .await;
+    let schemas = match schemas {
+        Ok(info) => match sql.do_get(info.endpoint[0].ticket.clone().unwrap()).await {
+            Ok(stream) => stream.try_collect::<Vec<_>>().await.map(|_| ()),
+            Err(e) => Err(e),
+        },
+        Err(e) => Err(e),
+    };
+    assert!(
+        matches!(&schemas, Err(arrow_flight::error::FlightError::Tonic(s)) if s.code() == tonic::Code::Unavailable),
+        "GetDbSchemas: {schemas:?}"
+    );
+    c.stop().await;
+}

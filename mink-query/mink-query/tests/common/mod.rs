@@ -77,6 +77,12 @@ impl Cluster {
         Served::start(dir, id, |_| {}).await
     }
 
+    /// Stops the node's Flight server: the node cannot be reached; Flight SQL goes on.
+    pub async fn stop_node_flight(&mut self) {
+        let _ = self.stops.remove(0).send(());
+        let _ = self.tasks.remove(0).await;
+    }
+
     pub async fn stop(mut self) {
         for s in self.stops.drain(..) {
             let _ = s.send(());
