@@ -30,6 +30,7 @@ use datafusion::arrow::array::AsArray as _;
 use datafusion::arrow::array::{ArrayRef, Int32Array, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt64Type};
 use datafusion::arrow::ipc::writer::IpcWriteOptions;
+use datafusion::catalog::SchemaProvider as _;
 use datafusion::common::{ParamValues, ScalarValue};
 use datafusion::datasource::MemTable;
 use datafusion::error::DataFusionError;
@@ -40,6 +41,7 @@ use mink_client::{ErrorCode, protocol};
 use prost::Message as _;
 use tonic::{Request, Response, Status};
 
+use crate::system::{SYSTEM, SystemTables};
 use crate::{CATALOG, QueryEngine};
 
 /// How long a planned statement waits for its `DoGet`.
@@ -321,6 +323,22 @@ impl MinkFlightSql {
             request.into_inner(),
         )
         .map(|r| stamp(r, engine))
+    }
+
+    /// The schemas of catalog `mink`: the databases (one named `system` is hidden by the
+    /// system tables, as in SQL) and `system`.
+    async fn schema_names(&self) -> Result<Vec<String>, Status> {
+        let mut names: Vec<String> = self
+            .engine
+            .client()
+            .list_databases()
+            .await
+            .map_err(|e| status(crate::client_error(e)))?
+            .into_iter()
+            .filter(|d| d != SYSTEM)
+            .collect();
+        names.push(SYSTEM.to_string());
+        Ok(names)
     }
 
     fn take(&self, handle: &str) -> Result<(String, DataFrame), Status> {
@@ -715,12 +733,7 @@ impl FlightSqlService for MinkFlightSql {
         query: CommandGetDbSchemas,
         _request: Request<Ticket>,
     ) -> Result<Response<DoGetStream>, Status> {
-        let databases = self
-            .engine
-            .client()
-            .list_databases()
-            .await
-            .map_err(|e| status(crate::client_error(e)))?;
+        let databases = self.schema_names().await?;
         let mut builder = query.into_builder();
         for d in databases {
             builder.append(CATALOG, d);
@@ -746,11 +759,20 @@ impl FlightSqlService for MinkFlightSql {
         let client = self.engine.client();
         let with_schemas = query.include_schema;
         let mut builder = query.into_builder();
-        let databases = client
-            .list_databases()
-            .await
-            .map_err(|e| status(crate::client_error(e)))?;
-        for d in databases {
+        for d in self.schema_names().await? {
+            if d == SYSTEM {
+                let system = SystemTables::new(client.clone(), Arc::clone(self.engine.queries()));
+                for t in system.table_names() {
+                    let schema = match system.table(&t).await.map_err(status)? {
+                        Some(table) if with_schemas => table.schema().as_ref().clone(),
+                        _ => Schema::empty(),
+                    };
+                    builder
+                        .append(CATALOG, SYSTEM, &t, "TABLE", &schema)
+                        .map_err(|e| Status::internal(e.to_string()))?;
+                }
+                continue;
+            }
             let Ok(tables) = client.list_tables(&d).await else {
                 continue; // dropped meanwhile
             };

@@ -32,6 +32,12 @@ assert [c["column_name"] for c in tables["events"]["table_columns"]] == ["id", "
 schema = conn.adbc_get_table_schema("users", db_schema_filter="app")
 assert schema.names == ["id", "name"], schema
 assert conn.adbc_get_table_types() == ["TABLE"], conn.adbc_get_table_types()
+# The system tables are a schema of their own.
+system = conn.adbc_get_objects(depth="tables", db_schema_filter="system").read_all().to_pylist()
+system = [t["table_name"] for t in system[0]["catalog_db_schemas"][0]["db_schema_tables"]]
+assert sorted(system) == ["buckets", "nodes", "queries", "tables"], system
+schema = conn.adbc_get_table_schema("tables", db_schema_filter="system")
+assert schema.names[:2] == ["database", "table"], schema
 info = conn.adbc_get_info()
 assert info["vendor_name"] == "Mink", info
 

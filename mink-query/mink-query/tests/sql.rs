@@ -1757,3 +1757,70 @@ async fn an_unreachable_node_is_unavailable() {
     );
     c.stop().await;
 }
+
+/// The answer of a Flight SQL metadata command, each row as text.
+async fn metadata_rows(
+    sql: &mut FlightSqlServiceClient<tonic::transport::Channel>,
+    info: arrow_flight::FlightInfo,
+) -> Vec<Vec<String>> {
+    let batches: Vec<_> = sql
+        .do_get(info.endpoint[0].ticket.clone().unwrap())
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    common::text_rows(&batches)
+}
+
+/// `GetDbSchemas` and `GetTables` list schema `system` and its tables, as
+/// `information_schema` does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flight_sql_metadata_lists_the_system_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path()).await;
+    c.load().await;
+    let mut sql = c.flight_sql().await;
+    let info = sql
+        .get_db_schemas(arrow_flight::sql::CommandGetDbSchemas::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        metadata_rows(&mut sql, info).await,
+        strings(&[&["mink", "app"], &["mink", "system"]])
+    );
+    let info = sql
+        .get_tables(arrow_flight::sql::CommandGetTables {
+            db_schema_filter_pattern: Some("system".into()),
+            include_schema: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let batches: Vec<_> = sql
+        .do_get(info.endpoint[0].ticket.clone().unwrap())
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    let names: Vec<Vec<String>> = common::text_rows(&batches)
+        .into_iter()
+        .map(|r| r[..4].to_vec())
+        .collect();
+    assert_eq!(
+        names,
+        strings(&[
+            &["mink", "system", "buckets", "TABLE"],
+            &["mink", "system", "nodes", "TABLE"],
+            &["mink", "system", "queries", "TABLE"],
+            &["mink", "system", "tables", "TABLE"],
+        ])
+    );
+    // With their columns.
+    let schemas = batches[0].column_by_name("table_schema").unwrap();
+    let schemas = arrow::array::AsArray::as_binary::<i32>(schemas.as_ref());
+    let queries = arrow::ipc::convert::try_schema_from_ipc_buffer(schemas.value(2)).unwrap();
+    assert_eq!(queries.field(1).name(), "sql");
+    c.stop().await;
+}
