@@ -829,13 +829,22 @@ impl FlightSqlService for MinkFlightSql {
         _request: Request<Ticket>,
     ) -> Result<Response<DoGetStream>, Status> {
         let schema = Arc::new(primary_keys_schema());
-        let database = query
-            .db_schema
-            .clone()
-            .ok_or_else(|| Status::invalid_argument("GetPrimaryKeys needs the db_schema"))?;
-        let key = match query.catalog.as_deref() {
-            Some(c) if c != CATALOG => vec![],
-            _ => match self
+        // Without a db_schema, every database holding a table of that name answers (an
+        // omitted db_schema does not narrow); the system tables have no keys.
+        let databases = match (query.catalog.as_deref(), query.db_schema.clone()) {
+            (Some(c), _) if c != CATALOG => vec![],
+            (_, Some(d)) if d == SYSTEM => vec![],
+            (_, Some(d)) => vec![d],
+            (_, None) => self
+                .schema_names()
+                .await?
+                .into_iter()
+                .filter(|d| d != SYSTEM)
+                .collect(),
+        };
+        let (mut databases_of, mut columns, mut sequence) = (vec![], vec![], vec![]);
+        for database in databases {
+            let key = match self
                 .engine
                 .client()
                 .describe_table(&database, &query.table)
@@ -844,21 +853,24 @@ impl FlightSqlService for MinkFlightSql {
                 Ok(d) => d.primary_key,
                 Err(e) if e.code() == Some(ErrorCode::NotFound) => vec![],
                 Err(e) => return Err(status(crate::client_error(e))),
-            },
-        };
-        let n = key.len();
+            };
+            for (i, column) in key.into_iter().enumerate() {
+                databases_of.push(database.clone());
+                columns.push(column);
+                sequence.push(i32::try_from(i + 1).unwrap_or(i32::MAX));
+            }
+        }
+        let n = columns.len();
         let constant = |v: &str| -> ArrayRef { Arc::new(StringArray::from(vec![v; n])) };
         let batch = RecordBatch::try_new(
             Arc::clone(&schema),
             vec![
                 constant(CATALOG),
-                constant(&database),
+                Arc::new(StringArray::from(databases_of)),
                 constant(&query.table),
-                Arc::new(StringArray::from(key)),
+                Arc::new(StringArray::from(columns)),
                 Arc::new(StringArray::from(vec![None::<&str>; n])),
-                Arc::new(Int32Array::from_iter_values(
-                    (1..=n).map(|i| i32::try_from(i).unwrap_or(i32::MAX)),
-                )),
+                Arc::new(Int32Array::from(sequence)),
             ],
         );
         Ok(one(schema, batch.map_err(FlightError::from)))

@@ -1824,3 +1824,38 @@ async fn flight_sql_metadata_lists_the_system_tables() {
     assert_eq!(queries.field(1).name(), "sql");
     c.stop().await;
 }
+
+/// `GetPrimaryKeys` without a db_schema answers for every database holding a table of that
+/// name (an omitted db_schema does not narrow); with one, for that database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn primary_keys_without_a_db_schema_span_the_databases() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path()).await;
+    c.load().await;
+    c.rows("CREATE SCHEMA other").await;
+    c.rows("CREATE TABLE other.users (org BIGINT NOT NULL, uid BIGINT NOT NULL, PRIMARY KEY (org, uid))")
+        .await;
+    let mut sql = c.flight_sql().await;
+    let keys = |db_schema: Option<&str>| arrow_flight::sql::CommandGetPrimaryKeys {
+        catalog: None,
+        db_schema: db_schema.map(Into::into),
+        table: "users".into(),
+    };
+    let info = sql.get_primary_keys(keys(None)).await.unwrap();
+    let mut rows = metadata_rows(&mut sql, info).await;
+    rows.sort();
+    assert_eq!(
+        rows,
+        strings(&[
+            &["mink", "app", "users", "id", "NULL", "1"],
+            &["mink", "other", "users", "org", "NULL", "1"],
+            &["mink", "other", "users", "uid", "NULL", "2"],
+        ])
+    );
+    let info = sql.get_primary_keys(keys(Some("app"))).await.unwrap();
+    assert_eq!(
+        metadata_rows(&mut sql, info).await,
+        strings(&[&["mink", "app", "users", "id", "NULL", "1"]])
+    );
+    c.stop().await;
+}
