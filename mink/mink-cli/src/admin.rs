@@ -341,7 +341,12 @@ pub(crate) fn describe_text(d: &TableDescription) -> String {
         .iter()
         .map(|b| b.end_offset - b.start_offset)
         .sum();
-    out.push_str(&format!("rows in the log: {rows}\n"));
+    if d.primary_key.is_empty() {
+        out.push_str(&format!("rows in the log: {rows}\n"));
+    } else {
+        // Offsets, not rows: an idempotent write that changed nothing takes one for its marker.
+        out.push_str(&format!("changelog offsets: {rows}\n"));
+    }
     if let Some(l) = &d.lake {
         match l.snapshot_id {
             Some(id) => out.push_str(&format!(

@@ -778,6 +778,9 @@ fn primary_key_tables_from_the_command_line() {
     );
     let (ok, _, err) = dev.try_run(&["lookup", "app.counts", "id=1"], None);
     assert!(!ok && err.contains("not a JSON object"), "{err}");
+    // Its log holds changes (and markers), not rows: counted as offsets.
+    let described = dev.run(&["table", "describe", "app.counts"], None);
+    assert!(described.contains("changelog offsets: 5\n"), "{described}");
 }
 
 #[test]
