@@ -21,7 +21,7 @@ use arrow_flight::sql::{
     CommandGetDbSchemas, CommandGetPrimaryKeys, CommandGetSqlInfo, CommandGetTableTypes,
     CommandGetTables, CommandPreparedStatementQuery, CommandPreparedStatementUpdate,
     CommandStatementQuery, CommandStatementUpdate, DoPutPreparedStatementResult, ProstMessageExt,
-    SqlInfo, SqlSupportedTransaction, TicketStatementQuery,
+    SqlInfo, SqlSupportedCaseSensitivity, SqlSupportedTransaction, TicketStatementQuery,
 };
 use arrow_flight::{
     FlightData, FlightDescriptor, FlightEndpoint, FlightInfo, IpcMessage, SchemaAsIpc, Ticket,
@@ -483,7 +483,10 @@ fn sql_info() -> SqlInfoData {
     let mut b = SqlInfoDataBuilder::new();
     b.append(SqlInfo::FlightSqlServerName, "Mink");
     b.append(SqlInfo::FlightSqlServerVersion, env!("CARGO_PKG_VERSION"));
-    b.append(SqlInfo::FlightSqlServerArrowVersion, "1.3");
+    b.append(
+        SqlInfo::FlightSqlServerArrowVersion,
+        env!("MINK_ARROW_VERSION"),
+    );
     b.append(SqlInfo::FlightSqlServerReadOnly, false);
     b.append(SqlInfo::FlightSqlServerSql, true);
     b.append(SqlInfo::FlightSqlServerSubstrait, false);
@@ -494,8 +497,14 @@ fn sql_info() -> SqlInfoData {
     b.append(SqlInfo::FlightSqlServerCancel, true);
     b.append(SqlInfo::SqlTransactionsSupported, false);
     b.append(SqlInfo::SqlDdlCatalog, false);
-    b.append(SqlInfo::SqlDdlSchema, false);
-    b.append(SqlInfo::SqlDdlTable, false);
+    // CREATE and DROP SCHEMA and TABLE; there is one catalog.
+    b.append(SqlInfo::SqlDdlSchema, true);
+    b.append(SqlInfo::SqlDdlTable, true);
+    // Unquoted names are lower-cased (DataFusion's rule).
+    b.append(
+        SqlInfo::SqlIdentifierCase,
+        SqlSupportedCaseSensitivity::SqlCaseSensitivityLowercase as i32,
+    );
     b.append(SqlInfo::SqlIdentifierQuoteChar, "\"");
     b.build().expect("static SqlInfo")
 }

@@ -1859,3 +1859,52 @@ async fn primary_keys_without_a_db_schema_span_the_databases() {
     );
     c.stop().await;
 }
+
+/// `GetSqlInfo` says what the server does: DDL of schemas and tables, unquoted names
+/// lower-cased, and the version of the arrow crate it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_info_says_what_the_server_does() {
+    use arrow_flight::sql::SqlInfo;
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path()).await;
+    let mut sql = c.flight_sql().await;
+    let asked = [
+        SqlInfo::FlightSqlServerArrowVersion,
+        SqlInfo::SqlDdlSchema,
+        SqlInfo::SqlDdlTable,
+        SqlInfo::SqlIdentifierCase,
+    ];
+    let info = sql.get_sql_info(asked.to_vec()).await.unwrap();
+    let answered: std::collections::BTreeMap<String, String> = metadata_rows(&mut sql, info)
+        .await
+        .into_iter()
+        .map(|r| (r[0].clone(), r[1].clone()))
+        .collect();
+    let lock = std::fs::read_to_string(manifest_dir().join("../../Cargo.lock")).unwrap();
+    let arrow = lock
+        .split("[[package]]")
+        .find(|p| p.contains("\nname = \"arrow\"\n"))
+        .and_then(|p| p.split("version = \"").nth(1))
+        .and_then(|v| v.split('"').next())
+        .unwrap();
+    let value = |id: SqlInfo| answered.get(&(id as u32).to_string()).cloned();
+    assert_eq!(
+        value(SqlInfo::FlightSqlServerArrowVersion),
+        Some(format!("{{string_value={arrow}}}")),
+        "{answered:?}"
+    );
+    assert_eq!(
+        value(SqlInfo::SqlDdlSchema).as_deref(),
+        Some("{bool_value=true}")
+    );
+    assert_eq!(
+        value(SqlInfo::SqlDdlTable).as_deref(),
+        Some("{bool_value=true}")
+    );
+    // SqlSupportedCaseSensitivity: 3 is lower case.
+    assert_eq!(
+        value(SqlInfo::SqlIdentifierCase).as_deref(),
+        Some("{int32_bitmask=3}")
+    );
+    c.stop().await;
+}
