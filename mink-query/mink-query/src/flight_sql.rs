@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use arrow_flight::encode::{DictionaryHandling, FlightDataEncoderBuilder};
 use arrow_flight::error::FlightError;
-use arrow_flight::flight_service_server::FlightServiceServer;
+use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
 use arrow_flight::sql::metadata::{SqlInfoData, SqlInfoDataBuilder};
 use arrow_flight::sql::server::{FlightSqlService, PeekableFlightDataStream};
 use arrow_flight::sql::{
@@ -198,8 +198,8 @@ impl MinkFlightSql {
     }
 
     /// The gRPC service, ready for a tonic server.
-    pub fn into_service(self) -> FlightServiceServer<Self> {
-        FlightServiceServer::new(self)
+    pub fn into_service(self) -> FlightServiceServer<MinkFlightService> {
+        FlightServiceServer::new(MinkFlightService(self))
     }
 
     /// Serves this service on `listener` until `shutdown` resolves.
@@ -1035,10 +1035,7 @@ impl FlightSqlService for MinkFlightSql {
     async fn do_action_fallback(
         &self,
         request: Request<arrow_flight::Action>,
-    ) -> Result<
-        Response<<Self as arrow_flight::flight_service_server::FlightService>::DoActionStream>,
-        Status,
-    > {
+    ) -> Result<Response<<Self as FlightService>::DoActionStream>, Status> {
         if request.get_ref().r#type != "CancelFlightInfo" {
             return Err(Status::invalid_argument(format!(
                 "unknown action {:?}",
@@ -1092,4 +1089,119 @@ fn primary_keys_schema() -> Schema {
         Field::new("key_name", DataType::Utf8, true),
         Field::new("key_sequence", DataType::Int32, false),
     ])
+}
+
+/// The actions the service carries out, as `ListActions` answers them.
+const ACTIONS: [(&str, &str); 4] = [
+    (
+        "CreatePreparedStatement",
+        "Creates a prepared statement (ActionCreatePreparedStatementRequest)",
+    ),
+    (
+        "ClosePreparedStatement",
+        "Closes a prepared statement (ActionClosePreparedStatementRequest)",
+    ),
+    (
+        "CancelFlightInfo",
+        "Cancels a statement planned or running (CancelFlightInfoRequest)",
+    ),
+    (
+        "CancelQuery",
+        "Cancels a statement planned or running; deprecated for CancelFlightInfo (ActionCancelQueryRequest)",
+    ),
+];
+
+/// The gRPC service of [`MinkFlightSql`]: arrow-flight's Flight SQL dispatch, but
+/// `ListActions` lists the actions served (arrow-flight's lists transactions, savepoints and
+/// Substrait plans whatever the server does, and not `CancelFlightInfo`).
+#[derive(Clone, Debug)]
+pub struct MinkFlightService(MinkFlightSql);
+
+type Sql = MinkFlightSql;
+
+#[tonic::async_trait]
+impl FlightService for MinkFlightService {
+    type HandshakeStream = <Sql as FlightService>::HandshakeStream;
+    type ListFlightsStream = <Sql as FlightService>::ListFlightsStream;
+    type DoGetStream = <Sql as FlightService>::DoGetStream;
+    type DoPutStream = <Sql as FlightService>::DoPutStream;
+    type DoExchangeStream = <Sql as FlightService>::DoExchangeStream;
+    type DoActionStream = <Sql as FlightService>::DoActionStream;
+    type ListActionsStream = <Sql as FlightService>::ListActionsStream;
+
+    async fn handshake(
+        &self,
+        request: Request<tonic::Streaming<arrow_flight::HandshakeRequest>>,
+    ) -> Result<Response<Self::HandshakeStream>, Status> {
+        FlightService::handshake(&self.0, request).await
+    }
+
+    async fn list_flights(
+        &self,
+        request: Request<arrow_flight::Criteria>,
+    ) -> Result<Response<Self::ListFlightsStream>, Status> {
+        FlightService::list_flights(&self.0, request).await
+    }
+
+    async fn get_flight_info(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        FlightService::get_flight_info(&self.0, request).await
+    }
+
+    async fn poll_flight_info(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<arrow_flight::PollInfo>, Status> {
+        FlightService::poll_flight_info(&self.0, request).await
+    }
+
+    async fn get_schema(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<arrow_flight::SchemaResult>, Status> {
+        FlightService::get_schema(&self.0, request).await
+    }
+
+    async fn do_get(
+        &self,
+        request: Request<Ticket>,
+    ) -> Result<Response<Self::DoGetStream>, Status> {
+        FlightService::do_get(&self.0, request).await
+    }
+
+    async fn do_put(
+        &self,
+        request: Request<tonic::Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoPutStream>, Status> {
+        FlightService::do_put(&self.0, request).await
+    }
+
+    async fn do_exchange(
+        &self,
+        request: Request<tonic::Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoExchangeStream>, Status> {
+        FlightService::do_exchange(&self.0, request).await
+    }
+
+    async fn do_action(
+        &self,
+        request: Request<arrow_flight::Action>,
+    ) -> Result<Response<Self::DoActionStream>, Status> {
+        FlightService::do_action(&self.0, request).await
+    }
+
+    async fn list_actions(
+        &self,
+        _request: Request<arrow_flight::Empty>,
+    ) -> Result<Response<Self::ListActionsStream>, Status> {
+        let actions = ACTIONS.map(|(r#type, description)| {
+            Ok(arrow_flight::ActionType {
+                r#type: r#type.into(),
+                description: description.into(),
+            })
+        });
+        Ok(Response::new(Box::pin(futures::stream::iter(actions))))
+    }
 }

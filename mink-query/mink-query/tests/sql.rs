@@ -1908,3 +1908,42 @@ async fn sql_info_says_what_the_server_does() {
     );
     c.stop().await;
 }
+
+/// `ListActions` lists the actions the service carries out, and only those.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_actions_lists_what_is_served() {
+    use arrow_flight::flight_service_client::FlightServiceClient;
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path()).await;
+    let mut flight = FlightServiceClient::new(c.channel().await);
+    let listed: Vec<_> = flight
+        .list_actions(arrow_flight::Empty {})
+        .await
+        .unwrap()
+        .into_inner()
+        .try_collect()
+        .await
+        .unwrap();
+    let mut types: Vec<String> = listed.into_iter().map(|a| a.r#type).collect();
+    types.sort();
+    assert_eq!(
+        types,
+        [
+            "CancelFlightInfo",
+            "CancelQuery",
+            "ClosePreparedStatement",
+            "CreatePreparedStatement"
+        ]
+    );
+    // Each is served: an empty body is refused as a bad request, not as an unknown action.
+    for t in &types {
+        let answer = flight
+            .do_action(arrow_flight::Action::new(t.clone(), vec![0x0f]))
+            .await;
+        assert!(
+            matches!(&answer, Err(s) if s.code() == tonic::Code::InvalidArgument && !s.message().contains("unknown action")),
+            "{t}: {answer:?}"
+        );
+    }
+    c.stop().await;
+}
