@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use arrow::datatypes::{Field, Schema as ArrowSchema};
+use arrow::datatypes::{DataType, Field, Schema as ArrowSchema, TimeUnit};
 use iceberg::arrow::arrow_schema_to_schema_auto_assign_ids;
 use iceberg::spec::{
     NestedField, NestedFieldRef, PrimitiveType, Schema, Transform, Type, UnboundPartitionSpec,
@@ -28,9 +28,38 @@ pub fn system_columns() -> [(&'static str, PrimitiveType); 3] {
     ]
 }
 
+/// The Arrow type a column of type `t` is stored as in the lake. Iceberg holds times and
+/// timestamps in microseconds, dates in days, and no durations: seconds and milliseconds widen
+/// to microseconds, `Date64` (whole days in milliseconds) becomes a date, and a duration its
+/// count of the column's unit (`long`). Each is exact both ways: tiering casts to the lake's
+/// types and reads cast back.
+pub fn lake_type(t: &DataType) -> DataType {
+    let field =
+        |f: &Arc<Field>| Arc::new(f.as_ref().clone().with_data_type(lake_type(f.data_type())));
+    match t {
+        DataType::Timestamp(TimeUnit::Second | TimeUnit::Millisecond, tz) => {
+            DataType::Timestamp(TimeUnit::Microsecond, tz.clone())
+        }
+        DataType::Time32(_) => DataType::Time64(TimeUnit::Microsecond),
+        DataType::Date64 => DataType::Date32,
+        DataType::Duration(_) => DataType::Int64,
+        DataType::List(f) => DataType::List(field(f)),
+        DataType::LargeList(f) => DataType::LargeList(field(f)),
+        DataType::FixedSizeList(f, n) => DataType::FixedSizeList(field(f), *n),
+        DataType::Struct(fields) => DataType::Struct(fields.iter().map(field).collect()),
+        DataType::Map(f, sorted) => DataType::Map(field(f), *sorted),
+        other => other.clone(),
+    }
+}
+
+/// `field` with its type as the lake stores it ([`lake_type`]).
+fn lake_field(field: &Field) -> Field {
+    field.clone().with_data_type(lake_type(field.data_type()))
+}
+
 /// The Iceberg type of one Mink column (field ids inside nested types are placeholders).
 pub(crate) fn column_type(field: &Field) -> LakeResult<NestedFieldRef> {
-    let one = ArrowSchema::new(vec![field.clone()]);
+    let one = ArrowSchema::new(vec![lake_field(field)]);
     let converted =
         arrow_schema_to_schema_auto_assign_ids(&one).map_err(|e| LakeError::Incompatible {
             column: field.name().clone(),
@@ -77,7 +106,14 @@ pub fn lake_schema(columns: &ArrowSchema) -> LakeResult<Schema> {
         }
         column_type(field)?;
     }
-    let user = arrow_schema_to_schema_auto_assign_ids(columns)
+    let stored = ArrowSchema::new(
+        columns
+            .fields()
+            .iter()
+            .map(|f| lake_field(f))
+            .collect::<Vec<_>>(),
+    );
+    let user = arrow_schema_to_schema_auto_assign_ids(&stored)
         .map_err(|e| LakeError::Iceberg(e.to_string()))?;
     let mut fields: Vec<NestedFieldRef> = user.as_struct().fields().to_vec();
     for (id, (name, t)) in (user.highest_field_id() + 1..).zip(system_columns()) {

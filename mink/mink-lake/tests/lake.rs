@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use arrow::datatypes::{DataType, Field, Schema as ArrowSchema, TimeUnit};
+use arrow::datatypes::{DataType, Field, IntervalUnit, Schema as ArrowSchema, TimeUnit};
 use iceberg::spec::{PrimitiveType, Transform, Type};
 use mink_lake::table::{BUCKET_COLUMN, OFFSET_COLUMN, TIMESTAMP_COLUMN};
 use mink_lake::{Lake, LakeError};
@@ -196,10 +196,10 @@ async fn an_incompatible_table_is_refused_naming_the_column() {
     let (column, _) = incompatible(
         l.create_table(
             "app",
-            "durations",
+            "intervals",
             &with(Field::new(
                 "took",
-                DataType::Duration(TimeUnit::Second),
+                DataType::Interval(IntervalUnit::MonthDayNano),
                 true,
             )),
             &[],

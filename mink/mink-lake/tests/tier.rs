@@ -185,3 +185,78 @@ async fn tiering_works_on_s3() {
         .unwrap();
     assert_eq!(lake_rows(&l).await, expected(&[(0, 0, 25), (1, 0, 12)]));
 }
+
+/// Types Iceberg holds only in other units (second and millisecond timestamps and times,
+/// `Date64`, durations), nested ones too, are tiered as their lake types and read back exactly
+/// as written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn columns_of_other_units_are_tiered_and_read_back_exactly() {
+    use arrow::array::{
+        ArrayRef, Date64Array, DurationMillisecondArray, ListArray, RecordBatch,
+        Time32MillisecondArray, TimestampMillisecondArray, TimestampSecondArray,
+    };
+    use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+    use mink_lake::tier::{BucketRound, LogRows};
+    let seconds = Field::new("item", DataType::Timestamp(TimeUnit::Second, None), true);
+    let columns = Schema::new(vec![
+        Field::new(
+            "at",
+            DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())),
+            false,
+        ),
+        Field::new("time", DataType::Time32(TimeUnit::Millisecond), true),
+        Field::new("day", DataType::Date64, true),
+        Field::new("took", DataType::Duration(TimeUnit::Millisecond), true),
+        Field::new("seen", DataType::List(Arc::new(seconds.clone())), true),
+    ]);
+    let rows = RecordBatch::try_new(
+        Arc::new(columns.clone()),
+        vec![
+            Arc::new(
+                TimestampMillisecondArray::from(vec![1_764_505_296_789, -1]).with_timezone("UTC"),
+            ) as ArrayRef,
+            Arc::new(Time32MillisecondArray::from(vec![Some(45_296_789), None])),
+            Arc::new(Date64Array::from(vec![Some(1_764_460_800_000), None])),
+            Arc::new(DurationMillisecondArray::from(vec![Some(1_500), Some(-3)])),
+            Arc::new(ListArray::new(
+                Arc::new(seconds),
+                arrow::buffer::OffsetBuffer::from_lengths([2, 0]),
+                Arc::new(TimestampSecondArray::from(vec![1_764_505_296, 0])),
+                None,
+            )),
+        ],
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let l = lake(dir.path()).await;
+    l.create_table("app", "times", &columns, &[]).await.unwrap();
+    let round = BucketRound {
+        partition_id: 0,
+        bucket: 0,
+        start_offset: 0,
+        end_offset: 2,
+        batches: vec![LogRows {
+            base_offset: 0,
+            timestamp_us: 1_700_000_000_000_000,
+            rows: rows.clone(),
+        }],
+    };
+    l.tier("app", "times", vec![round]).await.unwrap();
+    let table = l.load_table("app", "times").await.unwrap();
+    let snapshot = table.metadata().current_snapshot_id().unwrap();
+    let back = l
+        .read_bucket(
+            "app",
+            "times",
+            snapshot,
+            &Default::default(),
+            0,
+            0..2,
+            &rows.schema(),
+            None,
+        )
+        .await
+        .unwrap();
+    let back = arrow::compute::concat_batches(&rows.schema(), &back).unwrap();
+    assert_eq!(back, rows);
+}
