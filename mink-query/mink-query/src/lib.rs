@@ -162,12 +162,17 @@ impl QueryEngine {
         let dialect = ctx.state().config().options().sql_parser.dialect;
         let sql = numbered_placeholders(sql);
         let statement = ctx.state().sql_to_statement(&sql, &dialect)?;
+        // DDL and SET answer no rows (DataFusion's `read_empty` is one row of no columns).
+        let no_rows = || {
+            let plan = datafusion::logical_expr::LogicalPlanBuilder::empty(false).build()?;
+            Ok(DataFrame::new(ctx.state(), plan))
+        };
         if ddl::run(&ctx, &self.client, &statement).await? {
-            return ctx.read_empty();
+            return no_rows();
         }
         if let Some(freshness) = settings::set_statement(&statement)? {
             self.set_freshness(freshness);
-            return ctx.read_empty();
+            return no_rows();
         }
         let options = SQLOptions::new()
             .with_allow_ddl(false)

@@ -68,6 +68,7 @@ cur.execute("SELECT sum(amount) FROM app.events WHERE kind = 'pp'")
 assert cur.fetchall() == [(3,)]
 # Python ints are bound as BIGINT: cast to an INT column; one that does not fit is refused.
 cur.execute("CREATE TABLE app.o (id BIGINT, item VARCHAR, qty INT, PRIMARY KEY (id))")
+assert cur.fetchall() == [], "DDL answers no rows"
 cur.execute("INSERT INTO app.o VALUES (?, ?, ?)", (11, "fig", 2))
 cur.executemany("INSERT INTO app.o VALUES (?, ?, ?)", [(12, "kiwi", 3), (13, "lime", 4)])
 cur.execute("SELECT id, item, qty FROM app.o ORDER BY id")

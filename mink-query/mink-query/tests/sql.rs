@@ -1947,3 +1947,36 @@ async fn list_actions_lists_what_is_served() {
     }
     c.stop().await;
 }
+
+/// DDL answers no rows over Flight SQL, run as a statement or prepared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ddl_answers_no_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path()).await;
+    let mut sql = c.flight_sql().await;
+    let info = sql
+        .execute("CREATE SCHEMA shop".into(), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        metadata_rows(&mut sql, info).await,
+        Vec::<Vec<String>>::new()
+    );
+    let mut prepared = sql
+        .prepare(
+            "CREATE TABLE shop.t (id BIGINT NOT NULL, PRIMARY KEY (id))".into(),
+            None,
+        )
+        .await
+        .unwrap();
+    let info = prepared.execute().await.unwrap();
+    assert_eq!(
+        metadata_rows(&mut sql, info).await,
+        Vec::<Vec<String>>::new()
+    );
+    assert_eq!(
+        c.rows("SELECT count(*) FROM shop.t").await,
+        strings(&[&["0"]])
+    );
+    c.stop().await;
+}
