@@ -438,6 +438,14 @@ fn parameters(batches: &[RecordBatch]) -> Result<Vec<Vec<ScalarValue>>, Status> 
 /// refused, naming the column.
 fn bind(plan: DataFrame, values: Vec<ScalarValue>) -> Result<DataFrame, Status> {
     let fields = plan.logical_plan().get_parameter_fields().map_err(status)?;
+    if values.len() > fields.len() {
+        return Err(Status::invalid_argument(format!(
+            "{} values bound to a statement with {} parameter{}: bind one value per parameter",
+            values.len(),
+            fields.len(),
+            if fields.len() == 1 { "" } else { "s" },
+        )));
+    }
     let options = arrow::compute::CastOptions {
         safe: false,
         ..Default::default()

@@ -66,6 +66,12 @@ assert cur.fetchall() == [(3,)]
 cur.executemany("INSERT INTO app.events VALUES (?, ?, ?)", [(6000, "pp", 1), (6001, "pp", 2)])
 cur.execute("SELECT sum(amount) FROM app.events WHERE kind = 'pp'")
 assert cur.fetchall() == [(3,)]
+# More values than parameters are refused, not ignored.
+try:
+    cur.execute("SELECT name FROM app.users WHERE id = ?", parameters=(1, 2))
+    raise AssertionError("an extra parameter was ignored")
+except flight_sql.ProgrammingError as e:
+    assert "2 values bound to a statement with 1 parameter" in str(e), e
 # Python ints are bound as BIGINT: cast to an INT column; one that does not fit is refused.
 cur.execute("CREATE TABLE app.o (id BIGINT, item VARCHAR, qty INT, PRIMARY KEY (id))")
 assert cur.fetchall() == [], "DDL answers no rows"

@@ -1980,3 +1980,54 @@ async fn ddl_answers_no_rows() {
     );
     c.stop().await;
 }
+
+/// More values bound than a statement has parameters are refused (`INVALID_ARGUMENT`, naming
+/// both counts), for a query and for an update, not ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extra_bound_parameters_are_refused() {
+    use arrow::array::{ArrayRef, Int64Array, RecordBatch};
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path()).await;
+    c.load().await;
+    let mut sql = c.flight_sql().await;
+    let two = RecordBatch::try_from_iter(vec![
+        (
+            "$1",
+            std::sync::Arc::new(Int64Array::from(vec![1])) as ArrayRef,
+        ),
+        (
+            "$2",
+            std::sync::Arc::new(Int64Array::from(vec![2])) as ArrayRef,
+        ),
+    ])
+    .unwrap();
+    let mut query = sql
+        .prepare("SELECT id FROM app.users WHERE id = ?".into(), None)
+        .await
+        .unwrap();
+    query.set_parameters(two.clone()).unwrap();
+    let refused = query.execute().await;
+    assert!(
+        matches!(&refused, Err(arrow_flight::error::FlightError::Tonic(s))
+            if s.code() == tonic::Code::InvalidArgument
+                && s.message().contains("2 values bound to a statement with 1 parameter")),
+        "{refused:?}"
+    );
+    let mut update = sql
+        .prepare("DELETE FROM app.users WHERE id = ?".into(), None)
+        .await
+        .unwrap();
+    update.set_parameters(two).unwrap();
+    let refused = update.execute_update().await;
+    assert!(
+        matches!(&refused, Err(arrow_flight::error::FlightError::Tonic(s))
+            if s.code() == tonic::Code::InvalidArgument
+                && s.message().contains("2 values bound to a statement with 1 parameter")),
+        "{refused:?}"
+    );
+    assert_eq!(
+        c.rows("SELECT id FROM app.users ORDER BY id").await,
+        strings(&[&["1"], &["2"], &["4"]])
+    );
+    c.stop().await;
+}
