@@ -1127,6 +1127,23 @@ pub struct MinkFlightService(MinkFlightSql);
 
 type Sql = MinkFlightSql;
 
+/// The Flight SQL command (or ticket) in `bytes`, or what is wrong with it: arrow-flight's
+/// dispatch would answer protobuf's debug output (`DecodeError { description:
+/// InvalidWireType { value: 7 } ... }`) or, for a message it does not know, that it is
+/// unimplemented.
+fn command(bytes: &[u8]) -> Result<arrow_flight::sql::Command, String> {
+    let any = arrow_flight::sql::Any::decode(bytes)
+        .map_err(|e| format!("it is not a Flight SQL message: {e}"))?;
+    match arrow_flight::sql::Command::try_from(any) {
+        Ok(arrow_flight::sql::Command::Unknown(any)) => Err(format!(
+            "it is not a Flight SQL message (type {:?})",
+            any.type_url
+        )),
+        Ok(command) => Ok(command),
+        Err(e) => Err(format!("its message does not decode: {e}")),
+    }
+}
+
 #[tonic::async_trait]
 impl FlightService for MinkFlightService {
     type HandshakeStream = <Sql as FlightService>::HandshakeStream;
@@ -1155,6 +1172,9 @@ impl FlightService for MinkFlightService {
         &self,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
+        command(&request.get_ref().cmd).map_err(|e| {
+            Status::invalid_argument(format!("not a Flight SQL command this server serves ({e})"))
+        })?;
         FlightService::get_flight_info(&self.0, request).await
     }
 
@@ -1176,6 +1196,11 @@ impl FlightService for MinkFlightService {
         &self,
         request: Request<Ticket>,
     ) -> Result<Response<Self::DoGetStream>, Status> {
+        command(&request.get_ref().ticket).map_err(|e| {
+            Status::invalid_argument(format!(
+                "not a ticket this server issued ({e}): a ticket comes from the FlightInfo this server answered (GetFlightInfo), as it is"
+            ))
+        })?;
         FlightService::do_get(&self.0, request).await
     }
 

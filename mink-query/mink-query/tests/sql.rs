@@ -2031,3 +2031,36 @@ async fn extra_bound_parameters_are_refused() {
     );
     c.stop().await;
 }
+
+/// A ticket this server did not issue (garbage, a message of another kind) is refused as
+/// that, with `INVALID_ARGUMENT`, and the server goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_ticket_is_refused_as_such() {
+    use arrow_flight::flight_service_client::FlightServiceClient;
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path()).await;
+    let mut flight = FlightServiceClient::new(c.channel().await);
+    for ticket in [vec![0x0f], vec![], b"hello".to_vec()] {
+        let refused = flight
+            .do_get(arrow_flight::Ticket::new(ticket.clone()))
+            .await;
+        assert!(
+            matches!(&refused, Err(s) if s.code() == tonic::Code::InvalidArgument
+                && s.message().starts_with("not a ticket this server issued")),
+            "{ticket:?}: {:?}",
+            refused.err()
+        );
+    }
+    let refused = flight
+        .get_flight_info(arrow_flight::FlightDescriptor::new_cmd(vec![0x0f]))
+        .await;
+    assert!(
+        matches!(&refused, Err(s) if s.code() == tonic::Code::InvalidArgument
+            && s.message().starts_with("not a Flight SQL command")),
+        "{refused:?}"
+    );
+    let mut sql = c.flight_sql().await;
+    let info = sql.execute("SELECT 1".into(), None).await.unwrap();
+    assert_eq!(metadata_rows(&mut sql, info).await, strings(&[&["1"]]));
+    c.stop().await;
+}
