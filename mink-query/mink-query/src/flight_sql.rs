@@ -640,6 +640,36 @@ fn one(schema: SchemaRef, batch: Result<RecordBatch, FlightError>) -> Response<D
 impl FlightSqlService for MinkFlightSql {
     type FlightService = MinkFlightSql;
 
+    /// Mink has no authentication. A handshake without credentials is answered (an empty
+    /// response to each request); one carrying credentials (an `authorization` header, as
+    /// JDBC and ADBC send a username and password, or a payload) is refused rather than
+    /// accepted and ignored: a user who set a password would believe it protects something.
+    async fn do_handshake(
+        &self,
+        request: Request<tonic::Streaming<arrow_flight::HandshakeRequest>>,
+    ) -> Result<
+        Response<
+            Pin<Box<dyn Stream<Item = Result<arrow_flight::HandshakeResponse, Status>> + Send>>,
+        >,
+        Status,
+    > {
+        if request.metadata().contains_key("authorization") {
+            return Err(no_authentication());
+        }
+        let answers = request.into_inner().map(|r| {
+            let r = r?;
+            if r.payload.is_empty() {
+                Ok(arrow_flight::HandshakeResponse {
+                    protocol_version: r.protocol_version,
+                    payload: bytes::Bytes::new(),
+                })
+            } else {
+                Err(no_authentication())
+            }
+        });
+        Ok(Response::new(Box::pin(answers)))
+    }
+
     async fn get_flight_info_statement(
         &self,
         query: CommandStatementQuery,
@@ -1085,6 +1115,13 @@ impl MinkFlightSql {
         }
         result
     }
+}
+
+/// What a client sending credentials is told.
+fn no_authentication() -> Status {
+    Status::unauthenticated(
+        "mink-query has no authentication: connect without a username and password",
+    )
 }
 
 /// The result schema of `GetPrimaryKeys` (Flight SQL's).

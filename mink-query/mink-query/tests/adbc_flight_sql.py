@@ -103,4 +103,14 @@ except flight_sql.ProgrammingError as e:
     assert "table 'mink.app.nope' not found" in str(e), e
 
 conn.close()
+
+# Mink has no authentication: a username and password are refused, not ignored.
+try:
+    with flight_sql.connect(uri, db_kwargs={"username": "u", "password": "p"}, autocommit=True) as c:
+        with c.cursor() as cc:
+            cc.execute("SELECT 1")
+    raise AssertionError("credentials were accepted")
+except flight_sql.Error as e:
+    assert "no authentication" in str(e), e
+
 print("ok")

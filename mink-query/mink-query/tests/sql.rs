@@ -2064,3 +2064,46 @@ async fn a_malformed_ticket_is_refused_as_such() {
     assert_eq!(metadata_rows(&mut sql, info).await, strings(&[&["1"]]));
     c.stop().await;
 }
+
+/// Mink has no authentication: a handshake without credentials succeeds; one with a username
+/// and password (the `authorization` header JDBC and ADBC send) or another payload is refused
+/// with `UNAUTHENTICATED` saying so, not accepted and ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handshake_with_credentials_is_refused() {
+    use arrow_flight::HandshakeRequest;
+    use arrow_flight::flight_service_client::FlightServiceClient;
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path()).await;
+    let mut flight = FlightServiceClient::new(c.channel().await);
+    let request = |payload: &'static [u8]| {
+        futures::stream::iter([HandshakeRequest {
+            protocol_version: 0,
+            payload: payload.into(),
+        }])
+    };
+    let answered: Vec<_> = flight
+        .handshake(request(b""))
+        .await
+        .unwrap()
+        .into_inner()
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(answered.len(), 1);
+    let refused = match flight.handshake(request(b"user:password")).await {
+        Ok(r) => r.into_inner().try_collect::<Vec<_>>().await.map(|_| ()),
+        Err(e) => Err(e),
+    };
+    assert!(
+        matches!(&refused, Err(s) if s.code() == tonic::Code::Unauthenticated
+            && s.message().contains("mink-query has no authentication")),
+        "{refused:?}"
+    );
+    let mut sql = c.flight_sql().await;
+    let refused = sql.handshake("user", "password").await;
+    assert!(
+        matches!(&refused, Err(e) if e.to_string().contains("mink-query has no authentication")),
+        "{refused:?}"
+    );
+    c.stop().await;
+}
