@@ -6,6 +6,7 @@
 
 mod config;
 mod metrics;
+mod retry;
 mod sink;
 mod source;
 mod state;

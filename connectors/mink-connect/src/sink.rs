@@ -36,6 +36,7 @@ use tokio::time::Instant;
 
 use crate::config::{Config, Sink, table_name};
 use crate::metrics::Metrics;
+use crate::retry::Backoff;
 
 /// A bucket of a sink's table: (table, partition, bucket).
 type BucketKey = (String, Option<String>, u32);
@@ -232,52 +233,24 @@ pub(crate) async fn run(config: Arc<Config>, metrics: Arc<Metrics>) -> anyhow::R
     }
     let mut tails: JoinSet<anyhow::Result<BucketKey>> = JoinSet::new();
     let mut running: HashSet<BucketKey> = HashSet::new();
+    let mut backoff = Backoff::new("sink: the tables' buckets");
     loop {
         // Buckets of partitions created since the last look get their tails.
-        for target in &targets {
-            let d = client
-                .describe_table(&target.database, &target.table)
-                .await?;
-            let mut new = Vec::new();
-            for b in &d.buckets {
-                let key = (target.sink.table.clone(), b.partition.clone(), b.bucket);
-                metrics.sink_end(
-                    &key.0,
-                    key.1.as_deref(),
-                    key.2,
-                    i64::try_from(b.end_offset)?,
-                );
-                if !running.contains(&key) {
-                    new.push((key, b.start_offset));
-                }
-            }
-            if new.is_empty() {
+        match start_tails(
+            &client,
+            &producer,
+            &config,
+            &metrics,
+            &targets,
+            &mut tails,
+            &mut running,
+        )
+        .await
+        {
+            Ok(()) => backoff.succeeded(),
+            Err(e) => {
+                backoff.failed(e).await?;
                 continue;
-            }
-            let keys: Vec<BucketKey> = new.iter().map(|(k, _)| k.clone()).collect();
-            let positions = read_positions(&client, &config, &keys).await?;
-            for (key, start) in new {
-                let position = positions.get(&key).copied().unwrap_or(start);
-                if position < start {
-                    bail!(
-                        "sink {}: bucket {} of partition {:?} starts at {start}, past the \
-                         position {position} the sink reached: the changes between were removed \
-                         before they were produced",
-                        key.0,
-                        key.2,
-                        key.1
-                    );
-                }
-                running.insert(key.clone());
-                tails.spawn(tail(
-                    client.clone(),
-                    producer.clone(),
-                    Arc::clone(&config),
-                    Arc::clone(&metrics),
-                    Arc::clone(target),
-                    key,
-                    position,
-                ));
             }
         }
         let next_look = Instant::now() + Duration::from_secs(1);
@@ -292,6 +265,65 @@ pub(crate) async fn run(config: Arc<Config>, metrics: Arc<Metrics>) -> anyhow::R
             }
         }
     }
+}
+
+/// Starts a tail for each bucket of the targets that has none (new partitions' buckets).
+async fn start_tails(
+    client: &Client,
+    producer: &FutureProducer,
+    config: &Arc<Config>,
+    metrics: &Arc<Metrics>,
+    targets: &[Arc<Target>],
+    tails: &mut JoinSet<anyhow::Result<BucketKey>>,
+    running: &mut HashSet<BucketKey>,
+) -> anyhow::Result<()> {
+    for target in targets {
+        let d = client
+            .describe_table(&target.database, &target.table)
+            .await?;
+        let mut new = Vec::new();
+        for b in &d.buckets {
+            let key = (target.sink.table.clone(), b.partition.clone(), b.bucket);
+            metrics.sink_end(
+                &key.0,
+                key.1.as_deref(),
+                key.2,
+                i64::try_from(b.end_offset)?,
+            );
+            if !running.contains(&key) {
+                new.push((key, b.start_offset));
+            }
+        }
+        if new.is_empty() {
+            continue;
+        }
+        let keys: Vec<BucketKey> = new.iter().map(|(k, _)| k.clone()).collect();
+        let positions = read_positions(client, config, &keys).await?;
+        for (key, start) in new {
+            let position = positions.get(&key).copied().unwrap_or(start);
+            if position < start {
+                bail!(
+                    "sink {}: bucket {} of partition {:?} starts at {start}, past the \
+                     position {position} the sink reached: the changes between were removed \
+                     before they were produced",
+                    key.0,
+                    key.2,
+                    key.1
+                );
+            }
+            running.insert(key.clone());
+            tails.spawn(tail(
+                client.clone(),
+                producer.clone(),
+                Arc::clone(config),
+                Arc::clone(metrics),
+                Arc::clone(target),
+                key,
+                position,
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// An event's record: its key, its value (none: a tombstone), its partition when the sink
@@ -450,9 +482,6 @@ impl Encoder {
     }
 }
 
-/// How long a bucket's tail keeps retrying a node it cannot reach.
-const RETRY_FOR: Duration = Duration::from_secs(60);
-
 /// Tails one bucket from `position`, producing its changes, until its partition is dropped.
 async fn tail(
     client: Client,
@@ -475,7 +504,10 @@ async fn tail(
     let mut done = position;
     let flush_every = Duration::from_millis(config.batch_ms);
     let mut last_flush = Instant::now();
-    let mut failing_since: Option<Instant> = None;
+    let mut backoff = Backoff::new(format!(
+        "sink: {} bucket {} of partition {:?}",
+        key.0, key.2, key.1
+    ));
     loop {
         let mut scan = Scan::table(&target.database, &target.table)
             .bucket(key.2)
@@ -499,9 +531,10 @@ async fn tail(
         let mut stream = match client.scan(&scan).await {
             Ok(s) => s,
             Err(e) => {
-                if retry_or_end(&e, &key, &mut failing_since).await? {
+                if gone(&e, &key) {
                     return Ok(key);
                 }
+                backoff.failed(tailing(e, &key)).await?;
                 continue;
             }
         };
@@ -509,7 +542,7 @@ async fn tail(
             let next = tokio::time::timeout(flush_every, stream.next()).await;
             match next {
                 Ok(Some(Ok(read))) => {
-                    failing_since = None;
+                    backoff.succeeded();
                     if read.batch.num_rows() == 0 {
                         continue;
                     }
@@ -527,9 +560,10 @@ async fn tail(
                     }
                 }
                 Ok(Some(Err(e))) => {
-                    if retry_or_end(&e, &key, &mut failing_since).await? {
+                    if gone(&e, &key) {
                         return Ok(key);
                     }
+                    backoff.failed(tailing(e, &key)).await?;
                     break;
                 }
                 Ok(None) => {
@@ -544,7 +578,11 @@ async fn tail(
                 while let Some(d) = deliveries.pop_front() {
                     delivered(d).await?;
                 }
-                write_position(&client, &config, &key, done).await?;
+                // A node that cannot be reached for a while: the tail waits for it, and reads
+                // on from where it was.
+                while let Err(e) = write_position(&client, &config, &key, done).await {
+                    backoff.failed(e).await?;
+                }
                 metrics.sink_produced(
                     &key.0,
                     key.1.as_deref(),
@@ -610,24 +648,18 @@ async fn send(
     }
 }
 
-/// A failed read of a bucket: gone (its partition was dropped: `true`, the tail ends), worth
-/// retrying (waits a moment), or the end of the connector.
-async fn retry_or_end(
-    e: &ClientError,
-    key: &BucketKey,
-    failing_since: &mut Option<Instant>,
-) -> anyhow::Result<bool> {
-    if key.1.is_some() && e.code() == Some(ErrorCode::NotFound) {
+/// Whether a failed read of a bucket says its partition was dropped (the tail ends).
+fn gone(e: &ClientError, key: &BucketKey) -> bool {
+    let gone = key.1.is_some() && e.code() == Some(ErrorCode::NotFound);
+    if gone {
         tracing::info!(table = %key.0, partition = ?key.1, "the partition is gone: its tail ends");
-        return Ok(true);
     }
-    let since = *failing_since.get_or_insert_with(Instant::now);
-    if !e.is_retriable() || since.elapsed() >= RETRY_FOR {
-        bail!("tailing {} bucket {} ({:?}): {e}", key.0, key.2, key.1);
-    }
-    tracing::warn!(table = %key.0, bucket = key.2, error = %e, "reading again");
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    Ok(false)
+    gone
+}
+
+/// A failed read of a bucket, naming it.
+fn tailing(e: ClientError, key: &BucketKey) -> anyhow::Error {
+    anyhow::Error::from(e).context(format!("tailing {} bucket {} ({:?})", key.0, key.2, key.1))
 }
 
 #[cfg(test)]

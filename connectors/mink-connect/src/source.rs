@@ -11,7 +11,7 @@
 //! bucket by bucket, the replayed records a bucket already holds. Kafka's committed offsets
 //! are written for monitoring only and never read.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -28,6 +28,7 @@ use rdkafka::{ClientContext, Message as _, Offset, TopicPartitionList};
 
 use crate::config::{Config, Format, Source, table_name};
 use crate::metrics::Metrics;
+use crate::retry::{Backoff, Transient};
 
 /// Counts rebalances, so the loop drops what it holds of partitions it may have lost; and
 /// takes each partition's end from librdkafka's statistics for the metrics.
@@ -367,8 +368,9 @@ async fn following(client: &Client, table: &str, writer_id: u64) -> anyhow::Resu
     ))
 }
 
-/// Runs the source until an error (a lost connection to Mink that outlasts the client's
-/// retries, a record Mink refuses for a reason other than its content).
+/// Runs the source until an error that is not transient (a record Mink refuses for a reason
+/// other than its content, a record that is not a row without a dead-letter table). A node
+/// or brokers that cannot be reached for a while are waited for (see [`crate::retry`]).
 pub(crate) async fn run(config: Arc<Config>, metrics: Arc<Metrics>) -> anyhow::Result<()> {
     let client = Client::connect(&config.mink).await?;
     prepare(&client, &config).await?;
@@ -385,10 +387,18 @@ pub(crate) async fn run(config: Arc<Config>, metrics: Arc<Metrics>) -> anyhow::R
         .context("a Kafka consumer")?;
     let topics: Vec<&str> = config.sources.iter().map(|s| s.topic.as_str()).collect();
     consumer.subscribe(&topics)?;
-    let mut schemas: HashMap<String, SchemaRef> = HashMap::new();
-    let mut partitions: HashMap<(String, i32), Partition> = HashMap::new();
+    let mut copier = Copier {
+        client,
+        config: &config,
+        metrics: &metrics,
+        consumer: &consumer,
+        schemas: HashMap::new(),
+        partitions: HashMap::new(),
+        reopen: BTreeSet::new(),
+    };
     let mut seen_generation = generation.load(Ordering::SeqCst);
     let batch_age = Duration::from_millis(config.batch_ms);
+    let mut backoff = Backoff::new("source: copying into Mink");
     loop {
         let message = tokio::time::timeout(batch_age, consumer.recv()).await;
         let now_generation = generation.load(Ordering::SeqCst);
@@ -396,57 +406,160 @@ pub(crate) async fn run(config: Arc<Config>, metrics: Arc<Metrics>) -> anyhow::R
             // Partitions may have moved: what is buffered is dropped (nothing of it was
             // acknowledged), and each partition starts again from what Mink holds.
             seen_generation = now_generation;
-            partitions.clear();
+            copier.partitions.clear();
+            copier.reopen.clear();
         }
-        if let Ok(message) = message {
-            let m = message.context("consuming")?;
-            let key = (m.topic().to_string(), m.partition());
-            if !partitions.contains_key(&key) {
-                let Some(source) = config.source(&key.0).cloned() else {
-                    continue;
-                };
-                let state = open(&client, &config, &source, key.1).await?;
-                // Resume where Mink says, whatever Kafka's committed offset is.
-                let resume = state.next;
-                partitions.insert(key.clone(), state);
-                if m.offset() != resume {
-                    tracing::info!(topic = %key.0, partition = key.1, from = m.offset(), resume, "seeking to the resume offset");
-                    // A seek waits on librdkafka: off the runtime's workers.
-                    tokio::task::block_in_place(|| {
-                        consumer.seek(
-                            &key.0,
-                            key.1,
-                            Offset::Offset(resume),
-                            Duration::from_secs(10),
-                        )
-                    })?;
-                    continue;
-                }
+        let message = match message {
+            Ok(Ok(m)) => Some(m),
+            // librdkafka reconnects by itself: said, and waited for.
+            Ok(Err(e)) if crate::retry::kafka_transient(&e) => {
+                tracing::warn!(error = %e, "consuming: the brokers cannot be reached; retrying");
+                None
             }
-            let p = partitions.get_mut(&key).expect("opened above");
-            if m.offset() < p.next {
-                // Below where the partition resumed (a seek not yet in effect): stored already.
-                continue;
-            }
-            p.next = m.offset() + 1;
-            p.pending.push(pending(&m));
-            p.since.get_or_insert_with(Instant::now);
+            Ok(Err(e)) => return Err(e).context("consuming"),
+            Err(_idle) => None,
+        };
+        let ours = message
+            .as_ref()
+            .map(|m| (m.topic().to_string(), m.partition()))
+            .filter(|k| config.source(&k.0).is_some());
+        let mut result = copier.reopen().await;
+        if result.is_ok()
+            && let Some(m) = &message
+        {
+            result = copier.take(m).await;
         }
-        for ((topic, partition), p) in &mut partitions {
-            let full = p.pending.len() >= config.batch_records;
+        if result.is_ok() {
+            result = copier.flush_due(batch_age).await;
+        }
+        match result {
+            Ok(()) => backoff.succeeded(),
+            Err(e) => {
+                backoff.failed(e).await?;
+                // Nothing buffered was acknowledged, and a batch may be stored in some buckets
+                // and not others: as after a crash, each partition (the message's too) starts
+                // again from what Mink holds.
+                copier.failed(ours);
+            }
+        }
+    }
+}
+
+/// The source's partitions being copied.
+struct Copier<'a> {
+    client: Client,
+    config: &'a Config,
+    metrics: &'a Metrics,
+    consumer: &'a StreamConsumer<Context>,
+    schemas: HashMap<String, SchemaRef>,
+    partitions: HashMap<(String, i32), Partition>,
+    /// Partitions whose copying failed: each is opened again from Mink, and the consumer
+    /// sought back to where Mink's copy ends, before anything else is copied.
+    reopen: BTreeSet<(String, i32)>,
+}
+
+impl Copier<'_> {
+    /// Every partition, and `also`, to be opened again from Mink.
+    fn failed(&mut self, also: Option<(String, i32)>) {
+        self.reopen.extend(self.partitions.drain().map(|(k, _)| k));
+        self.reopen.extend(also);
+    }
+
+    /// Opens again the partitions whose copying failed.
+    async fn reopen(&mut self) -> anyhow::Result<()> {
+        while let Some(key) = self.reopen.first().cloned() {
+            let source = self
+                .config
+                .source(&key.0)
+                .cloned()
+                .with_context(|| format!("no source copies topic {}", key.0))?;
+            let p = open(&self.client, self.config, &source, key.1).await?;
+            seek(self.consumer, &key, p.next)?;
+            tracing::info!(topic = %key.0, partition = key.1, resume = p.next, "copying again");
+            self.partitions.insert(key.clone(), p);
+            self.reopen.remove(&key);
+        }
+        Ok(())
+    }
+
+    /// A consumed record into its partition's batch.
+    async fn take(&mut self, m: &BorrowedMessage<'_>) -> anyhow::Result<()> {
+        let key = (m.topic().to_string(), m.partition());
+        if !self.partitions.contains_key(&key) {
+            let Some(source) = self.config.source(&key.0).cloned() else {
+                return Ok(());
+            };
+            let state = open(&self.client, self.config, &source, key.1).await?;
+            // Resume where Mink says, whatever Kafka's committed offset is.
+            let resume = state.next;
+            self.partitions.insert(key.clone(), state);
+            if m.offset() != resume {
+                tracing::info!(topic = %key.0, partition = key.1, from = m.offset(), resume, "seeking to the resume offset");
+                return seek(self.consumer, &key, resume);
+            }
+        }
+        let p = self.partitions.get_mut(&key).expect("opened above");
+        if m.offset() < p.next {
+            // Below where the partition resumed (a seek not yet in effect): stored already.
+            return Ok(());
+        }
+        p.next = m.offset() + 1;
+        p.pending.push(pending(m));
+        p.since.get_or_insert_with(Instant::now);
+        Ok(())
+    }
+
+    /// Writes the batches that are full or old enough.
+    async fn flush_due(&mut self, batch_age: Duration) -> anyhow::Result<()> {
+        for ((topic, partition), p) in &mut self.partitions {
+            let full = p.pending.len() >= self.config.batch_records;
             let old = p.since.is_some_and(|s| s.elapsed() >= batch_age);
             if p.pending.is_empty() || !(full || old) {
                 continue;
             }
             let records = p.pending.len() as u64;
-            flush(&client, &config, &mut schemas, topic, *partition, p).await?;
-            metrics.source_written(topic, *partition, records, p.next);
+            flush(
+                &self.client,
+                self.config,
+                &mut self.schemas,
+                topic,
+                *partition,
+                p,
+            )
+            .await?;
+            self.metrics
+                .source_written(topic, *partition, records, p.next);
             let mut offsets = TopicPartitionList::new();
             offsets.add_partition_offset(topic, *partition, Offset::Offset(p.next))?;
             // For lag monitoring only: a resume reads Mink.
-            let _ = consumer.commit(&offsets, CommitMode::Async);
+            let _ = self.consumer.commit(&offsets, CommitMode::Async);
         }
+        Ok(())
     }
+}
+
+/// Seeks the consumer's `key` partition to `offset`; a failure is retried (see
+/// [`crate::retry`]).
+fn seek(
+    consumer: &StreamConsumer<Context>,
+    key: &(String, i32),
+    offset: i64,
+) -> anyhow::Result<()> {
+    // A seek waits on librdkafka: off the runtime's workers.
+    tokio::task::block_in_place(|| {
+        consumer.seek(
+            &key.0,
+            key.1,
+            Offset::Offset(offset),
+            Duration::from_secs(10),
+        )
+    })
+    .map_err(|e| {
+        anyhow::Error::new(Transient(format!(
+            "seeking {}/{} to {offset}: {e}",
+            key.0, key.1
+        )))
+    })
 }
 
 /// A partition opened from Mink: its writer (allocated and recorded on first use) and the

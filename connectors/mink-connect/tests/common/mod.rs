@@ -22,6 +22,7 @@ pub(crate) fn connect(args: &[&str]) -> tokio::process::Command {
 }
 
 /// [`next_change`] while `child` runs: panics with its stderr if it exits first.
+#[allow(dead_code)] // a helper of some of the test binaries
 pub(crate) async fn next_change_while(
     node: &Node,
     child: &mut tokio::process::Child,
