@@ -20,8 +20,9 @@ use arrow_flight::sql::{
     ActionCreatePreparedStatementRequest, ActionCreatePreparedStatementResult, CommandGetCatalogs,
     CommandGetDbSchemas, CommandGetPrimaryKeys, CommandGetSqlInfo, CommandGetTableTypes,
     CommandGetTables, CommandPreparedStatementQuery, CommandPreparedStatementUpdate,
-    CommandStatementQuery, CommandStatementUpdate, DoPutPreparedStatementResult, ProstMessageExt,
-    SqlInfo, SqlSupportedCaseSensitivity, SqlSupportedTransaction, TicketStatementQuery,
+    CommandStatementIngest, CommandStatementQuery, CommandStatementUpdate,
+    DoPutPreparedStatementResult, ProstMessageExt, SqlInfo, SqlSupportedCaseSensitivity,
+    SqlSupportedTransaction, TicketStatementQuery,
 };
 use arrow_flight::{
     FlightData, FlightDescriptor, FlightEndpoint, FlightInfo, IpcMessage, SchemaAsIpc, Ticket,
@@ -404,6 +405,14 @@ fn ipc_schema(schema: &Schema) -> Result<bytes::Bytes, Status> {
 /// descriptor alone, which is how arrow-flight's client sends a prepared update whose
 /// parameters it bound before) carries none.
 async fn parameter_rows(stream: PeekableFlightDataStream) -> Result<Vec<RecordBatch>, Status> {
+    record_batches(stream, "the bound parameters").await
+}
+
+/// The record batches of a `DoPut` (`what` they are, for errors).
+async fn record_batches(
+    stream: PeekableFlightDataStream,
+    what: &str,
+) -> Result<Vec<RecordBatch>, Status> {
     arrow_flight::decode::FlightRecordBatchStream::new_from_flight_data(
         stream
             .try_filter(|d| futures::future::ready(!d.data_header.is_empty()))
@@ -411,7 +420,7 @@ async fn parameter_rows(stream: PeekableFlightDataStream) -> Result<Vec<RecordBa
     )
     .try_collect()
     .await
-    .map_err(|e| Status::invalid_argument(format!("the bound parameters: {e}")))
+    .map_err(|e| Status::invalid_argument(format!("{what}: {e}")))
 }
 
 /// Each row of `batches` as positional parameter values (`$1` is the first column).
@@ -1066,6 +1075,71 @@ impl FlightSqlService for MinkFlightSql {
         let key = String::from_utf8_lossy(&query.prepared_statement_handle).into_owned();
         self.prepared.lock().expect("prepared").remove(&key);
         Ok(())
+    }
+
+    /// Bulk ingest (ADBC's `adbc_ingest`, Polars' `write_database`): the rows appended to an
+    /// existing table through the writer `INSERT INTO` uses. Creating or replacing a table this
+    /// way is refused (create it with `CREATE TABLE`), as are temporary tables and
+    /// transactions, which Mink has not.
+    async fn do_put_statement_ingest(
+        &self,
+        command: CommandStatementIngest,
+        request: Request<PeekableFlightDataStream>,
+    ) -> Result<i64, Status> {
+        use arrow_flight::sql::{TableExistsOption, TableNotExistOption};
+        let options = command.table_definition_options.unwrap_or_default();
+        let (if_not_exist, if_exists) = (options.if_not_exist(), options.if_exists());
+        if if_not_exist == TableNotExistOption::Create {
+            return Err(Status::unimplemented(
+                "bulk ingest does not create tables: create the table with CREATE TABLE, then append to it (mode append)",
+            ));
+        }
+        match if_exists {
+            TableExistsOption::Append => {}
+            TableExistsOption::Replace => {
+                return Err(Status::unimplemented(
+                    "bulk ingest does not replace tables: append to the table (mode append), or drop and create it with SQL first",
+                ));
+            }
+            TableExistsOption::Fail | TableExistsOption::Unspecified => {
+                return Err(Status::unimplemented(
+                    "bulk ingest only appends to an existing table (mode append); it does not create tables: use CREATE TABLE first",
+                ));
+            }
+        }
+        if command.temporary {
+            return Err(Status::unimplemented("Mink has no temporary tables"));
+        }
+        if command.transaction_id.is_some() {
+            return Err(Status::unimplemented("Mink has no transactions"));
+        }
+        if command.catalog.as_deref().is_some_and(|c| c != CATALOG) {
+            return Err(Status::not_found(format!(
+                "no catalog {:?}: Mink's one catalog is {CATALOG}",
+                command.catalog.unwrap_or_default()
+            )));
+        }
+        let database = command.schema.unwrap_or_else(|| "default".to_string());
+        let batches = record_batches(request.into_inner(), "the rows to ingest").await?;
+        let Some(schema) = batches.first().map(RecordBatch::schema) else {
+            return Ok(0);
+        };
+        let engine = self.engine.clone();
+        let sql = format!("bulk ingest into {database}.{}", command.table);
+        let _running = self.engine.queries().track(&sql, "flight sql", None, None);
+        let table = command.table;
+        let written = self
+            .exec
+            .run(async move {
+                engine
+                    .append_batches(&database, &table, schema, batches)
+                    .await?
+                    .collect()
+                    .await
+            })
+            .await
+            .map_err(status)?;
+        Ok(updated(&written))
     }
 
     /// `CancelFlightInfo`: a statement planned and not yet fetched is forgotten; one running

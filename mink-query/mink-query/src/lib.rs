@@ -191,6 +191,46 @@ impl QueryEngine {
     }
 }
 
+impl QueryEngine {
+    /// Plans appending `batches` (of `schema`) to table `database.table` as `INSERT INTO
+    /// database.table (columns) SELECT columns FROM the batches` would: the same checks, casts
+    /// to the table's types and writer; columns are matched to the table's by name, and the
+    /// table's others get no value. Answers the rows written (`count`).
+    pub async fn append_batches(
+        &self,
+        database: &str,
+        table: &str,
+        schema: arrow::datatypes::SchemaRef,
+        batches: Vec<arrow::array::RecordBatch>,
+    ) -> Result<DataFrame> {
+        use datafusion::catalog::{
+            CatalogProvider as _, MemoryCatalogProvider, MemorySchemaProvider, SchemaProvider as _,
+        };
+        const INGEST: &str = "mink_ingest";
+        let ctx = self.session().await?;
+        let rows = datafusion::datasource::MemTable::try_new(Arc::clone(&schema), vec![batches])?;
+        let ingest = MemorySchemaProvider::new();
+        ingest.register_table("rows".into(), Arc::new(rows))?;
+        let catalog = MemoryCatalogProvider::new();
+        catalog.register_schema(INGEST, Arc::new(ingest))?;
+        ctx.register_catalog(INGEST, Arc::new(catalog));
+        let quote = |name: &str| format!("\"{}\"", name.replace('"', "\"\""));
+        let columns = schema
+            .fields()
+            .iter()
+            .map(|f| quote(f.name()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let sql = format!(
+            "INSERT INTO {CATALOG}.{}.{} ({columns}) SELECT {columns} FROM {INGEST}.{INGEST}.rows",
+            quote(database),
+            quote(table)
+        );
+        let plan = ctx.state().create_logical_plan(&sql).await?;
+        bound_dml(ctx.execute_logical_plan(plan).await?)
+    }
+}
+
 /// `INSERT`, `DELETE` and `UPDATE` checked before they run, their parameters bound: an
 /// `INSERT` that leaves a NOT NULL column without a value is refused naming it
 /// ([`insert::refuse_missing_values`]). DataFusion hands a

@@ -85,6 +85,31 @@ try:
 except flight_sql.ProgrammingError as e:
     assert "qty" in str(e), e
 
+# Bulk ingest appends to an existing table through INSERT's writer, columns matched by name.
+import pyarrow as pa
+
+rows = pa.table({"kind": ["ing", "ing"], "id": [7000, 7001], "amount": [5, 6]})
+assert cur.adbc_ingest("events", rows, mode="append", db_schema_name="app") == 2
+assert cur.adbc_ingest("events", pa.table({"id": [7002], "kind": ["ing"]}), mode="append", db_schema_name="app") == 1
+cur.execute("SELECT id, amount FROM app.events WHERE kind = 'ing' ORDER BY id")
+assert cur.fetchall() == [(7000, 5), (7001, 6), (7002, None)]
+pl.DataFrame({"id": [7003], "kind": ["ing"], "amount": [7]}).write_database(
+    "app.events", connection=conn, engine="adbc", if_table_exists="append"
+)
+cur.execute("SELECT sum(amount) FROM app.events WHERE kind = 'ing'")
+assert cur.fetchall() == [(18,)]
+for mode in ["create", "replace", "create_append"]:
+    try:
+        cur.adbc_ingest("events", rows, mode=mode, db_schema_name="app")
+        raise AssertionError(f"ingest mode {mode} was accepted")
+    except flight_sql.NotSupportedError as e:
+        assert "bulk ingest" in str(e), e
+try:
+    cur.adbc_ingest("nope", rows, mode="append", db_schema_name="app")
+    raise AssertionError("ingest into a table that does not exist was accepted")
+except flight_sql.Error as e:
+    assert "nope" in str(e), e
+
 # A write runs when it is executed: a cursor closed without fetching its count loses nothing.
 with conn.cursor() as c:
     c.execute("INSERT INTO app.users VALUES (7, 'gil'), (8, 'hal')")
