@@ -47,6 +47,23 @@ impl Metrics {
         p.position = Some(next);
     }
 
+    /// A source partition resumes at `next` (read from Mink).
+    pub(crate) fn source_position(&self, topic: &str, partition: i32, next: i64) {
+        let mut s = self.sources.lock().expect("metrics lock");
+        s.entry((topic.to_string(), partition))
+            .or_default()
+            .position = Some(next);
+    }
+
+    /// Source partitions whose end is known and whose position is not.
+    pub(crate) fn sources_without_position(&self) -> Vec<(String, i32)> {
+        let s = self.sources.lock().expect("metrics lock");
+        s.iter()
+            .filter(|(_, p)| p.position.is_none() && p.end.is_some())
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
     /// A source partition's end in Kafka (its high watermark).
     pub(crate) fn source_end(&self, topic: &str, partition: i32, end: i64) {
         let mut s = self.sources.lock().expect("metrics lock");
@@ -130,7 +147,7 @@ impl Metrics {
                     "lag",
                     "gauge",
                     "records between the position and the end",
-                    |p| Some((p.end? - p.position.unwrap_or(0)).max(0)),
+                    |p| Some((p.end? - p.position?).max(0)),
                 ),
             ];
             for (name, kind, help, value) in families {
@@ -206,6 +223,18 @@ mod tests {
         }
         // No end known yet: no lag rather than a wrong one.
         assert!(!text.contains("mink_connect_source_lag{"), "{text}");
+        // An end and no position (a partition not copied since a restart): no lag either.
+        m.source_end("orders", 5, 7000);
+        assert!(
+            !m.render()
+                .contains("mink_connect_source_lag{topic=\"orders\",partition=\"5\"}")
+        );
+        assert_eq!(m.sources_without_position(), [("orders".to_string(), 5)]);
+        m.source_position("orders", 5, 7000);
+        assert!(
+            m.render()
+                .contains("mink_connect_source_lag{topic=\"orders\",partition=\"5\"} 0\n")
+        );
         m.source_end("orders", 2, 160);
         assert!(
             m.render()

@@ -395,6 +395,7 @@ pub(crate) async fn run(config: Arc<Config>, metrics: Arc<Metrics>) -> anyhow::R
         schemas: HashMap::new(),
         partitions: HashMap::new(),
         reopen: BTreeSet::new(),
+        positions_read: None,
     };
     let mut seen_generation = generation.load(Ordering::SeqCst);
     let batch_age = Duration::from_millis(config.batch_ms);
@@ -456,6 +457,8 @@ struct Copier<'a> {
     /// Partitions whose copying failed: each is opened again from Mink, and the consumer
     /// sought back to where Mink's copy ends, before anything else is copied.
     reopen: BTreeSet<(String, i32)>,
+    /// When the metrics last took the positions of partitions not copied since the start.
+    positions_read: Option<Instant>,
 }
 
 impl Copier<'_> {
@@ -475,6 +478,7 @@ impl Copier<'_> {
                 .with_context(|| format!("no source copies topic {}", key.0))?;
             let p = open(&self.client, self.config, &source, key.1).await?;
             seek(self.consumer, &key, p.next)?;
+            self.metrics.source_position(&key.0, key.1, p.next);
             tracing::info!(topic = %key.0, partition = key.1, resume = p.next, "copying again");
             self.partitions.insert(key.clone(), p);
             self.reopen.remove(&key);
@@ -492,6 +496,7 @@ impl Copier<'_> {
             let state = open(&self.client, self.config, &source, key.1).await?;
             // Resume where Mink says, whatever Kafka's committed offset is.
             let resume = state.next;
+            self.metrics.source_position(&key.0, key.1, resume);
             self.partitions.insert(key.clone(), state);
             if m.offset() != resume {
                 tracing::info!(topic = %key.0, partition = key.1, from = m.offset(), resume, "seeking to the resume offset");
@@ -533,6 +538,29 @@ impl Copier<'_> {
             offsets.add_partition_offset(topic, *partition, Offset::Offset(p.next))?;
             // For lag monitoring only: a resume reads Mink.
             let _ = self.consumer.commit(&offsets, CommitMode::Async);
+        }
+        self.read_positions().await
+    }
+
+    /// The positions of partitions whose end the metrics know but which have not been copied
+    /// since the start (all copied already, say), from the state table: so their lag is shown,
+    /// and shown right.
+    async fn read_positions(&mut self) -> anyhow::Result<()> {
+        if self
+            .positions_read
+            .is_some_and(|at| at.elapsed() < Duration::from_secs(5))
+        {
+            return Ok(());
+        }
+        let keys = self.metrics.sources_without_position();
+        if !keys.is_empty() {
+            for ((topic, partition), stored) in read_state(&self.client, self.config, &keys).await?
+            {
+                if let Some(next) = stored.next_offset {
+                    self.metrics.source_position(&topic, partition, next);
+                }
+            }
+            self.positions_read = Some(Instant::now());
         }
         Ok(())
     }

@@ -3,7 +3,8 @@
 //! table of the node (both of its sides go away at once); a sink produces that table to a
 //! topic of a second node (a broker that stays up). Records produced before and after the
 //! restart are each in the table once and in the sink's topic once, and neither connector
-//! exits.
+//! exits. Then a fresh start of the source shows no lag for partitions it has nothing left
+//! to copy of.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -281,6 +282,20 @@ fn consume_out(bootstrap: &str, expected: usize) -> Vec<((u64, u64), String)> {
     out
 }
 
+/// `GET /metrics` of a connector.
+async fn metrics(address: &str) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let Ok(mut s) = tokio::net::TcpStream::connect(address).await else {
+        return String::new();
+    };
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: test\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out).await;
+    out
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connectors_wait_for_a_restarting_node_and_go_on() {
     let dir = tempfile::tempdir().unwrap();
@@ -319,6 +334,7 @@ async fn connectors_wait_for_a_restarting_node_and_go_on() {
     }
     drop(admin);
 
+    let metrics_address = free_address();
     let source_config = dir.path().join("source.toml");
     std::fs::write(
         &source_config,
@@ -328,6 +344,7 @@ name = "src"
 mink = "{flight}"
 batch_records = 300
 batch_ms = 20
+metrics = "{metrics_address}"
 
 [kafka]
 bootstrap = "{kafka}"
@@ -448,6 +465,28 @@ topic = "out"
     let produced: std::collections::BTreeSet<String> = changes.into_values().collect();
     assert_eq!(produced.len(), BEFORE + AFTER, "every row in topic out");
 
+    // A fresh start of the source, with nothing left to copy: no lag, not the partitions'
+    // ends.
+    source.child.kill().await.unwrap();
+    let mut source = Logged::run(&source_config);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        source.running("source");
+        let scraped = metrics(&metrics_address).await;
+        let lags: Vec<&str> = scraped
+            .lines()
+            .filter(|l| l.starts_with("mink_connect_source_lag{"))
+            .collect();
+        if lags.len() == 2 && lags.iter().all(|l| l.ends_with(" 0")) {
+            break;
+        }
+        // The metrics are refreshed every second, from librdkafka's statistics: polled.
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "waited 60 s for no lag on both partitions of topic in:\n{scraped}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     source.child.kill().await.unwrap();
     sink.child.kill().await.unwrap();
     a.stop().await;
