@@ -300,7 +300,20 @@ async fn start_tails(
         let keys: Vec<BucketKey> = new.iter().map(|(k, _)| k.clone()).collect();
         let positions = read_positions(client, config, &keys).await?;
         for (key, start) in new {
-            let position = positions.get(&key).copied().unwrap_or(start);
+            let recorded = positions.get(&key).copied();
+            if recorded.is_none() && start > 0 {
+                // A new sink starts where the log does: what retention moved out of the log
+                // (into the lake, or away) is not produced.
+                tracing::warn!(
+                    table = %key.0,
+                    partition = ?key.1,
+                    bucket = key.2,
+                    start,
+                    "a new sink starts at the bucket's log start: its changes before that \
+                     offset (only in the lake, or removed by retention) are not produced"
+                );
+            }
+            let position = recorded.unwrap_or(start);
             if position < start {
                 bail!(
                     "sink {}: bucket {} of partition {:?} starts at {start}, past the \
