@@ -381,11 +381,17 @@ pub(crate) async fn run(args: NodeArgs, dev: bool) -> anyhow::Result<()> {
     let sql_address = match args.sql_listen.as_deref() {
         None | Some("none" | "") => None,
         Some(a) => {
-            let l = std::net::TcpListener::bind(a).with_context(|| {
+            let l = tokio::net::TcpListener::bind(a).await.with_context(|| {
                 format!("cannot listen for Flight SQL on {a} (use --sql-listen none to disable)")
             })?;
             let address = l.local_addr()?;
-            spawn_sql(l, advertised.clone(), (metadata.clone(), objects.clone()))?;
+            // Statements run on threads of their own (mink_query's executor): a heavy query
+            // does not hold up the node's writes, reads and heartbeats.
+            tokio::spawn(serve_sql(
+                l,
+                advertised.clone(),
+                (metadata.clone(), objects.clone()),
+            ));
             Some(address)
         }
     };
@@ -448,35 +454,6 @@ pub(crate) async fn run(args: NodeArgs, dev: bool) -> anyhow::Result<()> {
     node.shutdown().await;
     telemetry.shutdown();
     served.context("the Flight server failed")
-}
-
-/// Runs [`serve_sql`] on a runtime of its own threads. A query's CPU work (DataFusion's
-/// operators run for as long as their input is ready) would otherwise hold the node's worker
-/// threads, and the node's writes, reads and heartbeats would wait for the query to end (18 s
-/// for a write under a 20 s cross join, measured); on threads of its own it shares the cores.
-fn spawn_sql(
-    listener: std::net::TcpListener,
-    node: String,
-    urls: (String, String),
-) -> anyhow::Result<()> {
-    listener.set_nonblocking(true)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .thread_name("mink-sql")
-        .enable_all()
-        .build()
-        .context("cannot start the Flight SQL runtime")?;
-    std::thread::Builder::new()
-        .name("mink-sql".into())
-        .spawn(move || {
-            runtime.block_on(async move {
-                match tokio::net::TcpListener::from_std(listener) {
-                    Ok(l) => serve_sql(l, node, urls).await,
-                    Err(e) => tracing::error!(error = %e, "Flight SQL cannot listen"),
-                }
-            });
-        })
-        .context("cannot start the Flight SQL thread")?;
-    Ok(())
 }
 
 /// Serves Flight SQL on `listener` over the cluster, reached through this node (`node`, its
