@@ -11,7 +11,9 @@ mod sink;
 mod source;
 mod state;
 
+use std::io::IsTerminal as _;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,22 +45,70 @@ enum Command {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> ExitCode {
+    // Colours only for a person at a terminal (as `mink` does): a log file or a collector
+    // gets plain text.
+    let colour = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(colour)
         .init();
-    match Cli::parse().command {
-        Command::Run { config } => run(config::Config::load(&config)?).await,
-        Command::Status { config } => status(&config::Config::load(&config)?).await,
+    let ended = match Cli::parse().command {
+        Command::Run { config } => match config::Config::load(&config) {
+            Ok(c) => run(c).await,
+            Err(e) => Err(e),
+        },
+        Command::Status { config } => match config::Config::load(&config) {
+            Ok(c) => status(&c).await,
+            Err(e) => Err(e),
+        },
+    };
+    match ended {
+        Ok(()) => ExitCode::SUCCESS,
+        // `status | head`: the reader has what it wanted.
+        Err(e) if closed_stdout(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            // The error and its causes on one line; a backtrace (RUST_BACKTRACE=1) is for
+            // panics, not for a wrong config or a node that refuses.
+            #[allow(clippy::print_stderr)]
+            {
+                eprintln!("Error: {e:#}");
+            }
+            ExitCode::FAILURE
+        }
     }
+}
+
+/// Whether `e` is a write to a stdout whose reader has gone.
+fn closed_stdout(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// Fails unless a Kafka broker of the config answers: before anything is created in Mink for
+/// a connector that could not run.
+async fn check_kafka(config: &config::Config) -> anyhow::Result<()> {
+    let mut c = rdkafka::ClientConfig::new();
+    c.set("bootstrap.servers", &config.kafka.bootstrap);
+    for (k, v) in &config.kafka.config {
+        c.set(k, v);
+    }
+    let consumer: BaseConsumer = c.create().context("a Kafka client")?;
+    tokio::task::block_in_place(|| consumer.fetch_metadata(None, Duration::from_secs(10)))
+        .with_context(|| format!("cannot reach Kafka at {}", config.kafka.bootstrap))?;
+    Ok(())
 }
 
 /// The sources and the sinks side by side (and `/metrics`), until one of them fails.
 async fn run(config: config::Config) -> anyhow::Result<()> {
+    check_kafka(&config).await?;
     let config = Arc::new(config);
     let metrics = Arc::new(metrics::Metrics::default());
     let mut tasks = tokio::task::JoinSet::new();
@@ -77,17 +127,52 @@ async fn run(config: config::Config) -> anyhow::Result<()> {
     }
 }
 
-#[allow(clippy::print_stdout)] // the command's output
+/// Whether the state table `(database, table)` exists (a run has stored state).
+async fn has_state(
+    client: &mink_client::Client,
+    (database, table): &(String, String),
+) -> anyhow::Result<bool> {
+    match client.describe_table(database, table).await {
+        Ok(_) => Ok(true),
+        Err(e) if e.code() == Some(mink_client::ErrorCode::NotFound) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Prints the status table; the output is written once it is complete (an error prints no
+/// half table).
 async fn status(config: &config::Config) -> anyhow::Result<()> {
+    use std::fmt::Write as _;
+    use std::io::Write as _;
     let client = mink_client::Client::connect(&config.mink).await?;
     let mut total = 0i64;
+    let mut out = String::new();
+    for (side, used, table) in [
+        ("source", !config.sources.is_empty(), config.state_table()),
+        ("sink", !config.sinks.is_empty(), config.sink_state_table()),
+    ] {
+        if used && !has_state(&client, &table).await? {
+            writeln!(
+                out,
+                "no run of connector {} has stored {side} state yet ({}.{} does not exist): \
+                 positions shown are where a first run would start",
+                config.name, table.0, table.1
+            )?;
+        }
+    }
+    if !out.is_empty() {
+        writeln!(out)?;
+    }
     if !config.sources.is_empty() {
         let consumer: BaseConsumer = source::consumer_config(config)
             .create()
             .context("a Kafka consumer")?;
         let timeout = Duration::from_secs(10);
-        println!("| topic | partition | table | next offset in Mink | end in Kafka | lag |");
-        println!("|---|---|---|---|---|---|");
+        writeln!(
+            out,
+            "| topic | partition | table | next offset in Mink | end in Kafka | lag |"
+        )?;
+        writeln!(out, "|---|---|---|---|---|---|")?;
         for s in &config.sources {
             let metadata = consumer.fetch_metadata(Some(&s.topic), timeout)?;
             let partitions: Vec<i32> = metadata
@@ -98,7 +183,11 @@ async fn status(config: &config::Config) -> anyhow::Result<()> {
                 .collect();
             let keys: Vec<(String, i32)> =
                 partitions.iter().map(|p| (s.topic.clone(), *p)).collect();
-            let stored = source::read_state(&client, config, &keys).await?;
+            let stored = if has_state(&client, &config.state_table()).await? {
+                source::read_state(&client, config, &keys).await?
+            } else {
+                Default::default()
+            };
             for p in partitions {
                 let (low, high) = consumer.fetch_watermarks(&s.topic, p, timeout)?;
                 let next = stored
@@ -107,17 +196,21 @@ async fn status(config: &config::Config) -> anyhow::Result<()> {
                     .unwrap_or(low);
                 let lag = (high - next).max(0);
                 total += lag;
-                println!(
+                writeln!(
+                    out,
                     "| {} | {p} | {} | {next} | {high} | {lag} |",
                     s.topic, s.table
-                );
+                )?;
             }
         }
-        println!();
+        writeln!(out)?;
     }
     if !config.sinks.is_empty() {
-        println!("| table | partition | bucket | topic | position | end in Mink | lag |");
-        println!("|---|---|---|---|---|---|---|");
+        writeln!(
+            out,
+            "| table | partition | bucket | topic | position | end in Mink | lag |"
+        )?;
+        writeln!(out, "|---|---|---|---|---|---|---|")?;
         for s in &config.sinks {
             let (database, table) = config::table_name(&s.table)?;
             let d = client.describe_table(&database, &table).await?;
@@ -131,18 +224,23 @@ async fn status(config: &config::Config) -> anyhow::Result<()> {
                 let position = positions.get(key).copied().unwrap_or(b.start_offset);
                 let lag = i64::try_from(b.end_offset.saturating_sub(position))?;
                 total += lag;
-                println!(
+                writeln!(
+                    out,
                     "| {} | {} | {} | {} | {position} | {} | {lag} |",
                     s.table,
                     b.partition.as_deref().unwrap_or("-"),
                     b.bucket,
                     s.topic,
                     b.end_offset
-                );
+                )?;
             }
         }
-        println!();
+        writeln!(out)?;
     }
-    println!("total lag: {total} records");
+    writeln!(out, "total lag: {total} records")?;
+    std::io::stdout()
+        .lock()
+        .write_all(out.as_bytes())
+        .context("writing the status")?;
     Ok(())
 }

@@ -1,0 +1,147 @@
+//! The command line as people and scripts meet it: `status` before any run and into a closed
+//! pipe, `run` against brokers that cannot be reached, a wrong config, plain logs.
+
+use std::time::Duration;
+
+mod common;
+use common::connect;
+
+/// A free loopback address (nothing listens there).
+fn free_address() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+fn write_config(dir: &std::path::Path, flight: &str, kafka: &str) -> String {
+    let config = dir.join("connect.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+name = "fresh"
+mink = "{flight}"
+
+[kafka]
+bootstrap = "{kafka}"
+
+[[source]]
+topic = "orders"
+table = "shop.orders"
+format = "raw"
+
+[[sink]]
+table = "shop.customers"
+topic = "customers"
+"#
+        ),
+    )
+    .unwrap();
+    config.to_str().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_before_a_run_and_into_a_closed_pipe() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = mink_testkit::serve(dir.path(), mink_kafka::KafkaConfig::default()).await;
+    let client = mink_client::Client::connect(&s.flight).await.unwrap();
+    client.create_database("shop", false).await.unwrap();
+    client
+        .create_table(
+            "shop",
+            "customers",
+            &mink_log::raw::schema(),
+            Vec::<(String, String)>::new(),
+            &[],
+            false,
+        )
+        .await
+        .unwrap();
+    let config = write_config(dir.path(), &s.flight, &s.kafka);
+
+    // No run has stored state: said, and the table shown from where a run would start.
+    let out = connect(&["status", "--config", &config])
+        .output()
+        .await
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("no run of connector fresh has stored source state yet"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("no run of connector fresh has stored sink state yet"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("total lag: 0 records"), "{stdout}");
+    assert!(!stderr.contains("does not exist"), "{stderr}");
+
+    // `status | head` that has read enough: a quiet, successful end.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = connect(&["status", "--config", &config])
+        .stdout(writer)
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(stderr.is_empty(), "{stderr}");
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_checks_kafka_before_it_creates_anything() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = mink_testkit::serve(dir.path(), mink_kafka::KafkaConfig::default()).await;
+    let nowhere = free_address();
+    let config = write_config(dir.path(), &s.flight, &nowhere);
+    let run = connect(&["run", "--config", &config])
+        .env("RUST_LOG", "info")
+        .env("RUST_BACKTRACE", "1")
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("waited 60 s for run to give up on an unreachable Kafka")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("Error: cannot reach Kafka at {nowhere}")),
+        "{stderr}"
+    );
+    // Logs to a pipe are plain text.
+    assert!(!stderr.contains('\u{1b}'), "colour codes in {stderr:?}");
+    let client = mink_client::Client::connect(&s.flight).await.unwrap();
+    let e = client.describe_table("shop", "orders").await.unwrap_err();
+    assert_eq!(
+        e.code(),
+        Some(mink_client::ErrorCode::NotFound),
+        "the raw table was created: {e}"
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_config_error_is_printed_without_a_backtrace() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("connect.toml");
+    std::fs::write(&config, "name = \"x\"\nmink = \"n:1\"\nbogus = 1\n").unwrap();
+    let out = connect(&["run", "--config", config.to_str().unwrap()])
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.starts_with("Error: parsing "), "{stderr}");
+    assert!(stderr.contains("bogus"), "{stderr}");
+    assert!(!stderr.contains("backtrace"), "{stderr}");
+    assert!(
+        !stderr.contains("Caused by"),
+        "the causes on the error's line: {stderr}"
+    );
+}
