@@ -1120,10 +1120,29 @@ impl FlightSqlService for MinkFlightSql {
             )));
         }
         let database = command.schema.unwrap_or_else(|| "default".to_string());
-        let batches = record_batches(request.into_inner(), "the rows to ingest").await?;
-        let Some(schema) = batches.first().map(RecordBatch::schema) else {
+        // Read as the write takes them: an ingest is not held in memory whole.
+        let mut decoded = arrow_flight::decode::FlightRecordBatchStream::new_from_flight_data(
+            request
+                .into_inner()
+                .try_filter(|d| futures::future::ready(!d.data_header.is_empty()))
+                .map_err(FlightError::from),
+        );
+        let Some(first) = decoded
+            .try_next()
+            .await
+            .map_err(|e| Status::invalid_argument(format!("the rows to ingest: {e}")))?
+        else {
             return Ok(0);
         };
+        let schema = first.schema();
+        let rest =
+            decoded.map_err(|e| DataFusionError::Execution(format!("the rows to ingest: {e}")));
+        let batches: datafusion::execution::SendableRecordBatchStream = Box::pin(
+            datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(
+                schema,
+                futures::stream::once(async move { Ok(first) }).chain(rest),
+            ),
+        );
         let engine = self.engine.clone();
         let sql = format!("bulk ingest into {database}.{}", command.table);
         let _running = self.engine.queries().track(&sql, "flight sql", None, None);
@@ -1132,7 +1151,7 @@ impl FlightSqlService for MinkFlightSql {
             .exec
             .run(async move {
                 engine
-                    .append_batches(&database, &table, schema, batches)
+                    .append_batches(&database, &table, batches)
                     .await?
                     .collect()
                     .await

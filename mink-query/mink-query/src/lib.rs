@@ -192,23 +192,30 @@ impl QueryEngine {
 }
 
 impl QueryEngine {
-    /// Plans appending `batches` (of `schema`) to table `database.table` as `INSERT INTO
-    /// database.table (columns) SELECT columns FROM the batches` would: the same checks, casts
-    /// to the table's types and writer; columns are matched to the table's by name, and the
-    /// table's others get no value. Answers the rows written (`count`).
+    /// Plans appending `batches` to table `database.table` as `INSERT INTO database.table
+    /// (columns) SELECT columns FROM the batches` would: the same checks, casts to the table's
+    /// types and writer; columns are matched to the table's by name, and the table's others get
+    /// no value. The batches are read as the write takes them (a bulk ingest is not held in
+    /// memory whole); the plan runs once. Answers the rows written (`count`).
     pub async fn append_batches(
         &self,
         database: &str,
         table: &str,
-        schema: arrow::datatypes::SchemaRef,
-        batches: Vec<arrow::array::RecordBatch>,
+        batches: datafusion::execution::SendableRecordBatchStream,
     ) -> Result<DataFrame> {
         use datafusion::catalog::{
             CatalogProvider as _, MemoryCatalogProvider, MemorySchemaProvider, SchemaProvider as _,
         };
         const INGEST: &str = "mink_ingest";
         let ctx = self.session().await?;
-        let rows = datafusion::datasource::MemTable::try_new(Arc::clone(&schema), vec![batches])?;
+        let schema = batches.schema();
+        let rows = datafusion::catalog::streaming::StreamingTable::try_new(
+            Arc::clone(&schema),
+            vec![Arc::new(OnceStream {
+                schema: Arc::clone(&schema),
+                batches: std::sync::Mutex::new(Some(batches)),
+            })],
+        )?;
         let ingest = MemorySchemaProvider::new();
         ingest.register_table("rows".into(), Arc::new(rows))?;
         let catalog = MemoryCatalogProvider::new();
@@ -228,6 +235,45 @@ impl QueryEngine {
         );
         let plan = ctx.state().create_logical_plan(&sql).await?;
         bound_dml(ctx.execute_logical_plan(plan).await?)
+    }
+}
+
+/// A stream of batches a plan reads once (a bulk ingest's rows, as they arrive).
+struct OnceStream {
+    schema: arrow::datatypes::SchemaRef,
+    batches: std::sync::Mutex<Option<datafusion::execution::SendableRecordBatchStream>>,
+}
+
+impl std::fmt::Debug for OnceStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OnceStream")
+            .field("schema", &self.schema)
+            .finish_non_exhaustive()
+    }
+}
+
+impl datafusion::physical_plan::streaming::PartitionStream for OnceStream {
+    fn schema(&self) -> &arrow::datatypes::SchemaRef {
+        &self.schema
+    }
+
+    fn execute(
+        &self,
+        _: Arc<datafusion::execution::TaskContext>,
+    ) -> datafusion::execution::SendableRecordBatchStream {
+        let taken = self.batches.lock().expect("once stream").take();
+        taken.unwrap_or_else(|| {
+            Box::pin(
+                datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(
+                    Arc::clone(&self.schema),
+                    futures::stream::once(async {
+                        Err(DataFusionError::Execution(
+                            "the ingested rows were read already".into(),
+                        ))
+                    }),
+                ),
+            )
+        })
     }
 }
 
