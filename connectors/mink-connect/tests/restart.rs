@@ -22,15 +22,7 @@ mod common;
 use common::{connect, next_change};
 
 /// A node serving Flight and Kafka on fixed addresses, so it can restart on them.
-struct Served {
-    node: Node,
-    stop: tokio::sync::watch::Sender<bool>,
-    servers: Vec<tokio::task::JoinHandle<()>>,
-}
-
-async fn serve_at(dir: &std::path::Path, flight: &str, kafka: &str) -> Served {
-    let flight_listener = tokio::net::TcpListener::bind(flight).await.unwrap();
-    let kafka_listener = tokio::net::TcpListener::bind(kafka).await.unwrap();
+async fn serve_at(dir: &std::path::Path, flight: &str, kafka: &str) -> mink_testkit::Served {
     let mut c = NodeConfig::new(
         1,
         &format!("sqlite://{}", dir.join("meta.db").display()),
@@ -39,55 +31,11 @@ async fn serve_at(dir: &std::path::Path, flight: &str, kafka: &str) -> Served {
     c.engine.flush_delay = Duration::from_millis(5);
     c.leadership_interval = Duration::from_millis(20);
     c.lease_ttl = Duration::from_millis(1000);
-    c.advertised_address = flight.to_string();
-    c.listeners
-        .insert(mink_kafka::LISTENER.to_string(), kafka.to_string());
-    let node = Node::start(c).await.unwrap();
-    let (stop, stopping) = tokio::sync::watch::channel(false);
-    let stopped = |mut s: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = s.wait_for(|s| *s).await;
+    let config = mink_kafka::KafkaConfig {
+        initial_rebalance_delay: Duration::ZERO,
+        ..Default::default()
     };
-    let flight_server = tokio::spawn({
-        let (node, stopping) = (node.clone(), stopping.clone());
-        async move {
-            let config = mink_flight::ServerConfig::default();
-            mink_flight::serve(node, config, flight_listener, stopped(stopping))
-                .await
-                .unwrap();
-        }
-    });
-    let kafka_server = tokio::spawn({
-        let node = node.clone();
-        let config = mink_kafka::KafkaConfig {
-            advertised: Some(kafka.to_string()),
-            initial_rebalance_delay: Duration::ZERO,
-            ..Default::default()
-        };
-        async move {
-            mink_kafka::serve(node, config, kafka_listener, stopped(stopping))
-                .await
-                .unwrap();
-        }
-    });
-    Served {
-        node,
-        stop,
-        servers: vec![flight_server, kafka_server],
-    }
-}
-
-impl Served {
-    /// Stops the listeners (their connections break) and the node.
-    async fn stop(self) {
-        let _ = self.stop.send(true);
-        self.node.shutdown().await;
-        for s in self.servers {
-            tokio::time::timeout(Duration::from_secs(30), s)
-                .await
-                .expect("waited 30 s for a listener of the stopped node to end")
-                .unwrap();
-        }
-    }
+    mink_testkit::serve_node_at(c, config, flight, kafka).await
 }
 
 /// A free loopback address.
@@ -397,7 +345,7 @@ topic = "out"
     }
 
     // The node goes away; both connectors notice and wait for it.
-    a.stop().await;
+    a.stop_under_clients().await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     source.logs("retrying", deadline).await;
     sink.logs("retrying", deadline).await;
@@ -489,6 +437,6 @@ topic = "out"
     }
     source.child.kill().await.unwrap();
     sink.child.kill().await.unwrap();
-    a.stop().await;
-    b.stop().await;
+    a.stop_under_clients().await;
+    b.stop_under_clients().await;
 }

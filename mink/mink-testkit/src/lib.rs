@@ -37,9 +37,20 @@ pub async fn serve(dir: &Path, kafka: mink_kafka::KafkaConfig) -> Served {
 
 /// A node of `config` serving Flight and the Kafka protocol on loopback ports (the
 /// addresses it advertises are set here).
-pub async fn serve_node(mut c: NodeConfig, kafka: mink_kafka::KafkaConfig) -> Served {
-    let flight_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let kafka_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+pub async fn serve_node(c: NodeConfig, kafka: mink_kafka::KafkaConfig) -> Served {
+    serve_node_at(c, kafka, "127.0.0.1:0", "127.0.0.1:0").await
+}
+
+/// [`serve_node`] on the addresses `flight` and `kafka` (a restarted node's, to come back on
+/// the same ones).
+pub async fn serve_node_at(
+    mut c: NodeConfig,
+    kafka: mink_kafka::KafkaConfig,
+    flight: &str,
+    kafka_at: &str,
+) -> Served {
+    let flight_listener = tokio::net::TcpListener::bind(flight).await.unwrap();
+    let kafka_listener = tokio::net::TcpListener::bind(kafka_at).await.unwrap();
     let flight = flight_listener.local_addr().unwrap().to_string();
     let kafka_address = kafka_listener.local_addr().unwrap().to_string();
     c.advertised_address = flight.clone();
@@ -85,5 +96,18 @@ impl Served {
             s.await.unwrap();
         }
         self.node.shutdown().await;
+    }
+
+    /// Stops the node, then its listeners: clients still connected (connectors running through
+    /// a restart) see their connections break rather than keep the listeners open.
+    pub async fn stop_under_clients(self) {
+        let _ = self.stop.send(true);
+        self.node.shutdown().await;
+        for s in self.servers {
+            tokio::time::timeout(Duration::from_secs(30), s)
+                .await
+                .expect("waited 30 s for a listener of the stopped node to end")
+                .unwrap();
+        }
     }
 }
