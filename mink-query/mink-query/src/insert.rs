@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
-use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::catalog::TableProvider as _;
 use datafusion::datasource::sink::DataSink;
 use datafusion::error::{DataFusionError, Result};
@@ -70,13 +70,7 @@ impl MinkSink {
     /// A sink writing rows of `schema` (the table's columns) into the table `description`
     /// describes.
     pub fn new(client: Client, description: TableDescription, schema: SchemaRef) -> Self {
-        let nullable = Arc::new(Schema::new(
-            schema
-                .fields()
-                .iter()
-                .map(|f| f.as_ref().clone().with_nullable(true))
-                .collect::<Vec<_>>(),
-        ));
+        let nullable = Arc::new(mink_log::codec::all_nullable(&schema));
         let generated = auto_increment(&description).and_then(|c| schema.index_of(&c).ok());
         MinkSink {
             client,

@@ -333,13 +333,7 @@ fn conform(batch: &RecordBatch, schema: &SchemaRef) -> anyhow::Result<RecordBatc
             }
         })
         .collect::<anyhow::Result<Vec<ArrayRef>>>()?;
-    let nullable = Arc::new(Schema::new(
-        schema
-            .fields()
-            .iter()
-            .map(|f| f.as_ref().clone().with_nullable(true))
-            .collect::<Vec<_>>(),
-    ));
+    let nullable = Arc::new(mink_log::codec::all_nullable(schema));
     Ok(RecordBatch::try_new(nullable, columns)?)
 }
 

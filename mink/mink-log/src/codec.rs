@@ -504,6 +504,18 @@ pub fn check_evolution(old: &Schema, new: &Schema) -> LogResult<()> {
     Ok(())
 }
 
+/// `schema` with every column nullable: what a writer builds a batch as before the node checks
+/// its nulls with messages naming the column (Arrow's own check names none).
+pub fn all_nullable(schema: &Schema) -> Schema {
+    Schema::new(
+        schema
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone().with_nullable(true))
+            .collect::<Vec<_>>(),
+    )
+}
+
 /// Checks that `batch` can be stored in a table of `schema`: same column names and types in
 /// order, and no null in a non-null column. Field metadata and nullability flags of the batch
 /// itself do not matter.

@@ -643,13 +643,7 @@ fn widen(
         })
         .collect();
     // Nullability is checked by the caller (check_batch) with precise messages.
-    let relaxed = Schema::new(
-        schema
-            .fields()
-            .iter()
-            .map(|f| f.as_ref().clone().with_nullable(true))
-            .collect::<Vec<_>>(),
-    );
+    let relaxed = mink_log::codec::all_nullable(schema);
     Ok((RecordBatch::try_new(Arc::new(relaxed), columns)?, targets))
 }
 
