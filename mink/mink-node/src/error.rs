@@ -165,7 +165,11 @@ impl From<mink_read::ReadError> for NodeError {
 impl From<mink_sql::SinkError> for NodeError {
     fn from(e: mink_sql::SinkError) -> Self {
         match e {
-            mink_sql::SinkError::Store(_) => NodeError::Unavailable(e.to_string()),
+            // A node shutting down: the request may succeed at another node, or at this one
+            // once it is back (a client retries UNAVAILABLE, not FAILED).
+            mink_sql::SinkError::Store(_) | mink_sql::SinkError::Shutdown => {
+                NodeError::Unavailable(e.to_string())
+            }
             mink_sql::SinkError::NotEnabled { .. } | mink_sql::SinkError::TooLarge { .. } => {
                 NodeError::Invalid(e.to_string())
             }

@@ -248,6 +248,10 @@ async fn a_restarted_node_takes_its_buckets_back_at_a_new_leader_epoch() {
         .unwrap();
     assert!(writes.iter().all(|w| w.result.is_ok()), "{writes:?}");
     node.shutdown().await;
+    // A request to a node that has shut down is UNAVAILABLE (retry, here or elsewhere), not a
+    // failure of the request.
+    let e = node.create_database("later", false).await.unwrap_err();
+    assert!(matches!(e, NodeError::Unavailable(_)), "{e:?}");
 
     let node = Node::start(config(dir.path(), 1)).await.unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
