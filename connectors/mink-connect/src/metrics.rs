@@ -47,8 +47,10 @@ impl Metrics {
         p.position = Some(next);
     }
 
-    /// A source partition resumes at `next` (read from Mink).
+    /// A source partition resumes at `next` (read from Mink). Logged: from now on its lag is
+    /// shown once its end is known.
     pub(crate) fn source_position(&self, topic: &str, partition: i32, next: i64) {
+        tracing::info!(%topic, partition, position = next, "position read from Mink");
         let mut s = self.sources.lock().expect("metrics lock");
         s.entry((topic.to_string(), partition))
             .or_default()
@@ -67,7 +69,14 @@ impl Metrics {
     /// A source partition's end in Kafka (its high watermark).
     pub(crate) fn source_end(&self, topic: &str, partition: i32, end: i64) {
         let mut s = self.sources.lock().expect("metrics lock");
-        s.entry((topic.to_string(), partition)).or_default().end = Some(end);
+        if s.entry((topic.to_string(), partition))
+            .or_default()
+            .end
+            .replace(end)
+            .is_none()
+        {
+            tracing::info!(%topic, partition, end, "end known");
+        }
     }
 
     /// A sink bucket produced `records` and every change below `position` is in Kafka.

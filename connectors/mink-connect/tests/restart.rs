@@ -53,7 +53,11 @@ struct Logged {
 
 impl Logged {
     fn run(config: &str) -> Logged {
-        let mut child = connect(&["run", "--config", config]).spawn().unwrap();
+        Logged::spawn(connect(&["run", "--config", config]))
+    }
+
+    fn spawn(mut command: tokio::process::Command) -> Logged {
+        let mut child = command.spawn().unwrap();
         let stderr = child.stderr.take().unwrap();
         let (tx, lines) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(async move {
@@ -416,25 +420,28 @@ topic = "out"
     // A fresh start of the source, with nothing left to copy: no lag, not the partitions'
     // ends.
     source.child.kill().await.unwrap();
-    let mut source = Logged::run(&source_config);
+    let mut fresh = connect(&["run", "--config", &source_config]);
+    fresh.env("RUST_LOG", "warn,mink_connect::metrics=info");
+    let mut source = Logged::spawn(fresh);
+    // The metrics log when they first know each partition's end and position: the lag is
+    // shown from then on.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        source.running("source");
-        let scraped = metrics(&metrics_address).await;
-        let lags: Vec<&str> = scraped
-            .lines()
-            .filter(|l| l.starts_with("mink_connect_source_lag{"))
-            .collect();
-        if lags.len() == 2 && lags.iter().all(|l| l.ends_with(" 0")) {
-            break;
+    for p in 0..2 {
+        for what in ["end known", "position read from Mink"] {
+            source
+                .logs(&format!("{what} topic=in partition={p}"), deadline)
+                .await;
         }
-        // The metrics are refreshed every second, from librdkafka's statistics: polled.
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "waited 60 s for no lag on both partitions of topic in:\n{scraped}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    let scraped = metrics(&metrics_address).await;
+    let lags: Vec<&str> = scraped
+        .lines()
+        .filter(|l| l.starts_with("mink_connect_source_lag{"))
+        .collect();
+    assert!(
+        lags.len() == 2 && lags.iter().all(|l| l.ends_with(" 0")),
+        "no lag on both partitions of topic in:\n{scraped}"
+    );
     source.child.kill().await.unwrap();
     sink.child.kill().await.unwrap();
     a.stop_under_clients().await;
