@@ -44,8 +44,12 @@ pub use state::{BucketKey, State, View};
 /// per listener (`listeners`); 4 — an `AlterTable` turning `table.datalake.enabled` off
 /// forgets the table's lake snapshot record, and `CommitLakeSnapshot` is refused for a table
 /// without the lake; 5 — a `CommitGroupOffsets` carrying a stale `coordinator_epoch` is
-/// refused.
-pub const METADATA_VERSION: u32 = 5;
+/// refused; 6 — a compaction keeps the commit times of the data it moves
+/// (`RangeRecord::data_times`), so retention ages rows by when they were written.
+pub const METADATA_VERSION: u32 = 6;
+
+/// The cluster `metadata_version` from which compaction keeps the data's commit times.
+pub const DATA_TIME_VERSION: u32 = 6;
 
 /// The cluster `metadata_version` from which group commits are fenced by coordinator epoch.
 pub const GROUP_FENCING_VERSION: u32 = 5;

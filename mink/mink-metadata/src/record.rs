@@ -104,6 +104,22 @@ pub struct RangeRecord {
     pub end_offset: u64,
     #[prost(uint64, tag = "4")]
     pub object_id: u64,
+    /// When the range's data was committed, by run of offsets, ascending; empty: all of it
+    /// when its object was (a range committed with its object, or moved before
+    /// [`DATA_TIME_VERSION`](crate::DATA_TIME_VERSION)). Compaction moves data into new
+    /// objects, so their commit time says nothing of the data's age; these times move with it.
+    #[prost(message, repeated, tag = "5")]
+    pub data_times: Vec<DataTime>,
+}
+
+/// A run of a range's offsets, `[the previous run's end (or the range's start), end_offset)`,
+/// whose data was all committed at or before `at_ms`.
+#[derive(Clone, Copy, PartialEq, Eq, ::prost::Message)]
+pub struct DataTime {
+    #[prost(uint64, tag = "1")]
+    pub end_offset: u64,
+    #[prost(uint64, tag = "2")]
+    pub at_ms: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]

@@ -112,6 +112,22 @@ impl State {
             .map(|(_, r)| r)
     }
 
+    /// When `range`'s data was committed, by run of offsets (see [`RangeRecord::data_times`]).
+    /// An `at_ms` of 0 is unknown: the range's object is gone or was never committed.
+    pub fn data_times(&self, range: &RangeRecord) -> Vec<DataTime> {
+        if !range.data_times.is_empty() {
+            return range.data_times.clone();
+        }
+        let at_ms = self
+            .objects
+            .get(&range.object_id)
+            .map_or(0, |o| o.committed_at_ms);
+        vec![DataTime {
+            end_offset: range.end_offset,
+            at_ms,
+        }]
+    }
+
     /// A deterministic, line-per-record text rendering, for golden tests and debugging.
     pub fn render(&self) -> String {
         let mut out = String::new();

@@ -691,6 +691,45 @@ fn snapshots_written_by_metadata_version_3_still_decode() {
     assert_eq!(stored, fresh, "the state encodes differently than it did");
 }
 
+/// What metadata_version 6 added: `RangeRecord.data_times`, set when compaction moves data.
+#[test]
+fn snapshots_written_by_metadata_version_6_still_decode() {
+    let mut d = Driver::default();
+    d.one(register_supporting(N1, 6)).unwrap();
+    d.one(coordinator(N1, 1)).unwrap();
+    for version in 2..=6 {
+        d.one(Command::UpgradeMetadataVersion(UpgradeMetadataVersion {
+            coordinator_epoch: 1,
+            version,
+        }))
+        .unwrap();
+    }
+    d.one(Command::CreateStreams(CreateStreams { count: 1 }))
+        .unwrap();
+    d.one(open(N1, 1, 1)).unwrap();
+    d.one(prepare(N1, 3)).unwrap();
+    d.one(commit(N1, 1, vec![range(1, 1, 0, 10)])).unwrap();
+    d.one(commit(N1, 2, vec![range(1, 1, 10, 20)])).unwrap();
+    d.one(Command::CompactStreamObject(CompactStreamObject {
+        node_id: 1,
+        node_epoch: 1,
+        object_id: 3,
+        stream_id: 1,
+        start_offset: 0,
+        end_offset: 20,
+        object_size: 2048,
+        source_object_ids: vec![1, 2],
+    }))
+    .unwrap();
+    assert_eq!(d.state.ranges[&(1, 0)].data_times.len(), 2);
+    let fresh = encode_snapshot(d.index, &d.state);
+    let stored = read_or_bless("snapshot-6.bin", &fresh);
+    let (index, decoded) = decode_snapshot(&stored, METADATA_VERSION).unwrap();
+    assert_eq!(index, d.index);
+    assert_eq!(decoded, d.state);
+    assert_eq!(stored, fresh, "the state encodes differently than it did");
+}
+
 #[test]
 fn framing_errors_are_precise() {
     assert_eq!(decode_row(&[], 2), Err(DecodeError::Empty));

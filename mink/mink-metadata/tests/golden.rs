@@ -1289,3 +1289,70 @@ fn group_commits_are_fenced_by_coordinator_epoch_from_version_5() {
     driver.one(commit(8, 0)).unwrap();
     assert_eq!(committed(&driver), 8);
 }
+
+/// From metadata_version 6 a compaction keeps the commit times of the data it moves, so
+/// retention ages rows by when they were written, not by when they were last compacted. Before
+/// it a moved range is as old as its new object, as old binaries apply it.
+#[test]
+fn compaction_keeps_the_data_times_from_version_6() {
+    let mut d = Driver::default();
+    d.one(register(N1)).unwrap();
+    d.one(coordinator(N1, 1)).unwrap();
+    d.one(Command::CreateStreams(CreateStreams { count: 1 }))
+        .unwrap();
+    d.one(open(N1, 1, 1)).unwrap();
+    d.one(prepare(N1, 8)).unwrap();
+    // The time of the driver's next row.
+    let next_at = |d: &Driver| 1_000 + d.index;
+    let run = |end_offset, at_ms| DataTime { end_offset, at_ms };
+    let stream_object = |object_id, start_offset, end_offset, sources: Vec<u64>| {
+        Command::CompactStreamObject(CompactStreamObject {
+            node_id: 1,
+            node_epoch: 1,
+            object_id,
+            stream_id: 1,
+            start_offset,
+            end_offset,
+            object_size: 2048,
+            source_object_ids: sources,
+        })
+    };
+    d.one(commit(N1, 1, vec![range(1, 1, 0, 10)])).unwrap();
+    d.one(commit(N1, 2, vec![range(1, 1, 10, 20)])).unwrap();
+    let compacted_at = next_at(&d);
+    d.one(stream_object(3, 0, 20, vec![1, 2])).unwrap();
+    let moved = d.state.ranges[&(1, 0)].clone();
+    assert!(moved.data_times.is_empty(), "version 1 keeps no times");
+    assert_eq!(d.state.data_times(&moved), [run(20, compacted_at)]);
+
+    for version in 2..=DATA_TIME_VERSION {
+        d.one(Command::UpgradeMetadataVersion(UpgradeMetadataVersion {
+            coordinator_epoch: 1,
+            version,
+        }))
+        .unwrap();
+    }
+    let first = next_at(&d);
+    d.one(commit(N1, 4, vec![range(1, 1, 20, 30)])).unwrap();
+    let second = next_at(&d);
+    d.one(commit(N1, 5, vec![range(1, 1, 30, 40)])).unwrap();
+    d.one(Command::CommitStreamSetObject(CommitStreamSetObject {
+        node_id: 1,
+        node_epoch: 1,
+        object_id: 6,
+        object_size: 4096,
+        ranges: vec![range(1, 1, 20, 40)],
+        compacted_object_ids: vec![4, 5],
+    }))
+    .unwrap();
+    assert_eq!(
+        d.state.ranges[&(1, 20)].data_times,
+        [run(30, first), run(40, second)]
+    );
+    // A range moved before the upgrade joins at its object's time.
+    d.one(stream_object(7, 0, 40, vec![3, 6])).unwrap();
+    assert_eq!(
+        d.state.ranges[&(1, 0)].data_times,
+        [run(20, compacted_at), run(30, first), run(40, second)]
+    );
+}

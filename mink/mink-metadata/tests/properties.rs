@@ -153,6 +153,99 @@ fn command(b: [u8; 8]) -> (NodeRef, Command) {
     (n, c)
 }
 
+/// An append to a stream the state holds open, by its owner, into a prepared object of the
+/// owner: random commands rarely match a stream's owner, epoch and end. `b` picks the stream
+/// and the object.
+fn append_of(s: &State, b: [u8; 8]) -> Option<(NodeRef, Command)> {
+    let open: Vec<&StreamRecord> = s
+        .streams
+        .values()
+        .filter(|st| {
+            st.state == StreamState::Open as i32
+                && s.nodes
+                    .get(&st.owner_node_id)
+                    .is_some_and(|n| n.node_epoch == st.owner_node_epoch)
+        })
+        .collect();
+    let stream = *open.get(usize::from(b[3]) % open.len().max(1))?;
+    let prepared: Vec<u64> = s
+        .objects
+        .values()
+        .filter(|o| o.state() == ObjectState::Prepared && o.node_id == stream.owner_node_id)
+        .map(|o| o.object_id)
+        .collect();
+    let object_id = *prepared.get(usize::from(b[5]) % prepared.len().max(1))?;
+    let node = NodeRef {
+        node_id: stream.owner_node_id,
+        node_epoch: stream.owner_node_epoch,
+    };
+    let end = stream.end_offset + u64::from(b[4] % 20) + 1;
+    Some((
+        node,
+        commit(
+            node,
+            object_id,
+            vec![range(
+                stream.stream_id,
+                stream.epoch,
+                stream.end_offset,
+                end,
+            )],
+        ),
+    ))
+}
+
+/// A compaction of ranges the state holds, into a prepared object: random commands almost never
+/// name a stream's actual sources. `b` picks the stream (one with two ranges or more), how many
+/// of its first ranges, and the object; a stream-set compaction when `b[6]` is even.
+fn compaction_of(s: &State, b: [u8; 8]) -> Option<(NodeRef, Command)> {
+    let ranges_of = |id: u64| s.ranges.range((id, 0)..=(id, u64::MAX)).map(|(_, r)| r);
+    let streams: Vec<u64> = s
+        .streams
+        .keys()
+        .copied()
+        .filter(|id| ranges_of(*id).nth(1).is_some())
+        .collect();
+    let stream_id = *streams.get(usize::from(b[3]) % streams.len().max(1))?;
+    let ranges: Vec<&RangeRecord> = ranges_of(stream_id)
+        .take(usize::from(b[4] % 3) + 2)
+        .collect();
+    let prepared: Vec<&ObjectRecord> = s
+        .objects
+        .values()
+        .filter(|o| o.state() == ObjectState::Prepared)
+        .collect();
+    let object = *prepared.get(usize::from(b[5]) % prepared.len().max(1))?;
+    let node = NodeRef {
+        node_id: object.node_id,
+        node_epoch: s.nodes.get(&object.node_id)?.node_epoch,
+    };
+    let (start_offset, end_offset) = (ranges[0].start_offset, ranges.last()?.end_offset);
+    let sources: Vec<u64> = ranges.iter().map(|r| r.object_id).collect();
+    let command = if b[6].is_multiple_of(2) {
+        Command::CommitStreamSetObject(CommitStreamSetObject {
+            node_id: node.node_id,
+            node_epoch: node.node_epoch,
+            object_id: object.object_id,
+            object_size: 10,
+            ranges: vec![range(stream_id, 1, start_offset, end_offset)],
+            compacted_object_ids: sources,
+        })
+    } else {
+        Command::CompactStreamObject(CompactStreamObject {
+            node_id: node.node_id,
+            node_epoch: node.node_epoch,
+            object_id: object.object_id,
+            stream_id,
+            start_offset,
+            end_offset,
+            object_size: 10,
+            source_object_ids: sources,
+        })
+    };
+    Some((node, command))
+}
+
 /// Cross-references the apply rules must keep consistent.
 fn check_invariants(s: &State) -> Result<(), String> {
     let mut refs: BTreeMap<u64, u64> = BTreeMap::new();
@@ -166,6 +259,17 @@ fn check_invariants(s: &State) -> Result<(), String> {
         }
         if r.end_offset > stream.end_offset || r.end_offset <= stream.start_offset {
             return Err(format!("range {r:?} outside stream {stream:?}"));
+        }
+        // Data times cover the range in ascending runs, the last ending where it ends.
+        let mut run_start = r.start_offset;
+        for t in &r.data_times {
+            if t.end_offset <= run_start || t.end_offset > r.end_offset {
+                return Err(format!("range {r:?}: data times out of order"));
+            }
+            run_start = t.end_offset;
+        }
+        if !r.data_times.is_empty() && run_start != r.end_offset || r.data_times.len() > 32 {
+            return Err(format!("range {r:?}: data times do not cover it"));
         }
         *refs.entry(r.object_id).or_default() += 1;
         let object = s
@@ -253,14 +357,34 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
-    fn apply_keeps_the_state_consistent(seeds in prop::collection::vec(any::<[u8; 8]>(), 1..250)) {
+    fn apply_keeps_the_state_consistent(
+        seeds in prop::collection::vec(any::<[u8; 8]>(), 1..250),
+        upgraded in any::<bool>(),
+    ) {
         let mut driver = Driver::default();
         driver.one(register(N1)).unwrap();
         driver.row(N2, vec![register(N2)]).unwrap();
         driver.one(coordinator(N1, 1)).unwrap();
+        // The rules of the first metadata_version, or of this binary's.
+        if upgraded {
+            for version in 2..=METADATA_VERSION {
+                driver.one(Command::UpgradeMetadataVersion(UpgradeMetadataVersion {
+                    coordinator_epoch: 1,
+                    version,
+                })).unwrap();
+            }
+        }
         let mut twin = driver.state.clone();
         for (i, seed) in seeds.iter().enumerate() {
-            let (node, command) = command(*seed);
+            let (node, command) = match seed[0] % 24 {
+                5..=8 if seed[7] % 4 != 0 => {
+                    append_of(&driver.state, *seed).unwrap_or_else(|| command(*seed))
+                }
+                9 | 10 if seed[7] % 4 != 0 => {
+                    compaction_of(&driver.state, *seed).unwrap_or_else(|| command(*seed))
+                }
+                _ => command(*seed),
+            };
             let before = without_tokens(&driver.state);
             let outcome = driver.row(node, vec![command.clone()]).unwrap();
             let result = &outcome.results().unwrap()[0];

@@ -1,10 +1,10 @@
 //! Log retention (`table.log.ttl`): every `retention_interval`, each leader trims its buckets'
 //! streams past the data older than the table's TTL.
 //!
-//! Age is known per stored object (its commit time), so retention works in whole objects: a
-//! row goes once every row stored with it is older than the TTL. Compaction rewrites objects
-//! and stamps them anew, so a row may outlive its TTL by up to the time since its last
-//! compaction; it never goes early.
+//! Age is known per commit: the rows of one commit are as old as it, and compaction carries
+//! those times into the objects it writes (from metadata_version 6; coarsened to a few runs per
+//! stored range, each taking its newest time). So a row goes once the rows it shares a run with
+//! are older than the TTL: it may be kept a little longer, never trimmed early.
 
 use std::time::Duration;
 
@@ -71,8 +71,8 @@ impl Node {
     }
 }
 
-/// The offset to trim a stream to: the end of its oldest run of objects all committed more
-/// than `ttl` before `now_ms`, if that is past the stream's start.
+/// The offset to trim a stream to: the end of its oldest run of data all committed more than
+/// `ttl` before `now_ms`, if that is past the stream's start.
 pub(crate) fn expired_end(
     state: &State,
     stream_id: u64,
@@ -82,15 +82,13 @@ pub(crate) fn expired_end(
     let cutoff = now_ms.checked_sub(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX))?;
     let stream = state.streams.get(&stream_id)?;
     let mut end = stream.start_offset;
-    for (_, range) in state.ranges.range((stream_id, 0)..=(stream_id, u64::MAX)) {
-        let old = state
-            .objects
-            .get(&range.object_id)
-            .is_some_and(|o| o.committed_at_ms != 0 && o.committed_at_ms < cutoff);
-        if !old {
-            break;
+    'ranges: for (_, range) in state.ranges.range((stream_id, 0)..=(stream_id, u64::MAX)) {
+        for run in state.data_times(range) {
+            if run.at_ms == 0 || run.at_ms >= cutoff {
+                break 'ranges;
+            }
+            end = end.max(run.end_offset);
         }
-        end = end.max(range.end_offset);
     }
     // Never past a retention floor: the latest KV snapshot of a primary-key bucket.
     if let Some(floor) = state.trim_floor(stream) {

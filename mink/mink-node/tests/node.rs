@@ -519,16 +519,13 @@ async fn retention_trims_data_older_than_the_table_ttl() {
         .unwrap();
     assert_eq!(end, 5);
     clock.advance(Duration::from_secs(3600 + 60));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while node
-        .bucket_offsets(&BucketRef::new("app", "short", None, 0))
-        .unwrap()
-        .0
-        < 5
-    {
-        assert!(tokio::time::Instant::now() < deadline, "never trimmed");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_view(&node, "retention trimming app.short", |_| {
+        match node.bucket_offsets(&BucketRef::new("app", "short", None, 0)) {
+            Ok((5, _)) => Ok(()),
+            other => Err(other),
+        }
+    })
+    .await;
     // Reads below the start are refused precisely; new rows are kept.
     assert!(
         node.read_bucket(&BucketRef::new("app", "short", None, 0), 0, 1 << 20, &[])
@@ -539,6 +536,69 @@ async fn retention_trims_data_older_than_the_table_ttl() {
         .await
         .unwrap();
     assert_eq!(read_bucket_from(&node, "short", 0, 5).await, [5]);
+    node.shutdown().await;
+}
+
+/// Compaction moves a quiet table's rows into the objects it writes for a busy one; retention
+/// still ages them by when they were written. (Aged by their object's commit time, rows with a
+/// 30 s TTL were kept 12 minutes on a busy node: every compaction restamped them.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn retention_ages_rows_by_their_write_not_by_their_last_compaction() {
+    use mink_metadata::Clock as _;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), 1);
+    c.retention_interval = Duration::from_millis(50);
+    // Compaction runs when the test says.
+    c.compaction.interval = Duration::from_secs(3600);
+    let clock = mink_metadata::ManualClock::new(1_800_000_000_000);
+    c.clock = clock.clone();
+    let compaction = c.compaction.clone();
+    let node = Node::start(c).await.unwrap();
+    until_view(&node, "metadata_version 6", |v| {
+        if v.state.metadata_version >= mink_metadata::DATA_TIME_VERSION {
+            Ok(())
+        } else {
+            Err(v.state.metadata_version)
+        }
+    })
+    .await;
+    node.create_database("app", false).await.unwrap();
+    let mut quiet = spec("quiet", 1);
+    quiet.options.insert("table.log.ttl".into(), "1h".into());
+    node.create_table(quiet).await.unwrap();
+    node.create_table(spec("busy", 1)).await.unwrap();
+    node.write("app", "quiet", &batch(0..5), &WriteTarget::default())
+        .await
+        .unwrap();
+    clock.advance(Duration::from_secs(40 * 60));
+    node.write("app", "busy", &batch(0..5), &WriteTarget::default())
+        .await
+        .unwrap();
+    let report = node.streams().compact_once(1, &compaction).await.unwrap();
+    assert!(report.sources >= 2, "{report:?}");
+    let view = node.view();
+    let table = view.state.table_by_name("app", "quiet").unwrap();
+    let stream_id = view.state.buckets[&(table.table_id, 0, 0)].stream_id;
+    let (_, range) = view
+        .state
+        .ranges
+        .range((stream_id, 0)..=(stream_id, u64::MAX))
+        .next()
+        .unwrap();
+    assert_eq!(
+        view.state.objects[&range.object_id].committed_at_ms,
+        clock.now_ms(),
+        "the quiet table's rows were compacted into a new object"
+    );
+    // 61 minutes after the write, 21 after the compaction.
+    clock.advance(Duration::from_secs(21 * 60));
+    until_view(&node, "retention trimming app.quiet", |_| {
+        match node.bucket_offsets(&BucketRef::new("app", "quiet", None, 0)) {
+            Ok((5, _)) => Ok(()),
+            other => Err(other),
+        }
+    })
+    .await;
     node.shutdown().await;
 }
 

@@ -125,6 +125,15 @@ impl State {
     }
 
     pub(super) fn execute_move(&mut self, m: &RangeMove, object_id: u64, at_ms: u64) {
+        let mut data_times = Vec::new();
+        if self.metadata_version >= crate::DATA_TIME_VERSION {
+            for key in &m.replaced {
+                if let Some(range) = self.ranges.get(key) {
+                    data_times.extend(self.data_times(range));
+                }
+            }
+            coarsen(&mut data_times, MAX_DATA_TIMES);
+        }
         for key in &m.replaced {
             if let Some(range) = self.ranges.remove(key) {
                 self.release_object_range(range.object_id, at_ms);
@@ -137,6 +146,7 @@ impl State {
                 start_offset: m.start,
                 end_offset: m.end,
                 object_id,
+                data_times,
             },
         );
         if let Some(object) = self.objects.get_mut(&object_id) {
@@ -307,6 +317,7 @@ impl State {
                             start_offset: range.start_offset,
                             end_offset: range.end_offset,
                             object_id: c.object_id,
+                            data_times: Vec::new(),
                         },
                     );
                     if let Some(object) = self.objects.get_mut(&c.object_id) {
@@ -442,5 +453,49 @@ impl State {
             start,
             end: self.counters.next_producer_id,
         }))
+    }
+}
+
+/// At most this many data times per range: enough that retention overshoots a TTL by a small
+/// share of it, few enough that a range stays small in every snapshot.
+const MAX_DATA_TIMES: usize = 32;
+
+/// Merges adjacent runs until at most `max` remain, each time the two closest in time (the
+/// first such pair on a tie, so every node merges alike). A merged run takes the later time: a
+/// row may be kept longer, never trimmed early.
+fn coarsen(times: &mut Vec<DataTime>, max: usize) {
+    while times.len() > max.max(1) {
+        let i = (0..times.len() - 1)
+            .min_by_key(|&i| times[i].at_ms.abs_diff(times[i + 1].at_ms))
+            .expect("at least two runs");
+        let next = times.remove(i + 1);
+        times[i] = DataTime {
+            end_offset: next.end_offset,
+            at_ms: times[i].at_ms.max(next.at_ms),
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runs(pairs: &[(u64, u64)]) -> Vec<DataTime> {
+        pairs
+            .iter()
+            .map(|&(end_offset, at_ms)| DataTime { end_offset, at_ms })
+            .collect()
+    }
+
+    #[test]
+    fn coarsening_merges_the_runs_closest_in_time_and_keeps_the_later_time() {
+        let mut t = runs(&[(10, 100), (20, 105), (30, 500), (40, 900), (50, 902)]);
+        coarsen(&mut t, 3);
+        assert_eq!(t, runs(&[(20, 105), (30, 500), (50, 902)]));
+        coarsen(&mut t, 1);
+        assert_eq!(t, runs(&[(50, 902)]));
+        let mut ties = runs(&[(1, 10), (2, 20), (3, 30)]);
+        coarsen(&mut ties, 2);
+        assert_eq!(ties, runs(&[(2, 20), (3, 30)]), "the first of equal gaps");
     }
 }
