@@ -13,6 +13,9 @@ use serde::Deserialize;
 
 use crate::telemetry;
 
+/// How long a stopping node waits for its clients' streams to end before it drops them.
+const DRAIN_LIMIT: Duration = Duration::from_secs(10);
+
 /// Settings of a node. Every flag is also a `MINK_*` variable and a key of the TOML file given
 /// by `--config` (flags win over variables, variables over the file).
 #[derive(Args, Debug, Default, Clone, Deserialize)]
@@ -449,8 +452,24 @@ pub(crate) async fn run(args: NodeArgs, dev: bool) -> anyhow::Result<()> {
             _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
         }
         tracing::info!("shutting down");
+        // Tails end now: the Flight server's drain would otherwise wait on them for ever.
+        node.begin_shutdown();
     };
-    let served = mink_flight::serve(node.clone(), server, listener, shutdown).await;
+    let served = mink_flight::serve(node.clone(), server, listener, shutdown);
+    tokio::pin!(served);
+    // A client holding a stream open (a write stream it never finishes) cannot hold the stop
+    // for longer than DRAIN_LIMIT: its connection is dropped, and what it wrote but was not
+    // acknowledged it writes again elsewhere.
+    let served = tokio::select! {
+        served = &mut served => served,
+        () = async {
+            node.until_stopping().await;
+            tokio::time::sleep(DRAIN_LIMIT).await;
+        } => {
+            tracing::warn!(limit = ?DRAIN_LIMIT, "clients still had streams open; closing their connections");
+            Ok(())
+        }
+    };
     node.shutdown().await;
     telemetry.shutdown();
     served.context("the Flight server failed")

@@ -13,7 +13,9 @@ use arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch};
 use arrow::datatypes::Int64Type;
 use mink_client::{Client, ClientConfig, Scan};
 
-use crate::common::{Dev, MINK, free_port, http_get, manifest_dir, python, rows, spawn_load};
+use crate::common::{
+    Dev, MINK, exits_within, free_port, http_get, manifest_dir, python, rows, spawn_load,
+};
 
 #[test]
 fn dev_serves_admin_produce_scan_and_metrics() {
@@ -1250,6 +1252,95 @@ fn every_arrow_type_round_trips_through_every_format() {
         );
         assert_eq!(tail.lines().count(), expected.len(), "{tail}");
     }
+}
+
+/// SIGTERM stops a node at once though a client tails one of its tables and another keeps a
+/// write stream open: the tail ends with an error saying why, and the write stream with one
+/// saying its next batch was not written. (The drain waited on both, so the node never
+/// stopped.)
+#[test]
+fn a_node_stops_on_sigterm_though_clients_keep_streams_open() {
+    use arrow_flight::encode::FlightDataEncoderBuilder;
+    use futures::StreamExt as _;
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut dev = Dev::start(&dir.path().join("data"), "127.0.0.1:0", &[]);
+    dev.run(
+        &[
+            "table",
+            "create",
+            "app.t",
+            "--column",
+            "id Int64 not null",
+            "--column",
+            "msg Utf8",
+        ],
+        None,
+    );
+    let mut tail = Command::new(MINK)
+        .args(["--server", &dev.flight, "tail", "app.t", "-f", "json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The tail is attached once it prints a row written after it started.
+    let stdout = tail.stdout.take().unwrap();
+    let (tx, printed) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
+            let _ = tx.send(line.unwrap());
+        }
+    });
+    dev.run(&["produce", "app.t"], Some("{\"id\": 1, \"msg\": \"a\"}\n"));
+    let first = printed
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the tail printed no row within 30 s");
+    assert_eq!(first, r#"{"id":1,"msg":"a"}"#);
+
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let pid = dev.child.id();
+    let put_error = runtime.block_on(async {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", dev.flight))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client = arrow_flight::FlightClient::new(channel);
+        let (batches, queued) = futures::channel::mpsc::unbounded();
+        let input = FlightDataEncoderBuilder::new()
+            .with_flight_descriptor(Some(Client::descriptor("app", "t")))
+            .build(queued.map(Ok));
+        // Queued before the call: the encoder sends the schema (and the server answers the
+        // call) only with the first batch.
+        batches.unbounded_send(rows(9, 0, 3)).unwrap();
+        let mut acks = client.do_put(input).await.unwrap();
+        acks.next()
+            .await
+            .expect("an ack")
+            .expect("the first batch is written");
+        // The stream stays open (`batches` is held) while the node is told to stop.
+        let status = Command::new("kill")
+            .args(["-s", "TERM", &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let error = acks.next().await.expect("an answer").unwrap_err();
+        drop(batches);
+        error.to_string()
+    });
+    assert!(
+        put_error.contains("node 1 is shutting down: batch 1 and after were not written"),
+        "{put_error}"
+    );
+    exits_within(pid, 30, "the node after SIGTERM, with clients attached");
+    assert!(dev.child.wait().unwrap().success());
+    exits_within(tail.id(), 30, "the tail of the stopped node");
+    let out = tail.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("node 1 is shutting down"),
+        "{stderr}"
+    );
 }
 
 /// The node tiering a lake table is SIGKILLed three times at pseudo-random moments after a

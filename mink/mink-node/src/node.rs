@@ -363,6 +363,8 @@ pub(crate) struct Inner {
     /// Serialises stream opens, so the leadership loop and a write do not open one twice.
     pub(crate) opening: tokio::sync::Mutex<()>,
     pub(crate) shutdown: watch::Sender<bool>,
+    /// Set by [`Node::begin_shutdown`]: tails end, so frontends can drain.
+    pub(crate) stopping: watch::Sender<bool>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -429,6 +431,7 @@ impl Node {
                 round_robin: AtomicU64::new(0),
                 opening: tokio::sync::Mutex::new(()),
                 shutdown: watch::channel(false).0,
+                stopping: watch::channel(false).0,
                 tasks: Mutex::new(Vec::new()),
             }),
         };
@@ -973,8 +976,28 @@ impl Node {
         self.inner.streams.shutdown().await;
     }
 
+    /// The first step of a clean stop, taken before the frontends drain their connections:
+    /// every tail ends with [`NodeError::Unavailable`] (its client tails again wherever the
+    /// bucket is led next), so no open-ended read holds the drain. Writes and bounded reads
+    /// in flight go on until [`Node::shutdown`].
+    pub fn begin_shutdown(&self) {
+        self.inner.stopping.send_replace(true);
+    }
+
+    /// Whether [`Node::begin_shutdown`] (or [`Node::shutdown`]) was called.
+    pub fn is_stopping(&self) -> bool {
+        *self.inner.stopping.borrow()
+    }
+
+    /// Resolves once [`Node::begin_shutdown`] (or [`Node::shutdown`]) is called.
+    pub async fn until_stopping(&self) {
+        let mut stopping = self.inner.stopping.subscribe();
+        let _ = stopping.wait_for(|s| *s).await;
+    }
+
     /// Stops the node cleanly (releases the lease, expires the heartbeat).
     pub async fn shutdown(&self) {
+        self.begin_shutdown();
         self.inner.shutdown.send_replace(true);
         let tasks = std::mem::take(&mut *self.inner.tasks.lock().expect("tasks lock"));
         for task in tasks {

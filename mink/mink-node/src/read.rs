@@ -662,7 +662,17 @@ impl Node {
                         i.saturating_sub(idle_since.elapsed())
                             .min(Duration::from_secs(1))
                     });
-                    self.wait_for_data(&b.bucket, offset, step).await?;
+                    tokio::select! {
+                        waited = self.wait_for_data(&b.bucket, offset, step) => { waited?; }
+                        () = self.until_stopping() => {}
+                    }
+                    if self.is_stopping() {
+                        return Err(NodeError::Unavailable(format!(
+                            "node {} is shutting down; tail {} again from offset {offset} to reach its next leader",
+                            self.node_id(),
+                            b.bucket
+                        )));
+                    }
                     continue;
                 }
                 idle_since = tokio::time::Instant::now();

@@ -127,6 +127,29 @@ impl Drop for Dev {
     }
 }
 
+/// Waits up to `seconds` for process `pid` (ours or not) to exit: a pidfd of it turns readable
+/// when it does. `what` names it in the failure.
+pub fn exits_within(pid: u32, seconds: i64, what: &str) {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    let raw = rustix::process::Pid::from_raw(i32::try_from(pid).unwrap()).unwrap();
+    let Ok(fd) = rustix::process::pidfd_open(raw, rustix::process::PidfdFlags::empty()) else {
+        return; // gone already
+    };
+    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+    let ready = poll(
+        &mut fds,
+        Some(&Timespec {
+            tv_sec: seconds,
+            tv_nsec: 0,
+        }),
+    )
+    .unwrap();
+    assert_eq!(
+        ready, 1,
+        "waited {seconds} s for {what} (pid {pid}) to exit"
+    );
+}
+
 pub fn http_get(url: &str) -> String {
     let rest = url.trim_start_matches("http://");
     let (host, path) = rest.split_once('/').unwrap();
@@ -394,25 +417,9 @@ impl LocalCluster {
         assert!(status.success(), "kill -s {signal} node {id}");
     }
 
-    /// Waits for node `id`'s process to exit (after a signal that stops it). The node is the
-    /// script's child, not ours: a pidfd of it turns readable when it exits.
+    /// Waits for node `id`'s process to exit (after a signal that stops it).
     pub fn exited(&self, id: u64) {
-        use rustix::event::{PollFd, PollFlags, Timespec, poll};
-        let pid = self.nodes[&id].0;
-        let raw = rustix::process::Pid::from_raw(i32::try_from(pid).unwrap()).unwrap();
-        let Ok(fd) = rustix::process::pidfd_open(raw, rustix::process::PidfdFlags::empty()) else {
-            return; // gone already
-        };
-        let mut fds = [PollFd::new(&fd, PollFlags::IN)];
-        let ready = poll(
-            &mut fds,
-            Some(&Timespec {
-                tv_sec: 30,
-                tv_nsec: 0,
-            }),
-        )
-        .unwrap();
-        assert_eq!(ready, 1, "waited 30 s for node {id} (pid {pid}) to exit");
+        exits_within(self.nodes[&id].0, 30, &format!("node {id}"));
     }
 
     /// Starts node `id` again with its settings (`deploy/local-cluster node`), once serving.

@@ -60,6 +60,15 @@ impl MinkFlight {
                         return tonic::Code::Cancelled;
                     }
                 }
+                // A stopping node takes no more batches, so the drain of its connections
+                // does not wait on a stream its client keeps open; those in flight are
+                // still answered.
+                () = self.node.until_stopping(), if can_read => {
+                    failure = Some(self.error(mink_node::NodeError::Unavailable(format!(
+                        "node {} is shutting down: batch {next} and after were not written; write them again",
+                        self.node.node_id()
+                    ))));
+                }
                 item = input.next(), if can_read => {
                     let decoded = match item {
                         None => { input_done = true; continue; }
