@@ -140,7 +140,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             cli.format != Format::Parquet && cli.output.is_none(),
             "--format parquet and --output apply to statements given with -c or -f, not to the prompt"
         );
-        return repl::run(&engine, cli.format).await;
+        let done = repl::run(&engine, cli.format).await;
+        mink_query::scan::tail_reports_sent(Duration::from_secs(2)).await;
+        return done;
     }
     let mut statements: Vec<String> = cli.commands.clone();
     for f in &cli.files {
@@ -169,6 +171,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         run_statement(&engine, &sql, cli.format, false, &mut out).await?;
     }
     out.flush()?;
+    // Advisory, so bounded: a node that does not answer does not hold up the exit.
+    mink_query::scan::tail_reports_sent(Duration::from_secs(2)).await;
     Ok(())
 }
 

@@ -22,6 +22,10 @@ struct Served {
 }
 
 async fn serve(dir: &std::path::Path) -> Served {
+    serve_with(dir, |_| {}).await
+}
+
+async fn serve_with(dir: &std::path::Path, tune: impl FnOnce(&mut NodeConfig)) -> Served {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap().to_string();
     let mut c = NodeConfig::new(
@@ -32,6 +36,7 @@ async fn serve(dir: &std::path::Path) -> Served {
     c.advertised_address = address.clone();
     c.engine.flush_delay = Duration::from_millis(5);
     c.leadership_interval = Duration::from_millis(20);
+    tune(&mut c);
     let node = Node::start(c).await.unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(
@@ -517,5 +522,74 @@ async fn a_closed_stdout_ends_the_output_quietly() {
     })
     .await
     .unwrap();
+    s.stop().await;
+}
+
+/// A one-shot `mink-query -c` delivers its scan's tail report before it exits, so its query of
+/// a long log tail brings the table's next tiering round forward (the process used to exit
+/// before the report was sent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_shot_query_reports_the_tail_it_read_before_it_exits() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve_with(dir.path(), |c| c.tail_rows_for_a_round = 20).await;
+    let metadata = format!("sqlite://{}", dir.path().join("meta.db").display());
+    let objects = dir.path().join("objects").display().to_string();
+    let sql = |statement: &str| {
+        let (ok, out, err) = mink_query(
+            &s.address,
+            &[
+                "--metadata",
+                &metadata,
+                "--object-store",
+                &objects,
+                "-c",
+                statement,
+            ],
+        );
+        assert!(ok, "{statement}: {err}");
+        out
+    };
+    let values = |ids: std::ops::Range<i64>| {
+        let rows: Vec<String> = ids.map(|i| format!("({i})")).collect();
+        format!("INSERT INTO app.hot VALUES {}", rows.join(", "))
+    };
+    // Freshness 60 s: without reports, a round every 30 s.
+    sql(
+        "CREATE TABLE app.hot (id BIGINT NOT NULL) WITH ('bucket.num' = '1', \
+         'table.datalake.enabled' = 'true', 'table.datalake.freshness' = '60s')",
+    );
+    sql(&values(0..50));
+    s.node.tier_now("app", "hot").await.unwrap();
+    sql(&values(50..80));
+    // 30 tail rows, more than 20 (`max` reads them; `count(*)` alone reads nothing).
+    assert_eq!(
+        sql("SELECT count(*), max(id) FROM app.hot").lines().nth(3),
+        Some("| 80       | 79              |")
+    );
+    let table_id = s
+        .node
+        .view()
+        .state
+        .table_by_name("app", "hot")
+        .unwrap()
+        .table_id;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let view = s.node.view();
+        let tiered = view
+            .state
+            .lake_snapshots
+            .get(&table_id)
+            .and_then(|l| l.tiered_offset(0, 0));
+        if tiered == Some(80) {
+            break;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(
+            !left.is_zero(),
+            "the reported tail brought no round within 20 s (tiered to {tiered:?})"
+        );
+        let _ = s.node.wait_applied(view.applied_index + 1, left).await;
+    }
     s.stop().await;
 }

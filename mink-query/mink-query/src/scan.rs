@@ -222,6 +222,7 @@ impl Drop for SplitDone {
         }
         let r = Arc::clone(r);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            REPORTS_IN_FLIGHT.send_modify(|n| *n += 1);
             runtime.spawn(async move {
                 if let Err(e) = r
                     .client
@@ -230,9 +231,24 @@ impl Drop for SplitDone {
                 {
                     tracing::debug!(error = %e, table = %r.table, "tail scan report not delivered");
                 }
+                REPORTS_IN_FLIGHT.send_modify(|n| *n -= 1);
             });
         }
     }
+}
+
+/// Tail reports of this process on their way to their nodes.
+static REPORTS_IN_FLIGHT: std::sync::LazyLock<tokio::sync::watch::Sender<usize>> =
+    std::sync::LazyLock::new(|| tokio::sync::watch::channel(0).0);
+
+/// Waits (at most `limit`) until the tail reports of this process's scans so far are answered:
+/// a process that exits right after its queries (`mink-query -c`) would otherwise drop them,
+/// and its queries would never bring a table's tiering forward. Returns whether they were.
+pub async fn tail_reports_sent(limit: std::time::Duration) -> bool {
+    let mut in_flight = REPORTS_IN_FLIGHT.subscribe();
+    tokio::time::timeout(limit, in_flight.wait_for(|n| *n == 0))
+        .await
+        .is_ok()
 }
 
 /// Reads the rows of `keys` of a primary-key table with one lookup (the connected node asks
