@@ -242,7 +242,8 @@ pub fn refuse_lossy_values(plan: &LogicalPlan) -> Result<()> {
         };
         match e {
             Expr::Cast(Cast { expr, data_type }) | Expr::TryCast(TryCast { expr, data_type }) => {
-                check(column, expr, &expr.get_type(input)?, data_type)?;
+                let value = behind(expr, top.input.as_ref());
+                check(column, value, &expr.get_type(input)?, data_type)?;
             }
             Expr::Column(c) => {
                 if let LogicalPlan::Values(values) = top.input.as_ref() {
@@ -260,6 +261,21 @@ pub fn refuse_lossy_values(plan: &LogicalPlan) -> Result<()> {
     Ok(())
 }
 
+/// What a column of `input` is, when `input` projects it from one expression (the literals of
+/// `INSERT ... SELECT 1, 2`); else `e`.
+fn behind<'a>(e: &'a Expr, input: &'a LogicalPlan) -> &'a Expr {
+    if let (Expr::Column(c), LogicalPlan::Projection(p)) = (uncast(e), input)
+        && let Ok(i) = p.schema.index_of_column(c)
+        && let Some(projected) = p.expr.get(i)
+    {
+        return match projected {
+            Expr::Alias(a) => a.expr.as_ref(),
+            e => e,
+        };
+    }
+    e
+}
+
 fn check(column: &str, value: &Expr, from: &DataType, to: &DataType) -> Result<()> {
     let fractional = from.is_floating()
         || matches!(
@@ -273,6 +289,17 @@ fn check(column: &str, value: &Expr, from: &DataType, to: &DataType) -> Result<(
     if fractional && to.is_integer() {
         return Err(DataFusionError::Plan(format!(
             "column {column} is {to} and {value} is {from}: a value of another type is refused, not truncated (CAST it to {to} to truncate)"
+        )));
+    }
+    // A number too large for its column: DataFusion's cast error would name neither.
+    if let Expr::Literal(v, _) = uncast(value)
+        && from.is_numeric()
+        && to.is_numeric()
+        && !v.is_null()
+        && v.cast_to(to).is_err()
+    {
+        return Err(DataFusionError::Plan(format!(
+            "column {column} is {to}, and {v} is out of its range"
         )));
     }
     Ok(())

@@ -613,6 +613,26 @@ async fn insert_into_log_and_primary_key_tables() {
             .await,
         strings(&[&["1"]])
     );
+    // A number out of its column's range is refused naming the column.
+    c.rows("CREATE TABLE app.small (id INT NOT NULL, b TINYINT)")
+        .await;
+    for (overflow, column) in [
+        (
+            "INSERT INTO app.small VALUES (3000000000, 1)",
+            "column id is Int32",
+        ),
+        (
+            "INSERT INTO app.small (id, b) VALUES (1, 2), (2, 300)",
+            "column b is Int8",
+        ),
+        ("INSERT INTO app.small SELECT 1, -129", "column b is Int8"),
+    ] {
+        let refused = c.error(overflow).await;
+        assert!(
+            refused.contains(column) && refused.contains("is out of its range"),
+            "{overflow}: {refused}"
+        );
+    }
     // Nothing of the refused statements was stored.
     assert_eq!(
         c.rows("SELECT count(*) FROM app.events").await,
