@@ -1356,3 +1356,60 @@ fn compaction_keeps_the_data_times_from_version_6() {
         [run(20, compacted_at), run(30, first), run(40, second)]
     );
 }
+
+/// A compaction of many commits keeps at most 32 data times per range, in runs of about the
+/// same number of commits, each with its newest time.
+#[test]
+fn many_moved_commits_keep_at_most_32_data_times() {
+    let mut d = Driver::default();
+    d.one(register(N1)).unwrap();
+    d.one(coordinator(N1, 1)).unwrap();
+    for version in 2..=DATA_TIME_VERSION {
+        d.one(Command::UpgradeMetadataVersion(UpgradeMetadataVersion {
+            coordinator_epoch: 1,
+            version,
+        }))
+        .unwrap();
+    }
+    d.one(Command::CreateStreams(CreateStreams { count: 1 }))
+        .unwrap();
+    d.one(open(N1, 1, 1)).unwrap();
+    d.one(prepare(N1, 100)).unwrap();
+    let first_at = 1_000 + d.index;
+    let mut last_at = 0;
+    for i in 0..99 {
+        last_at = 1_000 + d.index;
+        d.one(commit(N1, i + 1, vec![range(1, 1, i * 10, i * 10 + 10)]))
+            .unwrap();
+    }
+    d.one(Command::CompactStreamObject(CompactStreamObject {
+        node_id: 1,
+        node_epoch: 1,
+        object_id: 100,
+        stream_id: 1,
+        start_offset: 0,
+        end_offset: 990,
+        object_size: 2048,
+        source_object_ids: (1..=99).collect(),
+    }))
+    .unwrap();
+    let times = &d.state.ranges[&(1, 0)].data_times;
+    assert_eq!(times.len(), 32);
+    assert!(
+        times
+            .windows(2)
+            .all(|w| w[0].end_offset < w[1].end_offset && w[0].at_ms <= w[1].at_ms)
+    );
+    assert_eq!(
+        times.last(),
+        Some(&DataTime {
+            end_offset: 990,
+            at_ms: last_at
+        })
+    );
+    // Even runs of a few commits: the oldest stays about as old as it is.
+    assert!(
+        times[0].at_ms <= first_at + 4,
+        "the oldest run was restamped: {times:?}"
+    );
+}

@@ -130,9 +130,13 @@ impl State {
             for key in &m.replaced {
                 if let Some(range) = self.ranges.get(key) {
                     data_times.extend(self.data_times(range));
+                    // As it goes, so a move of many ranges stays linear in them.
+                    if data_times.len() > 2 * MAX_DATA_TIMES {
+                        coarsen(&mut data_times, m.start, MAX_DATA_TIMES);
+                    }
                 }
             }
-            coarsen(&mut data_times, MAX_DATA_TIMES);
+            coarsen(&mut data_times, m.start, MAX_DATA_TIMES);
         }
         for key in &m.replaced {
             if let Some(range) = self.ranges.remove(key) {
@@ -460,13 +464,29 @@ impl State {
 /// share of it, few enough that a range stays small in every snapshot.
 const MAX_DATA_TIMES: usize = 32;
 
-/// Merges adjacent runs until at most `max` remain, each time the two closest in time (the
-/// first such pair on a tie, so every node merges alike). A merged run takes the later time: a
-/// row may be kept longer, never trimmed early.
-fn coarsen(times: &mut Vec<DataTime>, max: usize) {
+/// Merges adjacent runs (of a range starting at `start`) until at most `max` remain, each time
+/// the two whose merge overstates the age of the fewest offsets by the least (the older run's
+/// offsets times the gap; the first such pair on a tie, so every node merges alike). A merged
+/// run takes the later time: a row may be kept longer, never trimmed early. Weighing by offsets
+/// keeps runs even: merging the closest in time alone would snowball the oldest into one run
+/// stamped with a recent time.
+fn coarsen(times: &mut Vec<DataTime>, start: u64, max: usize) {
     while times.len() > max.max(1) {
+        let offsets = |i: usize| {
+            let from = if i == 0 {
+                start
+            } else {
+                times[i - 1].end_offset
+            };
+            u128::from(times[i].end_offset.saturating_sub(from))
+        };
+        let cost = |i: usize| {
+            let (a, b) = (times[i].at_ms, times[i + 1].at_ms);
+            let older = if a <= b { i } else { i + 1 };
+            u128::from(a.abs_diff(b)) * offsets(older)
+        };
         let i = (0..times.len() - 1)
-            .min_by_key(|&i| times[i].at_ms.abs_diff(times[i + 1].at_ms))
+            .min_by_key(|&i| cost(i))
             .expect("at least two runs");
         let next = times.remove(i + 1);
         times[i] = DataTime {
@@ -490,12 +510,12 @@ mod tests {
     #[test]
     fn coarsening_merges_the_runs_closest_in_time_and_keeps_the_later_time() {
         let mut t = runs(&[(10, 100), (20, 105), (30, 500), (40, 900), (50, 902)]);
-        coarsen(&mut t, 3);
+        coarsen(&mut t, 0, 3);
         assert_eq!(t, runs(&[(20, 105), (30, 500), (50, 902)]));
-        coarsen(&mut t, 1);
+        coarsen(&mut t, 0, 1);
         assert_eq!(t, runs(&[(50, 902)]));
         let mut ties = runs(&[(1, 10), (2, 20), (3, 30)]);
-        coarsen(&mut ties, 2);
+        coarsen(&mut ties, 0, 2);
         assert_eq!(ties, runs(&[(2, 20), (3, 30)]), "the first of equal gaps");
     }
 }
