@@ -833,14 +833,18 @@ pub(crate) async fn tail(client: &Client, a: TailArgs) -> anyhow::Result<()> {
     let description = client.describe_table(&database, &table).await?;
     // New rows of a primary-key table are its changelog.
     let changelog = !description.primary_key.is_empty();
-    let buckets: Vec<(Option<String>, u32)> = match a.bucket {
-        Some(b) => vec![(a.partition.clone(), b)],
-        None => description
-            .buckets
-            .into_iter()
-            .filter(|b| a.partition.is_none() || b.partition == a.partition)
-            .map(|b| (b.partition, b.bucket))
-            .collect(),
+    // Each bucket's high watermark now: where a tail of new rows starts, and so where it
+    // resumes if the node stops before it gets any.
+    let buckets: Vec<(Option<String>, u32, Option<u64>)> = description
+        .buckets
+        .iter()
+        .filter(|b| a.partition.is_none() || b.partition == a.partition)
+        .filter(|b| a.bucket.is_none_or(|only| b.bucket == only))
+        .map(|b| (b.partition.clone(), b.bucket, Some(b.end_offset)))
+        .collect();
+    let buckets = match (a.bucket, buckets.is_empty()) {
+        (Some(b), true) => vec![(a.partition.clone(), b, None)],
+        _ => buckets,
     };
     if buckets.is_empty() {
         bail!(
@@ -848,7 +852,7 @@ pub(crate) async fn tail(client: &Client, a: TailArgs) -> anyhow::Result<()> {
         );
     }
     let mut streams = Vec::new();
-    for (partition, bucket) in buckets {
+    for (partition, bucket, end) in buckets {
         let mut s = Scan::table(&database, &table)
             .bucket(bucket)
             .columns(column_list(a.columns.as_ref()))
@@ -859,10 +863,19 @@ pub(crate) async fn tail(client: &Client, a: TailArgs) -> anyhow::Result<()> {
         if let Some(p) = &partition {
             s = s.partition(p);
         }
-        if !a.from_beginning {
-            s = s.latest();
+        let next = match (a.from_beginning, end) {
+            (true, _) => None,
+            (false, Some(end)) => Some(end),
+            (false, None) => {
+                s = s.latest();
+                None
+            }
+        };
+        if let Some(n) = next {
+            s = s.offset(n);
         }
-        streams.push(client.scan(&s).await?);
+        let first = client.scan(&s).await?;
+        streams.push(resuming(client.clone(), s, next, first));
     }
     let mut merged = futures::stream::select_all(streams);
     let mut sink: Option<Sink> = None;
@@ -885,6 +898,76 @@ pub(crate) async fn tail(client: &Client, a: TailArgs) -> anyhow::Result<()> {
     }
     .await;
     result
+}
+
+/// How long a tail keeps trying to read on after its node stopped or its connection dropped.
+const RESUME_LIMIT: Duration = Duration::from_secs(60);
+
+/// A bucket's tail (`scan`, its first read `first`) that outlives its node stopping (a
+/// rolling restart) or a dropped connection: on an error worth retrying it reads again from
+/// the offset after the last row it gave (`next` before any), waiting 100 ms doubling to 5 s
+/// between attempts, for up to [`RESUME_LIMIT`].
+fn resuming(
+    client: Client,
+    scan: Scan,
+    next: Option<u64>,
+    first: futures::stream::BoxStream<'static, mink_client::ClientResult<ReadBatch>>,
+) -> futures::stream::BoxStream<'static, anyhow::Result<ReadBatch>> {
+    struct Tail {
+        client: Client,
+        scan: Scan,
+        next: Option<u64>,
+        stream: futures::stream::BoxStream<'static, mink_client::ClientResult<ReadBatch>>,
+    }
+    let tail = Tail {
+        client,
+        scan,
+        next,
+        stream: first,
+    };
+    futures::stream::unfold(Some(tail), |tail| async move {
+        let mut t = tail?;
+        loop {
+            let e = match t.stream.next().await {
+                None => return None,
+                Some(Ok(r)) => {
+                    t.next = Some(r.offset + r.batch.num_rows() as u64);
+                    return Some((Ok(r), Some(t)));
+                }
+                Some(Err(e)) if e.is_retriable() => e,
+                Some(Err(e)) => return Some((Err(e.into()), None)),
+            };
+            let bucket = t.scan.0.bucket.unwrap_or(0);
+            let mut scan = t.scan.clone();
+            if let Some(n) = t.next {
+                scan.0.latest = false;
+                scan = scan.offset(n);
+            }
+            let from = t
+                .next
+                .map_or_else(|| "its high watermark".to_string(), |n| format!("offset {n}"));
+            tracing::warn!(error = %e, bucket, "the tail broke off; reading again from {from}");
+            let started = tokio::time::Instant::now();
+            let mut wait = Duration::from_millis(100);
+            t.stream = loop {
+                tokio::time::sleep(wait).await;
+                match t.client.scan(&scan).await {
+                    Ok(stream) => break stream,
+                    Err(e) if e.is_retriable() && started.elapsed() < RESUME_LIMIT => {
+                        wait = (wait * 2).min(Duration::from_secs(5));
+                    }
+                    Err(e) => {
+                        let e = anyhow::Error::from(e).context(format!(
+                            "the tail of bucket {bucket} broke off and could not read again from {from} within {} s",
+                            RESUME_LIMIT.as_secs()
+                        ));
+                        return Some((Err(e), None));
+                    }
+                }
+            };
+        }
+    })
+    .boxed()
 }
 
 pub(crate) async fn lookup(client: &Client, a: LookupArgs) -> anyhow::Result<()> {

@@ -390,10 +390,12 @@ pub(crate) async fn run(args: NodeArgs, dev: bool) -> anyhow::Result<()> {
             let address = l.local_addr()?;
             // Statements run on threads of their own (mink_query's executor): a heavy query
             // does not hold up the node's writes, reads and heartbeats.
+            let stopping = node.clone();
             tokio::spawn(serve_sql(
                 l,
                 advertised.clone(),
                 (metadata.clone(), objects.clone()),
+                async move { stopping.until_stopping().await },
             ));
             Some(address)
         }
@@ -409,7 +411,17 @@ pub(crate) async fn run(args: NodeArgs, dev: bool) -> anyhow::Result<()> {
                 auto_create_topics,
                 ..Default::default()
             };
-            let served = mink_kafka::serve(node, config, l, std::future::pending()).await;
+            // Closed with the signal, as Flight is: no writes taken during the drain, and the
+            // port free for the next process.
+            let stopping = node.clone();
+            let served =
+                mink_kafka::serve(
+                    node,
+                    config,
+                    l,
+                    async move { stopping.until_stopping().await },
+                )
+                .await;
             if let Err(e) = served {
                 tracing::error!(error = %e, "the Kafka listener stopped");
             }
@@ -440,19 +452,24 @@ pub(crate) async fn run(args: NodeArgs, dev: bool) -> anyhow::Result<()> {
         out.push_str(&format!("  Metrics:  http://{m}/metrics\n"));
     }
     if dev {
-        out.push_str("Stop it with Ctrl-C. Try: mink table create app.events --column 'id Int64 not null' --column 'msg Utf8'\n");
+        // Client commands talk to 127.0.0.1:7171 unless told otherwise.
+        let server = if advertised == "127.0.0.1:7171" {
+            String::new()
+        } else {
+            format!(" --server {advertised}")
+        };
+        out.push_str(&format!("Stop it with Ctrl-C. Try: mink{server} table create app.events --column 'id Int64 not null' --column 'msg Utf8'\n"));
     }
     crate::say(&out);
     tracing::info!(%advertised, node_id, "serving Arrow Flight");
     let shutdown = async {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
-        }
-        tracing::info!("shutting down");
-        // Tails end now: the Flight server's drain would otherwise wait on them for ever.
+        stop_signal().await;
+        tracing::info!(
+            "shutting down: requests in flight have up to {} s to end (signal again to stop at once)",
+            DRAIN_LIMIT.as_secs()
+        );
+        // Tails and waits end now, and the Kafka and Flight SQL listeners close: the Flight
+        // server's drain would otherwise wait on them.
         node.begin_shutdown();
     };
     let served = mink_flight::serve(node.clone(), server, listener, shutdown);
@@ -469,19 +486,43 @@ pub(crate) async fn run(args: NodeArgs, dev: bool) -> anyhow::Result<()> {
             tracing::warn!(limit = ?DRAIN_LIMIT, "clients still had streams open; closing their connections");
             Ok(())
         }
+        () = async {
+            node.until_stopping().await;
+            stop_signal().await;
+        } => {
+            tracing::warn!("signalled again: closing clients' connections now");
+            Ok(())
+        }
     };
     node.shutdown().await;
     telemetry.shutdown();
     served.context("the Flight server failed")
 }
 
+/// The next SIGINT (Ctrl-C) or SIGTERM.
+async fn stop_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = async {
+            match term.as_mut() {
+                Some(t) => {
+                    t.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        } => {}
+    }
+}
+
 /// Serves Flight SQL on `listener` over the cluster, reached through this node (`node`, its
-/// Flight address), until the process ends; lake snapshots are read straight from the node's
-/// catalog and object store (`metadata`, `objects`).
+/// Flight address), until `stop`; lake snapshots are read straight from the node's catalog and
+/// object store (`metadata`, `objects`).
 async fn serve_sql(
     listener: tokio::net::TcpListener,
     node: String,
     (metadata, objects): (String, String),
+    stop: impl Future<Output = ()> + Send + 'static,
 ) {
     let client = match mink_client::Client::connect(&node).await {
         Ok(c) => c,
@@ -500,7 +541,7 @@ async fn serve_sql(
     let service = mink_query::flight_sql::MinkFlightSql::new(mink_query::QueryEngine::with_lake(
         client, lake,
     ));
-    if let Err(e) = service.serve(listener, std::future::pending()).await {
+    if let Err(e) = service.serve(listener, stop).await {
         tracing::error!(error = %e, "the Flight SQL server stopped");
     }
 }

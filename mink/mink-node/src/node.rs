@@ -504,22 +504,33 @@ impl Node {
 
     /// Waits (until `deadline`) for this node to apply metadata past `applied`: `Ok(false)` at
     /// the deadline. Fails when the metadata log has halted (shutdown, a fenced node), which
-    /// no waiting changes: a caller looping on it ends instead of spinning.
+    /// no waiting changes, so a caller looping on it ends instead of spinning, and as soon as
+    /// the node is stopping.
     pub(crate) async fn next_applied(
         &self,
         applied: u64,
         deadline: tokio::time::Instant,
     ) -> NodeResult<bool> {
-        match tokio::time::timeout_at(deadline, self.inner.sink.wait_applied(applied + 1)).await {
-            Ok(view) => view.map(|_| true).map_err(NodeError::from),
-            Err(_) => Ok(false),
+        tokio::select! {
+            waited = tokio::time::timeout_at(deadline, self.inner.sink.wait_applied(applied + 1)) => {
+                match waited {
+                    Ok(view) => view.map(|_| true).map_err(NodeError::from),
+                    Err(_) => Ok(false),
+                }
+            }
+            () = self.until_stopping() => Err(self.shutting_down()),
         }
     }
 
     /// Waits (at most `limit`) until this node has applied metadata `index`: read-your-writes
     /// across nodes (`mink-min-applied-index`).
+    /// A stopping node ends the wait at once ([`NodeError::Unavailable`]).
     pub async fn wait_applied(&self, index: u64, limit: Duration) -> NodeResult<View> {
-        match tokio::time::timeout(limit, self.inner.sink.wait_applied(index)).await {
+        let waited = tokio::select! {
+            waited = tokio::time::timeout(limit, self.inner.sink.wait_applied(index)) => waited,
+            () = self.until_stopping() => return Err(self.shutting_down()),
+        };
+        match waited {
             Ok(view) => Ok(view?),
             Err(_) => Err(NodeError::Unavailable(format!(
                 "node {} has applied metadata up to {}, not yet {index}; retry",
@@ -527,6 +538,14 @@ impl Node {
                 self.view().applied_index
             ))),
         }
+    }
+
+    /// What a request waiting on a stopping node is answered.
+    pub(crate) fn shutting_down(&self) -> NodeError {
+        NodeError::Unavailable(format!(
+            "node {} is shutting down; retry at another node or once it is back",
+            self.node_id()
+        ))
     }
 
     /// Nodes whose heartbeat is younger than the lease TTL.
