@@ -170,6 +170,13 @@ impl Drop for Executor {
     }
 }
 
+/// A prepared statement's handle: an id, a newline, the statement's text. Carrying the text
+/// lets any server answer it (after a restart, or behind a load balancer with others), as
+/// clients keep a handle for as long as they like.
+fn prepared_handle(sql: &str) -> String {
+    format!("{}\n{sql}", uuid::Uuid::now_v7())
+}
+
 /// A task aborted when its handle is dropped.
 struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
 
@@ -273,19 +280,32 @@ impl MinkFlightSql {
         handle
     }
 
-    /// The prepared statement under `handle`, kept another while (it is in use).
+    /// The prepared statement under `handle`, kept another while (it is in use). A handle
+    /// carries its statement's text (see [`prepared_handle`]), so one this server does not
+    /// hold (it restarted, or prepared it long ago, or another server behind the same address
+    /// did) is prepared again from it; only the parameters bound before are gone, and clients
+    /// bind them before each execution.
     fn prepared(&self, handle: &[u8]) -> Result<Prepared, Status> {
-        std::str::from_utf8(handle)
-            .ok()
-            .and_then(|h| {
-                let mut prepared = self.prepared.lock().expect("prepared");
-                let p = prepared.get_mut(h)?;
-                p.at = Instant::now();
-                Some(p.clone())
-            })
-            .ok_or_else(|| {
-                Status::not_found("no prepared statement under this handle: it was closed or expired; prepare it again")
-            })
+        let unknown = || {
+            Status::not_found(
+                "no prepared statement under this handle (not one of this server's); prepare it again",
+            )
+        };
+        let h = std::str::from_utf8(handle).map_err(|_| unknown())?;
+        let mut prepared = self.prepared.lock().expect("prepared");
+        if let Some(p) = prepared.get_mut(h) {
+            p.at = Instant::now();
+            return Ok(p.clone());
+        }
+        let (_, sql) = h.split_once('\n').ok_or_else(unknown)?;
+        let p = Prepared {
+            sql: sql.to_string(),
+            parameters: vec![],
+            at: Instant::now(),
+        };
+        prepared.retain(|_, p| p.at.elapsed() < PLAN_TTL * 6);
+        prepared.insert(h.to_string(), p.clone());
+        Ok(p)
     }
 
     /// The `FlightInfo` of a planned statement: its schema, one endpoint whose ticket is the
@@ -975,7 +995,7 @@ impl FlightSqlService for MinkFlightSql {
             );
             (plan.schema().as_arrow().clone(), parameter_schema)
         };
-        let handle = uuid::Uuid::now_v7().to_string();
+        let handle = prepared_handle(&query.query);
         {
             let mut prepared = self.prepared.lock().expect("prepared");
             prepared.retain(|_, p| p.at.elapsed() < PLAN_TTL * 6);

@@ -1186,6 +1186,65 @@ async fn auto_increment_columns_are_generated() {
     c.stop().await;
 }
 
+/// A prepared statement outlives the Flight SQL server that prepared it: a BI tool or ADBC
+/// cursor re-runs its handle after `mink-query serve` restarted (it got NOT_FOUND for ever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prepared_statement_runs_after_the_server_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::start(dir.path()).await;
+    c.load().await;
+    let mut sql = c.flight_sql().await;
+    let mut prepared = sql
+        .prepare(
+            "SELECT count(*) FROM app.events WHERE id >= $1".into(),
+            None,
+        )
+        .await
+        .unwrap();
+    let bound = || {
+        arrow::array::RecordBatch::try_from_iter(vec![(
+            "$1",
+            std::sync::Arc::new(arrow::array::Int64Array::from(vec![40])) as arrow::array::ArrayRef,
+        )])
+        .unwrap()
+    };
+    let mut counts = Vec::new();
+    for restart in [false, true] {
+        if restart {
+            c.restart_sql().await;
+        }
+        prepared.set_parameters(bound()).unwrap();
+        // The channel reconnects to the new server on the first call after the restart.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let info = loop {
+            match prepared.execute().await {
+                Err(arrow_flight::error::FlightError::Tonic(s))
+                    if s.code() == tonic::Code::Unavailable
+                        && std::time::Instant::now() < deadline =>
+                {
+                    prepared.set_parameters(bound()).unwrap();
+                }
+                other => break other.unwrap(),
+            }
+        };
+        let batches: Vec<_> = sql
+            .do_get(info.endpoint[0].ticket.clone().unwrap())
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        counts.push(
+            arrow::util::pretty::pretty_format_batches(&batches)
+                .unwrap()
+                .to_string(),
+        );
+    }
+    assert_eq!(counts[0], counts[1]);
+    assert!(counts[0].contains("| 60 "), "{}", counts[0]);
+    c.stop().await;
+}
+
 /// A prepared `INSERT`'s parameters are cast to their columns' types (a client binds a Python
 /// int as Int64, whatever the column); a value that does not fit is refused, naming the column.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

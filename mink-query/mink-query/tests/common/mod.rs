@@ -83,6 +83,25 @@ impl Cluster {
         let _ = self.tasks.remove(0).await;
     }
 
+    /// Stops the Flight SQL server (with what it holds: plans, prepared statements) and starts
+    /// a new one on the same address, as a restarted `mink-query serve`.
+    pub async fn restart_sql(&mut self) {
+        let _ = self.stops.pop().expect("a Flight SQL server").send(());
+        let _ = self.tasks.pop().expect("a Flight SQL server").await;
+        let listener = tokio::net::TcpListener::bind(&self.sql_address)
+            .await
+            .unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        self.tasks.push(tokio::spawn(
+            MinkFlightSql::new(self.engine.clone())
+                .serve(listener, async {
+                    let _ = stopped.await;
+                })
+                .map(|r| r.unwrap()),
+        ));
+        self.stops.push(stop);
+    }
+
     pub async fn stop(mut self) {
         for s in self.stops.drain(..) {
             let _ = s.send(());
