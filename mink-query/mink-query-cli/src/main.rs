@@ -78,6 +78,7 @@ pub(crate) enum Format {
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    let server = cli.server.clone();
     match run(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         // `mink-query -c ... | head`: the reader has what it wanted, as with `ls | head`.
@@ -85,9 +86,13 @@ async fn main() -> std::process::ExitCode {
             std::process::ExitCode::SUCCESS
         }
         Err(e) => {
+            let text = error_text(&e);
             #[allow(clippy::print_stderr)]
             {
-                eprintln!("error: {}", error_text(&e));
+                eprintln!("error: {text}");
+                if let Some(hint) = other_port(&text, &server) {
+                    eprintln!("{hint}");
+                }
             }
             std::process::ExitCode::FAILURE
         }
@@ -201,6 +206,23 @@ impl Write for Stdout {
 
     fn flush(&mut self) -> std::io::Result<()> {
         Self::noted(std::io::stdout().flush())
+    }
+}
+
+/// When `--server` points at another of a node's ports (its Flight SQL or metrics port, which
+/// answer in their own ways), which it looks like and what to give instead.
+fn other_port(error: &str, server: &str) -> Option<String> {
+    let instead = "mink-query talks to a node's Flight address (its --listen, 7171 by default; --server or MINK_SERVER)";
+    if error.contains("unknown action") {
+        Some(format!(
+            "{server} serves Arrow Flight but is not a Mink node (a Flight SQL port, for BI tools and ADBC?): {instead}."
+        ))
+    } else if error.contains("mapped from HTTP status code") {
+        Some(format!(
+            "{server} is an HTTP server, not a Mink node (its metrics port?): {instead}."
+        ))
+    } else {
+        None
     }
 }
 

@@ -593,3 +593,33 @@ async fn a_one_shot_query_reports_the_tail_it_read_before_it_exits() {
     }
     s.stop().await;
 }
+
+/// Pointed at a Flight SQL port (which `mink dev` prints beside the node's), `mink-query` says
+/// what it looks like and which address to give: the error was `unknown action
+/// "list_databases"`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pointed_at_a_flight_sql_port_it_says_which_address_to_give() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve(dir.path()).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let sql_address = listener.local_addr().unwrap().to_string();
+    let engine = mink_query::QueryEngine::new(Client::connect(&s.address).await.unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let sql = tokio::spawn(mink_query::flight_sql::MinkFlightSql::new(engine).serve(
+        listener,
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let (ok, _, err) = mink_query(&sql_address, &["-c", "SELECT 1"]);
+    assert!(!ok);
+    assert!(
+        err.contains(&format!(
+            "{sql_address} serves Arrow Flight but is not a Mink node (a Flight SQL port"
+        )) && err.contains("mink-query talks to a node's Flight address"),
+        "{err}"
+    );
+    let _ = stop.send(());
+    sql.await.unwrap().unwrap();
+    s.stop().await;
+}
