@@ -50,6 +50,14 @@ fn state_schema() -> Schema {
     ])
 }
 
+/// `bucket 0 of shop.t`, or `bucket 0 of partition "2026" of shop.t`.
+fn bucket_name((table, partition, bucket): &BucketKey) -> String {
+    match partition {
+        Some(p) => format!("bucket {bucket} of partition {p:?} of {table}"),
+        None => format!("bucket {bucket} of {table}"),
+    }
+}
+
 /// The positions recorded for `keys` (missing: nothing produced yet).
 pub(crate) async fn read_positions(
     client: &Client,
@@ -315,13 +323,19 @@ async fn start_tails(
             }
             let position = recorded.unwrap_or(start);
             if position < start {
+                let (database, table) = config.sink_state_table();
+                let row = serde_json::json!({
+                    "table": key.0,
+                    "partition": key.1.clone().unwrap_or_default(),
+                    "bucket": key.2,
+                    "position": start,
+                });
                 bail!(
-                    "sink {}: bucket {} of partition {:?} starts at {start}, past the \
-                     position {position} the sink reached: the changes between were removed \
-                     before they were produced",
-                    key.0,
-                    key.2,
-                    key.1
+                    "sink: {} starts at offset {start}, past the position {position} the sink \
+                     reached: retention removed the changes between before they were produced. \
+                     To go on from offset {start} without them, record that position and run \
+                     the connector again: echo '{row}' | mink produce {database}.{table}",
+                    bucket_name(&key)
                 );
             }
             running.insert(key.clone());
@@ -517,10 +531,7 @@ async fn tail(
     let mut done = position;
     let flush_every = Duration::from_millis(config.batch_ms);
     let mut last_flush = Instant::now();
-    let mut backoff = Backoff::new(format!(
-        "sink: {} bucket {} of partition {:?}",
-        key.0, key.2, key.1
-    ));
+    let mut backoff = Backoff::new(format!("sink: {}", bucket_name(&key)));
     loop {
         let mut scan = Scan::table(&target.database, &target.table)
             .bucket(key.2)
