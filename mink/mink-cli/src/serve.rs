@@ -440,7 +440,7 @@ pub(crate) async fn run(args: NodeArgs, dev: bool) -> anyhow::Result<()> {
     );
     if let Some(q) = sql_address {
         out.push_str(&format!(
-            "  SQL:      grpc://{q} (Flight SQL; or mink-query)\n"
+            "  SQL:      grpc://{q} (Flight SQL, for BI tools and ADBC; mink-query takes the Flight address)\n"
         ));
     }
     if let Some(k) = &kafka_address {
