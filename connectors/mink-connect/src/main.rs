@@ -121,10 +121,22 @@ async fn run(config: config::Config) -> anyhow::Result<()> {
     if !config.sinks.is_empty() {
         tasks.spawn(sink::run(Arc::clone(&config), Arc::clone(&metrics)));
     }
-    match tasks.join_next().await {
-        Some(ended) => ended.context("a connector task panicked")?,
-        None => Ok(()),
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("listening for SIGTERM")?;
+    tokio::select! {
+        ended = tasks.join_next() => match ended {
+            Some(ended) => ended.context("a connector task panicked")?,
+            None => Ok(()),
+        },
+        // What is recorded is all a restart needs (a SIGKILL is as safe): no flush to wait on.
+        _ = tokio::signal::ctrl_c() => stopped(),
+        _ = term.recv() => stopped(),
     }
+}
+
+fn stopped() -> anyhow::Result<()> {
+    tracing::info!("stopped; a restart goes on from the positions recorded in Mink");
+    Ok(())
 }
 
 /// Whether the state table `(database, table)` exists (a run has stored state).

@@ -145,3 +145,79 @@ async fn a_config_error_is_printed_without_a_backtrace() {
         "the causes on the error's line: {stderr}"
     );
 }
+
+/// SIGTERM stops a running connector with a line saying so and a success status (it was 143,
+/// unlogged, which systemd counts as a failure); a restart resumes from what Mink records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_a_running_connector_cleanly() {
+    use tokio::io::AsyncBufReadExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let s = mink_testkit::serve(dir.path(), mink_kafka::KafkaConfig::default()).await;
+    let client = mink_client::Client::connect(&s.flight).await.unwrap();
+    client.create_database("shop", false).await.unwrap();
+    client
+        .create_table(
+            "shop",
+            "customers",
+            &mink_log::raw::schema(),
+            Vec::<(String, String)>::new(),
+            &[],
+            false,
+        )
+        .await
+        .unwrap();
+    // The source's topic: a raw log table of the Kafka database.
+    client.create_database("kafka", true).await.unwrap();
+    client
+        .create_table(
+            "kafka",
+            "orders",
+            &mink_log::raw::schema(),
+            Vec::<(String, String)>::new(),
+            &[],
+            false,
+        )
+        .await
+        .unwrap();
+    let config = write_config(dir.path(), &s.flight, &s.kafka);
+    let mut run = connect(&["run", "--config", &config])
+        .env("RUST_LOG", "info")
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(run.stderr.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    // Running once its sink has made its topic.
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            let started = line.contains("created the sink's topic");
+            seen.push(line);
+            if started {
+                return;
+            }
+        }
+        panic!("the connector ended before it ran: {seen:#?}");
+    })
+    .await
+    .expect("the connector did not start its sink within 60 s");
+    let pid = run.id().unwrap().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-s", "TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = tokio::time::timeout(Duration::from_secs(30), run.wait())
+        .await
+        .expect("the connector did not stop within 30 s of SIGTERM")
+        .unwrap();
+    let mut rest = Vec::new();
+    while let Some(line) = lines.next_line().await.unwrap() {
+        rest.push(line);
+    }
+    assert!(status.success(), "{status:?}: {rest:#?}");
+    assert!(
+        rest.iter()
+            .any(|l| l.contains("stopped; a restart goes on from the positions recorded in Mink")),
+        "{rest:#?}"
+    );
+    s.stop().await;
+}
