@@ -12,6 +12,30 @@ fn free_address() -> String {
     l.local_addr().unwrap().to_string()
 }
 
+/// A node with the raw log tables `tables` (database, table), and a client of it.
+async fn serve_with_raw_tables(
+    dir: &std::path::Path,
+    tables: &[(&str, &str)],
+) -> (mink_testkit::Served, mink_client::Client) {
+    let s = mink_testkit::serve(dir, mink_kafka::KafkaConfig::default()).await;
+    let client = mink_client::Client::connect(&s.flight).await.unwrap();
+    for (database, table) in tables {
+        client.create_database(database, true).await.unwrap();
+        client
+            .create_table(
+                database,
+                table,
+                &mink_log::raw::schema(),
+                Vec::<(String, String)>::new(),
+                &[],
+                false,
+            )
+            .await
+            .unwrap();
+    }
+    (s, client)
+}
+
 fn write_config(dir: &std::path::Path, flight: &str, kafka: &str) -> String {
     let config = dir.join("connect.toml");
     std::fs::write(
@@ -42,20 +66,7 @@ topic = "customers"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_before_a_run_and_into_a_closed_pipe() {
     let dir = tempfile::tempdir().unwrap();
-    let s = mink_testkit::serve(dir.path(), mink_kafka::KafkaConfig::default()).await;
-    let client = mink_client::Client::connect(&s.flight).await.unwrap();
-    client.create_database("shop", false).await.unwrap();
-    client
-        .create_table(
-            "shop",
-            "customers",
-            &mink_log::raw::schema(),
-            Vec::<(String, String)>::new(),
-            &[],
-            false,
-        )
-        .await
-        .unwrap();
+    let (s, _) = serve_with_raw_tables(dir.path(), &[("shop", "customers")]).await;
     let config = write_config(dir.path(), &s.flight, &s.kafka);
 
     // No run has stored state: said, and the table shown from where a run would start.
@@ -152,33 +163,9 @@ async fn a_config_error_is_printed_without_a_backtrace() {
 async fn sigterm_stops_a_running_connector_cleanly() {
     use tokio::io::AsyncBufReadExt as _;
     let dir = tempfile::tempdir().unwrap();
-    let s = mink_testkit::serve(dir.path(), mink_kafka::KafkaConfig::default()).await;
-    let client = mink_client::Client::connect(&s.flight).await.unwrap();
-    client.create_database("shop", false).await.unwrap();
-    client
-        .create_table(
-            "shop",
-            "customers",
-            &mink_log::raw::schema(),
-            Vec::<(String, String)>::new(),
-            &[],
-            false,
-        )
-        .await
-        .unwrap();
-    // The source's topic: a raw log table of the Kafka database.
-    client.create_database("kafka", true).await.unwrap();
-    client
-        .create_table(
-            "kafka",
-            "orders",
-            &mink_log::raw::schema(),
-            Vec::<(String, String)>::new(),
-            &[],
-            false,
-        )
-        .await
-        .unwrap();
+    // The source's topic is a raw log table of the Kafka database.
+    let (s, _) =
+        serve_with_raw_tables(dir.path(), &[("shop", "customers"), ("kafka", "orders")]).await;
     let config = write_config(dir.path(), &s.flight, &s.kafka);
     let mut run = connect(&["run", "--config", &config])
         .env("RUST_LOG", "info")

@@ -694,20 +694,7 @@ fn snapshots_written_by_metadata_version_3_still_decode() {
 /// What metadata_version 6 added: `RangeRecord.data_times`, set when compaction moves data.
 #[test]
 fn snapshots_written_by_metadata_version_6_still_decode() {
-    let mut d = Driver::default();
-    d.one(register_supporting(N1, 6)).unwrap();
-    d.one(coordinator(N1, 1)).unwrap();
-    for version in 2..=6 {
-        d.one(Command::UpgradeMetadataVersion(UpgradeMetadataVersion {
-            coordinator_epoch: 1,
-            version,
-        }))
-        .unwrap();
-    }
-    d.one(Command::CreateStreams(CreateStreams { count: 1 }))
-        .unwrap();
-    d.one(open(N1, 1, 1)).unwrap();
-    d.one(prepare(N1, 3)).unwrap();
+    let mut d = Driver::with_open_stream(6, 6, 3);
     d.one(commit(N1, 1, vec![range(1, 1, 0, 10)])).unwrap();
     d.one(commit(N1, 2, vec![range(1, 1, 10, 20)])).unwrap();
     d.one(Command::CompactStreamObject(CompactStreamObject {

@@ -1295,13 +1295,7 @@ fn group_commits_are_fenced_by_coordinator_epoch_from_version_5() {
 /// it a moved range is as old as its new object, as old binaries apply it.
 #[test]
 fn compaction_keeps_the_data_times_from_version_6() {
-    let mut d = Driver::default();
-    d.one(register(N1)).unwrap();
-    d.one(coordinator(N1, 1)).unwrap();
-    d.one(Command::CreateStreams(CreateStreams { count: 1 }))
-        .unwrap();
-    d.one(open(N1, 1, 1)).unwrap();
-    d.one(prepare(N1, 8)).unwrap();
+    let mut d = Driver::with_open_stream(METADATA_VERSION, 1, 8);
     // The time of the driver's next row.
     let next_at = |d: &Driver| 1_000 + d.index;
     let run = |end_offset, at_ms| DataTime { end_offset, at_ms };
@@ -1325,13 +1319,7 @@ fn compaction_keeps_the_data_times_from_version_6() {
     assert!(moved.data_times.is_empty(), "version 1 keeps no times");
     assert_eq!(d.state.data_times(&moved), [run(20, compacted_at)]);
 
-    for version in 2..=DATA_TIME_VERSION {
-        d.one(Command::UpgradeMetadataVersion(UpgradeMetadataVersion {
-            coordinator_epoch: 1,
-            version,
-        }))
-        .unwrap();
-    }
+    d.upgrade_to(DATA_TIME_VERSION);
     let first = next_at(&d);
     d.one(commit(N1, 4, vec![range(1, 1, 20, 30)])).unwrap();
     let second = next_at(&d);
@@ -1361,20 +1349,7 @@ fn compaction_keeps_the_data_times_from_version_6() {
 /// same number of commits, each with its newest time.
 #[test]
 fn many_moved_commits_keep_at_most_32_data_times() {
-    let mut d = Driver::default();
-    d.one(register(N1)).unwrap();
-    d.one(coordinator(N1, 1)).unwrap();
-    for version in 2..=DATA_TIME_VERSION {
-        d.one(Command::UpgradeMetadataVersion(UpgradeMetadataVersion {
-            coordinator_epoch: 1,
-            version,
-        }))
-        .unwrap();
-    }
-    d.one(Command::CreateStreams(CreateStreams { count: 1 }))
-        .unwrap();
-    d.one(open(N1, 1, 1)).unwrap();
-    d.one(prepare(N1, 100)).unwrap();
+    let mut d = Driver::with_open_stream(METADATA_VERSION, DATA_TIME_VERSION, 100);
     let first_at = 1_000 + d.index;
     let mut last_at = 0;
     for i in 0..99 {

@@ -65,6 +65,32 @@ impl Driver {
         Ok(outcome)
     }
 
+    /// Raises the cluster's `metadata_version` to `version` one step at a time, as the
+    /// coordinator of epoch 1 does.
+    pub fn upgrade_to(&mut self, version: u32) {
+        for v in self.state.metadata_version + 1..=version {
+            self.one(Command::UpgradeMetadataVersion(UpgradeMetadataVersion {
+                coordinator_epoch: 1,
+                version: v,
+            }))
+            .unwrap();
+        }
+    }
+
+    /// Node 1 (supporting metadata_version `supported`) coordinating a cluster at `version`,
+    /// with stream 1 open on it and `objects` object ids prepared for it (1 to `objects`).
+    pub fn with_open_stream(supported: u32, version: u32, objects: u32) -> Driver {
+        let mut d = Driver::default();
+        d.one(register_supporting(N1, supported)).unwrap();
+        d.one(coordinator(N1, 1)).unwrap();
+        d.upgrade_to(version);
+        d.one(Command::CreateStreams(CreateStreams { count: 1 }))
+            .unwrap();
+        d.one(open(N1, 1, 1)).unwrap();
+        d.one(prepare(N1, objects)).unwrap();
+        d
+    }
+
     /// One command in its own row from node 1's first process.
     pub fn one(&mut self, command: Command) -> CommandResult {
         match self.row(N1, vec![command]).expect("not fatal") {
