@@ -697,17 +697,7 @@ fn snapshots_written_by_metadata_version_6_still_decode() {
     let mut d = Driver::with_open_stream(6, 6, 3);
     d.one(commit(N1, 1, vec![range(1, 1, 0, 10)])).unwrap();
     d.one(commit(N1, 2, vec![range(1, 1, 10, 20)])).unwrap();
-    d.one(Command::CompactStreamObject(CompactStreamObject {
-        node_id: 1,
-        node_epoch: 1,
-        object_id: 3,
-        stream_id: 1,
-        start_offset: 0,
-        end_offset: 20,
-        object_size: 2048,
-        source_object_ids: vec![1, 2],
-    }))
-    .unwrap();
+    d.one(stream_object(3, 0, 20, vec![1, 2])).unwrap();
     assert_eq!(d.state.ranges[&(1, 0)].data_times.len(), 2);
     let fresh = encode_snapshot(d.index, &d.state);
     let stored = read_or_bless("snapshot-6.bin", &fresh);

@@ -916,18 +916,6 @@ fn compaction_and_object_lifecycle() {
     assert_eq!(objects[&2].state(), ObjectState::Destroyed);
     assert_eq!(objects[&3].live_ranges, 2);
     // Split stream 1 out into a stream object.
-    let stream_object = |object_id, start, end, sources: Vec<u64>| {
-        Command::CompactStreamObject(CompactStreamObject {
-            node_id: 1,
-            node_epoch: 1,
-            object_id,
-            stream_id: 1,
-            start_offset: start,
-            end_offset: end,
-            object_size: 2048,
-            source_object_ids: sources,
-        })
-    };
     t.done(N1, stream_object(4, 0, 20, vec![3]));
     t.step(N1, stream_object(4, 0, 20, vec![3]), Redundant);
     assert_eq!(
@@ -1299,18 +1287,6 @@ fn compaction_keeps_the_data_times_from_version_6() {
     // The time of the driver's next row.
     let next_at = |d: &Driver| 1_000 + d.index;
     let run = |end_offset, at_ms| DataTime { end_offset, at_ms };
-    let stream_object = |object_id, start_offset, end_offset, sources: Vec<u64>| {
-        Command::CompactStreamObject(CompactStreamObject {
-            node_id: 1,
-            node_epoch: 1,
-            object_id,
-            stream_id: 1,
-            start_offset,
-            end_offset,
-            object_size: 2048,
-            source_object_ids: sources,
-        })
-    };
     d.one(commit(N1, 1, vec![range(1, 1, 0, 10)])).unwrap();
     d.one(commit(N1, 2, vec![range(1, 1, 10, 20)])).unwrap();
     let compacted_at = next_at(&d);
@@ -1357,17 +1333,8 @@ fn many_moved_commits_keep_at_most_32_data_times() {
         d.one(commit(N1, i + 1, vec![range(1, 1, i * 10, i * 10 + 10)]))
             .unwrap();
     }
-    d.one(Command::CompactStreamObject(CompactStreamObject {
-        node_id: 1,
-        node_epoch: 1,
-        object_id: 100,
-        stream_id: 1,
-        start_offset: 0,
-        end_offset: 990,
-        object_size: 2048,
-        source_object_ids: (1..=99).collect(),
-    }))
-    .unwrap();
+    d.one(stream_object(100, 0, 990, (1..=99).collect()))
+        .unwrap();
     let times = &d.state.ranges[&(1, 0)].data_times;
     assert_eq!(times.len(), 32);
     assert!(

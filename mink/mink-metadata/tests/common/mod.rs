@@ -156,6 +156,21 @@ pub fn range(stream_id: u64, stream_epoch: u64, start: u64, end: u64) -> StreamR
     }
 }
 
+/// Node 1 (epoch 1) compacting stream 1's `[start, end)` from `sources` into stream object
+/// `object_id` (2048 bytes).
+pub fn stream_object(object_id: u64, start: u64, end: u64, sources: Vec<u64>) -> Command {
+    Command::CompactStreamObject(CompactStreamObject {
+        node_id: 1,
+        node_epoch: 1,
+        object_id,
+        stream_id: 1,
+        start_offset: start,
+        end_offset: end,
+        object_size: 2048,
+        source_object_ids: sources,
+    })
+}
+
 pub fn commit(node: NodeRef, object_id: u64, ranges: Vec<StreamRange>) -> Command {
     Command::CommitStreamSetObject(CommitStreamSetObject {
         node_id: node.node_id,
