@@ -502,10 +502,7 @@ async fn flight_sql_codes_say_who_can_act() {
         let refused = match sql.execute(statement.into(), None).await {
             Ok(info) => {
                 let mut sql = sql.clone();
-                match sql.do_get(info.endpoint[0].ticket.clone().unwrap()).await {
-                    Ok(stream) => stream.try_collect::<Vec<_>>().await.map(|_| ()),
-                    Err(e) => Err(e),
-                }
+                fetch(&mut sql, &info).await.map(|_| ())
             }
             Err(e) => Err(e),
         };
@@ -794,13 +791,7 @@ async fn lake_tables_read_as_union_lake_and_log() {
             .insert("mink-freshness", "lake".parse().unwrap());
         let info = flight.get_flight_info(request).await.unwrap().into_inner();
         let mut sql = c.flight_sql().await;
-        let batches: Vec<_> = sql
-            .do_get(info.endpoint[0].ticket.clone().unwrap())
-            .await
-            .unwrap()
-            .try_collect()
-            .await
-            .unwrap();
+        let batches = fetch(&mut sql, &info).await.unwrap();
         assert_eq!(common::text_rows(&batches), strings(&[&["50"]]));
     }
     c.stop().await;
@@ -1186,6 +1177,15 @@ async fn auto_increment_columns_are_generated() {
     c.stop().await;
 }
 
+/// The batches of a statement's (first) endpoint.
+async fn fetch(
+    sql: &mut FlightSqlServiceClient<tonic::transport::Channel>,
+    info: &arrow_flight::FlightInfo,
+) -> Result<Vec<arrow::array::RecordBatch>, arrow_flight::error::FlightError> {
+    let ticket = info.endpoint[0].ticket.clone().expect("a ticket");
+    sql.do_get(ticket).await?.try_collect().await
+}
+
 /// A prepared statement outlives the Flight SQL server that prepared it: a BI tool or ADBC
 /// cursor re-runs its handle after `mink-query serve` restarted (it got NOT_FOUND for ever).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1227,13 +1227,7 @@ async fn a_prepared_statement_runs_after_the_server_restarts() {
                 other => break other.unwrap(),
             }
         };
-        let batches: Vec<_> = sql
-            .do_get(info.endpoint[0].ticket.clone().unwrap())
-            .await
-            .unwrap()
-            .try_collect()
-            .await
-            .unwrap();
+        let batches = fetch(&mut sql, &info).await.unwrap();
         counts.push(
             arrow::util::pretty::pretty_format_batches(&batches)
                 .unwrap()
@@ -1809,10 +1803,7 @@ async fn an_unreachable_node_is_unavailable() {
     let mut sql = c.flight_sql().await;
     for statement in ["SELECT 1", "SELECT count(*) FROM app.events"] {
         let refused = match sql.execute(statement.into(), None).await {
-            Ok(info) => match sql.do_get(info.endpoint[0].ticket.clone().unwrap()).await {
-                Ok(stream) => stream.try_collect::<Vec<_>>().await.map(|_| ()),
-                Err(e) => Err(e),
-            },
+            Ok(info) => fetch(&mut sql, &info).await.map(|_| ()),
             Err(e) => Err(e),
         };
         assert!(
@@ -1842,13 +1833,7 @@ async fn metadata_rows(
     sql: &mut FlightSqlServiceClient<tonic::transport::Channel>,
     info: arrow_flight::FlightInfo,
 ) -> Vec<Vec<String>> {
-    let batches: Vec<_> = sql
-        .do_get(info.endpoint[0].ticket.clone().unwrap())
-        .await
-        .unwrap()
-        .try_collect()
-        .await
-        .unwrap();
+    let batches = fetch(sql, &info).await.unwrap();
     common::text_rows(&batches)
 }
 
@@ -1876,13 +1861,7 @@ async fn flight_sql_metadata_lists_the_system_tables() {
         })
         .await
         .unwrap();
-    let batches: Vec<_> = sql
-        .do_get(info.endpoint[0].ticket.clone().unwrap())
-        .await
-        .unwrap()
-        .try_collect()
-        .await
-        .unwrap();
+    let batches = fetch(&mut sql, &info).await.unwrap();
     let names: Vec<Vec<String>> = common::text_rows(&batches)
         .into_iter()
         .map(|r| r[..4].to_vec())
