@@ -1100,6 +1100,14 @@ async fn lookups_go_to_each_buckets_leader_across_nodes() {
         [31, 2, 17, 8, 25, 0],
         "in the order asked, projected, the missing key left out"
     );
+    // Keys that are nowhere, in buckets of both leaders: nothing, not an error (a leader
+    // that finds no key answers with the schema alone).
+    let none = client
+        .lookup("app", "kv", (100..140).map(key).collect(), &["n".into()])
+        .await
+        .unwrap();
+    assert_eq!(none.num_rows(), 0);
+    assert_eq!(none.schema().field(0).name(), "n");
     let prefixes = client
         .prefix_lookup(
             "app",

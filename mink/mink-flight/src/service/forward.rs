@@ -62,11 +62,15 @@ impl FlightForwarder {
 
     /// A `DoGet` of `ticket` at the leader, marked forwarded: its batches with their
     /// `app_metadata`.
+    /// The batches (with their app metadata) of a `DoGet` of `ticket` at `address`; with
+    /// `schema_too`, the stream's schema first, as an empty batch (a lookup that finds no key
+    /// answers with the schema alone).
     async fn get(
         &self,
         address: &str,
         ticket: &Ticket,
         applied_index: u64,
+        schema_too: bool,
     ) -> NodeResult<BoxStream<'static, NodeResult<(RecordBatch, bytes::Bytes)>>> {
         let mut client = self.client(address)?;
         let mut request = Request::new(arrow_flight::Ticket::new(protocol::to_json(ticket)));
@@ -91,6 +95,9 @@ impl FlightForwarder {
                             let meta = d.app_metadata();
                             match d.payload {
                                 DecodedPayload::RecordBatch(b) => Some(Ok((b, meta))),
+                                DecodedPayload::Schema(schema) if schema_too => {
+                                    Some(Ok((RecordBatch::new_empty(schema), meta)))
+                                }
                                 _ => None,
                             }
                         }
@@ -172,7 +179,7 @@ impl mink_node::Forwarder for FlightForwarder {
             ..Default::default()
         };
         let batches: Vec<(RecordBatch, bytes::Bytes)> = self
-            .get(address, &ticket, applied_index)
+            .get(address, &ticket, applied_index, true)
             .await?
             .try_collect()
             .await?;
@@ -207,7 +214,7 @@ impl mink_node::Forwarder for FlightForwarder {
             ..Default::default()
         };
         Ok(self
-            .get(address, &ticket, applied_index)
+            .get(address, &ticket, applied_index, false)
             .await?
             .map(|item| {
                 let (batch, meta) = item?;
