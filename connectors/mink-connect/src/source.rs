@@ -424,11 +424,20 @@ pub(crate) async fn run(config: Arc<Config>, metrics: Arc<Metrics>) -> anyhow::R
             .as_ref()
             .map(|m| (m.topic().to_string(), m.partition()))
             .filter(|k| config.source(&k.0).is_some());
-        let mut result = copier.reopen().await;
-        if result.is_ok()
-            && let Some(m) = &message
-        {
-            result = copier.take(m).await;
+        let mut result = Ok(());
+        match copier.reopen().await {
+            Err(e) => result = Err(e),
+            // A message consumed before its partition was sought back is not taken: the seek
+            // delivers it again, after the records below it that were lost with the failed
+            // batch. Taken now, it would move the partition past them, and they would be
+            // dropped as stored already when they came again (a record was lost so).
+            Ok(reopened) => {
+                if let Some(m) = &message
+                    && !reopened.contains(&(m.topic().to_string(), m.partition()))
+                {
+                    result = copier.take(m).await;
+                }
+            }
         }
         if result.is_ok() {
             result = copier.flush_due(batch_age).await;
@@ -468,8 +477,9 @@ impl Copier<'_> {
         self.reopen.extend(also);
     }
 
-    /// Opens again the partitions whose copying failed.
-    async fn reopen(&mut self) -> anyhow::Result<()> {
+    /// Opens again the partitions whose copying failed; answers which.
+    async fn reopen(&mut self) -> anyhow::Result<BTreeSet<(String, i32)>> {
+        let mut reopened = BTreeSet::new();
         while let Some(key) = self.reopen.first().cloned() {
             let source = self
                 .config
@@ -482,8 +492,9 @@ impl Copier<'_> {
             tracing::info!(topic = %key.0, partition = key.1, resume = p.next, "copying again");
             self.partitions.insert(key.clone(), p);
             self.reopen.remove(&key);
+            reopened.insert(key);
         }
-        Ok(())
+        Ok(reopened)
     }
 
     /// A consumed record into its partition's batch.
