@@ -851,6 +851,17 @@ pub(crate) async fn tail(client: &Client, a: TailArgs) -> anyhow::Result<()> {
             "{database}.{table} has no buckets to tail yet (a partitioned table gets them with its first rows)"
         );
     }
+    // The cluster's other nodes: any node serves a log read, so a tail whose node stops goes
+    // on at another.
+    let others: Arc<Vec<String>> = Arc::new(match client.describe_cluster().await {
+        Ok(c) => c
+            .nodes
+            .into_iter()
+            .filter(|n| n.node_id != c.node_id)
+            .map(|n| n.address)
+            .collect(),
+        Err(_) => Vec::new(),
+    });
     let mut streams = Vec::new();
     for (partition, bucket, end) in buckets {
         let mut s = Scan::table(&database, &table)
@@ -875,7 +886,13 @@ pub(crate) async fn tail(client: &Client, a: TailArgs) -> anyhow::Result<()> {
             s = s.offset(n);
         }
         let first = client.scan(&s).await?;
-        streams.push(resuming(client.clone(), s, next, first));
+        streams.push(resuming(
+            client.clone(),
+            Arc::clone(&others),
+            s,
+            next,
+            first,
+        ));
     }
     let mut merged = futures::stream::select_all(streams);
     let mut sink: Option<Sink> = None;
@@ -905,22 +922,26 @@ const RESUME_LIMIT: Duration = Duration::from_secs(60);
 
 /// A bucket's tail (`scan`, its first read `first`) that outlives its node stopping (a
 /// rolling restart) or a dropped connection: on an error worth retrying it reads again from
-/// the offset after the last row it gave (`next` before any), waiting 100 ms doubling to 5 s
-/// between attempts, for up to [`RESUME_LIMIT`].
+/// the offset after the last row it gave (`next` before any), at its node or else at one of
+/// `others` (the cluster's other nodes, in turn), waiting 100 ms doubling to 5 s between
+/// rounds, for up to [`RESUME_LIMIT`].
 fn resuming(
     client: Client,
+    others: Arc<Vec<String>>,
     scan: Scan,
     next: Option<u64>,
     first: futures::stream::BoxStream<'static, mink_client::ClientResult<ReadBatch>>,
 ) -> futures::stream::BoxStream<'static, anyhow::Result<ReadBatch>> {
     struct Tail {
         client: Client,
+        others: Arc<Vec<String>>,
         scan: Scan,
         next: Option<u64>,
         stream: futures::stream::BoxStream<'static, mink_client::ClientResult<ReadBatch>>,
     }
     let tail = Tail {
         client,
+        others,
         scan,
         next,
         stream: first,
@@ -949,14 +970,39 @@ fn resuming(
             tracing::warn!(error = %e, bucket, "the tail broke off; reading again from {from}");
             let started = tokio::time::Instant::now();
             let mut wait = Duration::from_millis(100);
-            t.stream = loop {
+            t.stream = 'rounds: loop {
                 tokio::time::sleep(wait).await;
-                match t.client.scan(&scan).await {
-                    Ok(stream) => break stream,
-                    Err(e) if e.is_retriable() && started.elapsed() < RESUME_LIMIT => {
+                let mut last = None;
+                for other in std::iter::once(None).chain(t.others.iter().map(Some)) {
+                    let read = match other {
+                        None => t.client.scan(&scan).await,
+                        Some(address) => {
+                            match Client::connect_with(address, t.client.config().clone()).await {
+                                Ok(c) => c.scan(&scan).await,
+                                Err(e) => Err(e),
+                            }
+                        }
+                    };
+                    match read {
+                        Ok(stream) => {
+                            if let Some(address) = other {
+                                tracing::warn!(bucket, "the tail reads on at {address}");
+                            }
+                            break 'rounds stream;
+                        }
+                        Err(e) if e.is_retriable() => last = Some(e),
+                        Err(e) => {
+                            last = Some(e);
+                            break;
+                        }
+                    }
+                }
+                let e = last.expect("at least one attempt");
+                match e {
+                    e if e.is_retriable() && started.elapsed() < RESUME_LIMIT => {
                         wait = (wait * 2).min(Duration::from_secs(5));
                     }
-                    Err(e) => {
+                    e => {
                         let e = anyhow::Error::from(e).context(format!(
                             "the tail of bucket {bucket} broke off and could not read again from {from} within {} s",
                             RESUME_LIMIT.as_secs()

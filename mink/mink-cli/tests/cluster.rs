@@ -594,6 +594,67 @@ fn a_cluster_outlives_a_restart_of_every_node() {
     assert!(scanned.contains("kept"), "after the restart: {scanned}");
 }
 
+/// Writes JSON lines `ids` as rows of `app.<table>` through the node at `address`.
+fn produce_ids(address: &str, table: &str, ids: std::ops::RangeInclusive<i64>) {
+    let mut produce = Command::new(MINK)
+        .args(["--server", address, "produce", &format!("app.{table}")])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines: String = ids
+        .map(|i| format!("{{\"id\": {i}, \"msg\": \"m\"}}\n"))
+        .collect();
+    std::io::Write::write_all(&mut produce.stdin.take().unwrap(), lines.as_bytes()).unwrap();
+    assert!(produce.wait().unwrap().success());
+}
+
+/// A `mink tail` whose node stops reads on at another node of the cluster, from where it was:
+/// every row printed once (it used to retry only its own node, and give up after a minute).
+#[test]
+fn a_tail_reads_on_at_another_node_when_its_node_stops() {
+    let Some(cluster) = nodes(2) else { return };
+    let (one, two) = (cluster.address(1), cluster.address(2));
+    create_log_table(&one, "tailed");
+    let mut tail = Command::new(MINK)
+        .args(["--server", &one, "tail", "app.tailed", "--from-beginning"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = tail.stdout.take().unwrap();
+    let (tx, printed) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
+            let _ = tx.send(line.unwrap());
+        }
+    });
+    let mut ids = Vec::new();
+    let take = |n: usize, ids: &mut Vec<i64>| {
+        for _ in 0..n {
+            let line = printed
+                .recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|_| panic!("the tail printed no more within 60 s: {ids:?}"));
+            let row: serde_json::Value = serde_json::from_str(&line).unwrap();
+            ids.push(row["id"].as_i64().unwrap());
+        }
+    };
+    produce_ids(&two, "tailed", 1..=6);
+    take(6, &mut ids);
+    cluster.signal(1, "TERM");
+    cluster.exited(1);
+    produce_ids(&two, "tailed", 7..=12);
+    take(6, &mut ids);
+    ids.sort_unstable();
+    assert_eq!(ids, (1..=12).collect::<Vec<_>>());
+    tail.kill().unwrap();
+    let out = tail.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("the tail reads on at {two}")),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn a_rolling_restart_and_a_rebalance_under_load_lose_nothing() {
     let Some(mut cluster) = nodes(4) else { return };
