@@ -15,6 +15,7 @@ use mink_client::{Client, ClientConfig, Scan};
 
 use crate::common::{
     Dev, MINK, exits_within, free_port, http_get, manifest_dir, python, rows, spawn_load,
+    spawn_printing,
 };
 
 #[test]
@@ -1278,20 +1279,8 @@ fn a_node_stops_on_sigterm_though_clients_keep_streams_open() {
         ],
         None,
     );
-    let mut tail = Command::new(MINK)
-        .args(["--server", &dev.flight, "tail", "app.t", "-f", "json"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let (mut tail, printed) = spawn_printing(&dev.flight, &["tail", "app.t", "-f", "json"]);
     // The tail is attached once it prints a row written after it started.
-    let stdout = tail.stdout.take().unwrap();
-    let (tx, printed) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
-            let _ = tx.send(line.unwrap());
-        }
-    });
     dev.run(&["produce", "app.t"], Some("{\"id\": 1, \"msg\": \"a\"}\n"));
     let first = printed
         .recv_timeout(Duration::from_secs(30))

@@ -14,7 +14,9 @@ use arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch};
 use arrow::datatypes::Int64Type;
 use mink_client::{Client, Scan};
 
-use crate::common::{LocalCluster, MINK, Relay, manifest_dir, python, rows, spawn_load};
+use crate::common::{
+    LocalCluster, MINK, Relay, manifest_dir, python, rows, spawn_load, spawn_printing,
+};
 
 const TTL_MS: u64 = 2000;
 
@@ -615,19 +617,7 @@ fn a_tail_reads_on_at_another_node_when_its_node_stops() {
     let Some(cluster) = nodes(2) else { return };
     let (one, two) = (cluster.address(1), cluster.address(2));
     create_log_table(&one, "tailed");
-    let mut tail = Command::new(MINK)
-        .args(["--server", &one, "tail", "app.tailed", "--from-beginning"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = tail.stdout.take().unwrap();
-    let (tx, printed) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
-            let _ = tx.send(line.unwrap());
-        }
-    });
+    let (mut tail, printed) = spawn_printing(&one, &["tail", "app.tailed", "--from-beginning"]);
     let mut ids = Vec::new();
     let take = |n: usize, ids: &mut Vec<i64>| {
         for _ in 0..n {

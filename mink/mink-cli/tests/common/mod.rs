@@ -127,6 +127,26 @@ impl Drop for Dev {
     }
 }
 
+/// `mink --server <server> <args>` started (a `tail`, say), its stderr piped, and its standard
+/// output's lines as they are printed.
+pub fn spawn_printing(server: &str, args: &[&str]) -> (Child, std::sync::mpsc::Receiver<String>) {
+    let mut child = Command::new(MINK)
+        .args(["--server", server])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, printed) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let _ = tx.send(line.unwrap());
+        }
+    });
+    (child, printed)
+}
+
 /// Waits up to `seconds` for process `pid` (ours or not) to exit: a pidfd of it turns readable
 /// when it does. `what` names it in the failure.
 pub fn exits_within(pid: u32, seconds: i64, what: &str) {
