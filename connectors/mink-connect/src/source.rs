@@ -414,7 +414,14 @@ pub(crate) async fn run(config: Arc<Config>, metrics: Arc<Metrics>) -> anyhow::R
             Ok(Ok(m)) => Some(m),
             // librdkafka reconnects by itself: said, and waited for.
             Ok(Err(e)) if crate::retry::kafka_transient(&e) => {
-                tracing::warn!(error = %e, "consuming: the brokers cannot be reached; retrying");
+                // One broker down of several is not an outage of them all: said as it is.
+                let what = match e.rdkafka_error_code() {
+                    Some(rdkafka::error::RDKafkaErrorCode::AllBrokersDown) => {
+                        "no broker can be reached"
+                    }
+                    _ => "a broker or partition leader cannot be reached",
+                };
+                tracing::warn!(error = %e, "consuming: {what}; librdkafka retries");
                 None
             }
             Ok(Err(e)) => return Err(e).context("consuming"),
