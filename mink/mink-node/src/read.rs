@@ -662,16 +662,18 @@ impl Node {
                         i.saturating_sub(idle_since.elapsed())
                             .min(Duration::from_secs(1))
                     });
-                    tokio::select! {
-                        waited = self.wait_for_data(&b.bucket, offset, step) => { waited?; }
-                        () = self.until_stopping() => {}
-                    }
-                    if self.is_stopping() {
-                        return Err(NodeError::Unavailable(format!(
-                            "node {} is shutting down; tail {} again from offset {offset} to reach its next leader",
-                            self.node_id(),
-                            b.bucket
-                        )));
+                    // A stopping node ends the wait (`next_applied`): the tail is told where
+                    // to resume.
+                    if let Err(e) = self.wait_for_data(&b.bucket, offset, step).await {
+                        return Err(if self.is_stopping() {
+                            NodeError::Unavailable(format!(
+                                "node {} is shutting down; tail {} again from offset {offset} to reach its next leader",
+                                self.node_id(),
+                                b.bucket
+                            ))
+                        } else {
+                            e
+                        });
                     }
                     continue;
                 }
