@@ -170,6 +170,19 @@ impl Drop for Executor {
     }
 }
 
+/// Keeps `sql` prepared under `handle`, with no parameters bound yet, and forgets the
+/// statements unused for `PLAN_TTL * 6`.
+fn keep_prepared(prepared: &mut HashMap<String, Prepared>, handle: &str, sql: &str) -> Prepared {
+    prepared.retain(|_, p| p.at.elapsed() < PLAN_TTL * 6);
+    let p = Prepared {
+        sql: sql.to_string(),
+        parameters: vec![],
+        at: Instant::now(),
+    };
+    prepared.insert(handle.to_string(), p.clone());
+    p
+}
+
 /// A prepared statement's handle: an id, a newline, the statement's text. Carrying the text
 /// lets any server answer it (after a restart, or behind a load balancer with others), as
 /// clients keep a handle for as long as they like.
@@ -298,14 +311,7 @@ impl MinkFlightSql {
             return Ok(p.clone());
         }
         let (_, sql) = h.split_once('\n').ok_or_else(unknown)?;
-        let p = Prepared {
-            sql: sql.to_string(),
-            parameters: vec![],
-            at: Instant::now(),
-        };
-        prepared.retain(|_, p| p.at.elapsed() < PLAN_TTL * 6);
-        prepared.insert(h.to_string(), p.clone());
-        Ok(p)
+        Ok(keep_prepared(&mut prepared, h, sql))
     }
 
     /// The `FlightInfo` of a planned statement: its schema, one endpoint whose ticket is the
@@ -996,18 +1002,11 @@ impl FlightSqlService for MinkFlightSql {
             (plan.schema().as_arrow().clone(), parameter_schema)
         };
         let handle = prepared_handle(&query.query);
-        {
-            let mut prepared = self.prepared.lock().expect("prepared");
-            prepared.retain(|_, p| p.at.elapsed() < PLAN_TTL * 6);
-            prepared.insert(
-                handle.clone(),
-                Prepared {
-                    sql: query.query,
-                    parameters: vec![],
-                    at: Instant::now(),
-                },
-            );
-        }
+        keep_prepared(
+            &mut self.prepared.lock().expect("prepared"),
+            &handle,
+            &query.query,
+        );
         Ok(ActionCreatePreparedStatementResult {
             prepared_statement_handle: handle.into_bytes().into(),
             dataset_schema: ipc_schema(&dataset)?,
