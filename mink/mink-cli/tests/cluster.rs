@@ -645,6 +645,52 @@ fn a_tail_reads_on_at_another_node_when_its_node_stops() {
     );
 }
 
+/// A lease holder stopped with SIGTERM hands the lease over as it starts to drain: the other
+/// node holds it well before its next renewal (15 s apart at a 60 s TTL), and serves the
+/// stopped node's buckets.
+#[test]
+fn a_stopped_lease_holder_hands_the_lease_over_at_once() {
+    let Some(cluster) =
+        LocalCluster::start(2, &["--lease-ttl-ms", "60000", "--flush-delay-ms", "10"])
+    else {
+        return;
+    };
+    let holder = lease_holder(&cluster.address(1));
+    let other = 3 - holder;
+    let entry = cluster.address(other);
+    create_log_table(&entry, "handed");
+    let stopped = Instant::now();
+    cluster.signal(holder, "TERM");
+    assert_eq!(lease_holder_other_than(&entry, holder), other);
+    let took = stopped.elapsed();
+    eprintln!("the lease moved {took:?} after SIGTERM to its holder (renewals 15 s apart)");
+    assert!(
+        took < Duration::from_secs(5),
+        "the lease took {took:?} to move"
+    );
+    cluster.exited(holder);
+    produce_ids(&entry, "handed", 1..=3);
+    let scanned = mink(&entry, &["scan", "app.handed", "--format", "csv"]);
+    assert_eq!(scanned.lines().skip(1).count(), 3, "{scanned}");
+}
+
+/// Waits (up to 20 s) for `mink cluster status` at `address` to name a lease holder other than
+/// `previous`.
+fn lease_holder_other_than(address: &str, previous: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let holder = lease_holder(address);
+        if holder != previous {
+            return holder;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node {previous} still holds the lease"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn a_rolling_restart_and_a_rebalance_under_load_lose_nothing() {
     let Some(mut cluster) = nodes(4) else { return };

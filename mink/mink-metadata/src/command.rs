@@ -85,6 +85,8 @@ pub enum Command {
     RegisterCoordinator(RegisterCoordinator),
     #[prost(message, tag = "43")]
     UpgradeMetadataVersion(UpgradeMetadataVersion),
+    #[prost(message, tag = "44")]
+    ResignCoordinator(ResignCoordinator),
     // ---- Offsets ----
     #[prost(message, tag = "50")]
     RegisterProducerOffsets(RegisterProducerOffsets),
@@ -118,6 +120,7 @@ impl Command {
             Command::RegisterProducerOffsets(_)
             | Command::DeleteProducerOffsets(_)
             | Command::ExpireProducerOffsets(_) => 2,
+            Command::ResignCoordinator(_) => crate::RESIGN_VERSION,
             _ => 1,
         }
     }
@@ -158,6 +161,7 @@ impl Command {
             Command::Allocate(_) => "Allocate",
             Command::RegisterCoordinator(_) => "RegisterCoordinator",
             Command::UpgradeMetadataVersion(_) => "UpgradeMetadataVersion",
+            Command::ResignCoordinator(_) => "ResignCoordinator",
             Command::RegisterProducerOffsets(_) => "RegisterProducerOffsets",
             Command::DeleteProducerOffsets(_) => "DeleteProducerOffsets",
             Command::ExpireProducerOffsets(_) => "ExpireProducerOffsets",
@@ -181,6 +185,7 @@ impl Command {
             Command::CompactStreamObject(c) => (c.node_id, c.node_epoch),
             Command::CommitKvSnapshot(c) => (c.node_id, c.node_epoch),
             Command::RegisterCoordinator(c) => (c.node_id, c.node_epoch),
+            Command::ResignCoordinator(c) => (c.node_id, c.node_epoch),
             _ => return None,
         };
         Some(NodeRef {
@@ -680,6 +685,20 @@ pub struct RegisterCoordinator {
     pub node_epoch: u64,
     #[prost(uint64, tag = "3")]
     pub lease_term: u64,
+}
+
+/// The lease holder gives the coordinator role up on its way out (from metadata_version 7), so
+/// that the other nodes, which see it in the log, take the lease at once rather than at their
+/// next renewal. `coordinator_epoch` must be the current one; from then on no command at that
+/// epoch is accepted, and no node coordinates until the next `RegisterCoordinator`.
+#[derive(Clone, PartialEq, Eq, ::prost::Message)]
+pub struct ResignCoordinator {
+    #[prost(uint64, tag = "1")]
+    pub node_id: u64,
+    #[prost(uint64, tag = "2")]
+    pub node_epoch: u64,
+    #[prost(uint64, tag = "3")]
+    pub coordinator_epoch: u64,
 }
 
 /// Coordinator: raises the cluster's `metadata_version` once every live node supports it.

@@ -45,8 +45,12 @@ pub use state::{BucketKey, State, View};
 /// forgets the table's lake snapshot record, and `CommitLakeSnapshot` is refused for a table
 /// without the lake; 5 — a `CommitGroupOffsets` carrying a stale `coordinator_epoch` is
 /// refused; 6 — a compaction keeps the commit times of the data it moves
-/// (`RangeRecord::data_times`), so retention ages rows by when they were written.
-pub const METADATA_VERSION: u32 = 6;
+/// (`RangeRecord::data_times`), so retention ages rows by when they were written; 7 — a lease
+/// holder on its way out proposes `ResignCoordinator`, so others take the lease at once.
+pub const METADATA_VERSION: u32 = 7;
+
+/// The cluster `metadata_version` from which a stopping lease holder resigns through the log.
+pub const RESIGN_VERSION: u32 = 7;
 
 /// The cluster `metadata_version` from which compaction keeps the data's commit times.
 pub const DATA_TIME_VERSION: u32 = 6;

@@ -51,6 +51,17 @@ pub struct CoordinatorRecord {
     /// The lease term the holder registered with.
     #[prost(uint64, tag = "3")]
     pub epoch: u64,
+    /// The holder gave the role up (`ResignCoordinator`): nobody coordinates until the next
+    /// registration, which must still bring a higher term.
+    #[prost(bool, tag = "4")]
+    pub resigned: bool,
+}
+
+impl CoordinatorRecord {
+    /// The node coordinating now: the holder, unless it resigned.
+    pub fn active(&self) -> Option<u64> {
+        (!self.resigned).then_some(self.node_id)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]

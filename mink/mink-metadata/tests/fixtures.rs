@@ -347,6 +347,7 @@ fn variant(command: &Command) -> usize {
         Command::CommitGroupOffsets(_) => 36,
         Command::DeleteGroupOffsets(_) => 37,
         Command::ExpireGroupOffsets(_) => 38,
+        Command::ResignCoordinator(_) => 39,
     }
 }
 
@@ -390,8 +391,12 @@ fn unframe(mut bytes: &[u8]) -> Vec<Vec<u8>> {
 
 #[test]
 fn every_command_is_in_the_fixture() {
-    let covered: std::collections::BTreeSet<usize> = commands_1().iter().map(variant).collect();
-    assert_eq!(covered, (0..39).collect());
+    let covered: std::collections::BTreeSet<usize> = commands_1()
+        .iter()
+        .chain(&commands_7())
+        .map(variant)
+        .collect();
+    assert_eq!(covered, (0..40).collect());
 }
 
 #[test]
@@ -701,6 +706,66 @@ fn snapshots_written_by_metadata_version_6_still_decode() {
     assert_eq!(d.state.ranges[&(1, 0)].data_times.len(), 2);
     let fresh = encode_snapshot(d.index, &d.state);
     let stored = read_or_bless("snapshot-6.bin", &fresh);
+    let (index, decoded) = decode_snapshot(&stored, METADATA_VERSION).unwrap();
+    assert_eq!(index, d.index);
+    assert_eq!(decoded, d.state);
+    assert_eq!(stored, fresh, "the state encodes differently than it did");
+}
+
+/// What metadata_version 7 added: `ResignCoordinator`.
+fn commands_7() -> Vec<Command> {
+    vec![Command::ResignCoordinator(ResignCoordinator {
+        node_id: 701,
+        node_epoch: 702,
+        coordinator_epoch: 703,
+    })]
+}
+
+#[test]
+fn rows_written_by_metadata_version_7_still_decode() {
+    let expected: Vec<Row> = commands_7()
+        .into_iter()
+        .map(|command| Row {
+            token: RowToken {
+                node_id: 704,
+                node_epoch: 705,
+                incarnation: 706,
+                sequence: 707,
+            },
+            proposed_at_ms: 708,
+            commands: vec![command],
+        })
+        .collect();
+    let fresh: Vec<Vec<u8>> = expected.iter().map(encode_row).collect();
+    let stored = unframe(&read_or_bless("rows-7.bin", &frame(&fresh)));
+    assert_eq!(stored.len(), expected.len());
+    for ((bytes, row), now) in stored.iter().zip(&expected).zip(&fresh) {
+        assert_eq!(&decode_row(bytes, METADATA_VERSION).unwrap(), row);
+        assert_eq!(bytes, now);
+        // A binary of version 6 cannot read it, and says so.
+        assert!(matches!(
+            decode_row(bytes, 6),
+            Err(DecodeError::CommandTooNew { since: 7, .. })
+        ));
+    }
+}
+
+/// What metadata_version 7 added to the state: `CoordinatorRecord.resigned`.
+#[test]
+fn snapshots_written_by_metadata_version_7_still_decode() {
+    let mut d = Driver::default();
+    d.one(register_supporting(N1, 7)).unwrap();
+    d.one(coordinator(N1, 1)).unwrap();
+    d.upgrade_to(7);
+    d.one(Command::ResignCoordinator(ResignCoordinator {
+        node_id: N1.node_id,
+        node_epoch: N1.node_epoch,
+        coordinator_epoch: 1,
+    }))
+    .unwrap();
+    assert!(d.state.coordinator.as_ref().unwrap().resigned);
+    let fresh = encode_snapshot(d.index, &d.state);
+    let stored = read_or_bless("snapshot-7.bin", &fresh);
     let (index, decoded) = decode_snapshot(&stored, METADATA_VERSION).unwrap();
     assert_eq!(index, d.index);
     assert_eq!(decoded, d.state);

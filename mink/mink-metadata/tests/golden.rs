@@ -1355,3 +1355,67 @@ fn many_moved_commits_keep_at_most_32_data_times() {
         "the oldest run was restamped: {times:?}"
     );
 }
+
+/// From metadata_version 7 a lease holder on its way out resigns: nothing at its epoch is
+/// accepted afterwards, nobody coordinates until the next registration, and that registration
+/// must still bring a higher term (so a paused ex-holder cannot come back at its old one).
+#[test]
+fn a_resigned_coordinator_is_fenced_until_the_next_registration_from_version_7() {
+    let mut d = Driver::default();
+    d.one(register_supporting(N1, METADATA_VERSION)).unwrap();
+    d.one(register_supporting(N2, METADATA_VERSION)).unwrap();
+    d.one(coordinator(N1, 1)).unwrap();
+    let resign = |node: NodeRef, coordinator_epoch| {
+        Command::ResignCoordinator(ResignCoordinator {
+            node_id: node.node_id,
+            node_epoch: node.node_epoch,
+            coordinator_epoch,
+        })
+    };
+    let kind = |r: CommandResult| r.unwrap_err().kind();
+    assert_eq!(kind(d.one(resign(N1, 1))), RejectionKind::NotEnabled);
+    d.upgrade_to(RESIGN_VERSION);
+    assert_eq!(kind(d.one(resign(N2, 1))), RejectionKind::CoordinatorFenced);
+    assert_eq!(kind(d.one(resign(N1, 2))), RejectionKind::CoordinatorFenced);
+    assert!(!d.one(resign(N1, 1)).unwrap().is_redundant());
+    let c = d.state.coordinator.clone().unwrap();
+    assert!(c.resigned && c.epoch == 1 && c.active().is_none());
+    assert!(d.one(resign(N1, 1)).unwrap().is_redundant());
+
+    // Nothing at the resigned epoch is accepted: coordinator commands, group commits, and
+    // the holder registering again at its old term.
+    let expire = Command::ExpirePreparedObjects(ExpirePreparedObjects {
+        coordinator_epoch: 1,
+        now_ms: 0,
+    });
+    assert_eq!(kind(d.one(expire)), RejectionKind::CoordinatorFenced);
+    d.one(database("db")).unwrap();
+    d.one(log_table("db", "events", 1)).unwrap();
+    let group_commit = Command::CommitGroupOffsets(CommitGroupOffsets {
+        group_id: "g".into(),
+        offsets: vec![GroupOffset {
+            table_id: 1,
+            offset: 5,
+            ..Default::default()
+        }],
+        coordinator_epoch: 1,
+    });
+    assert_eq!(kind(d.one(group_commit)), RejectionKind::CoordinatorFenced);
+    assert!(d.state.group_offsets.is_empty());
+    assert_eq!(
+        kind(d.one(coordinator(N1, 1))),
+        RejectionKind::CoordinatorFenced
+    );
+    assert_eq!(
+        kind(d.one(coordinator(N2, 1))),
+        RejectionKind::CoordinatorFenced
+    );
+
+    // The next holder registers at a higher term and coordinates.
+    assert!(!d.one(coordinator(N2, 2)).unwrap().is_redundant());
+    let c = d.state.coordinator.clone().unwrap();
+    assert_eq!((c.active(), c.epoch, c.resigned), (Some(2), 2, false));
+    // The resigned holder's late resignation at its old epoch changes nothing.
+    assert_eq!(kind(d.one(resign(N1, 1))), RejectionKind::CoordinatorFenced);
+    assert_eq!(d.state.coordinator.as_ref().unwrap().active(), Some(2));
+}

@@ -74,6 +74,7 @@ impl Node {
                 .state
                 .coordinator
                 .as_ref()
+                .filter(|c| !c.resigned)
                 .map(|c| (c.node_id, c.epoch)),
             nodes: view
                 .state

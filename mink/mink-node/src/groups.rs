@@ -182,18 +182,23 @@ impl Node {
     }
 
     /// The coordinator epoch at which this node coordinates consumer groups, if its view says
-    /// it does (it holds the lease).
+    /// it does (it holds the lease and has not resigned it).
     pub fn group_coordinator_epoch(&self) -> Option<u64> {
         self.view()
             .state
             .coordinator
             .as_ref()
-            .filter(|c| c.node_id == self.node_id())
+            .filter(|c| c.active() == Some(self.node_id()))
             .map(|c| c.epoch)
     }
 
-    /// The node coordinating consumer groups: the lease holder, if the view names one.
+    /// The node coordinating consumer groups: the lease holder, if the view names one that has
+    /// not resigned.
     pub fn group_coordinator(&self) -> Option<u64> {
-        self.view().state.coordinator.as_ref().map(|c| c.node_id)
+        self.view()
+            .state
+            .coordinator
+            .as_ref()
+            .and_then(|c| c.active())
     }
 }

@@ -997,10 +997,18 @@ impl Node {
 
     /// The first step of a clean stop, taken before the frontends drain their connections:
     /// every tail ends with [`NodeError::Unavailable`] (its client tails again wherever the
-    /// bucket is led next), so no open-ended read holds the drain. Writes and bounded reads
-    /// in flight go on until [`Node::shutdown`].
+    /// bucket is led next), so no open-ended read holds the drain, and the lease is handed
+    /// over ([`Sink::resign`](mink_sql::Sink::resign)), so the coordinator's duties and the
+    /// consumer groups move while this node drains. Writes and bounded reads in flight go on
+    /// until [`Node::shutdown`].
     pub fn begin_shutdown(&self) {
-        self.inner.stopping.send_replace(true);
+        if self.inner.stopping.send_replace(true) {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let sink = self.inner.sink.clone();
+            runtime.spawn(async move { sink.resign().await });
+        }
     }
 
     /// Whether [`Node::begin_shutdown`] (or [`Node::shutdown`]) was called.

@@ -7,16 +7,19 @@
 //! TTL passing since the last renew was *sent*, which is never later than the database considers
 //! the lease expired. On gaining the lease the node applies `RegisterCoordinator` with the
 //! lease's term before it publishes [`LeaseStatus::Held`], so every coordinator command it issues
-//! carries an epoch that a later holder's registration fences.
+//! carries an epoch that a later holder's registration fences. A holder on its way out releases
+//! the lease and resigns through the log (`ResignCoordinator`); the others try for the lease as
+//! soon as they apply that, not at their next tick.
 //!
 //! Maintenance runs in its own task while the lease is held and is cancelled the moment it is
 //! lost, so a slow snapshot never delays a renewal.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use mink_metadata::*;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, timeout};
 
 use crate::error::SinkError;
@@ -136,17 +139,17 @@ impl Membership {
 
     async fn renew(&mut self, limit: Duration) {
         let node = self.shared.node();
-        self.shared.stats.add_told(|s| &s.lease_attempts, 1);
         let sent = Instant::now();
         let ttl_ms = self.shared.config.lease_ttl_ms();
-        let grant = match timeout(
+        let answer = timeout(
             limit,
             self.shared
                 .store
                 .acquire_lease(node.node_id, node.node_epoch, ttl_ms),
         )
-        .await
-        {
+        .await;
+        self.shared.stats.add_told(|s| &s.lease_attempts, 1);
+        let grant = match answer {
             Ok(Ok(grant)) => grant,
             Ok(Err(e)) => return self.set_lost(&format!("renew failed: {e}")),
             Err(_) => return self.set_lost("renew timed out"),
@@ -213,9 +216,14 @@ impl Membership {
             return;
         }
         let shared = Arc::clone(&self.shared);
+        let _turn = shared.lease_turn.lock().await;
         self.restate_listeners(interval).await;
         let heartbeat = Self::heartbeat(&shared, interval);
-        if shared.config.lease_enabled {
+        if shared.resigned.load(Ordering::Acquire) {
+            // Given up for good (the node is on its way out): heartbeat only.
+            self.held_term = None;
+            heartbeat.await;
+        } else if shared.config.lease_enabled {
             tokio::join!(heartbeat, self.renew(interval));
         } else {
             heartbeat.await;
@@ -233,6 +241,8 @@ pub(crate) async fn run(shared: Arc<Shared>, queue: mpsc::Sender<Vec<Proposal>>)
         held_term: None,
     };
     let mut shutdown = shared.shutdown.subscribe();
+    let mut applied = shared.applied_watch();
+    let mut woken_for = None;
     loop {
         let started = Instant::now();
         // A tick never outlives the lease it may be acting under.
@@ -255,10 +265,40 @@ pub(crate) async fn run(shared: Arc<Shared>, queue: mpsc::Sender<Vec<Proposal>>)
         }
         tokio::select! {
             _ = tokio::time::sleep_until(next) => {}
+            _ = handed_over(&shared, &mut applied, &mut woken_for) => {}
             _ = shutdown.changed() => return,
         }
         if membership.held_term.is_some() && membership.ttl_passed() {
             membership.set_lost("a TTL passed since the last renew was sent");
+        }
+    }
+}
+
+/// Resolves when the log shows the coordinator resigned at an epoch not seen before, and this
+/// node may take the lease: the holder released it on its way out, so trying now beats waiting
+/// for the next tick.
+async fn handed_over(
+    shared: &Shared,
+    applied: &mut watch::Receiver<u64>,
+    woken_for: &mut Option<u64>,
+) {
+    if !shared.config.lease_enabled || shared.resigned.load(Ordering::Acquire) {
+        return std::future::pending().await;
+    }
+    loop {
+        let resigned = shared
+            .view()
+            .state
+            .coordinator
+            .as_ref()
+            .filter(|c| c.resigned)
+            .map(|c| c.epoch);
+        if resigned.is_some() && resigned != *woken_for {
+            *woken_for = resigned;
+            return;
+        }
+        if applied.changed().await.is_err() {
+            return std::future::pending().await;
         }
     }
 }

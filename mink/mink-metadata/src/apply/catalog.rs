@@ -622,6 +622,7 @@ impl State {
             if c.lease_term == current.epoch
                 && c.node_id == current.node_id
                 && c.node_epoch == current.node_epoch
+                && !current.resigned
             {
                 return redundant(Reply::Epoch(current.epoch));
             }
@@ -640,8 +641,38 @@ impl State {
             node_id: c.node_id,
             node_epoch: c.node_epoch,
             epoch: c.lease_term,
+            resigned: false,
         });
         done(Reply::Epoch(c.lease_term))
+    }
+
+    /// The holder gives the role up; its epoch stays, so a later registration must still bring
+    /// a higher term and nothing at this epoch is accepted again.
+    pub(super) fn resign_coordinator(&mut self, c: &ResignCoordinator) -> CommandResult {
+        let Some(current) = &mut self.coordinator else {
+            return Err(rej(
+                RejectionKind::CoordinatorFenced,
+                "no coordinator is registered",
+            ));
+        };
+        if current.epoch != c.coordinator_epoch
+            || current.node_id != c.node_id
+            || current.node_epoch != c.node_epoch
+        {
+            return Err(rej(
+                RejectionKind::CoordinatorFenced,
+                format!(
+                    "coordinator epoch {} of node {} is not current (current {} held by node {})",
+                    c.coordinator_epoch, c.node_id, current.epoch, current.node_id
+                ),
+            )
+            .with_current(current.epoch));
+        }
+        if current.resigned {
+            return redundant(Reply::Epoch(current.epoch));
+        }
+        current.resigned = true;
+        done(Reply::Epoch(current.epoch))
     }
 
     pub(super) fn upgrade_metadata_version(

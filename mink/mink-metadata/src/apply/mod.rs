@@ -269,6 +269,7 @@ impl State {
             Command::Allocate(c) => self.allocate(c),
             Command::RegisterCoordinator(c) => self.register_coordinator(c),
             Command::UpgradeMetadataVersion(c) => self.upgrade_metadata_version(ctx, c, fatal),
+            Command::ResignCoordinator(c) => self.resign_coordinator(c),
             Command::RegisterProducerOffsets(c) => self.register_producer_offsets(c, at_ms),
             Command::DeleteProducerOffsets(c) => self.delete_producer_offsets(c),
             Command::ExpireProducerOffsets(c) => self.expire_producer_offsets(c),
@@ -316,6 +317,16 @@ impl State {
             .nodes
             .get(&coordinator.node_id)
             .is_some_and(|n| n.node_epoch == coordinator.node_epoch);
+        if coordinator.epoch == epoch && coordinator.resigned {
+            return Err(rej(
+                RejectionKind::CoordinatorFenced,
+                format!(
+                    "coordinator epoch {epoch} resigned (node {} gave the role up)",
+                    coordinator.node_id
+                ),
+            )
+            .with_current(coordinator.epoch));
+        }
         if coordinator.epoch != epoch || !holder_current {
             return Err(rej(
                 RejectionKind::CoordinatorFenced,

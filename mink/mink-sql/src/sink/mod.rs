@@ -62,7 +62,7 @@ pub struct SinkStats {
     pub holes: AtomicU64,
     pub snapshots_written: AtomicU64,
     pub rows_truncated: AtomicU64,
-    /// Attempts to take or renew the lease (answered or not).
+    /// Attempts to take or renew the lease, counted once answered (or timed out).
     pub lease_attempts: AtomicU64,
     /// Maintenance steps the lease holder finished (snapshot, truncation and metadata version
     /// checks): a test's event for "the holder has looked".
@@ -134,6 +134,12 @@ pub(crate) struct Shared {
     /// Set first on a clean shutdown: no new proposals; the flusher finishes its row and stops.
     closing: watch::Sender<bool>,
     pub(crate) lease: watch::Sender<LeaseStatus>,
+    /// Set once this process has given the lease up for good ([`Sink::resign`]); from then on
+    /// it heartbeats but never acquires.
+    pub(crate) resigned: std::sync::atomic::AtomicBool,
+    /// Held by a membership tick, and by [`Sink::resign`]: a renewal in flight never races
+    /// the release.
+    pub(crate) lease_turn: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -285,6 +291,8 @@ impl Sink {
             shutdown: watch::channel(false).0,
             closing: watch::channel(false).0,
             lease: watch::channel(LeaseStatus::NotHeld).0,
+            resigned: std::sync::atomic::AtomicBool::new(false),
+            lease_turn: tokio::sync::Mutex::new(()),
             store,
             config,
         });
@@ -481,11 +489,64 @@ impl Sink {
         self.inner.shared.halted()
     }
 
-    /// Stops the node cleanly: takes no new proposals, lets the row in flight finish (its
-    /// proposers get their answer), stops the loops, releases the lease and expires this
-    /// node's heartbeat so that others need not wait a TTL to take over. Tasks that do not stop
-    /// within a heartbeat interval are aborted.
+    /// Gives the lease up for good, for a node on its way out that still serves for a while:
+    /// stops acquiring it, publishes [`LeaseStatus::NotHeld`] (the coordinator loops stop),
+    /// releases the lease row and, from metadata_version 7, proposes `ResignCoordinator`. The
+    /// other nodes see that in the log and try for the lease at once instead of at their next
+    /// renewal. Heartbeats go on. Idempotent; [`Sink::shutdown`] calls it first.
+    pub async fn resign(&self) {
+        let shared = &self.inner.shared;
+        let limit = shared.config.heartbeat_interval();
+        let _turn = shared.lease_turn.lock().await;
+        if shared.resigned.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Some(coordinator_epoch) = shared
+            .lease
+            .send_replace(LeaseStatus::NotHeld)
+            .coordinator_epoch()
+        else {
+            return;
+        };
+        let node = shared.node();
+        // Released before the resignation is proposed, so that whoever reads it can take the
+        // lease at its first try.
+        let _ = tokio::time::timeout(
+            limit,
+            shared.store.release_lease(node.node_id, node.node_epoch),
+        )
+        .await;
+        if shared.view().state.metadata_version < RESIGN_VERSION {
+            return;
+        }
+        let resign = Command::ResignCoordinator(ResignCoordinator {
+            node_id: node.node_id,
+            node_epoch: node.node_epoch,
+            coordinator_epoch,
+        });
+        match tokio::time::timeout(limit, self.propose(resign)).await {
+            Ok(Ok(Proposed { result: Ok(_), .. })) => {
+                tracing::info!(
+                    node_id = node.node_id,
+                    coordinator_epoch,
+                    "lease handed over"
+                );
+            }
+            // Another node registered first: nothing left to hand over.
+            Ok(Ok(Proposed { result: Err(r), .. })) => {
+                tracing::debug!(node_id = node.node_id, rejection = %r, "resignation superseded");
+            }
+            Ok(Err(e)) => tracing::warn!(node_id = node.node_id, error = %e, "resigning failed"),
+            Err(_) => tracing::warn!(node_id = node.node_id, "resigning timed out"),
+        }
+    }
+
+    /// Stops the node cleanly: resigns the lease ([`Sink::resign`]), takes no new proposals,
+    /// lets the row in flight finish (its proposers get their answer), stops the loops,
+    /// releases the lease and expires this node's heartbeat so that others need not wait a TTL
+    /// to take over. Tasks that do not stop within a heartbeat interval are aborted.
     pub async fn shutdown(&self) {
+        self.resign().await;
         let shared = &self.inner.shared;
         let limit = shared.config.heartbeat_interval();
         shared.closing.send_replace(true);

@@ -243,3 +243,61 @@ async fn a_restarted_holder_takes_its_lease_back_at_once(db: TestDb) {
     restarted.shutdown().await;
 }
 conformance!(a_restarted_holder_takes_its_lease_back_at_once, multi_node);
+
+/// A holder on its way out resigns through the log: another node takes the lease as soon as it
+/// applies that, not at its next renewal (15 s apart here), while the resigned node goes on
+/// heartbeating and never takes the lease again.
+async fn a_stopping_holder_hands_the_lease_over_at_once(db: TestDb) {
+    let long = |node_id| {
+        let mut c = config(node_id);
+        c.lease_ttl = Duration::from_secs(60);
+        c
+    };
+    let a = start(&db, long(1)).await;
+    let a_epoch = held(&mut a.lease(), Duration::from_secs(5)).await;
+    eventually(
+        "the cluster at the metadata_version that resigns",
+        Duration::from_secs(10),
+        || a.view().state.metadata_version >= RESIGN_VERSION,
+    )
+    .await;
+    let b = start(&db, long(2)).await;
+    // B has tried once (an attempt counts once answered), found the lease held, and now waits
+    // out its 15 s interval.
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        b.stats().reaches(|s| &s.lease_attempts, 1),
+    )
+    .await
+    .expect("B tried for the lease at start");
+    assert_eq!(b.lease().borrow().coordinator_epoch(), None);
+
+    let resigned_at = Instant::now();
+    a.resign().await;
+    assert_eq!(a.lease().borrow().coordinator_epoch(), None);
+    let b_epoch = held(&mut b.lease(), Duration::from_secs(5)).await;
+    let took = resigned_at.elapsed();
+    eprintln!("the lease moved {took:?} after the holder resigned (renewals 15 s apart)");
+    assert!(b_epoch > a_epoch);
+    let view = b.view();
+    let coordinator = view.state.coordinator.as_ref().unwrap();
+    assert_eq!(
+        (coordinator.active(), coordinator.epoch),
+        (Some(2), b_epoch)
+    );
+    // The resigned node is alive (it heartbeats on) but holds nothing, and its old epoch is
+    // fenced.
+    assert!(
+        b.live_nodes().await.unwrap().iter().any(|n| n.node_id == 1),
+        "the resigned node still heartbeats"
+    );
+    let stale = a.propose(expire_prepared(a_epoch)).await.unwrap();
+    assert_eq!(
+        stale.result.unwrap_err().kind(),
+        RejectionKind::CoordinatorFenced
+    );
+    a.shutdown().await;
+    assert_eq!(b.lease().borrow().coordinator_epoch(), Some(b_epoch));
+    b.shutdown().await;
+}
+conformance!(a_stopping_holder_hands_the_lease_over_at_once, multi_node);
