@@ -1828,6 +1828,46 @@ async fn an_unreachable_node_is_unavailable() {
     c.stop().await;
 }
 
+/// When the node a Flight SQL server talks through cannot be reached, its statements and
+/// metadata calls go on at another node of the cluster (a BI tool's queries failed until that
+/// node came back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_go_on_at_another_node_when_theirs_cannot_be_reached() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::start(dir.path()).await;
+    c.load().await;
+    let other = c.add_node(dir.path(), 2).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !c.client.peers().contains(&other.address) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the client never learned of node 2: {:?}",
+            c.client.peers()
+        );
+        c.client
+            .wait_for_change(std::time::Duration::from_millis(200))
+            .await
+            .unwrap();
+        c.client.learn_peers().await.unwrap();
+    }
+    let count = "SELECT count(*) FROM app.events";
+    let before = c.rows(count).await;
+    c.stop_node_flight().await;
+    let mut sql = c.flight_sql().await;
+    let info = sql.execute(count.into(), None).await.unwrap();
+    let rows = common::text_rows(&fetch(&mut sql, &info).await.unwrap());
+    assert_eq!(rows, before);
+    assert_eq!(c.client.address(), other.address, "the client moved on");
+    let schemas = sql
+        .get_db_schemas(arrow_flight::sql::CommandGetDbSchemas::default())
+        .await
+        .unwrap();
+    assert!(metadata_rows(&mut sql, schemas).await.len() > 1);
+    let node = other.stop_flight().await;
+    node.shutdown().await;
+    c.stop().await;
+}
+
 /// The answer of a Flight SQL metadata command, each row as text.
 async fn metadata_rows(
     sql: &mut FlightSqlServiceClient<tonic::transport::Channel>,

@@ -639,8 +639,11 @@ fn a_tail_reads_on_at_another_node_when_its_node_stops() {
     tail.kill().unwrap();
     let out = tail.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
+    // The client moved on by itself (it learned the cluster's nodes when it connected), or
+    // the tail tried the other nodes.
     assert!(
-        stderr.contains(&format!("the tail reads on at {two}")),
+        stderr.contains(&format!("going on at {two}"))
+            || stderr.contains(&format!("the tail reads on at {two}")),
         "{stderr}"
     );
 }

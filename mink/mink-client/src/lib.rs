@@ -205,8 +205,8 @@ impl Scan {
 }
 
 struct Inner {
-    /// The node this client was pointed at (`host:port`).
-    address: String,
+    /// The node this client talks to, and the others it may go on at. Shared by forks.
+    home: Arc<Home>,
     config: ClientConfig,
     /// Shared by forks ([`Client::fork`]).
     channels: Arc<Mutex<HashMap<String, Channel>>>,
@@ -214,8 +214,22 @@ struct Inner {
     applied: AtomicU64,
 }
 
+/// Where a client's requests go: the node it talks to now (the one it was pointed at, until
+/// that one cannot be reached) and the Flight addresses of the cluster's nodes
+/// ([`Client::learn_peers`]).
+#[derive(Default)]
+struct Home {
+    current: std::sync::RwLock<String>,
+    peers: std::sync::RwLock<Vec<String>>,
+}
+
 /// A connection to a Mink cluster through one node (and, for writes, to bucket leaders).
 /// Cheap to clone; clones share connections and the read-your-writes position.
+///
+/// Reads (scans, lookups, catalog and cluster descriptions) that cannot reach the node go on
+/// at another node of the cluster, which becomes the one this client and its forks talk to
+/// from then on; any node serves them. Writes and admin actions are not sent again elsewhere
+/// (their outcome may be unknown), but the next ones go to the new node.
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<Inner>,
@@ -224,11 +238,14 @@ pub struct Client {
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Client")
-            .field("address", &self.inner.address)
+            .field("address", &self.address())
             .field("applied_index", &self.applied_index())
             .finish()
     }
 }
+
+/// How long [`Client::connect`]'s background [`Client::learn_peers`] may take.
+const PEERS_LIMIT: Duration = Duration::from_secs(10);
 
 /// `grpc://host:port`, `http://host:port` or `host:port` → `host:port`.
 fn normalize(address: &str) -> String {
@@ -248,16 +265,78 @@ impl Client {
     }
 
     pub async fn connect_with(address: &str, config: ClientConfig) -> ClientResult<Client> {
+        let address = normalize(address);
         let client = Client {
             inner: Arc::new(Inner {
-                address: normalize(address),
+                home: Arc::new(Home {
+                    current: std::sync::RwLock::new(address.clone()),
+                    peers: std::sync::RwLock::default(),
+                }),
                 config,
                 channels: Arc::default(),
                 applied: AtomicU64::new(0),
             }),
         };
-        client.channel(&client.inner.address.clone()).await?;
+        client.channel(&address).await?;
+        // Learned in the background, so that a node whose metadata database is slow to answer
+        // does not hold up the connect.
+        let learner = client.clone();
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(PEERS_LIMIT, learner.learn_peers()).await;
+        });
         Ok(client)
+    }
+
+    /// Asks the node for the cluster's nodes and keeps their Flight addresses: where reads
+    /// go on when the node cannot be reached. [`Client::connect`] starts this in the
+    /// background; call it to know it is done.
+    pub async fn learn_peers(&self) -> ClientResult<()> {
+        let cluster = self.describe_cluster().await?;
+        let peers = cluster
+            .nodes
+            .into_iter()
+            .map(|n| normalize(&n.address))
+            .filter(|a| !a.is_empty())
+            .collect();
+        *self.inner.home.peers.write().expect("peers") = peers;
+        Ok(())
+    }
+
+    /// The Flight addresses of the cluster's nodes, as last learned ([`Client::learn_peers`]).
+    pub fn peers(&self) -> Vec<String> {
+        self.inner.home.peers.read().expect("peers").clone()
+    }
+
+    /// Runs `call` at the node this client talks to and, when that cannot be reached
+    /// ([`ClientError::Transport`]), at each other node of the cluster in turn. The first node
+    /// that answers becomes the one this client talks to. Only for calls any node may answer
+    /// and that change nothing.
+    async fn at_any_node<T, F, Fut>(&self, call: F) -> ClientResult<T>
+    where
+        F: Fn(String) -> Fut,
+        Fut: Future<Output = ClientResult<T>>,
+    {
+        let first = self.address();
+        let mut last = match call(first.clone()).await {
+            Err(e @ ClientError::Transport { .. }) => e,
+            answered => return answered,
+        };
+        for peer in self.peers().into_iter().filter(|p| *p != first) {
+            match call(peer.clone()).await {
+                Err(e @ ClientError::Transport { .. }) => last = e,
+                answered => {
+                    let mut current = self.inner.home.current.write().expect("current");
+                    if *current == first {
+                        tracing::warn!(
+                            "the node at {first} cannot be reached ({last}): going on at {peer}"
+                        );
+                        *current = peer;
+                    }
+                    return answered;
+                }
+            }
+        }
+        Err(last)
     }
 
     /// A client on this one's connections with a read-your-writes position of its own,
@@ -266,7 +345,7 @@ impl Client {
     pub fn fork(&self) -> Client {
         Client {
             inner: Arc::new(Inner {
-                address: self.inner.address.clone(),
+                home: Arc::clone(&self.inner.home),
                 config: self.inner.config.clone(),
                 channels: Arc::clone(&self.inner.channels),
                 applied: AtomicU64::new(self.applied_index()),
@@ -275,8 +354,8 @@ impl Client {
     }
 
     /// The node this client talks to for everything but writes.
-    pub fn address(&self) -> &str {
-        &self.inner.address
+    pub fn address(&self) -> String {
+        self.inner.home.current.read().expect("current").clone()
     }
 
     pub fn config(&self) -> &ClientConfig {
@@ -411,7 +490,17 @@ impl Client {
         kind: &str,
         body: &impl serde::Serialize,
     ) -> ClientResult<T> {
-        self.action_at(&self.inner.address.clone(), kind, body)
+        self.action_at(&self.address(), kind, body).await
+    }
+
+    /// [`Client::action`] for an action that changes nothing: at another node when the
+    /// connected one cannot be reached.
+    async fn read_action<T: serde::de::DeserializeOwned>(
+        &self,
+        kind: &str,
+        body: &impl serde::Serialize,
+    ) -> ClientResult<T> {
+        self.at_any_node(|address| async move { self.action_at(&address, kind, body).await })
             .await
     }
 
@@ -496,13 +585,13 @@ impl Client {
     }
 
     pub async fn list_databases(&self) -> ClientResult<Vec<String>> {
-        let d: protocol::Databases = self.action(action::LIST_DATABASES, &json!({})).await?;
+        let d: protocol::Databases = self.read_action(action::LIST_DATABASES, &json!({})).await?;
         Ok(d.databases)
     }
 
     pub async fn list_tables(&self, database: &str) -> ClientResult<Vec<String>> {
         let t: protocol::Tables = self
-            .action(
+            .read_action(
                 action::LIST_TABLES,
                 &protocol::ListTables {
                     database: database.to_string(),
@@ -582,7 +671,7 @@ impl Client {
         database: &str,
         table: &str,
     ) -> ClientResult<TableDescription> {
-        self.action(
+        self.read_action(
             action::DESCRIBE_TABLE,
             &protocol::TableRef {
                 database: database.to_string(),
@@ -639,7 +728,7 @@ impl Client {
     /// state (leaders, offsets, lake snapshots) moves, without polling on a timer. `Ok(false)`
     /// when nothing changed in time or the node could not be reached.
     pub async fn wait_for_change(&self, limit: Duration) -> ClientResult<bool> {
-        let address = self.inner.address.clone();
+        let address = self.address();
         let Ok(mut flight) = self.channel(&address).await else {
             return Ok(false);
         };
@@ -672,7 +761,7 @@ impl Client {
     }
 
     pub async fn describe_cluster(&self) -> ClientResult<ClusterDescription> {
-        self.action(action::DESCRIBE_CLUSTER, &json!({})).await
+        self.read_action(action::DESCRIBE_CLUSTER, &json!({})).await
     }
 
     /// Evens out the buckets per node (`dry_run`: only the moves it would make); returns the
@@ -706,7 +795,7 @@ impl Client {
         writer_id: u64,
     ) -> ClientResult<Vec<protocol::WriterPosition>> {
         let p: protocol::WriterPositions = self
-            .action(
+            .read_action(
                 action::WRITER_POSITIONS,
                 &protocol::WriterPositionsRequest {
                     database: database.to_string(),
@@ -746,7 +835,8 @@ impl Client {
         &self,
         scan: &Scan,
     ) -> ClientResult<BoxStream<'static, ClientResult<ReadBatch>>> {
-        self.scan_at(&self.inner.address.clone(), &scan.0).await
+        self.at_any_node(|address| async move { self.scan_at(&address, &scan.0).await })
+            .await
     }
 
     /// [`Client::scan`] of one bucket's log at `leader`, the node that leads it: its log
@@ -758,7 +848,7 @@ impl Client {
         scan: &Scan,
         leader: Option<&str>,
     ) -> ClientResult<BoxStream<'static, ClientResult<ReadBatch>>> {
-        if let Some(leader) = leader.filter(|l| normalize(l) != normalize(&self.inner.address)) {
+        if let Some(leader) = leader.filter(|l| normalize(l) != self.address()) {
             match self.scan_at(leader, &scan.0).await {
                 Err(ClientError::Transport { address, message }) => {
                     tracing::debug!(%address, %message, "leader unreachable: reading at the connected node");
@@ -856,10 +946,17 @@ impl Client {
 
     /// A `DoGet` whose batches carry no read metadata (lookups), as one batch.
     async fn get_rows(&self, ticket: Ticket) -> ClientResult<RecordBatch> {
-        let address = self.inner.address.clone();
+        self.at_any_node(|address| {
+            let ticket = &ticket;
+            async move { self.get_rows_at(address, ticket).await }
+        })
+        .await
+    }
+
+    async fn get_rows_at(&self, address: String, ticket: &Ticket) -> ClientResult<RecordBatch> {
         let mut flight = self.channel(&address).await?;
         let response = flight
-            .do_get(self.request(arrow_flight::Ticket::new(protocol::to_json(&ticket))))
+            .do_get(self.request(arrow_flight::Ticket::new(protocol::to_json(ticket))))
             .await
             .map_err(|s| self.status_error(&address, &s))?;
         self.observe(response.metadata());

@@ -156,7 +156,7 @@ impl TableWriter {
     async fn refresh_within(&mut self, deadline: tokio::time::Instant) -> ClientResult<()> {
         tokio::time::timeout_at(deadline, self.refresh())
             .await
-            .unwrap_or_else(|_| Err(self.timed_out("table description", self.client.address())))
+            .unwrap_or_else(|_| Err(self.timed_out("table description", &self.client.address())))
     }
 
     async fn refresh(&mut self) -> ClientResult<()> {
@@ -184,7 +184,7 @@ impl TableWriter {
         if self.idempotent && self.writer.is_none() {
             let writer = tokio::time::timeout_at(deadline, self.client.allocate_writer())
                 .await
-                .unwrap_or_else(|_| Err(self.timed_out("writer id", self.client.address())))?;
+                .unwrap_or_else(|_| Err(self.timed_out("writer id", &self.client.address())))?;
             self.writer = Some(writer);
         }
         let parts = self.route(batch)?;
@@ -467,7 +467,7 @@ impl TableWriter {
                 .leaders
                 .get(&p.key)
                 .cloned()
-                .unwrap_or_else(|| self.client.address().to_string());
+                .unwrap_or_else(|| self.client.address());
             by_address.entry(address).or_default().push(i);
         }
         let sends = by_address.into_iter().map(|(address, indices)| async move {
