@@ -465,8 +465,33 @@ pub fn evolve(schema: &SchemaRef, batch: &RecordBatch) -> LogResult<RecordBatch>
     Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
 }
 
+/// The columns a log table's `t$log`, `t$lake` and Iceberg table add after its own: no column
+/// of a table may take these names.
+pub const SYSTEM_COLUMNS: [&str; 3] = ["__bucket", "__offset", "__timestamp"];
+
+/// The column names of a new table, or of a grown one: each once, none of [`SYSTEM_COLUMNS`].
+pub fn check_column_names(schema: &Schema) -> LogResult<()> {
+    let mut names = std::collections::BTreeSet::new();
+    for f in schema.fields() {
+        if SYSTEM_COLUMNS.contains(&f.name().as_str()) {
+            return Err(LogError::Invalid(format!(
+                "column {:?}: the name is reserved for the system columns of t$log and the lake",
+                f.name()
+            )));
+        }
+        if !names.insert(f.name().as_str()) {
+            return Err(LogError::Invalid(format!(
+                "column {:?} appears twice",
+                f.name()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Schema evolution a log table allows: the same columns in the same order with the same types
-/// and nullability, followed by new nullable columns (rows written before read them as null).
+/// and nullability, followed by new nullable columns (rows written before read them as null)
+/// whose names are new ([`check_column_names`]).
 pub fn check_evolution(old: &Schema, new: &Schema) -> LogResult<()> {
     if new.fields().len() < old.fields().len() {
         return Err(LogError::Invalid(
@@ -494,14 +519,8 @@ pub fn check_evolution(old: &Schema, new: &Schema) -> LogResult<()> {
                 n.name()
             )));
         }
-        if old.field_with_name(n.name()).is_ok() {
-            return Err(LogError::Invalid(format!(
-                "column {:?} appears twice",
-                n.name()
-            )));
-        }
     }
-    Ok(())
+    check_column_names(new)
 }
 
 /// `schema` with every column nullable: what a writer builds a batch as before the node checks

@@ -343,6 +343,47 @@ pub fn partition_values(
         .collect())
 }
 
+/// Checks that `name` is how rows name a partition of a table partitioned by the columns
+/// `keys`: each value of its column's type, written as [`partitions_of`] writes it. Another
+/// spelling (`007` or ` 7` for an integer 7, `2026-1-5` for a date) would be a second partition
+/// that no row of that value reaches and no filter on the column can read.
+pub fn check_partition_name(keys: &[Field], name: &str) -> LogResult<()> {
+    let names: Vec<String> = keys.iter().map(|f| f.name().clone()).collect();
+    let values = partition_values(&names, name)?;
+    let cast = arrow::compute::CastOptions {
+        safe: false,
+        ..Default::default()
+    };
+    let columns = keys
+        .iter()
+        .map(|f| {
+            let text = &values[f.name()];
+            let array = arrow::array::StringArray::from(vec![text.as_str()]);
+            arrow::compute::cast_with_options(&array, f.data_type(), &cast).map_err(|e| {
+                LogError::Invalid(format!(
+                    "partition {name:?}: {text:?} is not a value of column {:?} ({}): {e}",
+                    f.name(),
+                    f.data_type()
+                ))
+            })
+        })
+        .collect::<LogResult<Vec<_>>>()?;
+    let schema = Schema::new(
+        keys.iter()
+            .map(|f| f.clone().with_nullable(true))
+            .collect::<Vec<_>>(),
+    );
+    let batch = RecordBatch::try_new(std::sync::Arc::new(schema), columns)?;
+    let indices: Vec<usize> = (0..keys.len()).collect();
+    let written = partitions_of(&batch, &indices)?.remove(0);
+    if written != name {
+        return Err(LogError::Invalid(format!(
+            "partition {name:?}: rows with these values name their partition {written:?}"
+        )));
+    }
+    Ok(())
+}
+
 /// Splits a batch by partition (rows keep their relative order).
 pub fn split_by_partition(
     batch: &RecordBatch,

@@ -410,6 +410,15 @@ fn a_log_table_schema_only_grows_by_nullable_columns_at_the_end() {
             Field::new("a", DataType::Int64, false),
             Field::new("a", DataType::Utf8, true),
         ]),
+        Schema::new(vec![
+            Field::new("a", DataType::Int64, false),
+            Field::new("b", DataType::Int64, true),
+            Field::new("b", DataType::Utf8, true),
+        ]),
+        Schema::new(vec![
+            Field::new("a", DataType::Int64, false),
+            Field::new("__timestamp", DataType::Utf8, true),
+        ]),
         Schema::empty(),
     ] {
         assert!(codec::check_evolution(&old, &bad).is_err(), "{bad}");

@@ -1,6 +1,6 @@
 //! Catalog operations, all through the command log.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -344,15 +344,7 @@ impl Node {
                 "a table needs at least one column".into(),
             ));
         }
-        let mut names = BTreeSet::new();
-        for f in schema.fields() {
-            if !names.insert(f.name().as_str()) {
-                return Err(NodeError::Invalid(format!(
-                    "column {:?} appears twice",
-                    f.name()
-                )));
-            }
-        }
+        codec::check_column_names(schema)?;
         for c in &spec.partition_keys {
             let field = schema.field_with_name(c).map_err(|_| {
                 NodeError::Invalid(format!("partition column {c:?} is not in the schema"))
@@ -443,6 +435,13 @@ impl Node {
     ) -> NodeResult<TableInfo> {
         let record = self.table_record(database, table)?;
         check_options(&change.set_options)?;
+        if !record.is_primary_key_table()
+            && let Some(k) = change.set_options.keys().find(|k| is_primary_key_option(k))
+        {
+            return Err(NodeError::Invalid(format!(
+                "option {k} applies to primary-key tables only"
+            )));
+        }
         let mut options = record.options.clone();
         options.extend(change.set_options.clone());
         for k in &change.reset_options {
@@ -598,6 +597,14 @@ impl Node {
             return Ok(*id);
         }
         let values = mink_log::routing::partition_values(&record.partition_keys, name)?;
+        let schema = self.table_schema(record)?;
+        let keys = record
+            .partition_keys
+            .iter()
+            .map(|k| schema.field_with_name(k).cloned())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| NodeError::Failed(e.to_string()))?;
+        mink_log::routing::check_partition_name(&keys, name)?;
         let count = view
             .state
             .partitions

@@ -417,6 +417,46 @@ async fn partitioned_tables_create_partitions_on_write_and_read_per_partition() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_partition_is_created_only_under_the_name_its_rows_give_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(config(dir.path(), 1)).await.unwrap();
+    node.create_database("app", false).await.unwrap();
+    let mut s = spec("by_k", 1);
+    s.schema = Schema::new(vec![
+        Field::new("user_id", DataType::Int64, false),
+        Field::new("k", DataType::Int32, false),
+        Field::new("day", DataType::Date32, false),
+    ]);
+    s.partition_keys = vec!["k".into(), "day".into()];
+    node.create_table(s).await.unwrap();
+    // `007` or ` 7` for the integer 7 would be partitions no row of k = 7 reaches and no
+    // filter on k can read.
+    for bad in [
+        "007$2026-11-29",
+        " 7$2026-11-29",
+        "99999999999$2026-11-29",
+        "7$not-a-date",
+        "7$2026-1-5",
+        "7",
+    ] {
+        match node.create_partition("app", "by_k", bad, false).await {
+            Err(NodeError::Invalid(e)) => assert!(e.contains("partition"), "{bad}: {e}"),
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+    let p = node
+        .create_partition("app", "by_k", "7$2026-11-29", false)
+        .await
+        .unwrap();
+    assert_eq!(p.name, "7$2026-11-29");
+    assert_eq!(
+        node.describe_table("app", "by_k").unwrap().partitions.len(),
+        1
+    );
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn altering_a_table_grows_its_schema_and_old_rows_read_with_nulls() {
     let dir = tempfile::tempdir().unwrap();
     let node = Node::start(config(dir.path(), 1)).await.unwrap();
@@ -450,7 +490,7 @@ async fn altering_a_table_grows_its_schema_and_old_rows_read_with_nulls() {
     ));
     let mut columns = batch(3..5).columns().to_vec();
     columns.push(Arc::new(arrow::array::Float64Array::from(vec![0.5, 1.5])));
-    let new_rows = RecordBatch::try_new(Arc::new(grown), columns).unwrap();
+    let new_rows = RecordBatch::try_new(Arc::new(grown.clone()), columns).unwrap();
     let w = node
         .write("app", "events", &new_rows, &WriteTarget::default())
         .await
@@ -471,8 +511,33 @@ async fn altering_a_table_grows_its_schema_and_old_rows_read_with_nulls() {
         })
         .collect();
     assert_eq!(scores, [None, None, None, Some(0.5), Some(1.5)]);
-    // Immutable options, dropped columns and bad values are refused.
+    // Immutable options, dropped columns, bad values, options of primary-key tables, and new
+    // columns named twice or as a system column (a lake's tiering replaced their values) are
+    // refused.
+    let grown_by = |names: &[&str]| {
+        let mut fields = grown.fields().to_vec();
+        for n in names {
+            fields.push(Arc::new(Field::new(*n, DataType::Int64, true)));
+        }
+        Schema::new(fields)
+    };
     for change in [
+        TableChange {
+            set_options: BTreeMap::from([("table.delete.behavior".into(), "disable".into())]),
+            ..Default::default()
+        },
+        TableChange {
+            schema: Some(grown_by(&["__offset"])),
+            ..Default::default()
+        },
+        TableChange {
+            schema: Some(grown_by(&["q", "q"])),
+            ..Default::default()
+        },
+        TableChange {
+            schema: Some(grown_by(&["user_id"])),
+            ..Default::default()
+        },
         TableChange {
             set_options: BTreeMap::from([("bucket.num".into(), "8".into())]),
             ..Default::default()
