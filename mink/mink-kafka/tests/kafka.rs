@@ -1448,6 +1448,34 @@ async fn a_group_generation_outlives_its_coordinator() {
         first.node.group_generation("g") == before
     })
     .await;
+    // Admin clients ask every broker for its groups: the coordinator lists the group, the
+    // other node none, without an error (kafka-python's list_groups raised NOT_COORDINATOR).
+    use kafka_protocol::messages::{ListGroupsRequest, ListGroupsResponse};
+    let listed = |r: &ListGroupsResponse| {
+        assert_eq!(r.error_code, 0, "{r:?}");
+        r.groups
+            .iter()
+            .map(|g| g.group_id.to_string())
+            .collect::<Vec<_>>()
+    };
+    let at_first: ListGroupsResponse = ask(
+        &mut socket,
+        ApiKey::ListGroups,
+        4,
+        &ListGroupsRequest::default(),
+    )
+    .await;
+    assert_eq!(listed(&at_first), ["g"]);
+    let mut other = tokio::net::TcpStream::connect(&next.kafka).await.unwrap();
+    let at_next: ListGroupsResponse = ask(
+        &mut other,
+        ApiKey::ListGroups,
+        4,
+        &ListGroupsRequest::default(),
+    )
+    .await;
+    assert!(listed(&at_next).is_empty(), "{at_next:?}");
+    drop(other);
     drop(socket);
     first.stop().await;
     let id = next.node.node_id();
