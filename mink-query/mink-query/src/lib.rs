@@ -141,6 +141,9 @@ impl QueryEngine {
             .with_information_schema(true);
         // Mink's string columns are Utf8: `VARCHAR` in DDL and casts means that.
         config.options_mut().sql_parser.map_string_types_to_utf8view = false;
+        // `99999999.99` is that decimal, not the nearest f64: read as a float, a literal into a
+        // DECIMAL column stored another value and an equality filter on one missed its row.
+        config.options_mut().sql_parser.parse_float_as_decimal = true;
         let mut rules = datafusion::physical_optimizer::optimizer::PhysicalOptimizer::new().rules;
         rules.push(Arc::new(exec::Yielding));
         let state = datafusion::execution::SessionStateBuilder::new()
