@@ -177,7 +177,8 @@ impl Filter {
                     .data_type()
                     .clone(),
             };
-            if data_type.is_nested() {
+            // Whether a value is null is known for any column; comparisons need a scalar one.
+            if data_type.is_nested() && !matches!(p.op, Op::IsNull | Op::IsNotNull) {
                 return Err(bad(format!("a {data_type} column cannot be filtered")));
             }
             let literal = |v: &serde_json::Value| literal(v, &data_type).map_err(&bad);
@@ -650,6 +651,39 @@ mod tests {
         );
         assert!(reason.contains("range"), "{reason}");
         assert!(serde_json::from_value::<Filter>(json!([{"column": "id", "op": "~"}])).is_err());
+    }
+
+    /// `IS [NOT] NULL` holds for any column, a list, struct or map too (SQL's `WHERE tags IS
+    /// NOT NULL` failed the whole query); comparisons of them are refused.
+    #[test]
+    fn a_nested_column_is_tested_for_null_only() {
+        let values =
+            arrow::array::ListArray::from_iter_primitive::<arrow::datatypes::Int32Type, _, _>(
+                vec![Some(vec![Some(1)]), None, Some(vec![])],
+            );
+        let schema = Schema::new(vec![Field::new("tags", values.data_type().clone(), true)]);
+        let batch = RecordBatch::try_new(
+            std::sync::Arc::new(schema.clone()),
+            vec![std::sync::Arc::new(values)],
+        )
+        .unwrap();
+        let rows = |op: &str| {
+            parse(json!([{"column": "tags", "op": op}]))
+                .bind(&schema, &[])
+                .unwrap()
+                .apply(batch.clone())
+                .unwrap()
+                .num_rows()
+        };
+        assert_eq!((rows("is_null"), rows("is_not_null")), (1, 2));
+        let refused = parse(json!([{"column": "tags", "op": "=", "value": 1}]))
+            .bind(&schema, &[])
+            .unwrap_err();
+        assert!(
+            refused.reason.contains("cannot be filtered"),
+            "{}",
+            refused.reason
+        );
     }
 
     #[test]
