@@ -322,19 +322,66 @@ fn conform(batch: &RecordBatch, schema: &SchemaRef) -> anyhow::Result<RecordBatc
             } else if is_binary(f.data_type()) && !is_binary(c.data_type()) {
                 Ok(arrow::compute::cast(&unhex(f.name(), c)?, f.data_type())?)
             } else {
-                arrow::compute::cast(c, f.data_type()).with_context(|| {
-                    format!(
-                        "column {:?}: cannot cast {} to {}",
-                        f.name(),
-                        c.data_type(),
-                        f.data_type()
-                    )
-                })
+                exact_cast(f, c)
             }
         })
         .collect::<anyhow::Result<Vec<ArrayRef>>>()?;
     let nullable = Arc::new(mink_log::codec::all_nullable(schema));
     Ok(RecordBatch::try_new(nullable, columns)?)
+}
+
+/// `c` cast to `f`'s type, refusing what the cast would not keep: a value that does not fit
+/// or parse (Arrow's default cast makes it null), and, from a typed column (Parquet), a value
+/// the column's type cannot hold exactly (1.9 into an integer, 12.345 into `Decimal(10, 2)`,
+/// a fraction of a second into a seconds timestamp), as JSON lines are refused. Floats
+/// narrow as they do in JSON.
+fn exact_cast(f: &Field, c: &ArrayRef) -> anyhow::Result<ArrayRef> {
+    let strict = arrow::compute::CastOptions {
+        safe: false,
+        ..Default::default()
+    };
+    let why = || {
+        format!(
+            "column {:?}: cannot cast {} to {}",
+            f.name(),
+            c.data_type(),
+            f.data_type()
+        )
+    };
+    let cast = arrow::compute::cast_with_options(c, f.data_type(), &strict).with_context(why)?;
+    let target = f.data_type();
+    let checked = target.is_integer()
+        || matches!(
+            target,
+            DataType::Decimal32(..)
+                | DataType::Decimal64(..)
+                | DataType::Decimal128(..)
+                | DataType::Decimal256(..)
+        )
+        || target.is_temporal();
+    let text = matches!(
+        c.data_type(),
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+    );
+    if checked && !text {
+        let back =
+            arrow::compute::cast_with_options(&cast, c.data_type(), &strict).with_context(why)?;
+        let changed = arrow::compute::kernels::cmp::distinct(c, &back)?;
+        if let Some(row) = changed.iter().position(|d| d == Some(true)) {
+            let shown = arrow::util::display::ArrayFormatter::try_new(
+                c.as_ref(),
+                &arrow::util::display::FormatOptions::default(),
+            )?
+            .value(row)
+            .to_string();
+            bail!(
+                "column {:?}: {shown} (row {row} of the batch) is not exactly a value of its type {}",
+                f.name(),
+                f.data_type()
+            );
+        }
+    }
+    Ok(cast)
 }
 
 /// `n` `thing`s, in words: "1 row", "2 rows".

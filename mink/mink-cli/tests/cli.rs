@@ -156,6 +156,69 @@ fn dev_serves_admin_produce_scan_and_metrics() {
         let (ok, _, err) = dev.try_run(&["produce", "app.events", "-f", format], Some(input));
         assert!(!ok && err.contains(needle), "{input}: {err}");
     }
+    // A Parquet or CSV value the table's column cannot hold exactly is refused, not stored
+    // as null (a value that does not fit) or truncated (1.9 into an integer).
+    let wide = [
+        "-c",
+        "id Int64 not null",
+        "-c",
+        "v Float64",
+        "-c",
+        "big Int64",
+    ];
+    let narrow = [
+        "-c",
+        "id Int64 not null",
+        "-c",
+        "v Int32",
+        "-c",
+        "big Int32",
+    ];
+    dev.run(
+        &[&["table", "create", "app.wide"][..], &wide].concat(),
+        None,
+    );
+    dev.run(
+        &[&["table", "create", "app.narrow"][..], &narrow].concat(),
+        None,
+    );
+    let pq = dir.path().join("wide.parquet");
+    for (row, needle) in [
+        (
+            "{\"id\": 1, \"v\": 1.9, \"big\": 7}\n",
+            "column \"v\": 1.9 (row 0 of the batch) is not exactly a value of its type Int32",
+        ),
+        (
+            "{\"id\": 2, \"v\": 2.0, \"big\": 30000000000}\n",
+            "column \"big\": cannot cast Int64 to Int32",
+        ),
+    ] {
+        dev.run(&["produce", "app.wide"], Some(row));
+        let id = if row.contains("\"id\": 1") { "1" } else { "2" };
+        let only = format!("id = {id}");
+        dev.run(
+            &[
+                "scan",
+                "app.wide",
+                "--where",
+                &only,
+                "-f",
+                "parquet",
+                "-o",
+                pq.to_str().unwrap(),
+            ],
+            None,
+        );
+        let (ok, _, err) = dev.try_run(&["produce", "app.narrow", pq.to_str().unwrap()], None);
+        assert!(!ok && err.contains(needle), "{row}: {err}");
+    }
+    let (ok, _, err) = dev.try_run(
+        &["produce", "app.narrow", "-f", "csv"],
+        Some("id,v,big\n3,3,30000000000\n"),
+    );
+    assert!(!ok && err.contains("30000000000"), "{err}");
+    let kept = dev.run(&["scan", "app.narrow", "-f", "csv"], None);
+    assert_eq!(kept, "", "nothing of a refused input is stored");
     let (ok, _, err) = dev.try_run(
         &["produce", "app.events", "--delete"],
         Some("{\"id\": 1}\n"),

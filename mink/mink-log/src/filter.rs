@@ -662,11 +662,7 @@ mod tests {
                 vec![Some(vec![Some(1)]), None, Some(vec![])],
             );
         let schema = Schema::new(vec![Field::new("tags", values.data_type().clone(), true)]);
-        let batch = RecordBatch::try_new(
-            std::sync::Arc::new(schema.clone()),
-            vec![std::sync::Arc::new(values)],
-        )
-        .unwrap();
+        let batch = RecordBatch::try_new(Arc::new(schema.clone()), vec![Arc::new(values)]).unwrap();
         let rows = |op: &str| {
             parse(json!([{"column": "tags", "op": op}]))
                 .bind(&schema, &[])
