@@ -335,6 +335,16 @@ pub fn same_schema_header(stored: &[u8], current: &[u8]) -> bool {
         && stored[current.len()..].iter().all(|b| *b == 0)
 }
 
+/// How many columns a stored batch was written with (its schema message's): more than a
+/// reader's schema when the table grew after the reader started.
+pub fn stored_columns(bytes: &Bytes) -> LogResult<usize> {
+    check_framing(bytes)?;
+    Ok(StreamReader::try_new(Cursor::new(&bytes[..]), None)?
+        .schema()
+        .fields()
+        .len())
+}
+
 /// Decodes a stored batch. The bytes come from storage, so anything malformed is an error,
 /// never a panic.
 pub fn decode_batch(bytes: &[u8]) -> LogResult<RecordBatch> {

@@ -642,9 +642,29 @@ impl Node {
                         continue;
                     }
                 }
+                let mut grew = None;
                 let (items, next) = self
-                    .read_step(plan, b, offset, options.step_bytes, stored_header.as_ref())
+                    .read_step(
+                        plan,
+                        b,
+                        offset,
+                        options.step_bytes,
+                        stored_header.as_ref(),
+                        &mut grew,
+                    )
                     .await?;
+                // A tail that reached rows written after the table grew ends there: its
+                // stream's schema has no place for the new columns, and dropping them would
+                // be silent. Its client reads again from there, with the new schema.
+                let grown = |at: u64| {
+                    NodeError::Unavailable(format!(
+                        "{}.{} gained columns at offset {at} of {}: read again from offset {at} for the new schema",
+                        b.bucket.database, b.bucket.table, b.bucket
+                    ))
+                };
+                if let (Some(at), true) = (grew, items.is_empty()) {
+                    return Err(grown(at));
+                }
                 if next == offset {
                     if let Some(to) = b.to {
                         // The plan's end was committed when it was planned: a step that reads
@@ -688,6 +708,9 @@ impl Node {
                         break;
                     }
                 }
+                if let (Some(at), false) = (grew, full(rows_sent)) {
+                    return Err(grown(at));
+                }
             }
             if full(rows_sent) {
                 break;
@@ -705,6 +728,7 @@ impl Node {
         offset: u64,
         step_bytes: usize,
         stored_header: Option<&Bytes>,
+        grew: &mut Option<u64>,
     ) -> NodeResult<(Vec<ReadItem>, u64)> {
         let mut items = Vec::new();
         let mut next = offset;
@@ -762,6 +786,17 @@ impl Node {
             read => read?,
         };
         for s in stored {
+            // Tailing (no end): a batch written after the table grew ends the step before it.
+            if b.to.is_none()
+                && !stored_header.is_some_and(|h| {
+                    mink_log::codec::wire_batch(&s.payload)
+                        .is_some_and(|w| mink_log::codec::same_schema_header(&w.schema_header, h))
+                })
+                && mink_log::codec::stored_columns(&s.payload)? > plan.table_schema.fields().len()
+            {
+                *grew = Some(s.base_offset.max(offset));
+                break;
+            }
             if !plan.filter.time_may_match(s.timestamp_ms)? {
                 // Every row of a stored batch has its time.
                 next = next.max(b.to.map_or(s.end_offset, |to| s.end_offset.min(to)));

@@ -1573,6 +1573,72 @@ async fn tables_are_tiered_by_the_leaders_of_their_first_buckets() {
     }
 }
 
+/// A tail that reaches rows written after its table grew ends there, naming the offset (it
+/// used to drop the new columns silently); read again from that offset, the rows come with
+/// them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tail_ends_where_its_table_gained_columns() {
+    use futures::StreamExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(config(dir.path(), 1)).await.unwrap();
+    node.create_database("app", false).await.unwrap();
+    node.create_table(spec("grows", 1)).await.unwrap();
+    node.write("app", "grows", &batch(0..3), &WriteTarget::default())
+        .await
+        .unwrap();
+    let tail_from = |from: u64| mink_node::ReadRequest {
+        database: "app".into(),
+        table: "grows".into(),
+        bucket: Some(0),
+        start: mink_node::ReadStart::Offset(from),
+        stop: mink_node::ReadStop::Tail {
+            idle: Some(Duration::from_secs(60)),
+        },
+        ..Default::default()
+    };
+    let mut tail = node.read_stream(
+        node.plan_read(&tail_from(0)).unwrap(),
+        mink_node::ReadOptions::default(),
+    );
+    let mut rows = 0;
+    while rows < 3 {
+        rows += tail.next().await.unwrap().unwrap().data.rows();
+    }
+    let mut fields = schema().fields().to_vec();
+    fields.push(Arc::new(Field::new("score", DataType::Float64, true)));
+    let grown = Arc::new(Schema::new(fields));
+    node.alter_table(
+        "app",
+        "grows",
+        TableChange {
+            schema: Some(grown.as_ref().clone()),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut columns = batch(3..5).columns().to_vec();
+    columns.push(Arc::new(arrow::array::Float64Array::from(vec![0.5, 1.5])));
+    let new_rows = RecordBatch::try_new(Arc::clone(&grown), columns).unwrap();
+    node.write("app", "grows", &new_rows, &WriteTarget::default())
+        .await
+        .unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(30), tail.next())
+        .await
+        .expect("the tail neither ended nor gave a row within 30 s")
+        .expect("the tail ended without an error");
+    match ended {
+        Err(NodeError::Unavailable(m)) => assert!(m.contains("at offset 3"), "{m}"),
+        other => panic!("the tail went on past the new columns: {other:?}"),
+    }
+    let plan = node.plan_read(&tail_from(3)).unwrap();
+    assert_eq!(plan.schema.fields().len(), 3);
+    let mut again = node.read_stream(plan, mink_node::ReadOptions::default());
+    let item = again.next().await.unwrap().unwrap();
+    assert_eq!((item.offset, item.data.rows()), (3, 2));
+    node.shutdown().await;
+}
+
 /// A tailing read and a long-polling wait end, with an error, when the node shuts down under
 /// them: they used to spin on the halted metadata log forever, holding a core and keeping the
 /// runtime from shutting down.
