@@ -12,51 +12,139 @@ const HELP: &str = r"\d            list the tables of every database
 \d TABLE      describe a table (database.table, or a table of database default)
 \timing       turn the time each statement takes on or off
 \q            quit (so does Ctrl-D)
-Statements end with `;` and may span lines.";
+Statements end with `;` and may span lines; Ctrl-C cancels the one running.";
 
-/// Splits `text` into statements at the semicolons outside quotes (the last may lack one).
-pub(crate) fn split_statements(text: &str) -> Vec<String> {
-    let mut statements = Vec::new();
-    let mut current = String::new();
-    let mut quote: Option<char> = None;
-    for c in text.chars() {
-        match (quote, c) {
-            (None, '\'' | '"') => quote = Some(c),
-            (Some(q), c) if c == q => quote = None,
-            (None, ';') => {
-                if !current.trim().is_empty() {
-                    statements.push(current.trim().to_string());
-                }
-                current.clear();
-                continue;
-            }
-            _ => {}
-        }
-        current.push(c);
+/// Where `text`'s statements end: the byte positions of its semicolons outside quotes and
+/// comments, and whether the text ends inside a quote or a block comment.
+fn semicolons(text: &str) -> (Vec<usize>, bool) {
+    #[derive(Clone, Copy, PartialEq)]
+    enum In {
+        Code,
+        /// A quoted string or identifier, closed by this character (doubled, it is one);
+        /// `true`: an `E'...'` string, where a backslash escapes the next character.
+        Quote(char, bool),
+        LineComment,
+        /// Block comments nest, as in PostgreSQL.
+        BlockComment(u32),
     }
-    if !current.trim().is_empty() {
-        statements.push(current.trim().to_string());
+    let mut at = In::Code;
+    let mut ends = Vec::new();
+    let mut chars = text.char_indices().peekable();
+    let mut previous = ' ';
+    while let Some((i, c)) = chars.next() {
+        let next = chars.peek().map(|&(_, n)| n);
+        match at {
+            In::Code => match c {
+                ';' => ends.push(i),
+                '\'' => at = In::Quote('\'', matches!(previous, 'e' | 'E')),
+                '"' => at = In::Quote('"', false),
+                '-' if next == Some('-') => {
+                    chars.next();
+                    at = In::LineComment;
+                }
+                '/' if next == Some('*') => {
+                    chars.next();
+                    at = In::BlockComment(1);
+                }
+                _ => {}
+            },
+            In::Quote(q, escapes) => {
+                if escapes && c == '\\' {
+                    chars.next();
+                } else if c == q {
+                    if next == Some(q) {
+                        chars.next();
+                    } else {
+                        at = In::Code;
+                    }
+                }
+            }
+            In::LineComment => {
+                if c == '\n' {
+                    at = In::Code;
+                }
+            }
+            In::BlockComment(depth) => {
+                if c == '*' && next == Some('/') {
+                    chars.next();
+                    at = if depth == 1 {
+                        In::Code
+                    } else {
+                        In::BlockComment(depth - 1)
+                    };
+                } else if c == '/' && next == Some('*') {
+                    chars.next();
+                    at = In::BlockComment(depth + 1);
+                }
+            }
+        }
+        previous = c;
+    }
+    (ends, matches!(at, In::Quote(..) | In::BlockComment(_)))
+}
+
+/// Whether `statement` holds anything but whitespace and comments.
+fn has_code(statement: &str) -> bool {
+    let (_, open) = semicolons(statement);
+    open || strip_comments(statement)
+        .chars()
+        .any(|c| !c.is_whitespace())
+}
+
+/// `text` without its `--` and `/* */` comments outside quotes (a rough cut: only to tell
+/// whether anything is left).
+fn strip_comments(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    loop {
+        let line = rest.find("--");
+        let block = rest.find("/*");
+        let quote = rest.find(['\'', '"']);
+        let first = [line, block, quote].into_iter().flatten().min();
+        let Some(i) = first else {
+            out.push_str(rest);
+            return out;
+        };
+        out.push_str(&rest[..i]);
+        if Some(i) == quote {
+            // Quoted text is code.
+            out.push('x');
+            let q = rest[i..].chars().next().expect("a quote");
+            rest = match rest[i + 1..].find(q) {
+                Some(j) => &rest[i + 1 + j + 1..],
+                None => "",
+            };
+        } else if Some(i) == line {
+            rest = rest[i..].find('\n').map_or("", |j| &rest[i + j..]);
+        } else {
+            rest = rest[i + 2..]
+                .find("*/")
+                .map_or("", |j| &rest[i + 2 + j + 2..]);
+        }
+    }
+}
+
+/// Splits `text` into statements at the semicolons outside quotes and comments (the last may
+/// lack one). Pieces holding only comments are dropped.
+pub(crate) fn split_statements(text: &str) -> Vec<String> {
+    let (ends, _) = semicolons(text);
+    let mut statements = Vec::new();
+    let mut from = 0;
+    for end in ends.into_iter().chain([text.len()]) {
+        let piece = text[from..end].trim();
+        if has_code(piece) {
+            statements.push(piece.to_string());
+        }
+        from = (end + 1).min(text.len());
     }
     statements
 }
 
-/// Whether `text` holds a complete statement: a `;` outside quotes ends it.
+/// Whether `text` holds a complete statement: it ends with a `;` outside quotes and comments,
+/// followed by nothing but whitespace and comments.
 fn complete(text: &str) -> bool {
-    let mut quote: Option<char> = None;
-    let mut ended = false;
-    for c in text.chars() {
-        match (quote, c) {
-            (None, '\'' | '"') => {
-                quote = Some(c);
-                ended = false;
-            }
-            (Some(q), c) if c == q => quote = None,
-            (None, ';') => ended = true,
-            (None, c) if !c.is_whitespace() => ended = false,
-            _ => {}
-        }
-    }
-    ended
+    let (ends, open) = semicolons(text);
+    !open && ends.last().is_some_and(|&end| !has_code(&text[end + 1..]))
 }
 
 pub(crate) async fn run(engine: &QueryEngine, format: Format) -> anyhow::Result<()> {
@@ -128,7 +216,17 @@ pub(crate) async fn run(engine: &QueryEngine, format: Format) -> anyhow::Result<
         let _ = editor.add_history_entry(text.trim());
         for sql in split_statements(&text) {
             let started = Instant::now();
-            report(run_statement(engine, &sql, format, false, &mut std::io::stdout()).await);
+            // Ctrl-C while a statement runs cancels it (its stream is dropped, and with it the
+            // reads at the nodes) and the prompt goes on, as psql's does; it used to end the
+            // process, and the session with it.
+            let mut out = std::io::stdout();
+            tokio::select! {
+                ran = run_statement(engine, &sql, format, false, &mut out) => report(ran),
+                _ = tokio::signal::ctrl_c() => {
+                    say("cancelled");
+                    break;
+                }
+            }
             if timing {
                 say(&format!("Time: {:.3}s", started.elapsed().as_secs_f64()));
             }
@@ -204,5 +302,32 @@ mod tests {
         assert!(complete("select 1;  \n"));
         assert!(!complete("select ';'"));
         assert!(!complete("select 1; select"));
+    }
+
+    /// A `;` in a comment or an escaped string ends nothing (`-- note: counts; rows` split the
+    /// statement, and the rest failed to parse).
+    #[test]
+    fn semicolons_in_comments_and_escaped_strings_end_nothing() {
+        assert_eq!(
+            split_statements("SELECT 1 AS a; -- note: counts; rows\nSELECT 2 AS b;\n"),
+            ["SELECT 1 AS a", "-- note: counts; rows\nSELECT 2 AS b"]
+        );
+        assert_eq!(
+            split_statements("SELECT 3 /* ; */ AS z;"),
+            ["SELECT 3 /* ; */ AS z"]
+        );
+        assert_eq!(
+            split_statements("SELECT 4 AS w -- trailing; comment\n;"),
+            ["SELECT 4 AS w -- trailing; comment"]
+        );
+        assert_eq!(
+            split_statements(r"SELECT E'x\';y' AS v; SELECT 'it''s;' AS u"),
+            [r"SELECT E'x\';y' AS v", "SELECT 'it''s;' AS u"]
+        );
+        assert_eq!(split_statements("SELECT 1; -- the end\n"), ["SELECT 1"]);
+        assert!(complete("SELECT 1; -- done"));
+        assert!(!complete("SELECT 1 -- not yet;"));
+        assert!(!complete("SELECT 1 /* ; "));
+        assert!(!complete("SELECT E'a\\';"));
     }
 }

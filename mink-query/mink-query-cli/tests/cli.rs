@@ -469,6 +469,15 @@ async fn the_prompt_in_a_terminal() {
         let drawn = String::from_utf8_lossy(&printed.lock().unwrap()).into_owned();
         assert!(drawn.contains("running"), "no progress was drawn:\n{drawn}");
         assert!(!shown.contains("running"), "the spinner stayed:\n{shown}");
+        // Ctrl-C cancels a running statement and the prompt goes on (it ended the process).
+        typed("SELECT count(*) AS n FROM range(1000000000000);");
+        until("the long statement to run", &|s| {
+            s.lines().last().is_some_and(|l| l.contains("running")) || s.contains("running")
+        });
+        key("C-c");
+        until("the cancel", &|s| s.contains("cancelled"));
+        typed("SELECT 41 + 1 AS answer;");
+        until("the next statement's row", &|s| s.contains("| 42 "));
         typed("\\q");
         // The prompt ends, its pane with it, and the pipe closes.
         let deadline = Instant::now() + Duration::from_secs(10);
