@@ -237,6 +237,8 @@ impl QueryEngine {
             quote(table)
         );
         let plan = ctx.state().create_logical_plan(&sql).await?;
+        // A float column into an integer one would be truncated: refused, as INSERT's is.
+        insert::refuse_lossy_values(&plan)?;
         bound_dml(ctx.execute_logical_plan(plan).await?)
     }
 }

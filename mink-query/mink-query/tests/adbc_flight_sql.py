@@ -104,6 +104,17 @@ for mode in ["create", "replace", "create_append"]:
         raise AssertionError(f"ingest mode {mode} was accepted")
     except flight_sql.NotSupportedError as e:
         assert "bulk ingest" in str(e), e
+# Floats into an integer column are refused, not truncated (1.9 was stored as 1).
+try:
+    cur.adbc_ingest("events", pa.table({"id": [7004], "kind": ["ing"], "amount": [1.9]}), mode="append", db_schema_name="app")
+    raise AssertionError("a float column went into an integer one")
+except flight_sql.Error as e:
+    assert "amount" in str(e) and "refused" in str(e), e
+try:
+    cur.execute("INSERT INTO app.o VALUES (?, ?, ?)", (16, "date", 2.7))
+    raise AssertionError("2.7 went into an INT")
+except flight_sql.ProgrammingError as e:
+    assert "qty" in str(e) and "not exactly" in str(e), e
 try:
     cur.adbc_ingest("nope", rows, mode="append", db_schema_name="app")
     raise AssertionError("ingest into a table that does not exist was accepted")

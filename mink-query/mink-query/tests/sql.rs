@@ -1291,16 +1291,27 @@ async fn prepared_insert_parameters_take_their_columns_types() {
         )
         .unwrap();
     assert_eq!(named.execute_update().await.unwrap(), 1);
-    // 2^40 does not fit an INT.
-    prepared.set_parameters(row(14, "plum", 1 << 40)).unwrap();
-    for refused in [
-        prepared.execute_update().await.map(|_| ()),
-        prepared.execute().await.map(|_| ()),
-    ] {
-        assert!(
-            matches!(&refused, Err(arrow_flight::error::FlightError::Tonic(s)) if s.code() == tonic::Code::InvalidArgument && s.message().contains("qty")),
-            "{refused:?}"
-        );
+    // 2^40 does not fit an INT, and 2.7 is not an integer (it was stored as 2).
+    let fraction = RecordBatch::try_from_iter(vec![
+        ("$1", Arc::new(Int64Array::from(vec![15])) as ArrayRef),
+        ("$2", Arc::new(StringArray::from(vec!["pear"])) as ArrayRef),
+        (
+            "$3",
+            Arc::new(arrow::array::Float64Array::from(vec![2.7])) as ArrayRef,
+        ),
+    ])
+    .unwrap();
+    for parameters in [row(14, "plum", 1 << 40), fraction] {
+        prepared.set_parameters(parameters).unwrap();
+        for refused in [
+            prepared.execute_update().await.map(|_| ()),
+            prepared.execute().await.map(|_| ()),
+        ] {
+            assert!(
+                matches!(&refused, Err(arrow_flight::error::FlightError::Tonic(s)) if s.code() == tonic::Code::InvalidArgument && s.message().contains("qty")),
+                "{refused:?}"
+            );
+        }
     }
     assert_eq!(
         c.rows("SELECT id, item, qty FROM app.o ORDER BY id").await,
