@@ -243,10 +243,31 @@ impl Lake {
         columns: &ArrowSchema,
         owner: Option<&str>,
     ) -> LakeResult<Table> {
-        let loaded = self.load_table(database, table).await?;
+        let mut loaded = self.load_table(database, table).await?;
+        let own = owner.is_some()
+            && loaded
+                .metadata()
+                .properties()
+                .get(OWNER_PROPERTY)
+                .map(String::as_str)
+                == owner;
+        if own {
+            // Its own lake, disabled while the table gained columns: the Iceberg table gains
+            // them now, optional (rows tiered before read them as null), as an alter with the
+            // lake on adds them.
+            let current = loaded.metadata().current_schema();
+            let added: Vec<arrow::datatypes::FieldRef> = columns
+                .fields()
+                .iter()
+                .filter(|f| f.is_nullable() && current.field_by_name(f.name()).is_none())
+                .cloned()
+                .collect();
+            if !added.is_empty() {
+                loaded = self.add_columns(database, table, &added).await?;
+            }
+        }
         table::check_compatible(loaded.metadata().current_schema(), columns)?;
-        let owned = loaded.metadata().properties().get(OWNER_PROPERTY);
-        if owner.is_some() && owned.map(String::as_str) == owner {
+        if own {
             return Ok(loaded);
         }
         // Its offsets would say the new table's rows are tiered already.

@@ -2426,6 +2426,54 @@ async fn a_lake_can_be_disabled_and_enabled_again() {
     node.shutdown().await;
 }
 
+/// A column added while the lake is off reaches the Iceberg table when the lake is enabled
+/// again (enabling was refused, "missing from the Iceberg table", until the column was added
+/// to Iceberg by hand), and the rows written with it tier with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lake_enabled_again_gains_the_columns_added_while_it_was_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = trimming_node(dir.path()).await;
+    tiered_clicks(&node, &[]).await;
+    until_lake_can_be_disabled(&node).await;
+    set_lake(&node, "clicks", "false", &[]).await.unwrap();
+    let info = node.describe_table("app", "clicks").unwrap();
+    let mut fields = info.schema.fields().to_vec();
+    fields.push(Arc::new(Field::new("note", DataType::Utf8, true)));
+    node.alter_table(
+        "app",
+        "clicks",
+        mink_node::TableChange {
+            schema: Some(Schema::new(fields)),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    set_lake(
+        &node,
+        "clicks",
+        "true",
+        &[("table.datalake.freshness", "1h")],
+    )
+    .await
+    .unwrap();
+    let lake = node
+        .lake()
+        .await
+        .unwrap()
+        .load_table("app", "clicks")
+        .await
+        .unwrap();
+    let field = lake
+        .metadata()
+        .current_schema()
+        .field_by_name("note")
+        .cloned()
+        .expect("the Iceberg table gained the column");
+    assert!(!field.required);
+    node.shutdown().await;
+}
+
 /// A primary-key table's lake disabled while keys are upserted and deleted, then enabled
 /// again after its changelog was trimmed and a KV snapshot taken: it resumes from the
 /// changelog where it stopped (not from the snapshot, which cannot say which keys the lake
