@@ -97,45 +97,95 @@ pub fn may_be_inexact(schema: &Schema, value: &[u8]) -> bool {
 
 /// Checks that every value `object` gives a column of `schema` is exactly a value of the
 /// column's type: a whole number for an integer column, at most `scale` decimal places for a
-/// decimal one (as a number or a string). The error names the column and the value.
+/// decimal one (as a number or a string), inside lists, structs and maps too. The error names
+/// the column (with the path to a nested value) and the value.
 pub fn check_exact(schema: &Schema, object: &Map<String, Value>) -> Result<(), String> {
     for f in schema.fields() {
-        let Some(value) = object.get(f.name()) else {
-            continue;
-        };
-        let text = match value {
-            Value::Number(n) => n.to_string(),
-            Value::String(s) => s.trim().to_string(),
-            _ => continue,
-        };
-        let exact = match f.data_type() {
-            t if t.is_integer() => whole(&text),
-            DataType::Decimal32(_, scale)
-            | DataType::Decimal64(_, scale)
-            | DataType::Decimal128(_, scale)
-            | DataType::Decimal256(_, scale) => within_scale(&text, *scale),
-            _ => true,
-        };
-        if !exact {
-            return Err(format!(
-                "column {:?}: {value} is not exactly a value of its type {}",
-                f.name(),
-                f.data_type()
-            ));
+        if let Some(value) = object.get(f.name()) {
+            check_value(f.name(), f.data_type(), value)?;
         }
     }
     Ok(())
 }
 
+/// [`check_exact`] of one value of type `t`, at `path` (`tags[2]`, `address.zip`).
+fn check_value(path: &str, t: &DataType, value: &Value) -> Result<(), String> {
+    match (t, value) {
+        (
+            DataType::List(item)
+            | DataType::LargeList(item)
+            | DataType::ListView(item)
+            | DataType::LargeListView(item)
+            | DataType::FixedSizeList(item, _),
+            Value::Array(values),
+        ) => {
+            for (i, v) in values.iter().enumerate() {
+                check_value(&format!("{path}[{i}]"), item.data_type(), v)?;
+            }
+        }
+        (DataType::Struct(fields), Value::Object(object)) => {
+            for f in fields {
+                if let Some(v) = object.get(f.name()) {
+                    check_value(&format!("{path}.{}", f.name()), f.data_type(), v)?;
+                }
+            }
+        }
+        (DataType::Map(entries, _), Value::Object(object)) => {
+            if let DataType::Struct(kv) = entries.data_type()
+                && let Some(values) = kv.get(1)
+            {
+                for (k, v) in object {
+                    check_value(&format!("{path}[{k:?}]"), values.data_type(), v)?;
+                }
+            }
+        }
+        (_, Value::Number(_) | Value::String(_)) => {
+            let text = match value {
+                Value::Number(n) => n.to_string(),
+                Value::String(s) => s.trim().to_string(),
+                _ => unreachable!("matched above"),
+            };
+            let exact = match t {
+                t if t.is_integer() => whole(&text),
+                DataType::Decimal32(_, scale)
+                | DataType::Decimal64(_, scale)
+                | DataType::Decimal128(_, scale)
+                | DataType::Decimal256(_, scale) => within_scale(&text, *scale),
+                _ => true,
+            };
+            if !exact {
+                return Err(format!(
+                    "column {path:?}: {value} is not exactly a value of its type {t}"
+                ));
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Whether a column of type `t` would truncate a number: an integer or a decimal, or a list,
+/// struct or map holding one.
 fn truncates(t: &DataType) -> bool {
-    t.is_integer()
-        || matches!(
-            t,
-            DataType::Decimal32(..)
-                | DataType::Decimal64(..)
-                | DataType::Decimal128(..)
-                | DataType::Decimal256(..)
-        )
+    match t {
+        DataType::List(item)
+        | DataType::LargeList(item)
+        | DataType::ListView(item)
+        | DataType::LargeListView(item)
+        | DataType::FixedSizeList(item, _)
+        | DataType::Map(item, _) => truncates(item.data_type()),
+        DataType::Struct(fields) => fields.iter().any(|f| truncates(f.data_type())),
+        t => {
+            t.is_integer()
+                || matches!(
+                    t,
+                    DataType::Decimal32(..)
+                        | DataType::Decimal64(..)
+                        | DataType::Decimal128(..)
+                        | DataType::Decimal256(..)
+                )
+        }
+    }
 }
 
 /// Whether a number's text is a whole number (text that is no number is left to the reader).

@@ -738,3 +738,51 @@ fn json_rows_take_numbers_exactly_or_not_at_all() {
     let prices = rows.column(1).as_primitive::<Decimal128Type>();
     assert_eq!(prices.values(), &[1234, 50, 1250]);
 }
+
+/// Numbers inside lists, structs and maps are taken exactly or not at all, as top-level ones
+/// are (`[1.5, 2.7]` into a list of integers was stored as `[1, 2]`).
+#[test]
+fn json_rows_take_nested_numbers_exactly_or_not_at_all() {
+    let item = Arc::new(Field::new("item", DataType::Int32, true));
+    let entries = Arc::new(Field::new(
+        "entries",
+        DataType::Struct(
+            vec![
+                Field::new("keys", DataType::Utf8, false),
+                Field::new("values", DataType::Int64, true),
+            ]
+            .into(),
+        ),
+        false,
+    ));
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("lst", DataType::List(Arc::clone(&item)), true),
+        Field::new(
+            "st",
+            DataType::Struct(vec![Field::new("a", DataType::Int64, true)].into()),
+            true,
+        ),
+        Field::new("mp", DataType::Map(entries, false), true),
+    ]));
+    for (bad, path) in [
+        (&b"{\"lst\": [1, 2.7]}"[..], "lst[1]"),
+        (b"{\"st\": {\"a\": 1.9}}", "st.a"),
+        (b"{\"mp\": {\"k\": 1.5}}", "mp[\"k\"]"),
+    ] {
+        let e = mink_log::json::rows(&schema, &[Some(bad)]).unwrap_err();
+        assert!(
+            e.reason.contains(&format!("column {path:?}")),
+            "{}: {}",
+            String::from_utf8_lossy(bad),
+            e.reason
+        );
+    }
+    let rows = mink_log::json::rows(
+        &schema,
+        &[Some(
+            &b"{\"lst\": [1, 2.0], \"st\": {\"a\": 3}, \"mp\": {\"k\": 4}}"[..],
+        )],
+    )
+    .unwrap();
+    assert_eq!(rows.num_rows(), 1);
+}
