@@ -775,7 +775,13 @@ fn literal(text: &str) -> Result<serde_json::Value, String> {
         _ => {}
     }
     if let Ok(n) = t.parse::<serde_json::Number>() {
-        return Ok(serde_json::Value::Number(n));
+        // A whole number goes as one; a fraction or an exponent as its text, which the node
+        // reads as the column's type (as an f64 it lost digits, so a decimal's equality matched
+        // nothing, and 0.1 was no Float32 value).
+        if n.is_i64() || n.is_u64() {
+            return Ok(serde_json::Value::Number(n));
+        }
+        return Ok(serde_json::Value::String(t.to_string()));
     }
     Ok(serde_json::Value::String(t.to_string()))
 }
@@ -1129,7 +1135,7 @@ mod tests {
         );
         assert_eq!(
             parsed("score <> 1.5"),
-            json!({"column": "score", "op": "!=", "value": 1.5})
+            json!({"column": "score", "op": "!=", "value": "1.5"})
         );
         assert_eq!(
             parsed("name IN ('A', 'b', 3)"),

@@ -216,6 +216,33 @@ impl Filter {
 /// integer column, a string must parse).
 fn literal(value: &serde_json::Value, data_type: &DataType) -> Result<ArrayRef, String> {
     use serde_json::Value as J;
+    let options = CastOptions {
+        safe: false,
+        ..Default::default()
+    };
+    // A decimal column takes a number by its text, not through f64 (which has 15 to 17
+    // significant digits: 9999999999999999999999999999.9999999999 matched nothing).
+    if let DataType::Decimal32(_, scale)
+    | DataType::Decimal64(_, scale)
+    | DataType::Decimal128(_, scale)
+    | DataType::Decimal256(_, scale) = data_type
+    {
+        let text = match value {
+            J::Number(n) => Some(n.to_string()),
+            J::String(s) => Some(s.trim().to_string()),
+            _ => None,
+        };
+        if let Some(text) = text {
+            if !crate::json::within_scale(&text, *scale) {
+                return Err(format!(
+                    "{value} is not exactly a value of the column's type {data_type}"
+                ));
+            }
+            let raw: ArrayRef = Arc::new(StringArray::from(vec![without_exponent(&text)]));
+            return cast_with_options(&raw, data_type, &options)
+                .map_err(|e| format!("{value} does not fit the column's type {data_type}: {e}"));
+        }
+    }
     let raw: ArrayRef = match value {
         J::Null => arrow::array::new_null_array(data_type, 1),
         J::Bool(b) => Arc::new(BooleanArray::from(vec![*b])),
@@ -239,10 +266,6 @@ fn literal(value: &serde_json::Value, data_type: &DataType) -> Result<ArrayRef, 
             ));
         }
     };
-    let options = CastOptions {
-        safe: false,
-        ..Default::default()
-    };
     let cast = cast_with_options(&raw, data_type, &options)
         .map_err(|e| format!("{value} does not fit the column's type {data_type}: {e}"))?;
     // A number the column's type would round (0.125 as Float32 is exact, as Decimal(10, 2) it
@@ -256,6 +279,43 @@ fn literal(value: &serde_json::Value, data_type: &DataType) -> Result<ArrayRef, 
         }
     }
     Ok(cast)
+}
+
+/// A number's text with its exponent written out (`1e-10` → `0.0000000001`), as Arrow's
+/// string-to-decimal cast takes it; text it cannot read is left as it is (the cast says why).
+fn without_exponent(text: &str) -> String {
+    let Some((mantissa, exponent)) = text.split_once(['e', 'E']) else {
+        return text.to_string();
+    };
+    let Some(exponent) = exponent.parse::<i32>().ok().filter(|e| e.abs() <= 100) else {
+        return text.to_string();
+    };
+    let (sign, mantissa) = match mantissa.strip_prefix('-') {
+        Some(m) => ("-", m),
+        None => ("", mantissa.strip_prefix('+').unwrap_or(mantissa)),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let digits = format!("{int}{frac}");
+    if !digits.bytes().all(|b| b.is_ascii_digit()) || digits.is_empty() {
+        return text.to_string();
+    }
+    let Some(point) = i32::try_from(int.len()).ok().map(|n| n + exponent) else {
+        return text.to_string();
+    };
+    if point <= 0 {
+        format!(
+            "{sign}0.{}{digits}",
+            "0".repeat(point.unsigned_abs() as usize)
+        )
+    } else if point as usize >= digits.len() {
+        format!(
+            "{sign}{digits}{}",
+            "0".repeat(point as usize - digits.len())
+        )
+    } else {
+        let (whole, fraction) = digits.split_at(point as usize);
+        format!("{sign}{whole}.{fraction}")
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -651,6 +711,44 @@ mod tests {
         );
         assert!(reason.contains("range"), "{reason}");
         assert!(serde_json::from_value::<Filter>(json!([{"column": "id", "op": "~"}])).is_err());
+    }
+
+    /// A decimal literal is read from its text, exactly, whatever its digits (through f64 a
+    /// 38-digit one matched nothing); a decimal string with more places than the scale is
+    /// refused, as a number is; `'0.1'` reads as the nearest Float32.
+    #[test]
+    fn decimal_and_float_literals_are_read_as_the_columns_type() {
+        let big: i128 = 99_999_999_999_999_999_999_999_999_999_999_999_999;
+        let d = arrow::array::Decimal128Array::from(vec![big, 1])
+            .with_precision_and_scale(38, 10)
+            .unwrap();
+        let f = arrow::array::Float32Array::from(vec![0.1f32, 0.5]);
+        let schema = Schema::new(vec![
+            Field::new("d", d.data_type().clone(), true),
+            Field::new("f", DataType::Float32, true),
+        ]);
+        let batch =
+            RecordBatch::try_new(Arc::new(schema.clone()), vec![Arc::new(d), Arc::new(f)]).unwrap();
+        let rows = |f: serde_json::Value| {
+            parse(f)
+                .bind(&schema, &[])
+                .unwrap()
+                .apply(batch.clone())
+                .unwrap()
+                .num_rows()
+        };
+        assert_eq!(
+            rows(
+                json!([{"column": "d", "op": "=", "value": "9999999999999999999999999999.9999999999"}])
+            ),
+            1
+        );
+        assert_eq!(rows(json!([{"column": "d", "op": "=", "value": 1e-10}])), 1);
+        assert_eq!(rows(json!([{"column": "f", "op": ">", "value": "0.1"}])), 1);
+        let refused = parse(json!([{"column": "d", "op": "=", "value": "0.00000000001"}]))
+            .bind(&schema, &[])
+            .unwrap_err();
+        assert!(refused.reason.contains("not exactly"), "{}", refused.reason);
     }
 
     /// `IS [NOT] NULL` holds for any column, a list, struct or map too (SQL's `WHERE tags IS

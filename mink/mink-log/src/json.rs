@@ -197,7 +197,7 @@ fn whole(text: &str) -> bool {
 }
 
 /// Whether a number's text has at most `scale` decimal places (trailing zeros aside).
-fn within_scale(text: &str, scale: i8) -> bool {
+pub(crate) fn within_scale(text: &str, scale: i8) -> bool {
     let (mantissa, exponent) = match text.split_once(['e', 'E']) {
         Some((m, e)) => match e.parse::<i64>() {
             Ok(e) => (m, e),
