@@ -633,7 +633,10 @@ fn client_status(e: &mink_client::ClientError, message: String) -> Status {
         | (_, Some(ErrorCode::Unavailable | ErrorCode::NotLeader)) => Status::unavailable(message),
         (_, Some(ErrorCode::NotFound)) => Status::not_found(message),
         (_, Some(ErrorCode::AlreadyExists)) => Status::already_exists(message),
-        (_, Some(ErrorCode::Invalid | ErrorCode::OffsetOutOfRange)) => {
+        // The client's own refusal of rows (a null partition column, say) is the statement's
+        // fault, as the node's is.
+        (ClientError::Invalid(_), _)
+        | (_, Some(ErrorCode::Invalid | ErrorCode::OffsetOutOfRange)) => {
             Status::invalid_argument(message)
         }
         _ => Status::internal(message),

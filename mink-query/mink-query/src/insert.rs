@@ -121,6 +121,31 @@ impl DisplayAs for MinkSink {
     }
 }
 
+/// A write that failed part way, its client error kept (a frontend maps its code: a row the
+/// writer refused is the statement's fault, a node that cannot be reached is retriable).
+#[derive(Debug)]
+struct Stopped {
+    statement: String,
+    rows: u64,
+    source: mink_client::ClientError,
+}
+
+impl fmt::Display for Stopped {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} stopped after {} rows were stored: {}",
+            self.statement, self.rows, self.source
+        )
+    }
+}
+
+impl std::error::Error for Stopped {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
 #[async_trait]
 impl DataSink for MinkSink {
     fn as_any(&self) -> &dyn Any {
@@ -145,10 +170,12 @@ impl DataSink for MinkSink {
                 continue;
             }
             let batch = self.checked(&batch)?;
-            writer.write(&batch).await.map_err(|e| {
-                DataFusionError::Execution(format!(
-                    "INSERT INTO {database}.{table} stopped after {rows} rows were stored: {e}"
-                ))
+            writer.write(&batch).await.map_err(|source| {
+                DataFusionError::External(Box::new(Stopped {
+                    statement: format!("INSERT INTO {database}.{table}"),
+                    rows,
+                    source,
+                }))
             })?;
             rows += batch.num_rows() as u64;
         }

@@ -1372,13 +1372,26 @@ async fn insert_refuses_null_in_not_null_columns_naming_them() {
         assert!(refused.contains(column), "{statement}: {refused}");
     }
     let mut sql = c.flight_sql().await;
-    for statement in [
-        "INSERT INTO app.o VALUES (NULL, 'x', 1)",
-        "INSERT INTO app.o (item, qty) VALUES ('x', 1)",
+    c.rows("CREATE TABLE app.daily (id BIGINT NOT NULL) PARTITIONED BY (day VARCHAR)")
+        .await;
+    for (statement, says) in [
+        (
+            "INSERT INTO app.o VALUES (NULL, 'x', 1)",
+            "column id of app.o",
+        ),
+        (
+            "INSERT INTO app.o (item, qty) VALUES ('x', 1)",
+            "column id of app.o",
+        ),
+        // Refused by the writer, not the planner: INTERNAL before.
+        (
+            "INSERT INTO app.daily VALUES (1, NULL)",
+            "partition column \"day\" is null",
+        ),
     ] {
         let refused = sql.execute_update(statement.into(), None).await;
         assert!(
-            matches!(&refused, Err(arrow_flight::error::FlightError::Tonic(s)) if s.code() == tonic::Code::InvalidArgument && s.message().contains("column id of app.o")),
+            matches!(&refused, Err(arrow_flight::error::FlightError::Tonic(s)) if s.code() == tonic::Code::InvalidArgument && s.message().contains(says)),
             "{statement}: {refused:?}"
         );
     }
