@@ -677,21 +677,25 @@ fn a_stopped_lease_holder_hands_the_lease_over_at_once() {
     assert_eq!(scanned.lines().skip(1).count(), 3, "{scanned}");
 }
 
-/// Waits (up to 20 s) for `mink cluster status` at `address` to name a lease holder other than
-/// `previous`.
+/// Waits, on each metadata change of the node at `address` (`Client::wait_for_change`), until
+/// it names a lease holder other than `previous`; fails after 20 s with the last description.
 fn lease_holder_other_than(address: &str, previous: u64) -> u64 {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let holder = lease_holder(address);
-        if holder != previous {
-            return holder;
+    runtime().block_on(async {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let client = Client::connect(address).await.unwrap();
+        loop {
+            let c = client.describe_cluster().await.unwrap();
+            if let Some(holder) = c.coordinator_node_id.filter(|h| *h != previous) {
+                return holder;
+            }
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            assert!(
+                !left.is_zero(),
+                "no lease holder but node {previous} within 20 s: {c:?}"
+            );
+            client.wait_for_change(left).await.unwrap();
         }
-        assert!(
-            Instant::now() < deadline,
-            "node {previous} still holds the lease"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    })
 }
 
 #[test]
