@@ -14,9 +14,10 @@ const HELP: &str = r"\d            list the tables of every database
 \q            quit (so does Ctrl-D)
 Statements end with `;` and may span lines; Ctrl-C cancels the one running.";
 
-/// Where `text`'s statements end: the byte positions of its semicolons outside quotes and
-/// comments, and whether the text ends inside a quote or a block comment.
-fn semicolons(text: &str) -> (Vec<usize>, bool) {
+/// `text` cut at its semicolons outside quotes and comments: each piece's byte range (the last
+/// runs to the end, with no `;`), whether it holds anything but whitespace and comments, and
+/// whether the text ends inside a quote or a block comment.
+fn pieces(text: &str) -> (Vec<(std::ops::Range<usize>, bool)>, bool) {
     #[derive(Clone, Copy, PartialEq)]
     enum In {
         Code,
@@ -28,16 +29,18 @@ fn semicolons(text: &str) -> (Vec<usize>, bool) {
         BlockComment(u32),
     }
     let mut at = In::Code;
-    let mut ends = Vec::new();
+    let mut pieces = Vec::new();
+    let (mut from, mut code) = (0, false);
     let mut chars = text.char_indices().peekable();
     let mut previous = ' ';
     while let Some((i, c)) = chars.next() {
         let next = chars.peek().map(|&(_, n)| n);
         match at {
             In::Code => match c {
-                ';' => ends.push(i),
-                '\'' => at = In::Quote('\'', matches!(previous, 'e' | 'E')),
-                '"' => at = In::Quote('"', false),
+                ';' => {
+                    pieces.push((from..i, code));
+                    (from, code) = (i + 1, false);
+                }
                 '-' if next == Some('-') => {
                     chars.next();
                     at = In::LineComment;
@@ -45,6 +48,12 @@ fn semicolons(text: &str) -> (Vec<usize>, bool) {
                 '/' if next == Some('*') => {
                     chars.next();
                     at = In::BlockComment(1);
+                }
+                c if !c.is_whitespace() => {
+                    code = true;
+                    if c == '\'' || c == '"' {
+                        at = In::Quote(c, c == '\'' && matches!(previous, 'e' | 'E'));
+                    }
                 }
                 _ => {}
             },
@@ -80,71 +89,28 @@ fn semicolons(text: &str) -> (Vec<usize>, bool) {
         }
         previous = c;
     }
-    (ends, matches!(at, In::Quote(..) | In::BlockComment(_)))
-}
-
-/// Whether `statement` holds anything but whitespace and comments.
-fn has_code(statement: &str) -> bool {
-    let (_, open) = semicolons(statement);
-    open || strip_comments(statement)
-        .chars()
-        .any(|c| !c.is_whitespace())
-}
-
-/// `text` without its `--` and `/* */` comments outside quotes (a rough cut: only to tell
-/// whether anything is left).
-fn strip_comments(text: &str) -> String {
-    let mut out = String::new();
-    let mut rest = text;
-    loop {
-        let line = rest.find("--");
-        let block = rest.find("/*");
-        let quote = rest.find(['\'', '"']);
-        let first = [line, block, quote].into_iter().flatten().min();
-        let Some(i) = first else {
-            out.push_str(rest);
-            return out;
-        };
-        out.push_str(&rest[..i]);
-        if Some(i) == quote {
-            // Quoted text is code.
-            out.push('x');
-            let q = rest[i..].chars().next().expect("a quote");
-            rest = match rest[i + 1..].find(q) {
-                Some(j) => &rest[i + 1 + j + 1..],
-                None => "",
-            };
-        } else if Some(i) == line {
-            rest = rest[i..].find('\n').map_or("", |j| &rest[i + j..]);
-        } else {
-            rest = rest[i + 2..]
-                .find("*/")
-                .map_or("", |j| &rest[i + 2 + j + 2..]);
-        }
-    }
+    pieces.push((from..text.len(), code));
+    (pieces, matches!(at, In::Quote(..) | In::BlockComment(_)))
 }
 
 /// Splits `text` into statements at the semicolons outside quotes and comments (the last may
 /// lack one). Pieces holding only comments are dropped.
 pub(crate) fn split_statements(text: &str) -> Vec<String> {
-    let (ends, _) = semicolons(text);
-    let mut statements = Vec::new();
-    let mut from = 0;
-    for end in ends.into_iter().chain([text.len()]) {
-        let piece = text[from..end].trim();
-        if has_code(piece) {
-            statements.push(piece.to_string());
-        }
-        from = (end + 1).min(text.len());
-    }
-    statements
+    let (pieces, open) = pieces(text);
+    let last = pieces.len() - 1;
+    pieces
+        .into_iter()
+        .enumerate()
+        .filter(|(i, (_, code))| *code || (open && *i == last))
+        .map(|(_, (range, _))| text[range].trim().to_string())
+        .collect()
 }
 
 /// Whether `text` holds a complete statement: it ends with a `;` outside quotes and comments,
 /// followed by nothing but whitespace and comments.
 fn complete(text: &str) -> bool {
-    let (ends, open) = semicolons(text);
-    !open && ends.last().is_some_and(|&end| !has_code(&text[end + 1..]))
+    let (pieces, open) = pieces(text);
+    !open && pieces.len() > 1 && !pieces.last().is_some_and(|(_, code)| *code)
 }
 
 pub(crate) async fn run(engine: &QueryEngine, format: Format) -> anyhow::Result<()> {

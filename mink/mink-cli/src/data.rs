@@ -350,15 +350,7 @@ fn exact_cast(f: &Field, c: &ArrayRef) -> anyhow::Result<ArrayRef> {
     };
     let cast = arrow::compute::cast_with_options(c, f.data_type(), &strict).with_context(why)?;
     let target = f.data_type();
-    let checked = target.is_integer()
-        || matches!(
-            target,
-            DataType::Decimal32(..)
-                | DataType::Decimal64(..)
-                | DataType::Decimal128(..)
-                | DataType::Decimal256(..)
-        )
-        || target.is_temporal();
+    let checked = target.is_integer() || target.is_decimal() || target.is_temporal();
     let text = matches!(
         c.data_type(),
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View

@@ -175,16 +175,7 @@ fn truncates(t: &DataType) -> bool {
         | DataType::FixedSizeList(item, _)
         | DataType::Map(item, _) => truncates(item.data_type()),
         DataType::Struct(fields) => fields.iter().any(|f| truncates(f.data_type())),
-        t => {
-            t.is_integer()
-                || matches!(
-                    t,
-                    DataType::Decimal32(..)
-                        | DataType::Decimal64(..)
-                        | DataType::Decimal128(..)
-                        | DataType::Decimal256(..)
-                )
-        }
+        t => t.is_integer() || t.is_decimal(),
     }
 }
 

@@ -786,12 +786,14 @@ impl Node {
             read => read?,
         };
         for s in stored {
+            // The batch's messages, when it was stored under the read's schema.
+            let current = stored_header.and_then(|h| {
+                mink_log::codec::wire_batch(&s.payload)
+                    .filter(|w| mink_log::codec::same_schema_header(&w.schema_header, h))
+            });
             // Tailing (no end): a batch written after the table grew ends the step before it.
             if b.to.is_none()
-                && !stored_header.is_some_and(|h| {
-                    mink_log::codec::wire_batch(&s.payload)
-                        .is_some_and(|w| mink_log::codec::same_schema_header(&w.schema_header, h))
-                })
+                && current.is_none()
                 && mink_log::codec::stored_columns(&s.payload)? > plan.table_schema.fields().len()
             {
                 *grew = Some(s.base_offset.max(offset));
@@ -803,11 +805,7 @@ impl Node {
                 continue;
             }
             let whole = s.base_offset >= offset && b.to.is_none_or(|to| s.end_offset <= to);
-            let wire = stored_header.filter(|_| whole).and_then(|h| {
-                mink_log::codec::wire_batch(&s.payload)
-                    .filter(|w| mink_log::codec::same_schema_header(&w.schema_header, h))
-            });
-            if let Some(w) = wire {
+            if let Some(w) = current.filter(|_| whole) {
                 next = s.end_offset;
                 items.push(ReadItem {
                     bucket: b.bucket.clone(),
