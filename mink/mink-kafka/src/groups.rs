@@ -420,7 +420,10 @@ impl Groups {
     }
 
     /// Whether `member_id` of `group` at `generation` may commit offsets (`generation` < 0:
-    /// a consumer outside any group, which may).
+    /// a consumer outside any group, which may). As in Kafka, a member of the current
+    /// generation may commit while the group prepares a rebalance (clients commit what they
+    /// read before they rejoin, and keep their positions when they get the same partitions
+    /// back); only between the joins and the assignment is a commit refused.
     pub(crate) fn may_commit(
         &self,
         group_id: &str,
@@ -440,7 +443,7 @@ impl Groups {
         if group.generation != generation {
             return ResponseError::IllegalGeneration;
         }
-        if group.phase == Phase::PreparingRebalance {
+        if group.phase == Phase::CompletingRebalance {
             return ResponseError::RebalanceInProgress;
         }
         NO_ERROR

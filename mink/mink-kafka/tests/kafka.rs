@@ -591,7 +591,10 @@ async fn the_coordinator_expires_offsets_on_its_own() {
 /// Offsets commit from the current generation of a group's member, or from outside any
 /// group (generation -1); a stale generation gets ILLEGAL_GENERATION, an unknown member
 /// UNKNOWN_MEMBER_ID, a generation of a group that does not exist ILLEGAL_GENERATION, and
-/// none of them stores anything.
+/// none of them stores anything. As in Kafka, a member commits at its generation while the
+/// group prepares a rebalance (kafka-python keeps its position when it gets the partition
+/// back, so a refused commit there was a record never counted as read); between the joins
+/// and the assignment a commit gets REBALANCE_IN_PROGRESS.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commits_from_outside_the_current_generation_are_refused() {
     use kafka_protocol::ResponseError;
@@ -600,8 +603,8 @@ async fn commits_from_outside_the_current_generation_are_refused() {
     };
     use kafka_protocol::messages::sync_group_request::SyncGroupRequestAssignment;
     use kafka_protocol::messages::{
-        GroupId, JoinGroupResponse, OffsetCommitRequest, OffsetCommitResponse, SyncGroupRequest,
-        SyncGroupResponse,
+        GroupId, HeartbeatRequest, HeartbeatResponse, JoinGroupResponse, OffsetCommitRequest,
+        OffsetCommitResponse, SyncGroupRequest, SyncGroupResponse,
     };
     let dir = tempfile::tempdir().unwrap();
     let config = mink_kafka::KafkaConfig {
@@ -676,6 +679,47 @@ async fn commits_from_outside_the_current_generation_are_refused() {
         0
     );
     assert_eq!(committed("solo"), [5]);
+    // A second member joins: the group prepares a rebalance, which the first member learns
+    // from its heartbeat, and still commits at its generation.
+    let mut second = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
+    let joining = tokio::spawn(async move {
+        let r: JoinGroupResponse = ask(&mut second, ApiKey::JoinGroup, 2, &join_group("g")).await;
+        (second, r)
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let beat = HeartbeatRequest::default()
+            .with_group_id(group())
+            .with_generation_id(generation)
+            .with_member_id(member.clone());
+        let r: HeartbeatResponse = ask(&mut socket, ApiKey::Heartbeat, 1, &beat).await;
+        if r.error_code == ResponseError::RebalanceInProgress.code() {
+            break;
+        }
+        assert_eq!(r.error_code, 0, "{r:?}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the second member's join never started a rebalance"
+        );
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        commit_at(&mut socket, "g", generation, member.clone(), 6).await,
+        0,
+        "a commit while the group prepares a rebalance"
+    );
+    assert_eq!(committed("g"), [6]);
+    let rejoin = join_group("g").with_member_id(member.clone());
+    let rejoined: JoinGroupResponse = ask(&mut socket, ApiKey::JoinGroup, 2, &rejoin).await;
+    assert_eq!(rejoined.error_code, 0, "{rejoined:?}");
+    let (_second, joined) = joining.await.unwrap();
+    assert_eq!(joined.error_code, 0, "{joined:?}");
+    assert_eq!(
+        commit_at(&mut socket, "g", rejoined.generation_id, member.clone(), 7).await,
+        ResponseError::RebalanceInProgress.code(),
+        "a commit before the new generation's assignment"
+    );
+    assert_eq!(committed("g"), [6]);
     s.stop().await;
 }
 
