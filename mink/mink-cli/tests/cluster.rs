@@ -15,8 +15,9 @@ use arrow::datatypes::Int64Type;
 use mink_client::{Client, Scan};
 
 use crate::common::{
-    LocalCluster, MINK, Relay, manifest_dir, python, rows, spawn_load, spawn_printing,
+    LocalCluster, MINK, Relay, manifest_dir, python, rows, spawn_load_until, spawn_printing,
 };
+use std::sync::atomic::{AtomicBool, Ordering};
 
 const TTL_MS: u64 = 2000;
 
@@ -113,31 +114,35 @@ fn counts(w: i64, _batch: i64) -> RecordBatch {
 }
 
 /// Idempotent Rust writers on `events` and `counts`, and a plain pyarrow writer on `plain`,
-/// all through `entry`.
+/// all through `entry`, until they have written their batches or the check stops them.
 struct Load {
-    events: tokio::task::JoinHandle<()>,
-    counts: tokio::task::JoinHandle<()>,
-    acked_events: Arc<Mutex<Vec<i64>>>,
+    events: tokio::task::JoinHandle<Vec<i64>>,
+    counts: tokio::task::JoinHandle<Vec<i64>>,
+    /// Acknowledged event ids, and a signal on each acknowledgement.
+    acked_events: Arc<(Mutex<Vec<i64>>, std::sync::Condvar)>,
     acked_counts: Arc<std::sync::atomic::AtomicI64>,
     pyarrow: Option<(std::process::Child, std::path::PathBuf)>,
-    batches: i64,
+    stop: Arc<AtomicBool>,
+    stop_file: std::path::PathBuf,
 }
 
 const WRITERS: i64 = 3;
 const ROWS: i64 = 10;
 
 impl Load {
-    /// `batches` batches per writer, 20 ms apart.
+    /// Up to `batches` batches per writer, 20 ms apart.
     fn start(
         runtime: &tokio::runtime::Runtime,
         entry: &str,
         dir: &std::path::Path,
         batches: i64,
     ) -> Load {
-        let acked_events: Arc<Mutex<Vec<i64>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop_file = dir.join("pyarrow-load.stop");
+        let acked_events: Arc<(Mutex<Vec<i64>>, std::sync::Condvar)> = Arc::default();
         let events = {
             let acked = Arc::clone(&acked_events);
-            spawn_load(
+            spawn_load_until(
                 runtime,
                 entry,
                 "events",
@@ -145,17 +150,19 @@ impl Load {
                 batches,
                 |w, b| rows(w, b * ROWS, ROWS),
                 move |batch| {
-                    acked
-                        .lock()
+                    let (ids, signal) = &*acked;
+                    ids.lock()
                         .unwrap()
                         .extend(batch.column(0).as_primitive::<Int64Type>().values());
+                    signal.notify_all();
                 },
+                Arc::clone(&stop),
             )
         };
         let acked_counts = Arc::new(std::sync::atomic::AtomicI64::new(0));
         let counts = {
             let acked = Arc::clone(&acked_counts);
-            spawn_load(
+            spawn_load_until(
                 runtime,
                 entry,
                 "counts",
@@ -163,8 +170,9 @@ impl Load {
                 batches,
                 counts,
                 move |_| {
-                    acked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    acked.fetch_add(1, Ordering::Relaxed);
                 },
+                Arc::clone(&stop),
             )
         };
         let pyarrow = python().map(|python| {
@@ -173,6 +181,7 @@ impl Load {
                 .arg(manifest_dir().join("tests/pyarrow_load.py"))
                 .args([entry, "app", "plain", "1000000", &batches.to_string()])
                 .arg(&out)
+                .arg(&stop_file)
                 .spawn()
                 .unwrap();
             (child, out)
@@ -183,21 +192,40 @@ impl Load {
             acked_events,
             acked_counts,
             pyarrow,
-            batches,
+            stop,
+            stop_file,
         }
     }
 
     fn acked(&self) -> usize {
-        self.acked_events.lock().unwrap().len()
+        self.acked_events.0.lock().unwrap().len()
     }
 
-    /// Waits for every writer to finish, then checks that what was acknowledged is stored
-    /// exactly once (and, for plain writes with an error, at most once), through `reader`.
+    /// Returns once `rows` event rows are acknowledged in all; fails after 30 s saying the
+    /// load stalled `before` something.
+    fn until_acked(&self, rows: i64, before: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let (ids, signal) = &*self.acked_events;
+        let mut acked = ids.lock().unwrap();
+        while (acked.len() as i64) < rows {
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(
+                !left.is_zero(),
+                "the load stalled at {} of {rows} rows before {before}",
+                acked.len()
+            );
+            acked = signal.wait_timeout(acked, left).unwrap().0;
+        }
+    }
+
+    /// Stops the writers after the batches they are writing, then checks that what was
+    /// acknowledged is stored exactly once (and, for plain writes with an error, at most
+    /// once), through `reader`.
     fn finish_and_check(mut self, runtime: &tokio::runtime::Runtime, reader: &str) {
-        runtime.block_on(async {
-            self.events.await.unwrap();
-            self.counts.await.unwrap();
-        });
+        self.stop.store(true, Ordering::SeqCst);
+        std::fs::write(&self.stop_file, b"").unwrap();
+        let (events, counts) =
+            runtime.block_on(async { (self.events.await.unwrap(), self.counts.await.unwrap()) });
         let client = runtime.block_on(Client::connect(reader)).unwrap();
         // Log table: every acknowledged row once, nothing else, offsets without gaps.
         let stored = runtime
@@ -213,12 +241,18 @@ impl Load {
         }
         let distinct: HashSet<i64> = seen.iter().copied().collect();
         assert_eq!(distinct.len(), seen.len(), "a row was stored twice");
-        let acked: HashSet<i64> = self.acked_events.lock().unwrap().iter().copied().collect();
-        let batches = self.batches;
+        let acked: HashSet<i64> = self
+            .acked_events
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .copied()
+            .collect();
         assert_eq!(
             acked.len() as i64,
-            WRITERS * batches * ROWS,
-            "every batch acknowledged"
+            events.iter().sum::<i64>() * ROWS,
+            "every batch written acknowledged"
         );
         assert_eq!(
             distinct, acked,
@@ -226,8 +260,8 @@ impl Load {
         );
         // Primary-key aggregation: every acknowledged batch counted exactly once.
         assert_eq!(
-            self.acked_counts.load(std::sync::atomic::Ordering::Relaxed),
-            WRITERS * batches
+            self.acked_counts.load(Ordering::Relaxed),
+            counts.iter().sum::<i64>()
         );
         let keys = (0..WRITERS * 10)
             .map(|id| serde_json::json!({ "id": id }).as_object().unwrap().clone())
@@ -236,8 +270,16 @@ impl Load {
             .block_on(client.lookup("app", "counts", keys, &[]))
             .unwrap();
         assert_eq!(found.num_rows() as i64, WRITERS * 10);
-        for n in found.column(1).as_primitive::<Int64Type>().values() {
-            assert_eq!(*n, batches, "a key counted {n} times for {batches} batches");
+        let ids = found.column(0).as_primitive::<Int64Type>().values();
+        for (id, n) in ids
+            .iter()
+            .zip(found.column(1).as_primitive::<Int64Type>().values())
+        {
+            let batches = counts[(*id / 10) as usize];
+            assert_eq!(
+                *n, batches,
+                "key {id} counted {n} times for {batches} batches"
+            );
         }
         // Plain pyarrow writes: acknowledged ones once; ones that failed at most once.
         if let Some((mut child, out)) = self.pyarrow.take() {
@@ -281,22 +323,43 @@ impl Load {
 }
 
 /// How long until `victim` is seen down and every bucket has a live leader again, asking
-/// `entry`.
-fn until_failed_over(runtime: &tokio::runtime::Runtime, entry: &str, victim: u64) -> Duration {
+/// `entry` at each metadata change it applies (a node's liveness runs out without one, so at
+/// least every 100 ms).
+fn until_failed_over(
+    runtime: &tokio::runtime::Runtime,
+    cluster: &LocalCluster,
+    entry: &str,
+    victim: u64,
+) -> Duration {
     let started = Instant::now();
-    let client = runtime.block_on(Client::connect(entry)).unwrap();
-    loop {
-        let c = runtime.block_on(client.describe_cluster()).unwrap();
-        let down = c.nodes.iter().any(|n| n.node_id == victim && !n.live);
-        if down && c.buckets_without_live_leader == 0 {
-            return started.elapsed();
+    runtime.block_on(async {
+        let client = Client::connect(entry).await.unwrap();
+        loop {
+            let c = client.describe_cluster().await.unwrap();
+            let down = c.nodes.iter().any(|n| n.node_id == victim && !n.live);
+            if down && c.buckets_without_live_leader == 0 {
+                return started.elapsed();
+            }
+            let left = Duration::from_millis(4 * TTL_MS).saturating_sub(started.elapsed());
+            assert!(
+                !left.is_zero(),
+                "node {victim}'s buckets did not move within 4 TTLs: {c:?}\nthe end of its log:\n{}",
+                log_tail(cluster, victim)
+            );
+            client
+                .wait_for_change(left.min(Duration::from_millis(100)))
+                .await
+                .unwrap();
         }
-        assert!(
-            started.elapsed() < Duration::from_millis(4 * TTL_MS),
-            "node {victim}'s buckets did not move within 4 TTLs: {c:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    })
+}
+
+/// The last 40 lines of node `id`'s log, for a failure message.
+fn log_tail(cluster: &LocalCluster, id: u64) -> String {
+    let log = std::fs::read_to_string(cluster.dir.path().join(format!("node-{id}.log")))
+        .unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -336,15 +399,11 @@ fn a_cluster_keeps_every_acknowledged_row_when_nodes_are_killed() {
         probe.buckets
     );
     let mut prober = client.writer("app", "probe");
-    let load = Load::start(&runtime, &entry, cluster.dir.path(), 150);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while load.acked() < (WRITERS * ROWS * 20) as usize {
-        assert!(Instant::now() < deadline, "the load never got going");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let load = Load::start(&runtime, &entry, cluster.dir.path(), 1000);
+    load.until_acked(WRITERS * ROWS * 20, "the kill");
     cluster.signal(victim, "KILL");
     let killed = Instant::now();
-    let took = until_failed_over(&runtime, &entry, victim);
+    let took = until_failed_over(&runtime, &cluster, &entry, victim);
     // Served again: a write across every bucket, the victim's included, acknowledged (the
     // client follows redirects and retries until its deadline).
     runtime
@@ -360,11 +419,15 @@ fn a_cluster_keeps_every_acknowledged_row_when_nodes_are_killed() {
         served <= Duration::from_millis(2 * TTL_MS),
         "writes were acknowledged again after {served:?}: more than two lease TTLs"
     );
+    load.until_acked(
+        load.acked() as i64 + WRITERS * ROWS * 5,
+        "the check, after the failover",
+    );
     load.finish_and_check(&runtime, &entry);
 
     // The lease holder goes too: the entry node takes the lease and every bucket.
     cluster.signal(holder, "KILL");
-    let took = until_failed_over(&runtime, &entry, holder);
+    let took = until_failed_over(&runtime, &cluster, &entry, holder);
     eprintln!("SIGKILL of the lease holder (node {holder}): buckets served again after {took:?}");
     assert_eq!(lease_holder(&entry), entry_id);
     let client = runtime.block_on(Client::connect(&entry)).unwrap();
@@ -497,7 +560,7 @@ fn a_paused_node_makes_nothing_visible_after_its_buckets_moved() {
         .unwrap();
 
     cluster.signal(paused, "STOP");
-    until_failed_over(&runtime, &entry, paused);
+    until_failed_over(&runtime, &cluster, &entry, paused);
     // Through a relay, which says when the request is in the paused process's socket.
     let relay = Relay::start(&cluster.address(paused));
     let late = Command::new(&python)
@@ -717,18 +780,11 @@ fn a_rolling_restart_and_a_rebalance_under_load_lose_nothing() {
     };
     assert_eq!(led_by(4), 0, "a drained node gets no buckets");
     let runtime = runtime();
-    let load = Load::start(&runtime, &entry, cluster.dir.path(), 200);
+    let load = Load::start(&runtime, &entry, cluster.dir.path(), 1000);
     for n in 1..=3 {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while load.acked() < (WRITERS * ROWS * 20 * n) as usize {
-            assert!(
-                Instant::now() < deadline,
-                "the load stalled before node {n}'s restart"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        load.until_acked(WRITERS * ROWS * 20 * n, &format!("node {n}'s restart"));
         cluster.signal(n as u64, "TERM");
-        let took = until_failed_over(&runtime, &entry, n as u64);
+        let took = until_failed_over(&runtime, &cluster, &entry, n as u64);
         cluster.restart(n as u64);
         eprintln!("node {n} stopped and started again; its buckets moved in {took:?}");
     }
@@ -752,6 +808,10 @@ fn a_rolling_restart_and_a_rebalance_under_load_lose_nothing() {
         "rebalance under load: {}",
         moved.lines().next().unwrap_or_default()
     );
+    load.until_acked(
+        load.acked() as i64 + WRITERS * ROWS * 5,
+        "the check, after the rebalance",
+    );
     load.finish_and_check(&runtime, &entry);
 }
 
@@ -765,12 +825,8 @@ fn a_metadata_database_outage_under_load_loses_nothing() {
     create_tables(&entry);
     let runtime = runtime();
     let reader = runtime.block_on(Client::connect(&entry)).unwrap();
-    let load = Load::start(&runtime, &entry, cluster.dir.path(), 200);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while load.acked() < (WRITERS * ROWS * 20) as usize {
-        assert!(Instant::now() < deadline, "the load never got going");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let load = Load::start(&runtime, &entry, cluster.dir.path(), 1000);
+    load.until_acked(WRITERS * ROWS * 20, "the outage");
     let down_for = (3 * TTL_MS / 2000).max(1).to_string();
     let outage = Command::new(manifest_dir().join("../../deploy/local-cluster"))
         .args(["postgres-restart", "--down-for", &down_for, "--dir"])
@@ -793,5 +849,10 @@ fn a_metadata_database_outage_under_load_loses_nothing() {
     let outage = outage.wait_with_output().unwrap();
     assert!(outage.status.success(), "postgres-restart failed");
     eprintln!("{reads} reads served while PostgreSQL was down for {down_for} s");
+    // Writes resume: more batches are acknowledged after the outage.
+    load.until_acked(
+        load.acked() as i64 + WRITERS * ROWS * 5,
+        "the check, after the outage",
+    );
     load.finish_and_check(&runtime, &entry);
 }

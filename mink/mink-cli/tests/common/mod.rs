@@ -288,7 +288,26 @@ pub fn spawn_load(
     batches: i64,
     batch: fn(i64, i64) -> RecordBatch,
     acked: impl Fn(&RecordBatch) + Send + Sync + 'static,
-) -> tokio::task::JoinHandle<()> {
+) -> tokio::task::JoinHandle<Vec<i64>> {
+    let never = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    spawn_load_until(
+        runtime, address, table, writers, batches, batch, acked, never,
+    )
+}
+
+/// [`spawn_load`] whose writers also stop, after the batch they are writing, once `stop` is
+/// set; the task answers how many batches each writer had acknowledged.
+#[allow(clippy::too_many_arguments)]
+pub fn spawn_load_until(
+    runtime: &tokio::runtime::Runtime,
+    address: &str,
+    table: &'static str,
+    writers: i64,
+    batches: i64,
+    batch: fn(i64, i64) -> RecordBatch,
+    acked: impl Fn(&RecordBatch) + Send + Sync + 'static,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<Vec<i64>> {
     let address = address.to_string();
     let acked = Arc::new(acked);
     runtime.spawn(async move {
@@ -302,23 +321,29 @@ pub fn spawn_load(
             .map(|w| {
                 let client = client.clone();
                 let acked = Arc::clone(&acked);
+                let stop = Arc::clone(&stop);
                 tokio::spawn(async move {
                     let mut writer = client.writer("app", table);
-                    for b in 0..batches {
-                        let rows = batch(w, b);
+                    let mut written = 0;
+                    while written < batches && !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                        let rows = batch(w, written);
                         writer
                             .write(&rows)
                             .await
-                            .unwrap_or_else(|e| panic!("writer {w} batch {b}: {e}"));
+                            .unwrap_or_else(|e| panic!("writer {w} batch {written}: {e}"));
                         acked(&rows);
+                        written += 1;
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
+                    written
                 })
             })
             .collect();
+        let mut written = Vec::new();
         for t in tasks {
-            t.await.unwrap();
+            written.push(t.await.unwrap());
         }
+        written
     })
 }
 
