@@ -11,7 +11,7 @@ mod repl;
 use std::io::{IsTerminal as _, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use arrow::array::RecordBatch;
@@ -54,6 +54,15 @@ struct Cli {
     /// Write the rows of -c and -f statements to FILE instead of standard output.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     output: Option<PathBuf>,
+    /// Rows a statement shows in the table format (0: all of them); the rest are counted.
+    /// CSV, JSON and Parquet write every row as it arrives.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 40,
+        env = "MINK_QUERY_MAX_ROWS"
+    )]
+    max_rows: usize,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -145,7 +154,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             cli.format != Format::Parquet && cli.output.is_none(),
             "--format parquet and --output apply to statements given with -c or -f, not to the prompt"
         );
-        let done = repl::run(&engine, cli.format).await;
+        let done = repl::run(&engine, cli.format, cli.max_rows).await;
         mink_query::scan::tail_reports_sent(Duration::from_secs(2)).await;
         return done;
     }
@@ -173,7 +182,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         None => Box::new(Stdout),
     };
     for sql in statements {
-        run_statement(&engine, &sql, cli.format, false, &mut out).await?;
+        run_statement(&engine, &sql, cli.format, cli.max_rows, &mut out).await?;
     }
     out.flush()?;
     // Advisory, so bounded: a node that does not answer does not hold up the exit.
@@ -249,30 +258,23 @@ pub(crate) fn say(line: &str) {
     let _ = writeln!(out, "{line}");
 }
 
-/// Plans and runs one statement, writing its rows to `out` (and the time it took, with
-/// `timing`, to standard output).
+/// Plans and runs one statement, writing its rows to `out` as they arrive: a result larger
+/// than memory goes to a file or a pipe in CSV, JSON or Parquet, and the table format keeps
+/// only the `max_rows` it shows (0: all). Returns how many rows the statement answered.
 pub(crate) async fn run_statement(
     engine: &QueryEngine,
     sql: &str,
     format: Format,
-    timing: bool,
+    max_rows: usize,
     out: &mut (dyn Write + Send),
-) -> anyhow::Result<()> {
-    let started = Instant::now();
+) -> anyhow::Result<u64> {
     let _running = engine.queries().track(sql, "cli", None, None);
     let df = engine.sql(sql).await?;
-    let schema = df.schema().as_arrow().clone();
-    let batches = collect_with_progress(df).await?;
-    print_batches(&schema, &batches, format, out)?;
-    if timing {
-        let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
-        say(&format!(
-            "{rows} row{} in {:.3}s",
-            if rows == 1 { "" } else { "s" },
-            started.elapsed().as_secs_f64()
-        ));
-    }
-    Ok(())
+    let schema = std::sync::Arc::new(df.schema().as_arrow().clone());
+    let mut rows = Rows::new(schema, format, max_rows, out)?;
+    let count = stream_with_progress(df, |batch| rows.write(&batch)).await?;
+    rows.finish(count)?;
+    Ok(count)
 }
 
 /// How long a statement runs before a spinner shows its progress on standard error (when that
@@ -284,13 +286,16 @@ fn progress_after() -> Duration {
         .map_or(Duration::from_millis(500), Duration::from_millis)
 }
 
-/// Runs `df` and collects its batches; once it has run [`progress_after`], a spinner on
-/// standard error counts the rows so far (drawn only on a terminal, cleared at the end).
-async fn collect_with_progress(df: DataFrame) -> anyhow::Result<Vec<RecordBatch>> {
+/// Runs `df`, handing each batch to `each` as it arrives, and answers how many rows it had;
+/// once it has run [`progress_after`], a spinner on standard error counts the rows so far
+/// (drawn only on a terminal, cleared at the end).
+async fn stream_with_progress(
+    df: DataFrame,
+    mut each: impl FnMut(RecordBatch) -> anyhow::Result<()>,
+) -> anyhow::Result<u64> {
     let mut stream = df.execute_stream().await?;
     let show_at = tokio::time::Instant::now() + progress_after();
     let mut bar: Option<ProgressBar> = None;
-    let mut batches = Vec::new();
     let mut rows = 0u64;
     loop {
         let next = if bar.is_some() {
@@ -313,12 +318,12 @@ async fn collect_with_progress(df: DataFrame) -> anyhow::Result<Vec<RecordBatch>
         if let Some(bar) = &bar {
             bar.set_position(rows);
         }
-        batches.push(batch);
+        each(batch)?;
     }
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
-    Ok(batches)
+    Ok(rows)
 }
 
 fn spinner() -> ProgressBar {
@@ -334,53 +339,126 @@ fn spinner() -> ProgressBar {
     bar
 }
 
+/// Prints `batches` (of `schema`) in `format` to `out`, all of them.
 pub(crate) fn print_batches(
     schema: &arrow::datatypes::Schema,
     batches: &[RecordBatch],
     format: Format,
-    mut out: &mut (dyn Write + Send),
+    out: &mut (dyn Write + Send),
 ) -> anyhow::Result<()> {
-    // DDL and SET answer no columns: nothing to print (no empty table, no `{}` line).
-    if schema.fields().is_empty() && format != Format::Parquet {
-        return Ok(());
+    let mut rows = Rows::new(std::sync::Arc::new(schema.clone()), format, 0, out)?;
+    let mut count = 0;
+    for b in batches {
+        count += b.num_rows() as u64;
+        rows.write(b)?;
     }
-    match format {
-        Format::Table => {
-            let shown = if batches.is_empty() {
-                arrow::util::pretty::pretty_format_batches(&[RecordBatch::new_empty(
-                    std::sync::Arc::new(schema.clone()),
-                )])?
-            } else {
-                arrow::util::pretty::pretty_format_batches(batches)?
-            };
-            writeln!(out, "{shown}")?;
+    rows.finish(count)
+}
+
+/// A statement's rows on their way out, in one format.
+enum Rows<'a> {
+    /// DDL and SET answer no columns: nothing is printed (no empty table, no `{}` line).
+    Nothing,
+    /// Kept until the end (column widths depend on every row shown): at most `max` rows.
+    Table {
+        schema: arrow::datatypes::SchemaRef,
+        kept: Vec<RecordBatch>,
+        kept_rows: usize,
+        max: usize,
+        out: &'a mut (dyn Write + Send),
+    },
+    Csv(arrow::csv::Writer<&'a mut (dyn Write + Send)>),
+    Json(arrow::json::LineDelimitedWriter<&'a mut (dyn Write + Send)>),
+    Parquet(parquet::arrow::ArrowWriter<&'a mut (dyn Write + Send)>),
+}
+
+impl<'a> Rows<'a> {
+    fn new(
+        schema: arrow::datatypes::SchemaRef,
+        format: Format,
+        max: usize,
+        out: &'a mut (dyn Write + Send),
+    ) -> anyhow::Result<Self> {
+        if schema.fields().is_empty() && format != Format::Parquet {
+            return Ok(Rows::Nothing);
         }
-        Format::Csv => {
-            let mut w = arrow::csv::WriterBuilder::new()
-                .with_header(true)
-                .build(&mut out);
-            for b in batches {
-                w.write(b)?;
+        Ok(match format {
+            Format::Table => Rows::Table {
+                schema,
+                kept: Vec::new(),
+                kept_rows: 0,
+                max,
+                out,
+            },
+            Format::Csv => Rows::Csv(
+                arrow::csv::WriterBuilder::new()
+                    .with_header(true)
+                    .build(out),
+            ),
+            Format::Json => Rows::Json(arrow::json::LineDelimitedWriter::new(out)),
+            Format::Parquet => {
+                Rows::Parquet(parquet::arrow::ArrowWriter::try_new(out, schema, None)?)
             }
-        }
-        Format::Json => {
-            let mut w = arrow::json::LineDelimitedWriter::new(&mut out);
-            for b in batches {
-                w.write(b)?;
-            }
-            w.finish()?;
-        }
-        Format::Parquet => {
-            let mut w = parquet::arrow::ArrowWriter::try_new(
-                &mut out,
-                std::sync::Arc::new(schema.clone()),
-                None,
-            )?;
-            for b in batches {
-                w.write(b)?;
-            }
-            w.close()?;
-        }
+        })
     }
-    Ok(())
+
+    fn write(&mut self, batch: &RecordBatch) -> anyhow::Result<()> {
+        match self {
+            Rows::Nothing => {}
+            Rows::Table {
+                kept,
+                kept_rows,
+                max,
+                ..
+            } => {
+                let room = if *max == 0 {
+                    batch.num_rows()
+                } else {
+                    (*max - *kept_rows).min(batch.num_rows())
+                };
+                if room > 0 {
+                    *kept_rows += room;
+                    kept.push(batch.slice(0, room));
+                }
+            }
+            Rows::Csv(w) => w.write(batch)?,
+            Rows::Json(w) => w.write(batch)?,
+            Rows::Parquet(w) => w.write(batch)?,
+        }
+        Ok(())
+    }
+
+    /// Ends the output of a statement that answered `count` rows.
+    fn finish(self, count: u64) -> anyhow::Result<()> {
+        match self {
+            Rows::Nothing | Rows::Csv(_) => {}
+            Rows::Table {
+                schema,
+                mut kept,
+                kept_rows,
+                out,
+                ..
+            } => {
+                if kept.is_empty() {
+                    kept.push(RecordBatch::new_empty(schema));
+                }
+                writeln!(
+                    out,
+                    "{}",
+                    arrow::util::pretty::pretty_format_batches(&kept)?
+                )?;
+                if count > kept_rows as u64 {
+                    writeln!(
+                        out,
+                        "({kept_rows} of {count} rows shown: --max-rows N shows more, 0 all; --format csv writes every row as it arrives)"
+                    )?;
+                }
+            }
+            Rows::Json(mut w) => w.finish()?,
+            Rows::Parquet(w) => {
+                w.close()?;
+            }
+        }
+        Ok(())
+    }
 }

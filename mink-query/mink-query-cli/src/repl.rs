@@ -8,7 +8,7 @@ use rustyline::error::ReadlineError;
 use crate::{Format, print_batches, run_statement, say};
 
 const HELP: &str = r"\d            list the tables of every database
-\dt           the same
+\dt PATTERN   the tables matching PATTERN (`*` any characters, `?` one; events, app.*)
 \d TABLE      describe a table (database.table, or a table of database default)
 \timing       turn the time each statement takes on or off
 \q            quit (so does Ctrl-D)
@@ -113,7 +113,11 @@ fn complete(text: &str) -> bool {
     !open && pieces.len() > 1 && !pieces.last().is_some_and(|(_, code)| *code)
 }
 
-pub(crate) async fn run(engine: &QueryEngine, format: Format) -> anyhow::Result<()> {
+pub(crate) async fn run(
+    engine: &QueryEngine,
+    format: Format,
+    max_rows: usize,
+) -> anyhow::Result<()> {
     let mut editor = rustyline::DefaultEditor::new()?;
     let history =
         std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".mink_query_history"));
@@ -154,16 +158,10 @@ pub(crate) async fn run(engine: &QueryEngine, format: Format) -> anyhow::Result<
                     });
                 }
                 ("\\d" | "\\dt", None) => {
-                    report(
-                        run_statement(
-                            engine,
-                            "SELECT table_schema AS database, table_name AS table FROM information_schema.tables WHERE table_catalog = 'mink' AND table_schema NOT IN ('information_schema', 'system') ORDER BY 1, 2",
-                            format,
-                            false,
-                            &mut std::io::stdout(),
-                        )
-                        .await,
-                    );
+                    report(list_tables(engine, None, format).await);
+                }
+                ("\\dt", Some(pattern)) => {
+                    report(list_tables(engine, Some(pattern), format).await);
                 }
                 ("\\d", Some(table)) => report(describe(engine, table, format).await),
                 (other, _) => say(&format!("unknown command {other}: \\? lists them")),
@@ -187,7 +185,7 @@ pub(crate) async fn run(engine: &QueryEngine, format: Format) -> anyhow::Result<
             // process, and the session with it.
             let mut out = std::io::stdout();
             tokio::select! {
-                ran = run_statement(engine, &sql, format, false, &mut out) => report(ran),
+                ran = run_statement(engine, &sql, format, max_rows, &mut out) => report(ran.map(|_| ())),
                 _ = tokio::signal::ctrl_c() => {
                     say("cancelled");
                     break;
@@ -201,6 +199,49 @@ pub(crate) async fn run(engine: &QueryEngine, format: Format) -> anyhow::Result<
     if let Some(h) = &history {
         let _ = editor.save_history(h);
     }
+    Ok(())
+}
+
+/// Prints the tables, or those whose name matches `pattern` as psql's `\dt` does: `*` any
+/// characters, `?` one; `database.table` matches both parts, a name alone the table's in
+/// any database.
+async fn list_tables(
+    engine: &QueryEngine,
+    pattern: Option<&str>,
+    format: Format,
+) -> anyhow::Result<()> {
+    let like = |p: &str| {
+        let mut out = String::from("'");
+        for c in p.chars() {
+            match c {
+                '*' => out.push('%'),
+                '?' => out.push('_'),
+                '%' | '_' | '\\' => {
+                    out.push('\\');
+                    out.push(c);
+                }
+                '\'' => out.push_str("''"),
+                c => out.push(c),
+            }
+        }
+        out.push('\'');
+        out
+    };
+    let filter = match pattern.map(|p| p.split_once('.').map_or((None, p), |(d, t)| (Some(d), t))) {
+        None => String::new(),
+        Some((None, table)) => format!(" AND table_name LIKE {}", like(table)),
+        Some((Some(database), table)) => format!(
+            " AND table_schema LIKE {} AND table_name LIKE {}",
+            like(database),
+            like(table)
+        ),
+    };
+    let sql = format!(
+        "SELECT table_schema AS database, table_name AS table FROM information_schema.tables \
+         WHERE table_catalog = 'mink' AND table_schema NOT IN ('information_schema', 'system'){filter} \
+         ORDER BY 1, 2"
+    );
+    run_statement(engine, &sql, format, 0, &mut std::io::stdout()).await?;
     Ok(())
 }
 

@@ -147,6 +147,40 @@ async fn statements_from_the_command_line_and_files() {
     .unwrap();
     assert!(ok);
     assert_eq!(out, "{\"id\":2}\n");
+    // The table format shows the first --max-rows rows and counts the rest; CSV writes all.
+    let a = s.address.clone();
+    let (ok, out, err) = tokio::task::spawn_blocking(move || {
+        mink_query(
+            &a,
+            &["--max-rows", "2", "-c", "SELECT value FROM range(1000000)"],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(ok, "{err}");
+    assert_eq!(
+        out,
+        "+-------+\n| value |\n+-------+\n| 0     |\n| 1     |\n+-------+\n\
+         (2 of 1000000 rows shown: --max-rows N shows more, 0 all; --format csv writes every row as it arrives)\n"
+    );
+    let a = s.address.clone();
+    let (ok, out, err) = tokio::task::spawn_blocking(move || {
+        mink_query(
+            &a,
+            &[
+                "--format",
+                "csv",
+                "--max-rows",
+                "2",
+                "-c",
+                "SELECT value FROM range(100000)",
+            ],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(ok, "{err}");
+    assert_eq!(out.lines().count(), 100_001);
     // Errors: DataFusion's message, a non-zero exit.
     let a = s.address.clone();
     let (ok, _, err) =
@@ -444,6 +478,14 @@ async fn the_prompt_in_a_terminal() {
         until("the row", &|s| s.contains("| ann "));
         typed("\\d");
         until("the table list", &|s| s.contains("| app      | people |"));
+        typed("\\dt peo*");
+        until("the tables matching peo*", &|s| {
+            s.matches("| app      | people |").count() >= 2
+        });
+        typed("\\dt nomatch?");
+        until("an empty table list", &|s| {
+            s.contains("| database | table |\n+----------+-------+\n+")
+        });
         typed("\\d app.people");
         until("the columns", &|s| s.contains("| name   | Utf8  | YES"));
         // A virtual table, which the information schema does not list.
