@@ -848,8 +848,14 @@ fn a_metadata_database_outage_under_load_loses_nothing() {
     }
     let outage = outage.wait_with_output().unwrap();
     assert!(outage.status.success(), "postgres-restart failed");
-    eprintln!("{reads} reads served while PostgreSQL was down for {down_for} s");
-    // Writes resume: more batches are acknowledged after the outage.
+    // Writes resume: a batch of every writer, then more, acknowledged after PostgreSQL is back.
+    let back = Instant::now();
+    let acked = load.acked() as i64;
+    load.until_acked(acked + WRITERS * ROWS, "the first writes after the outage");
+    eprintln!(
+        "{reads} reads served while PostgreSQL was down for {down_for} s; writes went on {:?} after it was back",
+        back.elapsed()
+    );
     load.until_acked(
         load.acked() as i64 + WRITERS * ROWS * 5,
         "the check, after the outage",

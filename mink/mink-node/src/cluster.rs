@@ -47,16 +47,15 @@ const REBALANCE_WAIT: Duration = Duration::from_secs(30);
 
 impl Node {
     pub async fn cluster_status(&self) -> NodeResult<ClusterStatus> {
-        let rows = self.inner.sink.live_nodes().await?;
-        let ages: BTreeMap<u64, i64> = self
-            .inner
-            .sink
-            .node_rows()
-            .await?
-            .into_iter()
-            .map(|n| (n.node_id, n.age_ms))
+        // One read of the heartbeats: while the metadata database is unreachable each read
+        // waits out the pool's acquire timeout.
+        let rows = self.inner.sink.node_rows().await?;
+        let ages: BTreeMap<u64, i64> = rows.iter().map(|n| (n.node_id, n.age_ms)).collect();
+        let live: BTreeMap<u64, u64> = rows
+            .iter()
+            .filter(|n| self.inner.sink.is_live(n))
+            .map(|n| (n.node_id, n.node_epoch))
             .collect();
-        let live: BTreeMap<u64, u64> = rows.iter().map(|n| (n.node_id, n.node_epoch)).collect();
         let view = self.view();
         let drained = planner::drained(&view.state);
         let mut led: BTreeMap<u64, u64> = BTreeMap::new();

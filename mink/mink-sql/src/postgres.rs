@@ -59,8 +59,13 @@ impl PostgresStore {
             })?;
             let _ = first.close().await;
         }
+        // A query waiting for a connection while PostgreSQL is down retries connecting with a
+        // backoff that doubles up to a fifth of this timeout: at sqlx's default 30 s, writes
+        // went on up to 6 s after PostgreSQL was back. At 5 s a restarted PostgreSQL is found
+        // within a second, and a call that times out is retried by the sink's own backoff.
         let pool = PgPoolOptions::new()
             .max_connections(4)
+            .acquire_timeout(std::time::Duration::from_secs(5))
             .connect_with(options)
             .await
             .map_err(classify)?;
