@@ -29,7 +29,7 @@ use arrow_flight::{
 };
 use datafusion::arrow::array::AsArray as _;
 use datafusion::arrow::array::{ArrayRef, Int32Array, RecordBatch, StringArray};
-use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt64Type};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, UInt64Type};
 use datafusion::arrow::ipc::writer::IpcWriteOptions;
 use datafusion::catalog::SchemaProvider as _;
 use datafusion::common::{ParamValues, ScalarValue};
@@ -650,7 +650,7 @@ fn info(
     descriptor: FlightDescriptor,
 ) -> Result<Response<FlightInfo>, Status> {
     let info = FlightInfo::new()
-        .try_with_schema(schema)
+        .try_with_schema(&wire_schema(schema))
         .map_err(|e| Status::internal(e.to_string()))?
         .with_endpoint(FlightEndpoint::new().with_ticket(Ticket::new(ticket)))
         .with_descriptor(descriptor);
@@ -672,20 +672,73 @@ fn command_info(
 
 /// `batches` (of `schema`) as a `DoGet` answer. Dictionary columns stay dictionaries: the
 /// encoder's default would send their values instead, and a client (ADBC) refuses a stream
-/// whose schema differs from the one `GetFlightInfo` announced.
+/// whose schema differs from the one `GetFlightInfo` announced. Large lists go as lists
+/// ([`wire_schema`]).
 fn answer(
-    schema: SchemaRef,
+    schema: &Schema,
     batches: impl Stream<Item = Result<RecordBatch, FlightError>> + Send + 'static,
 ) -> Response<DoGetStream> {
+    let wire = Arc::new(wire_schema(schema));
+    let batches: Pin<Box<dyn Stream<Item = Result<RecordBatch, FlightError>> + Send>> =
+        if *wire == *schema {
+            Box::pin(batches)
+        } else {
+            let wire = Arc::clone(&wire);
+            Box::pin(batches.map(move |batch| {
+                let batch = batch?;
+                let columns = batch
+                    .columns()
+                    .iter()
+                    .zip(wire.fields())
+                    .map(|(c, f)| arrow::compute::cast(c, f.data_type()))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| {
+                        FlightError::Tonic(Box::new(Status::out_of_range(format!(
+                            "a large list holds more values than a list's 32-bit offsets reach \
+                             in one batch, and Flight SQL sends large lists as lists: {e}"
+                        ))))
+                    })?;
+                Ok(RecordBatch::try_new(Arc::clone(&wire), columns)?)
+            }))
+        };
     let stream = FlightDataEncoderBuilder::new()
         .with_dictionary_handling(DictionaryHandling::Resend)
-        .with_schema(schema)
+        .with_schema(wire)
         .build(batches)
         .map_err(Status::from);
     Response::new(Box::pin(stream))
 }
 
-fn one(schema: SchemaRef, batch: Result<RecordBatch, FlightError>) -> Response<DoGetStream> {
+/// `schema` as Flight SQL sends it: with every large list (nested ones too) a list.
+/// arrow-flight's encoder announces a large list as a list but sends the batch's 64-bit
+/// offsets, so a client refused the stream (ADBC: "inconsistent schema") or would read it
+/// wrong; the batches are cast to this schema before they are encoded.
+fn wire_schema(schema: &Schema) -> Schema {
+    fn wire_field(f: &Field) -> Field {
+        f.clone().with_data_type(wire_type(f.data_type()))
+    }
+    fn wire_type(t: &DataType) -> DataType {
+        match t {
+            DataType::List(f) | DataType::LargeList(f) => DataType::List(Arc::new(wire_field(f))),
+            DataType::FixedSizeList(f, n) => DataType::FixedSizeList(Arc::new(wire_field(f)), *n),
+            DataType::Struct(fields) => {
+                DataType::Struct(fields.iter().map(|f| wire_field(f)).collect())
+            }
+            DataType::Map(f, sorted) => DataType::Map(Arc::new(wire_field(f)), *sorted),
+            other => other.clone(),
+        }
+    }
+    Schema::new_with_metadata(
+        schema
+            .fields()
+            .iter()
+            .map(|f| wire_field(f))
+            .collect::<Vec<_>>(),
+        schema.metadata().clone(),
+    )
+}
+
+fn one(schema: &Schema, batch: Result<RecordBatch, FlightError>) -> Response<DoGetStream> {
     answer(schema, futures::stream::once(async move { batch }))
 }
 
@@ -773,7 +826,7 @@ impl FlightSqlService for MinkFlightSql {
         })
         .filter_map(|e| async move { e });
         Ok(answer(
-            schema,
+            &schema,
             batches
                 .map_err(|e| FlightError::Tonic(Box::new(status(e))))
                 .chain(ended),
@@ -796,7 +849,7 @@ impl FlightSqlService for MinkFlightSql {
     ) -> Result<Response<DoGetStream>, Status> {
         let builder = query.into_builder(&self.info);
         let schema = builder.schema();
-        Ok(one(schema, builder.build()))
+        Ok(one(&schema, builder.build()))
     }
 
     async fn get_flight_info_catalogs(
@@ -816,7 +869,7 @@ impl FlightSqlService for MinkFlightSql {
         let mut builder = query.into_builder();
         builder.append(CATALOG);
         let schema = builder.schema();
-        Ok(one(schema, builder.build()))
+        Ok(one(&schema, builder.build()))
     }
 
     async fn get_flight_info_schemas(
@@ -839,7 +892,7 @@ impl FlightSqlService for MinkFlightSql {
             builder.append(CATALOG, d);
         }
         let schema = builder.schema();
-        Ok(one(schema, builder.build()))
+        Ok(one(&schema, builder.build()))
     }
 
     async fn get_flight_info_tables(
@@ -892,7 +945,7 @@ impl FlightSqlService for MinkFlightSql {
             }
         }
         let schema = builder.schema();
-        Ok(one(schema, builder.build()))
+        Ok(one(&schema, builder.build()))
     }
 
     async fn get_flight_info_table_types(
@@ -912,7 +965,7 @@ impl FlightSqlService for MinkFlightSql {
         let mut builder = query.into_builder();
         builder.append("TABLE");
         let schema = builder.schema();
-        Ok(one(schema, builder.build()))
+        Ok(one(&schema, builder.build()))
     }
 
     async fn get_flight_info_primary_keys(
@@ -973,7 +1026,7 @@ impl FlightSqlService for MinkFlightSql {
                 Arc::new(Int32Array::from(sequence)),
             ],
         );
-        Ok(one(schema, batch.map_err(FlightError::from)))
+        Ok(one(&schema, batch.map_err(FlightError::from)))
     }
 
     /// The deprecated `CancelQuery`: as `CancelFlightInfo` (their result codes agree).
@@ -1027,7 +1080,7 @@ impl FlightSqlService for MinkFlightSql {
         );
         Ok(ActionCreatePreparedStatementResult {
             prepared_statement_handle: handle.into_bytes().into(),
-            dataset_schema: ipc_schema(&dataset)?,
+            dataset_schema: ipc_schema(&wire_schema(&dataset))?,
             parameter_schema: ipc_schema(&parameter_schema)?,
         })
     }

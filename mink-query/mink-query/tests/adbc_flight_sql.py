@@ -44,6 +44,9 @@ assert info["vendor_name"] == "Mink", info
 # A dictionary column: the schema GetFlightInfo announces is the one DoGet streams.
 cur.execute("SELECT id, d FROM app.nested")
 assert cur.fetchall() == [(1, "x")]
+# A large list arrives as a list (ADBC refused the stream: "inconsistent schema").
+cur.execute("SELECT id, xs FROM app.nested")
+assert cur.fetchall() == [(1, [1, 2])]
 
 # Polars reads a query through the same connection.
 frame = pl.read_database("SELECT id, amount FROM app.events WHERE id >= 95 ORDER BY id", connection=conn)
