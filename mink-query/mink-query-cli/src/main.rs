@@ -369,7 +369,12 @@ enum Rows<'a> {
     },
     Csv(arrow::csv::Writer<&'a mut (dyn Write + Send)>),
     Json(arrow::json::LineDelimitedWriter<&'a mut (dyn Write + Send)>),
-    Parquet(parquet::arrow::ArrowWriter<&'a mut (dyn Write + Send)>),
+    /// Columns of types Parquet cannot name are cast to ones it can
+    /// ([`mink_log::export::parquet_type`]): the schema written.
+    Parquet(
+        parquet::arrow::ArrowWriter<&'a mut (dyn Write + Send)>,
+        arrow::datatypes::SchemaRef,
+    ),
 }
 
 impl<'a> Rows<'a> {
@@ -397,7 +402,15 @@ impl<'a> Rows<'a> {
             ),
             Format::Json => Rows::Json(arrow::json::LineDelimitedWriter::new(out)),
             Format::Parquet => {
-                Rows::Parquet(parquet::arrow::ArrowWriter::try_new(out, schema, None)?)
+                let written = mink_log::export::parquet_schema(&schema);
+                Rows::Parquet(
+                    parquet::arrow::ArrowWriter::try_new(
+                        out,
+                        std::sync::Arc::clone(&written),
+                        None,
+                    )?,
+                    written,
+                )
             }
         })
     }
@@ -423,7 +436,7 @@ impl<'a> Rows<'a> {
             }
             Rows::Csv(w) => w.write(batch)?,
             Rows::Json(w) => w.write(batch)?,
-            Rows::Parquet(w) => w.write(batch)?,
+            Rows::Parquet(w, schema) => w.write(&mink_log::export::to_parquet(batch, schema)?)?,
         }
         Ok(())
     }
@@ -455,7 +468,7 @@ impl<'a> Rows<'a> {
                 }
             }
             Rows::Json(mut w) => w.finish()?,
-            Rows::Parquet(w) => {
+            Rows::Parquet(w, _) => {
                 w.close()?;
             }
         }

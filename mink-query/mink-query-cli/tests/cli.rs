@@ -319,6 +319,42 @@ async fn rows_as_parquet() {
     assert!(out.status.success());
     assert!(out.stdout.starts_with(b"PAR1") && out.stdout.ends_with(b"PAR1"));
     assert_eq!(read(out.stdout.into()).num_rows(), 1);
+    // Seconds and millisecond dates, which Parquet cannot name, are written as milliseconds
+    // and days, so readers without Arrow's schema see a timestamp and a date, not integers.
+    let a = s.address.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(MINK_QUERY)
+            .args(["--server", &a, "--format", "parquet", "-c"])
+            .arg("SELECT to_timestamp_seconds(1700000000) AS ts, arrow_cast(DATE '2024-01-02', 'Date64') AS d")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(out.status.success());
+    let reader =
+        parquet::file::reader::SerializedFileReader::new(bytes::Bytes::from(out.stdout.clone()))
+            .unwrap();
+    let types: Vec<String> = {
+        use parquet::file::reader::FileReader as _;
+        let schema = reader.metadata().file_metadata().schema_descr();
+        (0..schema.num_columns())
+            .map(|i| format!("{:?}", schema.column(i).logical_type_ref()))
+            .collect()
+    };
+    assert!(
+        types[0].contains("Timestamp") && types[0].contains("MILLIS") && types[1].contains("Date"),
+        "{types:?}"
+    );
+    let rows = read(out.stdout.into());
+    assert_eq!(
+        arrow::util::display::array_value_to_string(rows.column(0), 0).unwrap(),
+        "2023-11-14T22:13:20"
+    );
+    assert_eq!(
+        arrow::util::display::array_value_to_string(rows.column(1), 0).unwrap(),
+        "2024-01-02"
+    );
     // One file holds one statement's rows; the prompt writes no Parquet.
     let a = s.address.clone();
     let (ok, _, err) = tokio::task::spawn_blocking(move || {

@@ -593,7 +593,12 @@ enum Sink {
     Table(Box<dyn Write + Send>, Vec<RecordBatch>),
     Csv(arrow::csv::Writer<Box<dyn Write + Send>>),
     Json(arrow::json::LineDelimitedWriter<Box<dyn Write + Send>>),
-    Parquet(Option<parquet::arrow::ArrowWriter<std::fs::File>>),
+    /// Columns of types Parquet cannot name are cast to ones it can
+    /// ([`mink_log::export::parquet_type`]): the schema written.
+    Parquet(
+        Option<parquet::arrow::ArrowWriter<std::fs::File>>,
+        SchemaRef,
+    ),
 }
 
 impl Sink {
@@ -637,11 +642,15 @@ impl Sink {
                 let p = output.context("Parquet output needs a file: --output data.parquet")?;
                 let file = std::fs::File::create(p)
                     .with_context(|| format!("cannot create {}", p.display()))?;
-                Sink::Parquet(Some(parquet::arrow::ArrowWriter::try_new(
-                    file,
-                    Arc::clone(schema),
-                    None,
-                )?))
+                let written = mink_log::export::parquet_schema(schema);
+                Sink::Parquet(
+                    Some(parquet::arrow::ArrowWriter::try_new(
+                        file,
+                        Arc::clone(&written),
+                        None,
+                    )?),
+                    written,
+                )
             }
         })
     }
@@ -651,7 +660,10 @@ impl Sink {
             Sink::Table(_, batches) => batches.push(batch.clone()),
             Sink::Csv(w) => w.write(&as_text(batch)?)?,
             Sink::Json(w) => w.write(&as_text(batch)?)?,
-            Sink::Parquet(w) => w.as_mut().expect("open").write(batch)?,
+            Sink::Parquet(w, schema) => w
+                .as_mut()
+                .expect("open")
+                .write(&mink_log::export::to_parquet(batch, schema)?)?,
         }
         Ok(())
     }
@@ -671,7 +683,7 @@ impl Sink {
             }
             Sink::Csv(_) => {}
             Sink::Json(w) => w.get_mut().flush()?,
-            Sink::Parquet(w) => {
+            Sink::Parquet(w, _) => {
                 if let Some(w) = w.take() {
                     w.close()?;
                 }

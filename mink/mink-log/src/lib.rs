@@ -4,10 +4,12 @@
 //!   end marker), optionally zstd-compressed; one offset per row.
 //! - [`options`]: table options with the names Apache Fluss users know.
 //! - [`routing`]: which bucket a row belongs to — the same function in clients and servers.
+//! - [`export`]: rows written out as files for other tools (Parquet's types).
 //! - [`LogTablet`]: append and read one bucket.
 
 pub mod changelog;
 pub mod codec;
+pub mod export;
 pub mod filter;
 pub mod json;
 pub mod options;
