@@ -714,28 +714,10 @@ fn answer(
 /// offsets, so a client refused the stream (ADBC: "inconsistent schema") or would read it
 /// wrong; the batches are cast to this schema before they are encoded.
 fn wire_schema(schema: &Schema) -> Schema {
-    fn wire_field(f: &Field) -> Field {
-        f.clone().with_data_type(wire_type(f.data_type()))
-    }
-    fn wire_type(t: &DataType) -> DataType {
-        match t {
-            DataType::List(f) | DataType::LargeList(f) => DataType::List(Arc::new(wire_field(f))),
-            DataType::FixedSizeList(f, n) => DataType::FixedSizeList(Arc::new(wire_field(f)), *n),
-            DataType::Struct(fields) => {
-                DataType::Struct(fields.iter().map(|f| wire_field(f)).collect())
-            }
-            DataType::Map(f, sorted) => DataType::Map(Arc::new(wire_field(f)), *sorted),
-            other => other.clone(),
-        }
-    }
-    Schema::new_with_metadata(
-        schema
-            .fields()
-            .iter()
-            .map(|f| wire_field(f))
-            .collect::<Vec<_>>(),
-        schema.metadata().clone(),
-    )
+    mink_log::export::map_schema(schema, &|t| match t {
+        DataType::LargeList(item) => DataType::List(item),
+        other => other,
+    })
 }
 
 fn one(schema: &Schema, batch: Result<RecordBatch, FlightError>) -> Response<DoGetStream> {

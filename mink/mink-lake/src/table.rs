@@ -34,22 +34,15 @@ pub fn system_columns() -> [(&'static str, PrimitiveType); 3] {
 /// count of the column's unit (`long`). Each is exact both ways: tiering casts to the lake's
 /// types and reads cast back.
 pub fn lake_type(t: &DataType) -> DataType {
-    let field =
-        |f: &Arc<Field>| Arc::new(f.as_ref().clone().with_data_type(lake_type(f.data_type())));
-    match t {
+    mink_log::export::map_types(t, &|t| match t {
         DataType::Timestamp(TimeUnit::Second | TimeUnit::Millisecond, tz) => {
-            DataType::Timestamp(TimeUnit::Microsecond, tz.clone())
+            DataType::Timestamp(TimeUnit::Microsecond, tz)
         }
         DataType::Time32(_) => DataType::Time64(TimeUnit::Microsecond),
         DataType::Date64 => DataType::Date32,
         DataType::Duration(_) => DataType::Int64,
-        DataType::List(f) => DataType::List(field(f)),
-        DataType::LargeList(f) => DataType::LargeList(field(f)),
-        DataType::FixedSizeList(f, n) => DataType::FixedSizeList(field(f), *n),
-        DataType::Struct(fields) => DataType::Struct(fields.iter().map(field).collect()),
-        DataType::Map(f, sorted) => DataType::Map(field(f), *sorted),
-        other => other.clone(),
-    }
+        other => other,
+    })
 }
 
 /// `field` with its type as the lake stores it ([`lake_type`]).

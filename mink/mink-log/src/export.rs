@@ -6,48 +6,61 @@ use arrow::array::RecordBatch;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use arrow::error::ArrowError;
 
+/// `t` with `f` applied to it and to every type nested in it, innermost first: the types of
+/// list items, struct fields and map entries are mapped before the type that holds them.
+/// Shared by the places that write rows where some Arrow types have no name (Parquet files,
+/// the Iceberg lake, Flight SQL streams).
+pub fn map_types(t: &DataType, f: &impl Fn(DataType) -> DataType) -> DataType {
+    let field = |x: &Arc<Field>| {
+        Arc::new(
+            x.as_ref()
+                .clone()
+                .with_data_type(map_types(x.data_type(), f)),
+        )
+    };
+    f(match t {
+        DataType::List(x) => DataType::List(field(x)),
+        DataType::LargeList(x) => DataType::LargeList(field(x)),
+        DataType::FixedSizeList(x, n) => DataType::FixedSizeList(field(x), *n),
+        DataType::Struct(fields) => DataType::Struct(fields.iter().map(field).collect()),
+        DataType::Map(x, sorted) => DataType::Map(field(x), *sorted),
+        other => other.clone(),
+    })
+}
+
+/// `schema` with each column's type mapped by [`map_types`].
+pub fn map_schema(schema: &Schema, f: &impl Fn(DataType) -> DataType) -> Schema {
+    Schema::new_with_metadata(
+        schema
+            .fields()
+            .iter()
+            .map(|c| {
+                c.as_ref()
+                    .clone()
+                    .with_data_type(map_types(c.data_type(), f))
+            })
+            .collect::<Vec<_>>(),
+        schema.metadata().clone(),
+    )
+}
+
 /// The type a column of type `t` is written as in Parquet, so that readers without Arrow's
 /// embedded schema (DuckDB, Spark, Polars' native reader) see a timestamp, time or date:
 /// Parquet has no second unit and no millisecond date, and Arrow's Parquet writer stores those
 /// as bare integers. Seconds widen to milliseconds and `Date64` (whole days in milliseconds)
 /// becomes `Date32`, each exact; nested types are mapped inside.
 pub fn parquet_type(t: &DataType) -> DataType {
-    let field = |f: &Arc<Field>| {
-        Arc::new(
-            f.as_ref()
-                .clone()
-                .with_data_type(parquet_type(f.data_type())),
-        )
-    };
-    match t {
-        DataType::Timestamp(TimeUnit::Second, tz) => {
-            DataType::Timestamp(TimeUnit::Millisecond, tz.clone())
-        }
+    map_types(t, &|t| match t {
+        DataType::Timestamp(TimeUnit::Second, tz) => DataType::Timestamp(TimeUnit::Millisecond, tz),
         DataType::Time32(TimeUnit::Second) => DataType::Time32(TimeUnit::Millisecond),
         DataType::Date64 => DataType::Date32,
-        DataType::List(f) => DataType::List(field(f)),
-        DataType::LargeList(f) => DataType::LargeList(field(f)),
-        DataType::FixedSizeList(f, n) => DataType::FixedSizeList(field(f), *n),
-        DataType::Struct(fields) => DataType::Struct(fields.iter().map(field).collect()),
-        DataType::Map(f, sorted) => DataType::Map(field(f), *sorted),
-        other => other.clone(),
-    }
+        other => other,
+    })
 }
 
 /// `schema` with each column's type as [`parquet_type`] maps it.
 pub fn parquet_schema(schema: &Schema) -> SchemaRef {
-    Arc::new(Schema::new_with_metadata(
-        schema
-            .fields()
-            .iter()
-            .map(|f| {
-                f.as_ref()
-                    .clone()
-                    .with_data_type(parquet_type(f.data_type()))
-            })
-            .collect::<Vec<_>>(),
-        schema.metadata().clone(),
-    ))
+    Arc::new(map_schema(schema, &|t| parquet_type(&t)))
 }
 
 /// `batch` cast to `schema` (its [`parquet_schema`]); the batch itself when nothing changes.
