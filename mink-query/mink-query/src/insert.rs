@@ -13,6 +13,7 @@ use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::catalog::TableProvider as _;
+use datafusion::common::ScalarValue;
 use datafusion::datasource::sink::DataSink;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
@@ -318,16 +319,26 @@ fn check(column: &str, value: &Expr, from: &DataType, to: &DataType) -> Result<(
             "column {column} is {to} and {value} is {from}: a value of another type is refused, not truncated (CAST it to {to} to truncate)"
         )));
     }
-    // A number too large for its column: DataFusion's cast error would name neither.
+    // A value its column cannot hold (a number too large, 'x' for a number, 'notadate' for a
+    // timestamp): DataFusion's cast error, raised as the optimizer folds the cast, names
+    // neither the column nor its type.
     if let Expr::Literal(v, _) = uncast(value)
-        && from.is_numeric()
-        && to.is_numeric()
         && !v.is_null()
-        && v.cast_to(to).is_err()
+        && let Err(e) = v.cast_to(to)
     {
-        return Err(DataFusionError::Plan(format!(
-            "column {column} is {to}, and {v} is out of its range"
-        )));
+        return Err(DataFusionError::Plan(
+            if from.is_numeric() && to.is_numeric() {
+                format!("column {column} is {to}, and {v} is out of its range")
+            } else {
+                let shown = match v {
+                    ScalarValue::Utf8(Some(t))
+                    | ScalarValue::LargeUtf8(Some(t))
+                    | ScalarValue::Utf8View(Some(t)) => format!("'{t}'"),
+                    other => other.to_string(),
+                };
+                format!("column {column} is {to}, and {shown} is not a value of it ({e})")
+            },
+        ));
     }
     Ok(())
 }

@@ -630,6 +630,34 @@ async fn insert_into_log_and_primary_key_tables() {
             "{overflow}: {refused}"
         );
     }
+    // So is a text its column's type cannot read (DataFusion's cast error named neither).
+    c.rows("CREATE TABLE app.typed (id BIGINT NOT NULL, at TIMESTAMP, d DECIMAL(10, 2))")
+        .await;
+    for (wrong, column) in [
+        (
+            "INSERT INTO app.typed VALUES ('x', NULL, NULL)",
+            "column id is Int64, and 'x'",
+        ),
+        (
+            "INSERT INTO app.typed (id, at) VALUES (1, 'notadate')",
+            "column at is Timestamp(µs), and 'notadate'",
+        ),
+        (
+            "INSERT INTO app.typed (id, d) VALUES (1, 'abc')",
+            "column d is Decimal128(10, 2)",
+        ),
+    ] {
+        let refused = c.error(wrong).await;
+        assert!(
+            refused.contains(column) && refused.contains("is not a value of it"),
+            "{wrong}: {refused}"
+        );
+    }
+    assert_eq!(
+        c.rows("INSERT INTO app.typed VALUES ('7', '2026-11-30 12:00:00', '1.25')")
+            .await,
+        strings(&[&["1"]])
+    );
     // Nothing of the refused statements was stored.
     assert_eq!(
         c.rows("SELECT count(*) FROM app.events").await,
