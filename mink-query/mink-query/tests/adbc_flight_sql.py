@@ -101,6 +101,11 @@ pl.DataFrame({"id": [7003], "kind": ["ing"], "amount": [7]}).write_database(
 )
 cur.execute("SELECT sum(amount) FROM app.events WHERE kind = 'ing'")
 assert cur.fetchall() == [(18,)]
+# One ingest message over gRPC's default 4 MiB (about 6 MB: it was refused, nothing stored).
+big = pl.DataFrame({"id": range(100_000, 160_000), "kind": ["big/" + "x" * 96] * 60_000})
+big.write_database("app.events", connection=conn, engine="adbc", if_table_exists="append")
+cur.execute("SELECT count(*) FROM app.events WHERE kind LIKE 'big/%'")
+assert cur.fetchall() == [(60_000,)]
 for mode in ["create", "replace", "create_append"]:
     try:
         cur.adbc_ingest("events", rows, mode=mode, db_schema_name="app")
