@@ -349,7 +349,7 @@ async fn rows_as_parquet() {
     let rows = read(out.stdout.into());
     assert_eq!(
         arrow::util::display::array_value_to_string(rows.column(0), 0).unwrap(),
-        "2023-11-14T22:13:20"
+        "2023-11-14T22:13:20Z"
     );
     assert_eq!(
         arrow::util::display::array_value_to_string(rows.column(1), 0).unwrap(),

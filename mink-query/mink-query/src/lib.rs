@@ -144,6 +144,10 @@ impl QueryEngine {
         // `99999999.99` is that decimal, not the nearest f64: read as a float, a literal into a
         // DECIMAL column stored another value and an equality filter on one missed its row.
         config.options_mut().sql_parser.parse_float_as_decimal = true;
+        // `now()`, `TIMESTAMPTZ '...'` and casts to TIMESTAMPTZ carry their instant, as in
+        // PostgreSQL with its session in UTC: without a session time zone DataFusion gives them
+        // none, and one stored into a column of another zone (Europe/Berlin) moved by its offset.
+        config.options_mut().execution.time_zone = Some("UTC".into());
         let mut rules = datafusion::physical_optimizer::optimizer::PhysicalOptimizer::new().rules;
         rules.push(Arc::new(exec::Yielding));
         let state = datafusion::execution::SessionStateBuilder::new()

@@ -666,6 +666,67 @@ async fn insert_into_log_and_primary_key_tables() {
     c.stop().await;
 }
 
+/// `now()` and `TIMESTAMPTZ` literals carry their instant (the session is in UTC, as a
+/// PostgreSQL one can be): stored into a column of another zone they keep it, and a filter
+/// with one finds the row. Without a session zone DataFusion gave them none, and Europe/Berlin
+/// columns got instants an hour off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zoned_literals_keep_their_instant() {
+    use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path()).await;
+    c.rows("CREATE SCHEMA app").await;
+    let schema = Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new(
+            "b",
+            DataType::Timestamp(TimeUnit::Millisecond, Some("Europe/Berlin".into())),
+            true,
+        ),
+    ]);
+    c.client
+        .create_table_with(&mink_client::protocol::CreateTable {
+            database: "app".into(),
+            table: "berlin".into(),
+            schema: mink_client::protocol::encode_schema(&schema).unwrap(),
+            options: [("bucket.num".to_string(), "1".to_string())].into(),
+            partition_keys: vec![],
+            primary_key: vec![],
+            comment: String::new(),
+            if_not_exists: false,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        c.rows("SELECT arrow_typeof(now()), arrow_typeof(TIMESTAMPTZ '2024-01-01T10:00:00Z')")
+            .await,
+        strings(&[&["Timestamp(ns, \"UTC\")", "Timestamp(ns, \"UTC\")"]])
+    );
+    c.rows(
+        "INSERT INTO app.berlin VALUES (1, TIMESTAMPTZ '2024-01-01T10:00:00Z'), \
+         (2, CAST('2024-06-01T10:00:00Z' AS TIMESTAMPTZ))",
+    )
+    .await;
+    assert_eq!(
+        c.rows("SELECT id, b FROM app.berlin ORDER BY id").await,
+        strings(&[
+            &["1", "2024-01-01T11:00:00+01:00"],
+            &["2", "2024-06-01T12:00:00+02:00"]
+        ])
+    );
+    assert_eq!(
+        c.rows("SELECT id FROM app.berlin WHERE b = TIMESTAMPTZ '2024-01-01T10:00:00Z'")
+            .await,
+        strings(&[&["1"]])
+    );
+    assert_eq!(
+        c.rows("SELECT count(*) FROM app.berlin WHERE b < now()")
+            .await,
+        strings(&[&["2"]])
+    );
+    c.stop().await;
+}
+
 /// SQL's `TIMESTAMP` is microseconds (as in Postgres, Spark and Iceberg, whose v2 tables have
 /// no nanoseconds), `TIMESTAMPTZ` microseconds in UTC; a lake table refuses nanoseconds when it
 /// is created, naming the column.
