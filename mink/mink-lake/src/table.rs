@@ -52,6 +52,22 @@ fn lake_field(field: &Field) -> Field {
 
 /// The Iceberg type of one Mink column (field ids inside nested types are placeholders).
 pub(crate) fn column_type(field: &Field) -> LakeResult<NestedFieldRef> {
+    // Iceberg has no fixed-size list: a lake table took one, then failed every tiering round
+    // (the batch's list matched no Iceberg list), and its log was never trimmed.
+    let fixed = std::cell::Cell::new(false);
+    mink_log::export::map_types(field.data_type(), &|t| {
+        fixed.set(fixed.get() || matches!(t, DataType::FixedSizeList(..)));
+        t
+    });
+    if fixed.get() {
+        return Err(LakeError::Incompatible {
+            column: field.name().clone(),
+            reason: format!(
+                "{} holds a fixed-size list, which Iceberg has no type for: use a List",
+                field.data_type()
+            ),
+        });
+    }
     let one = ArrowSchema::new(vec![lake_field(field)]);
     let converted =
         arrow_schema_to_schema_auto_assign_ids(&one).map_err(|e| LakeError::Incompatible {
@@ -230,6 +246,31 @@ mod tests {
 
     /// A nanosecond timestamp, alone or nested, is refused by name; microseconds are Iceberg's
     /// `timestamp` and `timestamptz`.
+    #[test]
+    fn fixed_size_lists_are_refused() {
+        let list =
+            DataType::FixedSizeList(Arc::new(Field::new("item", DataType::Float32, true)), 2);
+        for (name, t) in [
+            ("v", list.clone()),
+            (
+                "s",
+                DataType::Struct(vec![Field::new("v", list, true)].into()),
+            ),
+        ] {
+            let columns = ArrowSchema::new(vec![
+                Field::new("id", DataType::Int64, false),
+                Field::new(name, t, true),
+            ]);
+            match lake_schema(&columns) {
+                Err(LakeError::Incompatible { column, reason }) => {
+                    assert_eq!(column, name);
+                    assert!(reason.contains("fixed-size list"), "{reason}");
+                }
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+    }
+
     #[test]
     fn nanosecond_timestamps_are_refused() {
         let ns = DataType::Timestamp(TimeUnit::Nanosecond, None);
