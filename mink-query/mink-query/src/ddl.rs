@@ -85,6 +85,7 @@ pub async fn run(ctx: &SessionContext, client: &Client, statement: &DfStatement)
                     stripped.columns.push(c);
                 }
             }
+            refuse_ignored(&stripped.columns, &stripped.constraints)?;
             let (database, table) = names(&create.name)?;
             lake_timestamps(&mut stripped.columns);
             let plan = column_planner(ctx)
@@ -184,6 +185,38 @@ pub async fn run(ctx: &SessionContext, client: &Client, statement: &DfStatement)
     }
 }
 
+/// Refuses what a Mink table would not keep, rather than accepting and ignoring it (a
+/// `DEFAULT` that no INSERT got, a `UNIQUE` that let duplicates in): a column takes `NULL`,
+/// `NOT NULL` and `PRIMARY KEY`, the table a `PRIMARY KEY` constraint.
+fn refuse_ignored(
+    columns: &[ColumnDef],
+    constraints: &[datafusion::sql::sqlparser::ast::TableConstraint],
+) -> Result<()> {
+    use datafusion::sql::sqlparser::ast::{ColumnOption as O, TableConstraint};
+    for c in columns {
+        for o in &c.options {
+            let why = match &o.option {
+                O::Null | O::NotNull | O::PrimaryKey(_) => continue,
+                O::Default(_) => "a table keeps what each write gives: name the value in INSERT",
+                O::Unique(_) => "a PRIMARY KEY is a table's one key (its rows are upserted by it)",
+                _ => "a column takes NULL, NOT NULL and PRIMARY KEY",
+            };
+            return Err(DataFusionError::NotImplemented(format!(
+                "column {}: {} is not supported: {why}",
+                c.name, o.option
+            )));
+        }
+    }
+    for k in constraints {
+        if !matches!(k, TableConstraint::PrimaryKey(_)) {
+            return Err(DataFusionError::NotImplemented(format!(
+                "{k} is not supported: a table takes a PRIMARY KEY, its one key (its rows are upserted by it)"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// `ALTER TABLE t ADD COLUMN c type` (nullable, at the end, as Mink's schema evolution
 /// allows) and `ALTER TABLE t SET ('k' = 'v', ...)` (table options).
 async fn alter_table(
@@ -202,6 +235,7 @@ async fn alter_table(
     for op in &alter.operations {
         match op {
             Op::AddColumn { column_def, .. } => {
+                refuse_ignored(std::slice::from_ref(column_def), &[])?;
                 let mut column = column_def.clone();
                 lake_timestamps(std::slice::from_mut(&mut column));
                 added.push(column);
