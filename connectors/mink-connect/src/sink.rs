@@ -30,7 +30,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer as _};
-use serde_json::{Map, Value, json};
+use serde_json::Map;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -361,22 +361,39 @@ struct Event {
     partition: Option<i32>,
 }
 
-/// Rows of `batch` (the table's columns only) as JSON objects, nulls included.
-fn objects(batch: &RecordBatch) -> anyhow::Result<Vec<Map<String, Value>>> {
+/// A row as a JSON object whose values stay as the writer wrote them: a decimal's digits are
+/// not read into an f64 (which turned 1234567890123456789012345678.0123456789 into 1.2e27).
+type Row = std::collections::BTreeMap<String, Box<serde_json::value::RawValue>>;
+
+/// Rows of `batch` (the table's columns only) as JSON objects, as `mink scan -f json` writes
+/// them: nulls included, durations as counts of their unit.
+fn objects(batch: &RecordBatch) -> anyhow::Result<Vec<Row>> {
     let mut out = Vec::new();
-    let mut w = arrow::json::WriterBuilder::new()
-        .with_explicit_nulls(true)
-        .build::<_, arrow::json::writer::LineDelimited>(&mut out);
-    w.write(batch)?;
-    w.finish()?;
-    drop(w);
+    mink_log::export::json_lines(batch, &mut out)?;
     out.split(|b| *b == b'\n')
         .filter(|l| !l.is_empty())
-        .map(|l| match serde_json::from_slice(l)? {
-            Value::Object(m) => Ok(m),
-            other => bail!("a row as JSON is not an object: {other}"),
-        })
+        .map(|l| serde_json::from_slice::<Row>(l).context("a row as JSON is not an object"))
         .collect()
+}
+
+/// An event's value, Debezium's envelope (keys in the order `json!` gave them).
+#[derive(serde::Serialize)]
+struct Envelope<'a> {
+    after: Option<&'a Row>,
+    before: Option<&'a Row>,
+    op: &'a str,
+    source: Source<'a>,
+    ts_ms: Option<i64>,
+}
+
+#[derive(serde::Serialize)]
+struct Source<'a> {
+    bucket: u32,
+    connector: &'static str,
+    db: &'a str,
+    offset: u64,
+    partition: Option<&'a str>,
+    table: &'a str,
 }
 
 /// Turns a bucket's changes into events; an update's before image waits in `held` for its
@@ -386,45 +403,44 @@ struct Encoder {
     partition: Option<String>,
     bucket: u32,
     /// An `update_before` row and its offset.
-    held: Option<(Map<String, Value>, u64)>,
+    held: Option<(Row, u64)>,
 }
 
 impl Encoder {
     fn envelope(
         &self,
         op: &str,
-        before: Option<&Map<String, Value>>,
-        after: Option<&Map<String, Value>>,
+        before: Option<&Row>,
+        after: Option<&Row>,
         ts_ms: Option<i64>,
         offset: u64,
     ) -> anyhow::Result<Vec<u8>> {
-        Ok(serde_json::to_vec(&json!({
-            "before": before,
-            "after": after,
-            "op": op,
-            "ts_ms": ts_ms,
-            "source": {
-                "connector": "mink",
-                "db": self.target.database,
-                "table": self.target.table,
-                "partition": self.partition,
-                "bucket": self.bucket,
-                "offset": offset,
+        Ok(serde_json::to_vec(&Envelope {
+            after,
+            before,
+            op,
+            source: Source {
+                bucket: self.bucket,
+                connector: "mink",
+                db: &self.target.database,
+                offset,
+                partition: self.partition.as_deref(),
+                table: &self.target.table,
             },
-        }))?)
+            ts_ms,
+        })?)
     }
 
-    fn key(&self, row: &Map<String, Value>) -> anyhow::Result<Vec<u8>> {
-        let mut key = Map::new();
+    fn key(&self, row: &Row) -> anyhow::Result<Vec<u8>> {
+        let mut key = std::collections::BTreeMap::new();
         for c in &self.target.primary_key {
             key.insert(
-                c.clone(),
+                c.as_str(),
                 row.get(c)
-                    .cloned()
                     .with_context(|| format!("a change without its key column {c}"))?,
             );
         }
-        Ok(serde_json::to_vec(&Value::Object(key))?)
+        Ok(serde_json::to_vec(&key)?)
     }
 
     /// Events of a changelog batch (`_change_type`, `_log_offset`, `_commit_timestamp`, the
@@ -689,6 +705,7 @@ fn tailing(e: ClientError, key: &BucketKey) -> anyhow::Error {
 #[cfg(test)]
 mod tests {
     use arrow::array::TimestampMillisecondArray;
+    use serde_json::{Value, json};
 
     use super::*;
 
@@ -737,6 +754,51 @@ mod tests {
 
     fn json(bytes: &Option<Vec<u8>>) -> Value {
         serde_json::from_slice(bytes.as_deref().unwrap()).unwrap()
+    }
+
+    /// A log table's rows go out as `mink scan -f json` writes them: a decimal with all its
+    /// digits (it was read into an f64: 1.2345678901234567e+27) and a duration as its count.
+    #[test]
+    fn log_rows_keep_decimal_digits_and_durations_as_counts() {
+        use arrow::array::{Decimal128Array, DurationMillisecondArray, TimestampMicrosecondArray};
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("dec", DataType::Decimal128(38, 10), true),
+            Field::new(
+                "dur",
+                DataType::Duration(arrow::datatypes::TimeUnit::Millisecond),
+                true,
+            ),
+            Field::new("__offset", DataType::Int64, false),
+            Field::new(
+                "__timestamp",
+                DataType::Timestamp(arrow::datatypes::TimeUnit::Microsecond, Some("UTC".into())),
+                false,
+            ),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(
+                    Decimal128Array::from(vec![
+                        12_345_678_901_234_567_890_123_456_780_123_456_789_i128,
+                    ])
+                    .with_precision_and_scale(38, 10)
+                    .unwrap(),
+                ),
+                Arc::new(DurationMillisecondArray::from(vec![1500])),
+                Arc::new(Int64Array::from(vec![7])),
+                Arc::new(TimestampMicrosecondArray::from(vec![1_000_000]).with_timezone("UTC")),
+            ],
+        )
+        .unwrap();
+        let (events, next) = encoder(false).rows(&batch).unwrap();
+        assert_eq!(next, Some(8));
+        let text = String::from_utf8(events[0].value.clone().unwrap()).unwrap();
+        assert!(
+            text.contains(r#""after":{"dec":1234567890123456789012345678.0123456789,"dur":1500}"#),
+            "{text}"
+        );
+        assert_eq!(json(&events[0].value)["source"]["offset"], json!(7));
     }
 
     #[test]

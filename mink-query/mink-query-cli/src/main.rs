@@ -368,7 +368,8 @@ enum Rows<'a> {
         out: &'a mut (dyn Write + Send),
     },
     Csv(arrow::csv::Writer<&'a mut (dyn Write + Send)>),
-    Json(arrow::json::LineDelimitedWriter<&'a mut (dyn Write + Send)>),
+    /// As `mink scan -f json` writes rows: every null, durations as counts.
+    Json(arrow::json::Writer<&'a mut (dyn Write + Send), arrow::json::writer::LineDelimited>),
     /// Columns of types Parquet cannot name are cast to ones it can
     /// ([`mink_log::export::parquet_type`]): the schema written.
     Parquet(
@@ -400,7 +401,7 @@ impl<'a> Rows<'a> {
                     .with_header(true)
                     .build(out),
             ),
-            Format::Json => Rows::Json(arrow::json::LineDelimitedWriter::new(out)),
+            Format::Json => Rows::Json(mink_log::export::json_writer(out)),
             Format::Parquet => {
                 let written = mink_log::export::parquet_schema(&schema);
                 Rows::Parquet(
@@ -434,9 +435,9 @@ impl<'a> Rows<'a> {
                     kept.push(batch.slice(0, room));
                 }
             }
-            Rows::Csv(w) => w.write(batch)?,
-            Rows::Json(w) => w.write(batch)?,
-            Rows::Parquet(w, schema) => w.write(&mink_log::export::to_parquet(batch, schema)?)?,
+            Rows::Csv(w) => w.write(&mink_log::export::text_batch(batch)?)?,
+            Rows::Json(w) => w.write(&mink_log::export::text_batch(batch)?)?,
+            Rows::Parquet(w, schema) => w.write(&mink_log::export::cast_batch(batch, schema)?)?,
         }
         Ok(())
     }

@@ -147,6 +147,24 @@ async fn statements_from_the_command_line_and_files() {
     .unwrap();
     assert!(ok);
     assert_eq!(out, "{\"id\":2}\n");
+    // As `mink scan -f json` writes rows (and `mink produce` reads them): every null, and a
+    // duration as its count (it was "PT1.5S", which nothing reads back).
+    let a = s.address.clone();
+    let (ok, out, err) = tokio::task::spawn_blocking(move || {
+        mink_query(
+            &a,
+            &[
+                "--format",
+                "json",
+                "-c",
+                "SELECT arrow_cast(1500, 'Duration(Millisecond)') AS d, map(['k'], [NULL]) AS m",
+            ],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(ok, "{err}");
+    assert_eq!(out, "{\"d\":1500,\"m\":{\"k\":null}}\n");
     // The table format shows the first --max-rows rows and counts the rest; CSV writes all.
     let a = s.address.clone();
     let (ok, out, err) = tokio::task::spawn_blocking(move || {

@@ -559,34 +559,6 @@ fn with_offsets(r: &ReadBatch) -> anyhow::Result<RecordBatch> {
     )?)
 }
 
-/// A batch as CSV and JSON lines write it: durations as integer counts of their unit, which
-/// `produce` reads back (Arrow's text form of a duration, `PT1.5S`, is not read by anything).
-fn as_text(batch: &RecordBatch) -> anyhow::Result<RecordBatch> {
-    if !batch
-        .schema()
-        .fields()
-        .iter()
-        .any(|f| matches!(f.data_type(), DataType::Duration(_)))
-    {
-        return Ok(batch.clone());
-    }
-    let mut fields = Vec::with_capacity(batch.num_columns());
-    let mut columns = Vec::with_capacity(batch.num_columns());
-    for (f, c) in batch.schema().fields().iter().zip(batch.columns()) {
-        if matches!(f.data_type(), DataType::Duration(_)) {
-            fields.push(f.as_ref().clone().with_data_type(DataType::Int64));
-            columns.push(arrow::compute::cast(c, &DataType::Int64)?);
-        } else {
-            fields.push(f.as_ref().clone());
-            columns.push(Arc::clone(c));
-        }
-    }
-    Ok(RecordBatch::try_new(
-        Arc::new(Schema::new(fields)),
-        columns,
-    )?)
-}
-
 /// Writes batches in a format, to a file or standard output.
 enum Sink {
     /// Pretty tables are drawn once, over every batch (scans are limited for this format).
@@ -633,11 +605,7 @@ impl Sink {
                     .build(out()?),
             ),
             // Explicit nulls: a map entry whose value is null is kept, not dropped.
-            OutFormat::Json => Sink::Json(
-                arrow::json::WriterBuilder::new()
-                    .with_explicit_nulls(true)
-                    .build::<_, arrow::json::writer::LineDelimited>(out()?),
-            ),
+            OutFormat::Json => Sink::Json(mink_log::export::json_writer(out()?)),
             OutFormat::Parquet => {
                 let p = output.context("Parquet output needs a file: --output data.parquet")?;
                 let file = std::fs::File::create(p)
@@ -658,12 +626,12 @@ impl Sink {
     fn write(&mut self, batch: &RecordBatch) -> anyhow::Result<()> {
         match self {
             Sink::Table(_, batches) => batches.push(batch.clone()),
-            Sink::Csv(w) => w.write(&as_text(batch)?)?,
-            Sink::Json(w) => w.write(&as_text(batch)?)?,
+            Sink::Csv(w) => w.write(&mink_log::export::text_batch(batch)?)?,
+            Sink::Json(w) => w.write(&mink_log::export::text_batch(batch)?)?,
             Sink::Parquet(w, schema) => w
                 .as_mut()
                 .expect("open")
-                .write(&mink_log::export::to_parquet(batch, schema)?)?,
+                .write(&mink_log::export::cast_batch(batch, schema)?)?,
         }
         Ok(())
     }

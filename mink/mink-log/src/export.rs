@@ -63,8 +63,24 @@ pub fn parquet_schema(schema: &Schema) -> SchemaRef {
     Arc::new(map_schema(schema, &|t| parquet_type(&t)))
 }
 
-/// `batch` cast to `schema` (its [`parquet_schema`]); the batch itself when nothing changes.
-pub fn to_parquet(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch, ArrowError> {
+/// The type a column of type `t` is written as in CSV and JSON lines: durations as integer
+/// counts of their unit, which `mink produce` reads back (Arrow's text form of a duration,
+/// `PT1.5S`, is read by nothing); nested ones too.
+pub fn text_type(t: &DataType) -> DataType {
+    map_types(t, &|t| match t {
+        DataType::Duration(_) => DataType::Int64,
+        other => other,
+    })
+}
+
+/// `schema` with each column's type as [`text_type`] maps it.
+pub fn text_schema(schema: &Schema) -> SchemaRef {
+    Arc::new(map_schema(schema, &|t| text_type(&t)))
+}
+
+/// `batch` cast to `schema` (its [`parquet_schema`] or [`text_schema`]); the batch itself when
+/// nothing changes.
+pub fn cast_batch(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch, ArrowError> {
     if batch.schema_ref() == schema {
         return Ok(batch.clone());
     }
@@ -75,6 +91,29 @@ pub fn to_parquet(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch
         .map(|(c, f)| arrow::compute::cast(c, f.data_type()))
         .collect::<Result<Vec<_>, _>>()?;
     RecordBatch::try_new(Arc::clone(schema), columns)
+}
+
+/// `batch` as CSV and JSON lines write it: each column's type as [`text_type`] maps it.
+pub fn text_batch(batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
+    cast_batch(batch, &text_schema(&batch.schema()))
+}
+
+/// Rows of `batch` as JSON lines, as `mink scan -f json` writes them: durations as counts
+/// ([`text_type`]), and every null written (so a map entry whose value is null is kept).
+pub fn json_lines(batch: &RecordBatch, out: &mut Vec<u8>) -> Result<(), ArrowError> {
+    let batch = text_batch(batch)?;
+    let mut w = json_writer(out);
+    w.write(&batch)?;
+    w.finish()
+}
+
+/// Arrow's JSON lines writer as Mink writes rows: every null written.
+pub fn json_writer<W: std::io::Write>(
+    out: W,
+) -> arrow::json::Writer<W, arrow::json::writer::LineDelimited> {
+    arrow::json::WriterBuilder::new()
+        .with_explicit_nulls(true)
+        .build::<_, arrow::json::writer::LineDelimited>(out)
 }
 
 #[cfg(test)]
@@ -121,7 +160,7 @@ mod tests {
         )
         .unwrap();
         let out_schema = parquet_schema(&schema);
-        let out = to_parquet(&batch, &out_schema).unwrap();
+        let out = cast_batch(&batch, &out_schema).unwrap();
         assert_eq!(
             out.schema().field(0).data_type(),
             &DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into()))
@@ -139,7 +178,7 @@ mod tests {
         // Nothing to map: the same batch.
         let plain = batch.project(&[3, 4]).unwrap();
         assert_eq!(
-            to_parquet(&plain, &parquet_schema(&plain.schema())).unwrap(),
+            cast_batch(&plain, &parquet_schema(&plain.schema())).unwrap(),
             plain
         );
     }
