@@ -581,6 +581,7 @@ async fn produce(cx: Context, request: ProduceRequest) -> Result<Answer> {
                                             writer,
                                             timestamp_ms,
                                             compression: stored_compression(info, compressed),
+                                            epoch_may_rise: true,
                                             ..Default::default()
                                         },
                                     )

@@ -222,14 +222,14 @@ async fn real_clients_produce_and_consume() {
     assert_eq!(raw, 148);
     let people = s.rows("kafka", "people", 0).await;
     let people = arrow::compute::concat_batches(&people[0].schema(), &people).unwrap();
-    assert_eq!(people.num_rows(), 2);
+    assert_eq!(people.num_rows(), 3);
     assert_eq!(
         people
             .column(1)
             .as_string::<i32>()
             .iter()
             .collect::<Vec<_>>(),
-        [Some("ann"), None]
+        [Some("ann"), None, Some("cid")]
     );
     s.stop().await;
 }
@@ -1577,8 +1577,9 @@ fn fetch_from(offset: i64, max_wait_ms: i32, max_bytes: i32) -> Vec<u8> {
 
 /// An idempotent producer at the protocol level: InitProducerId hands out a producer id; a
 /// retried batch (the last, or one before it) is answered with its first offsets and stored
-/// once, also after a restart; a gap in the sequence, an unknown producer id, an epoch never
-/// handed out are refused with Kafka's codes.
+/// once, also after a restart; a gap in the sequence and an unknown producer id are refused
+/// with Kafka's codes; a producer that raises its epoch starts again at 0 and its old epoch
+/// is fenced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idempotent_producers_store_a_retried_batch_once() {
     use kafka_protocol::messages::{InitProducerIdRequest, InitProducerIdResponse};
@@ -1640,20 +1641,6 @@ async fn idempotent_producers_store_a_retried_batch_once() {
         );
         produce_frame(mink_kafka::records::encode_records(&[r]).unwrap())
     };
-    // An epoch the producer was never given: INVALID_PRODUCER_EPOCH, nothing stored; the
-    // producer at its own epoch goes on.
-    assert_eq!(init.producer_epoch, 0);
-    assert_eq!(
-        base(exchange(&mut socket, &at_epoch(1, 0)).await.unwrap()),
-        (
-            kafka_protocol::ResponseError::InvalidProducerEpoch.code(),
-            -1
-        )
-    );
-    assert_eq!(
-        base(exchange(&mut socket, &at_epoch(0, 5)).await.unwrap()),
-        (0, 5)
-    );
     // A gap, and a producer id nobody handed out.
     let gap = produce_frame(batch(producer, 9, 1));
     assert_eq!(
@@ -1664,6 +1651,26 @@ async fn idempotent_producers_store_a_retried_batch_once() {
     assert_eq!(
         base(exchange(&mut socket, &unknown).await.unwrap()).0,
         kafka_protocol::ResponseError::UnknownProducerId.code()
+    );
+    // A producer that raises its own epoch (KIP-360: librdkafka does after a failed batch,
+    // without asking for a new id) starts again at sequence 0; from then on its old epoch is
+    // fenced. Refusing the new epoch failed every later batch of a librdkafka producer.
+    assert_eq!(init.producer_epoch, 0);
+    assert_eq!(
+        base(exchange(&mut socket, &at_epoch(1, 3)).await.unwrap()).0,
+        kafka_protocol::ResponseError::OutOfOrderSequenceNumber.code(),
+        "a new epoch starts at sequence 0"
+    );
+    assert_eq!(
+        base(exchange(&mut socket, &at_epoch(1, 0)).await.unwrap()),
+        (0, 5)
+    );
+    assert_eq!(
+        base(exchange(&mut socket, &at_epoch(0, 5)).await.unwrap()),
+        (
+            kafka_protocol::ResponseError::InvalidProducerEpoch.code(),
+            -1
+        )
     );
     let stored = s.row_count("kafka", "t", 0).await;
     assert_eq!(stored, 6);

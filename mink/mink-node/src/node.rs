@@ -299,6 +299,11 @@ pub struct WriteTarget {
     /// producer's choice under Kafka's `compression.type=producer`). Like `timestamp_ms`, kept
     /// only by a write its leader takes directly.
     pub compression: Option<mink_log::codec::Compression>,
+    /// The writer may have raised its epoch itself, as Kafka's idempotent producers do
+    /// (KIP-360: librdkafka bumps it after a batch fails and starts its partitions again at
+    /// sequence 0). Otherwise (Flight) a writer's epoch is the one `allocate_writer` gave, so
+    /// nobody can fence a writer by sending its id at a higher epoch.
+    pub epoch_may_rise: bool,
 }
 
 impl WriteTarget {
@@ -308,8 +313,9 @@ impl WriteTarget {
     }
 }
 
-/// The epoch `allocate_writer` hands out with every writer id. A client cannot raise it: a
-/// writer that must start over takes a new id.
+/// The epoch `allocate_writer` hands out with every writer id. A Flight client cannot raise
+/// it (a writer that must start over takes a new id); a Kafka producer can
+/// ([`WriteTarget::epoch_may_rise`]).
 pub const ALLOCATED_WRITER_EPOCH: u64 = 0;
 
 /// How long a write waits for a new bucket's first leader before answering "retry".
@@ -620,16 +626,17 @@ impl Node {
 
     /// Checks an idempotent writer's identity as Kafka checks producer ids: only ids that
     /// `allocate_writer` handed out (another node's allocation this node has not applied yet
-    /// is caught up with first), at the epoch it handed out. (The stream then checks that the
-    /// writer starts at sequence 0 in each bucket and keeps its order.)
-    async fn check_writer(&self, w: &WriterBatchId) -> NodeResult<()> {
+    /// is caught up with first), at the epoch it handed out unless `epoch_may_rise`. (The
+    /// stream then checks that the writer starts at sequence 0 in each bucket and at each new
+    /// epoch, keeps its order, and never goes back to an older epoch.)
+    async fn check_writer(&self, w: &WriterBatchId, epoch_may_rise: bool) -> NodeResult<()> {
         let allocated = |v: &View| (1..v.state.counters.next_producer_id).contains(&w.writer_id);
         if !allocated(&self.view()) && !allocated(&self.inner.sink.catch_up().await?) {
             return Err(NodeError::UnknownWriter {
                 writer_id: w.writer_id,
             });
         }
-        if w.writer_epoch != ALLOCATED_WRITER_EPOCH {
+        if w.writer_epoch != ALLOCATED_WRITER_EPOCH && !epoch_may_rise {
             return Err(NodeError::WriterFenced {
                 writer_id: w.writer_id,
                 epoch: w.writer_epoch,
@@ -820,7 +827,7 @@ impl Node {
         target: &WriteTarget,
     ) -> NodeResult<PendingWrite> {
         if let Some(w) = &target.writer {
-            self.check_writer(w).await?;
+            self.check_writer(w, target.epoch_may_rise).await?;
         }
         let record = self.table_record(database, table)?;
         if record.is_primary_key_table() {
