@@ -1575,6 +1575,31 @@ fn fetch_from(offset: i64, max_wait_ms: i32, max_bytes: i32) -> Vec<u8> {
     request_frame(ApiKey::Fetch, 11, 43, &request)
 }
 
+/// A raw topic's columns cannot change: with one more it would be a typed table, and the
+/// records stored before would fetch as JSON rows instead of their keys and values.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raw_topic_keeps_its_columns() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve(dir.path()).await;
+    raw_topic(&s.node, "t", 1).await;
+    let mut fields: Vec<Field> = mink_log::raw::schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    fields.push(Field::new("note", DataType::Utf8, true));
+    let change = mink_node::TableChange {
+        schema: Some(Schema::new(fields)),
+        ..Default::default()
+    };
+    let refused = s.node.alter_table("kafka", "t", change).await.unwrap_err();
+    assert!(
+        matches!(&refused, NodeError::Invalid(m) if m.contains("raw Kafka records")),
+        "{refused}"
+    );
+    s.stop().await;
+}
+
 /// An idempotent producer at the protocol level: InitProducerId hands out a producer id; a
 /// retried batch (the last, or one before it) is answered with its first offsets and stored
 /// once, also after a restart; a gap in the sequence and an unknown producer id are refused

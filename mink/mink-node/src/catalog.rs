@@ -435,6 +435,16 @@ impl Node {
     ) -> NodeResult<TableInfo> {
         let record = self.table_record(database, table)?;
         check_options(&change.set_options)?;
+        // A raw topic's rows are Kafka records (key, value, headers, timestamp) because its
+        // schema is exactly that: a column more made it a typed table, and every record stored
+        // before fetched as a JSON row instead of its key and value.
+        if change.schema.is_some() && mink_log::raw::is_raw(self.table_schema(&record)?.as_ref()) {
+            return Err(NodeError::Invalid(format!(
+                "{database}.{table} holds raw Kafka records (key, value, headers, timestamp): its \
+                 columns cannot change, or its records would fetch as JSON rows; create a typed \
+                 table for rows with columns"
+            )));
+        }
         if !record.is_primary_key_table()
             && let Some(k) = change.set_options.keys().find(|k| is_primary_key_option(k))
         {
