@@ -511,12 +511,20 @@ struct Produced {
 /// Stores each partition's records in request order (they take their offsets before the next
 /// request is read) and answers once they are durable; acks = 0 answers nothing.
 async fn produce(cx: Context, request: ProduceRequest) -> Result<Answer> {
-    if request
+    let refusal = if request
         .transactional_id
         .as_ref()
         .is_some_and(|t| !t.0.is_empty())
     {
         // Transactions are out of scope; a transactional producer learns it here.
+        Some(ResponseError::TransactionalIdAuthorizationFailed)
+    } else if !matches!(request.acks, -1..=1) {
+        // Kafka's acks are all (-1), none (0) and the leader (1); anything else stored nothing.
+        Some(ResponseError::InvalidRequiredAcks)
+    } else {
+        None
+    };
+    if let Some(code) = refusal {
         let responses = request
             .topic_data
             .iter()
@@ -529,9 +537,7 @@ async fn produce(cx: Context, request: ProduceRequest) -> Result<Answer> {
                             .map(|p| {
                                 PartitionProduceResponse::default()
                                     .with_index(p.index)
-                                    .with_error_code(
-                                        ResponseError::TransactionalIdAuthorizationFailed.code(),
-                                    )
+                                    .with_error_code(code.code())
                             })
                             .collect(),
                     )

@@ -1575,6 +1575,27 @@ fn fetch_from(offset: i64, max_wait_ms: i32, max_bytes: i32) -> Vec<u8> {
     request_frame(ApiKey::Fetch, 11, 43, &request)
 }
 
+/// A Produce with acks other than all (-1), none (0) or the leader (1) is refused with
+/// INVALID_REQUIRED_ACKS and stores nothing (acks = 2 was taken).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_produce_with_acks_kafka_does_not_know_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, mut socket) = serve_topic(dir.path()).await;
+    let frame = request_frame(
+        ApiKey::Produce,
+        7,
+        42,
+        &produce_request(0, encode_one()).with_acks(2),
+    );
+    assert_eq!(
+        produced(&mut socket, &frame).await,
+        kafka_protocol::ResponseError::InvalidRequiredAcks.code()
+    );
+    assert_eq!(produced(&mut socket, &produce_frame(encode_one())).await, 0);
+    assert_eq!(s.row_count("kafka", "t", 0).await, 1);
+    s.stop().await;
+}
+
 /// A raw topic's columns cannot change: with one more it would be a typed table, and the
 /// records stored before would fetch as JSON rows instead of their keys and values.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
