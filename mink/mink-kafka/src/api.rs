@@ -149,8 +149,8 @@ pub(crate) async fn handle(cx: Context, mut body: Bytes) -> Result<Answer> {
             Answer::Now(cx.respond(&offset_fetch(&cx, &request)))
         }
         ApiKey::ListGroups => {
-            let _: ListGroupsRequest = decode(&mut body, version)?;
-            Answer::Now(cx.respond(&list_groups(&cx)))
+            let request: ListGroupsRequest = decode(&mut body, version)?;
+            Answer::Now(cx.respond(&list_groups(&cx, &request)))
         }
         ApiKey::DescribeGroups => {
             let request: DescribeGroupsRequest = decode(&mut body, version)?;
@@ -1425,7 +1425,7 @@ async fn delete_groups(cx: &Context, request: &DeleteGroupsRequest) -> DeleteGro
     DeleteGroupsResponse::default().with_results(results)
 }
 
-fn list_groups(cx: &Context) -> ListGroupsResponse {
+fn list_groups(cx: &Context, request: &ListGroupsRequest) -> ListGroupsResponse {
     // Admin clients ask every broker and merge the answers, as Kafka's brokers each list the
     // groups they coordinate: a node coordinating none answers an empty list, not an error.
     if !cx.groups.coordinating() {
@@ -1440,9 +1440,18 @@ fn list_groups(cx: &Context) -> ListGroupsResponse {
     for (id, g) in cx.groups.groups.lock().expect("groups").iter() {
         listed.insert(id.clone(), (g.protocol_type.clone(), g.phase.name()));
     }
+    // ListGroups 4 on: only the groups in the states asked for (none named: every group).
+    let wanted = |state: &str| {
+        request.states_filter.is_empty()
+            || request
+                .states_filter
+                .iter()
+                .any(|s| s.as_str().eq_ignore_ascii_case(state))
+    };
     ListGroupsResponse::default().with_groups(
         listed
             .into_iter()
+            .filter(|(_, (_, state))| wanted(state))
             .map(|(id, (protocol_type, state))| {
                 ListedGroup::default()
                     .with_group_id(GroupId(StrBytes::from_string(id)))
@@ -1466,7 +1475,15 @@ fn describe_groups(cx: &Context, request: &DescribeGroupsRequest) -> DescribeGro
                     return described.with_error_code(ResponseError::NotCoordinator.code());
                 }
                 let Some(g) = groups.get(id.0.as_str()) else {
-                    return described.with_group_state(StrBytes::from_static_str("Dead"));
+                    // A group with committed offsets but no members (new to this coordinator,
+                    // or one that only commits) is Empty, as ListGroups says; Dead is a group
+                    // Kafka knows nothing of.
+                    if cx.node.group_offsets(id.0.as_str()).is_empty() {
+                        return described.with_group_state(StrBytes::from_static_str("Dead"));
+                    }
+                    return described
+                        .with_group_state(StrBytes::from_static_str("Empty"))
+                        .with_protocol_type(StrBytes::from_static_str("consumer"));
                 };
                 let protocol = g.protocol.clone().unwrap_or_default();
                 described

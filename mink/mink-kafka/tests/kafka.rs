@@ -679,6 +679,37 @@ async fn commits_from_outside_the_current_generation_are_refused() {
         0
     );
     assert_eq!(committed("solo"), [5]);
+    // A group that only commits is Empty, in DescribeGroups as in ListGroups (it was Dead);
+    // ListGroups 4 lists only the states it is asked for.
+    use kafka_protocol::messages::{
+        DescribeGroupsRequest, DescribeGroupsResponse, ListGroupsRequest, ListGroupsResponse,
+    };
+    let described: DescribeGroupsResponse = ask(
+        &mut socket,
+        ApiKey::DescribeGroups,
+        4,
+        &DescribeGroupsRequest::default()
+            .with_groups(vec![GroupId(StrBytes::from_static_str("solo"))]),
+    )
+    .await;
+    assert_eq!(described.groups[0].group_state.as_str(), "Empty");
+    let listed = |states: &[&'static str]| {
+        ListGroupsRequest::default().with_states_filter(
+            states
+                .iter()
+                .map(|s| StrBytes::from_static_str(s))
+                .collect(),
+        )
+    };
+    let names = |r: ListGroupsResponse| -> Vec<String> {
+        r.groups.iter().map(|g| g.group_id.to_string()).collect()
+    };
+    let empty: ListGroupsResponse =
+        ask(&mut socket, ApiKey::ListGroups, 4, &listed(&["Empty"])).await;
+    assert!(names(empty).contains(&"solo".to_string()));
+    let stable: ListGroupsResponse =
+        ask(&mut socket, ApiKey::ListGroups, 4, &listed(&["Stable"])).await;
+    assert_eq!(names(stable), ["g"]);
     // A second member joins: the group prepares a rebalance, which the first member learns
     // from its heartbeat, and still commits at its generation.
     let mut second = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
