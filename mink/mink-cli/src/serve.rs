@@ -265,6 +265,14 @@ fn check(args: &NodeArgs) -> anyhow::Result<Checked> {
             "--kafka-auto-create-partitions is 0: a topic needs at least one partition (leave it unset to create no topics on Metadata)"
         );
     }
+    if let Some(n) = args.kafka_auto_create_partitions
+        && n > mink_node::MAX_BUCKETS
+    {
+        bail!(
+            "--kafka-auto-create-partitions is {n}: a topic has at most {} partitions (a table's most buckets)",
+            mink_node::MAX_BUCKETS
+        );
+    }
     Ok(Checked {
         node_id,
         metadata,

@@ -693,9 +693,19 @@ fn proxy_connection(
     });
 }
 
-/// An option set to a value that would do nothing is refused with why, before the node starts.
+/// An option set to a value that would do nothing is refused with why, before the node starts:
+/// no partition, or more than a table's buckets (every auto-create then failed, unlogged).
 #[test]
 fn zero_auto_created_partitions_are_refused() {
+    for (partitions, why) in [
+        ("0", "a topic needs at least one partition"),
+        ("5000", "a topic has at most 4096 partitions"),
+    ] {
+        refused_auto_create(partitions, why);
+    }
+}
+
+fn refused_auto_create(partitions: &str, why: &str) {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(MINK)
         .args(["dev", "--data-dir"])
@@ -712,15 +722,12 @@ fn zero_auto_created_partitions_are_refused() {
             "--kafka-listen",
             "127.0.0.1:0",
             "--kafka-auto-create-partitions",
-            "0",
+            partitions,
         ])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("a topic needs at least one partition"),
-        "{err}"
-    );
+    assert!(!out.status.success() && err.contains(why), "{err}");
 }
 
 /// The notebooks under notebooks/ run against `mink dev` without an error (nbclient executes

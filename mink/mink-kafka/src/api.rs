@@ -372,6 +372,9 @@ fn broker(node_id: u64) -> BrokerId {
     BrokerId(i32::try_from(node_id).unwrap_or(i32::MAX))
 }
 
+/// Most partitions a topic takes: Mink's most buckets per table.
+const MAX_PARTITIONS: u32 = mink_node::MAX_BUCKETS;
+
 async fn create_topics(cx: &Context, request: CreateTopicsRequest) -> CreateTopicsResponse {
     let mut results = Vec::with_capacity(request.topics.len());
     for t in request.topics {
@@ -390,6 +393,11 @@ async fn create_topics(cx: &Context, request: CreateTopicsRequest) -> CreateTopi
                 ResponseError::InvalidPartitions,
                 format!("{partitions} partitions: a topic needs at least one"),
             ))
+        } else if u64::try_from(partitions).is_ok_and(|p| p > u64::from(MAX_PARTITIONS)) {
+            Some((
+                ResponseError::InvalidPartitions,
+                format!("{partitions} partitions: a topic has at most {MAX_PARTITIONS}"),
+            ))
         } else if !t.assignments.is_empty() {
             Some((
                 ResponseError::InvalidReplicaAssignment,
@@ -407,6 +415,17 @@ async fn create_topics(cx: &Context, request: CreateTopicsRequest) -> CreateTopi
             continue;
         }
         if request.validate_only {
+            // As Kafka validates: a topic that exists already would not be created.
+            if topic_table(cx, &name).is_ok() {
+                results.push(
+                    result
+                        .with_error_code(ResponseError::TopicAlreadyExists.code())
+                        .with_error_message(Some(StrBytes::from_string(format!(
+                            "topic {name} exists already"
+                        )))),
+                );
+                continue;
+            }
             results.push(
                 result
                     .with_num_partitions(partitions)

@@ -2231,6 +2231,29 @@ async fn topic_names_map_to_tables_one_to_one() {
         "{created:?}"
     );
     assert!(s.node.describe_table("kafka", "com.acme.orders").is_ok());
+    // More partitions than a table's buckets: INVALID_PARTITIONS (it was INVALID_REQUEST),
+    // and a validate-only request checks what a create would (an existing topic, the count).
+    let mut too_many = create(&["huge"]);
+    too_many.topics[0].num_partitions = 5000;
+    let mut validate = create(&["t", "fresh"]);
+    validate.validate_only = true;
+    validate.topics[1].num_partitions = 5000;
+    for (request, expected) in [
+        (too_many, vec![ResponseError::InvalidPartitions.code()]),
+        (
+            validate,
+            vec![
+                ResponseError::TopicAlreadyExists.code(),
+                ResponseError::InvalidPartitions.code(),
+            ],
+        ),
+    ] {
+        let answered: CreateTopicsResponse =
+            ask(&mut socket, ApiKey::CreateTopics, 7, &request).await;
+        let codes: Vec<i16> = answered.topics.iter().map(|t| t.error_code).collect();
+        assert_eq!(codes, expected, "{answered:?}");
+    }
+    assert!(s.node.describe_table("kafka", "huge").is_err());
     raw_table(&s.node, "com", "acme.orders", 1).await;
     raw_table(&s.node, "db", "x", 1).await;
     let every: MetadataResponse = ask(

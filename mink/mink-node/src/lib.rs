@@ -32,6 +32,8 @@ pub use catalog::{
 };
 pub use cluster::{ClusterStatus, NodeStatus};
 pub use kv::ROW_KIND;
+/// Most buckets a table may have (`bucket.num`), so most partitions a Kafka topic may have.
+pub use mink_metadata::MAX_BUCKETS;
 pub use node::{
     ALLOCATED_WRITER_EPOCH, BucketWrite, MAX_NEW_PARTITIONS_PER_WRITE, Node, NodeConfig,
     PendingWrite, WriteTarget, WriterId,
