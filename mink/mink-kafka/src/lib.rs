@@ -151,6 +151,7 @@ pub(crate) fn error_code(e: &NodeError) -> ResponseError {
         NodeError::OffsetOutOfRange { .. } => ResponseError::OffsetOutOfRange,
         NodeError::AlreadyExists(_) => ResponseError::TopicAlreadyExists,
         NodeError::Invalid(_) => ResponseError::InvalidRequest,
+        NodeError::TooLarge { .. } => ResponseError::MessageTooLarge,
         NodeError::WrongBucket { .. } => ResponseError::InvalidRecord,
         NodeError::OutOfOrderSequence { .. } => ResponseError::OutOfOrderSequenceNumber,
         // An idempotent (not transactional) producer at an old epoch.

@@ -1627,6 +1627,32 @@ async fn a_produce_with_acks_kafka_does_not_know_is_refused() {
     s.stop().await;
 }
 
+/// A batch larger than a bucket's stream takes whole is MESSAGE_TOO_LARGE (it was
+/// INVALID_REQUEST, which librdkafka shows as "Broker: Invalid request"); smaller ones go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_over_the_streams_limit_is_message_too_large() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve_tuned(
+        dir.path(),
+        1,
+        mink_kafka::KafkaConfig::default(),
+        None,
+        "127.0.0.1:0",
+        |c| c.engine.max_buffered_bytes = 64 << 10,
+    )
+    .await;
+    raw_topic(&s.node, "t", 1).await;
+    let mut socket = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
+    let big = record(0, -1, -1, -1, 5, None, Some("x".repeat(100 << 10)));
+    let frame = produce_frame(mink_kafka::records::encode_records(&[big]).unwrap());
+    assert_eq!(
+        produced(&mut socket, &frame).await,
+        kafka_protocol::ResponseError::MessageTooLarge.code()
+    );
+    assert_eq!(produced(&mut socket, &produce_frame(encode_one())).await, 0);
+    s.stop().await;
+}
+
 /// A raw topic's columns cannot change: with one more it would be a typed table, and the
 /// records stored before would fetch as JSON rows instead of their keys and values.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

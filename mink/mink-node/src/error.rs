@@ -17,6 +17,10 @@ pub enum NodeError {
     /// The request or its data is wrong; retrying it unchanged fails again.
     #[error("{0}")]
     Invalid(String),
+    /// One batch larger than a bucket's stream takes whole (Kafka's MESSAGE_TOO_LARGE); an
+    /// invalid request everywhere else.
+    #[error("a batch of {size} bytes exceeds the limit of {limit}")]
+    TooLarge { size: usize, limit: usize },
     /// A write naming its bucket holds a row its table's bucket key routes to another one.
     #[error(
         "row {row} belongs to bucket {belongs}, not {bucket}: the table routes rows by its bucket key"
@@ -124,6 +128,7 @@ impl From<s3stream::StreamError> for NodeError {
                 current,
             },
             S::Invalid(_) => NodeError::Invalid(e.to_string()),
+            S::TooLarge { size, limit } => NodeError::TooLarge { size, limit },
             S::Fenced { .. }
             | S::NotOpen { .. }
             | S::NotLeader { .. }

@@ -305,7 +305,9 @@ pub(crate) fn error_body(e: &NodeError) -> ErrorBody {
     let code = match e {
         NodeError::TableNotFound { .. } | NodeError::NotFound(_) => ErrorCode::NotFound,
         NodeError::AlreadyExists(_) => ErrorCode::AlreadyExists,
-        NodeError::Invalid(_) | NodeError::WrongBucket { .. } => ErrorCode::Invalid,
+        NodeError::Invalid(_) | NodeError::WrongBucket { .. } | NodeError::TooLarge { .. } => {
+            ErrorCode::Invalid
+        }
         NodeError::NotLeader { .. } => ErrorCode::NotLeader,
         NodeError::OffsetOutOfRange { .. } => ErrorCode::OffsetOutOfRange,
         NodeError::OutOfOrderSequence { .. } => ErrorCode::OutOfOrderSequence,

@@ -154,6 +154,9 @@ pub enum StreamError {
     },
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// One batch larger than the engine buffers: it can never be taken whole.
+    #[error("a batch of {size} bytes exceeds the limit of {limit}")]
+    TooLarge { size: usize, limit: usize },
     /// The engine stopped (node fenced, metadata sink halted, or a rejection that cannot
     /// happen): restart it under a new node epoch.
     #[error("the stream engine failed: {0}")]

@@ -141,10 +141,10 @@ impl S3Stream {
         }
         let size = payload.len().max(1);
         if size > engine.config.max_buffered_bytes / 2 {
-            return Err(StreamError::Invalid(format!(
-                "a batch of {size} bytes exceeds the limit of {}",
-                engine.config.max_buffered_bytes / 2
-            )));
+            return Err(StreamError::TooLarge {
+                size,
+                limit: engine.config.max_buffered_bytes / 2,
+            });
         }
         // What can be answered without room in the buffer is answered first.
         {
