@@ -684,19 +684,7 @@ async fn zoned_literals_keep_their_instant() {
             true,
         ),
     ]);
-    c.client
-        .create_table_with(&mink_client::protocol::CreateTable {
-            database: "app".into(),
-            table: "berlin".into(),
-            schema: mink_client::protocol::encode_schema(&schema).unwrap(),
-            options: [("bucket.num".to_string(), "1".to_string())].into(),
-            partition_keys: vec![],
-            primary_key: vec![],
-            comment: String::new(),
-            if_not_exists: false,
-        })
-        .await
-        .unwrap();
+    one_bucket_table(&c, "berlin", &schema).await;
     assert_eq!(
         c.rows("SELECT arrow_typeof(now()), arrow_typeof(TIMESTAMPTZ '2024-01-01T10:00:00Z')")
             .await,
@@ -1754,6 +1742,23 @@ async fn log_reads_go_to_the_bucket_leaders() {
     c.stop().await;
 }
 
+/// Log table `app.<name>` of `schema` (types SQL cannot name), in one bucket.
+async fn one_bucket_table(c: &Cluster, name: &str, schema: &arrow::datatypes::Schema) {
+    c.client
+        .create_table_with(&mink_client::protocol::CreateTable {
+            database: "app".into(),
+            table: name.into(),
+            schema: mink_client::protocol::encode_schema(schema).unwrap(),
+            options: [("bucket.num".to_string(), "1".to_string())].into(),
+            partition_keys: vec![],
+            primary_key: vec![],
+            comment: String::new(),
+            if_not_exists: false,
+        })
+        .await
+        .unwrap();
+}
+
 /// `app.nested`: a log table with a dictionary column and a large list, one row written.
 async fn dictionary_table(c: &Cluster) {
     use arrow::array::{DictionaryArray, Int64Array, LargeListArray};
@@ -1774,19 +1779,7 @@ async fn dictionary_table(c: &Cluster) {
             true,
         ),
     ]);
-    c.client
-        .create_table_with(&mink_client::protocol::CreateTable {
-            database: "app".into(),
-            table: "nested".into(),
-            schema: mink_client::protocol::encode_schema(&schema).unwrap(),
-            options: [("bucket.num".to_string(), "1".to_string())].into(),
-            partition_keys: vec![],
-            primary_key: vec![],
-            comment: String::new(),
-            if_not_exists: false,
-        })
-        .await
-        .unwrap();
+    one_bucket_table(c, "nested", &schema).await;
     let row = arrow::array::RecordBatch::try_new(
         std::sync::Arc::new(schema),
         vec![

@@ -257,17 +257,22 @@ mod tests {
                 DataType::Struct(vec![Field::new("v", list, true)].into()),
             ),
         ] {
-            let columns = ArrowSchema::new(vec![
-                Field::new("id", DataType::Int64, false),
-                Field::new(name, t, true),
-            ]);
-            match lake_schema(&columns) {
-                Err(LakeError::Incompatible { column, reason }) => {
-                    assert_eq!(column, name);
-                    assert!(reason.contains("fixed-size list"), "{reason}");
-                }
-                other => panic!("{name}: {other:?}"),
+            refused(name, t, "fixed-size list");
+        }
+    }
+
+    /// A lake of an id and column `name` of type `t` is refused naming the column, `why`.
+    fn refused(name: &str, t: DataType, why: &str) {
+        let columns = ArrowSchema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new(name, t, true),
+        ]);
+        match lake_schema(&columns) {
+            Err(LakeError::Incompatible { column, reason }) => {
+                assert_eq!(column, name);
+                assert!(reason.contains(why), "{reason}");
             }
+            other => panic!("{name}: {other:?}"),
         }
     }
 
@@ -285,17 +290,7 @@ mod tests {
                 DataType::List(Arc::new(Field::new("item", ns, true))),
             ),
         ] {
-            let columns = ArrowSchema::new(vec![
-                Field::new("id", DataType::Int64, false),
-                Field::new(name, t, true),
-            ]);
-            match lake_schema(&columns) {
-                Err(LakeError::Incompatible { column, reason }) => {
-                    assert_eq!(column, name);
-                    assert!(reason.contains("use microseconds"), "{reason}");
-                }
-                other => panic!("{name}: {other:?}"),
-            }
+            refused(name, t, "use microseconds");
         }
         let columns = ArrowSchema::new(vec![
             Field::new("at", DataType::Timestamp(TimeUnit::Microsecond, None), true),
