@@ -168,7 +168,8 @@ impl QueryEngine {
         let ctx = self.session().await?;
         let dialect = ctx.state().config().options().sql_parser.dialect;
         let sql = numbered_placeholders(sql);
-        let statement = ctx.state().sql_to_statement(&sql, &dialect)?;
+        let mut statement = ctx.state().sql_to_statement(&sql, &dialect)?;
+        scientific_as_double(&mut statement);
         // DDL and SET answer no rows (DataFusion's `read_empty` is one row of no columns).
         let no_rows = || {
             let plan = datafusion::logical_expr::LogicalPlanBuilder::empty(false).build()?;
@@ -196,6 +197,35 @@ impl QueryEngine {
             Ok(planned)
         }
     }
+}
+
+/// Makes each literal in scientific notation (`1e3`, `2.5E-7`) a DOUBLE, as PostgreSQL and
+/// DataFusion's default read it: with `parse_float_as_decimal` (kept for exact decimal
+/// literals) `1e3` was `Decimal128(1, -3)`, whose negative scale Polars and pyarrow cannot
+/// read, and `1e300` no decimal at all. The number's text is cast, so no digit is lost first.
+fn scientific_as_double(statement: &mut datafusion::sql::parser::Statement) {
+    use datafusion::sql::sqlparser::ast::{
+        CastKind, DataType as SqlType, ExactNumberInfo, Expr, Value, visit_expressions_mut,
+    };
+    let datafusion::sql::parser::Statement::Statement(s) = statement else {
+        return;
+    };
+    let _ = visit_expressions_mut(s.as_mut(), |e| {
+        if let Expr::Value(v) = e
+            && let Value::Number(n, _) = &v.value
+            && n.contains(['e', 'E'])
+        {
+            let text = Value::SingleQuotedString(n.clone()).with_span(v.span);
+            *e = Expr::Cast {
+                kind: CastKind::Cast,
+                expr: Box::new(Expr::Value(text)),
+                data_type: SqlType::Double(ExactNumberInfo::None),
+                array: false,
+                format: None,
+            };
+        }
+        std::ops::ControlFlow::<()>::Continue(())
+    });
 }
 
 impl QueryEngine {
