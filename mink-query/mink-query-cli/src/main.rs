@@ -182,6 +182,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         None => Box::new(Stdout),
     };
     for sql in statements {
+        // `-c '\d app.events'`, as psql takes it: the catalog commands of the prompt.
+        if let Some(command) = sql.trim().strip_prefix('\\') {
+            let mut words = command.split_whitespace();
+            let name = format!("\\{}", words.next().unwrap_or(""));
+            match repl::catalog_command(&engine, &name, words.next(), cli.format, &mut out).await {
+                Some(done) => done?,
+                None => anyhow::bail!(
+                    "{name} works at the prompt only; -c takes \\d, \\dt [PATTERN], \\d TABLE and \\?"
+                ),
+            }
+            continue;
+        }
         run_statement(&engine, &sql, cli.format, cli.max_rows, &mut out).await?;
     }
     out.flush()?;

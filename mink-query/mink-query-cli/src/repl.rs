@@ -157,14 +157,13 @@ pub(crate) async fn run(
                         "Timing is off."
                     });
                 }
-                ("\\d" | "\\dt", None) => {
-                    report(list_tables(engine, None, format).await);
+                (command, argument) => {
+                    let mut out = std::io::stdout();
+                    match catalog_command(engine, command, argument, format, &mut out).await {
+                        Some(done) => report(done),
+                        None => say(&format!("unknown command {command}: \\? lists them")),
+                    }
                 }
-                ("\\dt", Some(pattern)) => {
-                    report(list_tables(engine, Some(pattern), format).await);
-                }
-                ("\\d", Some(table)) => report(describe(engine, table, format).await),
-                (other, _) => say(&format!("unknown command {other}: \\? lists them")),
             }
             continue;
         }
@@ -202,6 +201,24 @@ pub(crate) async fn run(
     Ok(())
 }
 
+/// Runs a backslash command that prints the catalog (`\d`, `\dt [PATTERN]`, `\d TABLE`, `\?`)
+/// into `out`, at the prompt or from `-c`; `None` for any other command.
+pub(crate) async fn catalog_command(
+    engine: &QueryEngine,
+    command: &str,
+    argument: Option<&str>,
+    format: Format,
+    out: &mut (dyn std::io::Write + Send),
+) -> Option<anyhow::Result<()>> {
+    Some(match (command, argument) {
+        ("\\?" | "\\h", _) => writeln!(out, "{HELP}").map_err(Into::into),
+        ("\\d" | "\\dt", None) => list_tables(engine, None, format, out).await,
+        ("\\dt", Some(pattern)) => list_tables(engine, Some(pattern), format, out).await,
+        ("\\d", Some(table)) => describe(engine, table, format, out).await,
+        _ => return None,
+    })
+}
+
 /// Prints the tables, or those whose name matches `pattern` as psql's `\dt` does: `*` any
 /// characters, `?` one; `database.table` matches both parts, a name alone the table's in
 /// any database.
@@ -209,6 +226,7 @@ async fn list_tables(
     engine: &QueryEngine,
     pattern: Option<&str>,
     format: Format,
+    out: &mut (dyn std::io::Write + Send),
 ) -> anyhow::Result<()> {
     let like = |p: &str| {
         let mut out = String::from("'");
@@ -241,14 +259,19 @@ async fn list_tables(
          WHERE table_catalog = 'mink' AND table_schema NOT IN ('information_schema', 'system'){filter} \
          ORDER BY 1, 2"
     );
-    run_statement(engine, &sql, format, 0, &mut std::io::stdout()).await?;
+    run_statement(engine, &sql, format, 0, out).await?;
     Ok(())
 }
 
 /// The columns of `table` (`database.table`, or a table of database `default`), as planning a
 /// read of it finds them: `t$log`, `t$lake` and the system tables too, which the information
 /// schema does not list.
-async fn describe(engine: &QueryEngine, table: &str, format: Format) -> anyhow::Result<()> {
+async fn describe(
+    engine: &QueryEngine,
+    table: &str,
+    format: Format,
+    out: &mut (dyn std::io::Write + Send),
+) -> anyhow::Result<()> {
     use std::sync::Arc;
 
     use arrow::array::{ArrayRef, RecordBatch, StringArray};
@@ -282,7 +305,7 @@ async fn describe(engine: &QueryEngine, table: &str, format: Format) -> anyhow::
             ),
         ),
     ])?;
-    print_batches(&batch.schema(), &[batch], format, &mut std::io::stdout())
+    print_batches(&batch.schema(), &[batch], format, out)
 }
 
 /// Prints a statement's error; the prompt goes on.

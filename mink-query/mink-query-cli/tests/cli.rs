@@ -199,6 +199,23 @@ async fn statements_from_the_command_line_and_files() {
     .unwrap();
     assert!(ok, "{err}");
     assert_eq!(out.lines().count(), 100_001);
+    // The prompt's catalog commands work from -c too, as psql's do; the others are refused.
+    let a = s.address.clone();
+    let (ok, out, err) = tokio::task::spawn_blocking(move || {
+        mink_query(&a, &["-c", "\\d app.people", "-c", "\\dt peo*"])
+    })
+    .await
+    .unwrap();
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("| name   | Utf8  | YES") && out.contains("| app      | people |"),
+        "{out}"
+    );
+    let a = s.address.clone();
+    let (ok, _, err) = tokio::task::spawn_blocking(move || mink_query(&a, &["-c", "\\timing"]))
+        .await
+        .unwrap();
+    assert!(!ok && err.contains("works at the prompt only"), "{err}");
     // Errors: DataFusion's message, a non-zero exit.
     let a = s.address.clone();
     let (ok, _, err) =
