@@ -402,8 +402,9 @@ pub fn json_rows(schema: &SchemaRef, records: &[Record]) -> Result<RecordBatch, 
 }
 
 /// Rows of a typed table stored from `base_offset` on, appended to `out` as one record batch
-/// whose values are the rows as JSON objects (no key; nulls left out), each with its stored
-/// batch's time (LogAppendTime).
+/// whose values are the rows as JSON objects (no key; nulls left out; durations as counts of
+/// their unit, which a produce takes back, as `mink scan -f json` writes them), each with its
+/// stored batch's time (LogAppendTime).
 pub fn encode_json(
     batch: &RecordBatch,
     base_offset: u64,
@@ -412,7 +413,7 @@ pub fn encode_json(
 ) -> Result<(), arrow::error::ArrowError> {
     let mut values = Vec::new();
     let mut w = arrow::json::LineDelimitedWriter::new(&mut values);
-    w.write(batch)?;
+    w.write(&mink_log::export::text_batch(batch)?)?;
     w.finish()?;
     let records: Vec<mink_log::raw::Record<'_>> = values
         .split(|b| *b == b'\n')
