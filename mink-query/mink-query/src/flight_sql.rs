@@ -735,6 +735,29 @@ fn one(schema: &Schema, batch: Result<RecordBatch, FlightError>) -> Response<DoG
 impl FlightSqlService for MinkFlightSql {
     type FlightService = MinkFlightSql;
 
+    /// A DoPut of no message at all is what ADBC sends to ingest an empty table: nothing to
+    /// write, answered as a write of no rows (arrow-flight's answer, "Command is missing",
+    /// failed the client's ingest). A first message without a descriptor is refused, saying so.
+    async fn do_put_error_callback(
+        &self,
+        _request: Request<PeekableFlightDataStream>,
+        error: arrow_flight::sql::server::DoPutError,
+    ) -> Result<Response<<Self as FlightService>::DoPutStream>, Status> {
+        use arrow_flight::sql::server::DoPutError;
+        match error {
+            DoPutError::MissingCommand => {
+                let none = arrow_flight::sql::DoPutUpdateResult { record_count: 0 };
+                let answer = arrow_flight::PutResult {
+                    app_metadata: none.encode_to_vec().into(),
+                };
+                Ok(Response::new(Box::pin(futures::stream::iter([Ok(answer)]))))
+            }
+            DoPutError::MissingFlightDescriptor => Err(Status::invalid_argument(
+                "a DoPut's first message names its command (CommandStatementUpdate, CommandStatementIngest, ...) in its FlightDescriptor: it had none",
+            )),
+        }
+    }
+
     /// Mink has no authentication. A handshake without credentials is answered (an empty
     /// response to each request); one carrying credentials (an `authorization` header, as
     /// JDBC and ADBC send a username and password, or a payload) is refused rather than

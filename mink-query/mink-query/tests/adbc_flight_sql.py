@@ -94,6 +94,8 @@ import pyarrow as pa
 rows = pa.table({"kind": ["ing", "ing"], "id": [7000, 7001], "amount": [5, 6]})
 assert cur.adbc_ingest("events", rows, mode="append", db_schema_name="app") == 2
 assert cur.adbc_ingest("events", pa.table({"id": [7002], "kind": ["ing"]}), mode="append", db_schema_name="app") == 1
+# An empty table: ADBC sends an empty DoPut, a write of no rows ("Command is missing" before).
+assert cur.adbc_ingest("events", pa.table({"id": pa.array([], pa.int64())}), mode="append", db_schema_name="app") == 0
 cur.execute("SELECT id, amount FROM app.events WHERE kind = 'ing' ORDER BY id")
 assert cur.fetchall() == [(7000, 5), (7001, 6), (7002, None)]
 pl.DataFrame({"id": [7003], "kind": ["ing"], "amount": [7]}).write_database(
