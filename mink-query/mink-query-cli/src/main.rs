@@ -272,21 +272,20 @@ pub(crate) fn say(line: &str) {
 
 /// Plans and runs one statement, writing its rows to `out` as they arrive: a result larger
 /// than memory goes to a file or a pipe in CSV, JSON or Parquet, and the table format keeps
-/// only the `max_rows` it shows (0: all). Returns how many rows the statement answered.
+/// only the `max_rows` it shows (0: all).
 pub(crate) async fn run_statement(
     engine: &QueryEngine,
     sql: &str,
     format: Format,
     max_rows: usize,
     out: &mut (dyn Write + Send),
-) -> anyhow::Result<u64> {
+) -> anyhow::Result<()> {
     let _running = engine.queries().track(sql, "cli", None, None);
     let df = engine.sql(sql).await?;
     let schema = std::sync::Arc::new(df.schema().as_arrow().clone());
     let mut rows = Rows::new(schema, format, max_rows, out)?;
     let count = stream_with_progress(df, |batch| rows.write(&batch)).await?;
-    rows.finish(count)?;
-    Ok(count)
+    rows.finish(count)
 }
 
 /// How long a statement runs before a spinner shows its progress on standard error (when that

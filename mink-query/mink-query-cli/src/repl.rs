@@ -184,7 +184,7 @@ pub(crate) async fn run(
             // process, and the session with it.
             let mut out = std::io::stdout();
             tokio::select! {
-                ran = run_statement(engine, &sql, format, max_rows, &mut out) => report(ran.map(|_| ())),
+                ran = run_statement(engine, &sql, format, max_rows, &mut out) => report(ran),
                 _ = tokio::signal::ctrl_c() => {
                     say("cancelled");
                     break;
@@ -259,8 +259,7 @@ async fn list_tables(
          WHERE table_catalog = 'mink' AND table_schema NOT IN ('information_schema', 'system'){filter} \
          ORDER BY 1, 2"
     );
-    run_statement(engine, &sql, format, 0, out).await?;
-    Ok(())
+    run_statement(engine, &sql, format, 0, out).await
 }
 
 /// The columns of `table` (`database.table`, or a table of database `default`), as planning a

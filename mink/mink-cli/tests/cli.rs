@@ -923,6 +923,7 @@ fn acknowledged_upserts_survive_sigkill_and_count_exactly_once() {
             move |_| {
                 acked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             },
+            Arc::default(),
         )
     };
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -1009,6 +1010,7 @@ fn acknowledged_rows_survive_sigkill_exactly_once_in_order() {
                     .unwrap()
                     .extend(batch.column(0).as_primitive::<Int64Type>().values());
             },
+            Arc::default(),
         )
     };
     // Kill the node mid-load, then bring it back on the same address and data.
@@ -1500,6 +1502,7 @@ fn tiering_survives_sigkill_at_random_moments() {
                     .extend(batch.column(0).as_primitive::<Int64Type>().values());
                 signal.notify_all();
             },
+            Arc::default(),
         )
     };
     let mut seed = 0x9e37_79b9_7f4a_7c15_u64;

@@ -15,7 +15,7 @@ use arrow::datatypes::Int64Type;
 use mink_client::{Client, Scan};
 
 use crate::common::{
-    LocalCluster, MINK, Relay, manifest_dir, python, rows, spawn_load_until, spawn_printing,
+    LocalCluster, MINK, Relay, manifest_dir, python, rows, spawn_load, spawn_printing,
 };
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -142,7 +142,7 @@ impl Load {
         let acked_events: Arc<(Mutex<Vec<i64>>, std::sync::Condvar)> = Arc::default();
         let events = {
             let acked = Arc::clone(&acked_events);
-            spawn_load_until(
+            spawn_load(
                 runtime,
                 entry,
                 "events",
@@ -162,7 +162,7 @@ impl Load {
         let acked_counts = Arc::new(std::sync::atomic::AtomicI64::new(0));
         let counts = {
             let acked = Arc::clone(&acked_counts);
-            spawn_load_until(
+            spawn_load(
                 runtime,
                 entry,
                 "counts",

@@ -261,6 +261,21 @@ mod tests {
         }
     }
 
+    /// Types Iceberg has no type for are refused naming the column (tables.md lists them).
+    #[test]
+    fn types_without_an_iceberg_type_are_refused() {
+        for (name, t) in [
+            ("u", DataType::UInt64),
+            ("d", DataType::Decimal256(50, 5)),
+            (
+                "berlin",
+                DataType::Timestamp(TimeUnit::Microsecond, Some("Europe/Berlin".into())),
+            ),
+        ] {
+            refused(name, t, "has no Iceberg type");
+        }
+    }
+
     /// A lake of an id and column `name` of type `t` is refused naming the column, `why`.
     fn refused(name: &str, t: DataType, why: &str) {
         let columns = ArrowSchema::new(vec![

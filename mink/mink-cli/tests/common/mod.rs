@@ -279,26 +279,11 @@ pub fn rows(w: i64, first: i64, n: i64) -> RecordBatch {
 
 /// `writers` idempotent writers of `app.<table>` at `address`, each writing the batches
 /// `batch(writer, n)` for n in `0..batches` (20 ms apart, retrying for up to a minute) and
-/// calling `acked` with each batch once it is acknowledged.
-pub fn spawn_load(
-    runtime: &tokio::runtime::Runtime,
-    address: &str,
-    table: &'static str,
-    writers: i64,
-    batches: i64,
-    batch: fn(i64, i64) -> RecordBatch,
-    acked: impl Fn(&RecordBatch) + Send + Sync + 'static,
-) -> tokio::task::JoinHandle<Vec<i64>> {
-    let never = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    spawn_load_until(
-        runtime, address, table, writers, batches, batch, acked, never,
-    )
-}
-
-/// [`spawn_load`] whose writers also stop, after the batch they are writing, once `stop` is
-/// set; the task answers how many batches each writer had acknowledged.
+/// calling `acked` with each batch once it is acknowledged; each stops early, after the batch
+/// it is writing, once `stop` is set. The task answers how many batches each writer had
+/// acknowledged.
 #[allow(clippy::too_many_arguments)]
-pub fn spawn_load_until(
+pub fn spawn_load(
     runtime: &tokio::runtime::Runtime,
     address: &str,
     table: &'static str,
