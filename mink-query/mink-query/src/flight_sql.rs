@@ -499,9 +499,10 @@ fn bind(plan: DataFrame, values: Vec<ScalarValue>) -> Result<DataFrame, Status> 
             let id = format!("${}", i + 1);
             match fields.get(&id) {
                 Some(Some(f)) if v.data_type() != *f.data_type() => {
+                    let shown = crate::insert::show(&v);
                     let cast = v.cast_to_with_options(f.data_type(), &options).map_err(|e| {
                         Status::invalid_argument(format!(
-                            "the value bound to {id} ({v}, {}) does not convert to {}, the type of column {}: {}",
+                            "the value bound to {id} ({shown}, {}) does not convert to {}, the type of column {}: {}",
                             v.data_type(),
                             f.data_type(),
                             f.name(),
@@ -510,13 +511,9 @@ fn bind(plan: DataFrame, values: Vec<ScalarValue>) -> Result<DataFrame, Status> 
                     })?;
                     // A cast to an integer or a decimal truncates or rounds what the type
                     // cannot hold (2.7 into an INT): refused, as a literal's is.
-                    let exact = |t: &DataType| t.is_integer() || t.is_decimal();
-                    if exact(f.data_type())
-                        && (v.data_type().is_floating() || v.data_type().is_decimal())
-                        && cast.cast_to(&v.data_type()).ok().as_ref() != Some(&v)
-                    {
+                    if !crate::insert::exactly(&v, &cast) {
                         return Err(Status::invalid_argument(format!(
-                            "the value bound to {id} ({v}, {}) is not exactly a value of {}, the type of column {}: it is refused, not truncated",
+                            "the value bound to {id} ({shown}, {}) is not exactly a value of {}, the type of column {}: it is refused, not truncated",
                             v.data_type(),
                             f.data_type(),
                             f.name()

@@ -252,8 +252,9 @@ fn uncast(mut e: &Expr) -> &Expr {
 }
 
 /// Refuses an `INSERT` whose value would lose its fraction going into an integer column
-/// (`1.5` into a `BIGINT`): DataFusion casts each value to its column's type, and a float's
-/// cast truncates. The casts it adds are at the top of the insert's input (in the `VALUES`
+/// (`1.5` into a `BIGINT`) or decimal places going into a decimal one (`1.23456` into a
+/// `DECIMAL(12, 3)`): DataFusion casts each value to its column's type, and the cast truncates
+/// or rounds. The casts it adds are at the top of the insert's input (in the `VALUES`
 /// cells for a `VALUES` list); a cast written inside the `SELECT` is the user's and stands.
 pub fn refuse_lossy_values(plan: &LogicalPlan) -> Result<()> {
     let LogicalPlan::Dml(dml) = plan else {
@@ -314,31 +315,58 @@ fn check(column: &str, value: &Expr, from: &DataType, to: &DataType) -> Result<(
             from,
             DataType::Decimal128(_, s) | DataType::Decimal256(_, s) if *s > 0
         );
+    let literal = match uncast(value) {
+        Expr::Literal(v, _) if !v.is_null() => Some(v),
+        _ => None,
+    };
+    let shown = literal.map_or_else(|| value.to_string(), show);
     if fractional && to.is_integer() {
         return Err(DataFusionError::Plan(format!(
-            "column {column} is {to} and {value} is {from}: a value of another type is refused, not truncated (CAST it to {to} to truncate)"
+            "column {column} is {to} and {shown} is {from}: a value of another type is refused, not truncated (CAST it to {to} to truncate)"
         )));
     }
+    let Some(v) = literal else {
+        return Ok(());
+    };
     // A value its column cannot hold (a number too large, 'x' for a number, 'notadate' for a
     // timestamp): DataFusion's cast error, raised as the optimizer folds the cast, names
     // neither the column nor its type.
-    if let Expr::Literal(v, _) = uncast(value)
-        && !v.is_null()
-        && let Err(e) = v.cast_to(to)
-    {
-        return Err(DataFusionError::Plan(
+    match v.cast_to(to) {
+        Err(e) => Err(DataFusionError::Plan(
             if from.is_numeric() && to.is_numeric() {
-                format!("column {column} is {to}, and {v} is out of its range")
+                format!("column {column} is {to}, and {shown} is out of its range")
             } else {
-                let shown = match v {
-                    ScalarValue::Utf8(Some(t))
-                    | ScalarValue::LargeUtf8(Some(t))
-                    | ScalarValue::Utf8View(Some(t)) => format!("'{t}'"),
-                    other => other.to_string(),
-                };
                 format!("column {column} is {to}, and {shown} is not a value of it ({e})")
             },
-        ));
+        )),
+        // More decimal places than the column keeps (1.23456 into a DECIMAL(12, 3)): refused,
+        // as `mink produce` and a bound parameter refuse it, not rounded.
+        Ok(cast) if !exactly(v, &cast) => Err(DataFusionError::Plan(format!(
+            "column {column} is {to}, and {shown} is not exactly a value of it: it is refused, not rounded (CAST it to {to} to round)"
+        ))),
+        Ok(_) => Ok(()),
     }
-    Ok(())
+}
+
+/// Whether `cast`, a number `v` cast to an integer or decimal type, is `v` exactly (a cast
+/// rounds or truncates what its type cannot hold).
+pub(crate) fn exactly(v: &ScalarValue, cast: &ScalarValue) -> bool {
+    let (from, to) = (v.data_type(), cast.data_type());
+    let rounds = (to.is_integer() || to.is_decimal()) && (from.is_floating() || from.is_decimal());
+    !rounds || cast.cast_to(&from).ok().as_ref() == Some(v)
+}
+
+/// A value as a statement writes it (`1.5`, `'x'`, `2026-01-01T00:00:00`), for messages:
+/// DataFusion shows a decimal as `Some(15),2,1`.
+pub(crate) fn show(v: &ScalarValue) -> String {
+    match v {
+        ScalarValue::Utf8(Some(t))
+        | ScalarValue::LargeUtf8(Some(t))
+        | ScalarValue::Utf8View(Some(t)) => format!("'{t}'"),
+        v => v
+            .to_array()
+            .ok()
+            .and_then(|a| arrow::util::display::array_value_to_string(&a, 0).ok())
+            .unwrap_or_else(|| v.to_string()),
+    }
 }

@@ -15,6 +15,7 @@ pub mod filter;
 pub mod flight_sql;
 pub mod insert;
 pub mod lake;
+mod literals;
 pub mod queries;
 pub mod scan;
 pub mod settings;
@@ -150,9 +151,13 @@ impl QueryEngine {
         config.options_mut().execution.time_zone = Some("UTC".into());
         let mut rules = datafusion::physical_optimizer::optimizer::PhysicalOptimizer::new().rules;
         rules.push(Arc::new(exec::Yielding));
+        // Ahead of type coercion, which would cast a float column to a literal's decimal type.
+        let mut analyzer = datafusion::optimizer::Analyzer::new().rules;
+        analyzer.insert(0, Arc::new(literals::FloatOperands));
         let state = datafusion::execution::SessionStateBuilder::new()
             .with_config(config)
             .with_default_features()
+            .with_analyzer_rules(analyzer)
             .with_physical_optimizer_rules(rules)
             .build();
         let ctx = SessionContext::new_with_state(state);
@@ -169,7 +174,7 @@ impl QueryEngine {
         let dialect = ctx.state().config().options().sql_parser.dialect;
         let sql = numbered_placeholders(sql);
         let mut statement = ctx.state().sql_to_statement(&sql, &dialect)?;
-        scientific_as_double(&mut statement);
+        literals::scientific_as_double(&mut statement);
         // DDL and SET answer no rows (DataFusion's `read_empty` is one row of no columns).
         let no_rows = || {
             let plan = datafusion::logical_expr::LogicalPlanBuilder::empty(false).build()?;
@@ -197,35 +202,6 @@ impl QueryEngine {
             Ok(planned)
         }
     }
-}
-
-/// Makes each literal in scientific notation (`1e3`, `2.5E-7`) a DOUBLE, as PostgreSQL and
-/// DataFusion's default read it: with `parse_float_as_decimal` (kept for exact decimal
-/// literals) `1e3` was `Decimal128(1, -3)`, whose negative scale Polars and pyarrow cannot
-/// read, and `1e300` no decimal at all. The number's text is cast, so no digit is lost first.
-fn scientific_as_double(statement: &mut datafusion::sql::parser::Statement) {
-    use datafusion::sql::sqlparser::ast::{
-        CastKind, DataType as SqlType, ExactNumberInfo, Expr, Value, visit_expressions_mut,
-    };
-    let datafusion::sql::parser::Statement::Statement(s) = statement else {
-        return;
-    };
-    let _ = visit_expressions_mut(s.as_mut(), |e| {
-        if let Expr::Value(v) = e
-            && let Value::Number(n, _) = &v.value
-            && n.contains(['e', 'E'])
-        {
-            let text = Value::SingleQuotedString(n.clone()).with_span(v.span);
-            *e = Expr::Cast {
-                kind: CastKind::Cast,
-                expr: Box::new(Expr::Value(text)),
-                data_type: SqlType::Double(ExactNumberInfo::None),
-                array: false,
-                format: None,
-            };
-        }
-        std::ops::ControlFlow::<()>::Continue(())
-    });
 }
 
 impl QueryEngine {

@@ -1,0 +1,150 @@
+//! How the statement's number literals are typed. `parse_float_as_decimal` makes `99999999.99`
+//! that exact decimal (a DECIMAL column stores and matches it); these keep the places where
+//! PostgreSQL reads a number as a DOUBLE reading it so.
+
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::tree_node::{Transformed, TreeNode as _};
+use datafusion::common::{DFSchema, Result, ScalarValue};
+use datafusion::logical_expr::expr::{Between, BinaryExpr, InList};
+use datafusion::logical_expr::expr_rewriter::NamePreserver;
+use datafusion::logical_expr::utils::merge_schema;
+use datafusion::logical_expr::{Expr, ExprSchemable as _, LogicalPlan};
+use datafusion::optimizer::AnalyzerRule;
+
+/// Makes each literal in scientific notation (`1e3`, `2.5E-7`) a DOUBLE, as PostgreSQL and
+/// DataFusion's default read it: with `parse_float_as_decimal` (kept for exact decimal
+/// literals) `1e3` was `Decimal128(1, -3)`, whose negative scale Polars and pyarrow cannot
+/// read, and `1e300` no decimal at all. The number's text is cast, so no digit is lost first.
+pub(crate) fn scientific_as_double(statement: &mut datafusion::sql::parser::Statement) {
+    use datafusion::sql::sqlparser::ast::{
+        CastKind, DataType as SqlType, ExactNumberInfo, Expr, Value, visit_expressions_mut,
+    };
+    let datafusion::sql::parser::Statement::Statement(s) = statement else {
+        return;
+    };
+    let _ = visit_expressions_mut(s.as_mut(), |e| {
+        if let Expr::Value(v) = e
+            && let Value::Number(n, _) = &v.value
+            && n.contains(['e', 'E'])
+        {
+            let text = Value::SingleQuotedString(n.clone()).with_span(v.span);
+            *e = Expr::Cast {
+                kind: CastKind::Cast,
+                expr: Box::new(Expr::Value(text)),
+                data_type: SqlType::Double(ExactNumberInfo::None),
+                array: false,
+                format: None,
+            };
+        }
+        std::ops::ControlFlow::<()>::Continue(())
+    });
+}
+
+/// A decimal literal beside a FLOAT or DOUBLE operand (`f > 0.5`, `f BETWEEN 0.1 AND 0.2`,
+/// `f IN (0.5, 1.5)`, `f * 0.5`) becomes the nearest DOUBLE, as PostgreSQL's `float8 > numeric`
+/// compares in float8. DataFusion would cast the float column to `Decimal128(30, 15)`
+/// instead: `f > 0.0` missed 1e-20, `f = 0.3` matched 0.30000000000000004, and a NaN,
+/// an infinity or a value from 1e15 up failed the whole query. Runs before type coercion.
+#[derive(Debug, Default)]
+pub(crate) struct FloatOperands;
+
+impl AnalyzerRule for FloatOperands {
+    fn analyze(&self, plan: LogicalPlan, _: &ConfigOptions) -> Result<LogicalPlan> {
+        plan.transform_up_with_subqueries(|plan| {
+            let schema = merge_schema(&plan.inputs());
+            let names = NamePreserver::new(&plan);
+            let rewritten = plan.map_expressions(|e| {
+                let name = names.save(&e);
+                Ok(e.transform_up(|e| Ok(doubles(e, &schema)))?
+                    .update_data(|e| name.restore(e)))
+            })?;
+            if rewritten.transformed {
+                rewritten.map_data(LogicalPlan::recompute_schema)
+            } else {
+                Ok(rewritten)
+            }
+        })
+        .map(|t| t.data)
+    }
+
+    fn name(&self) -> &str {
+        "mink_float_operands"
+    }
+}
+
+/// `e` with the decimal literals beside its float operand as DOUBLEs.
+fn doubles(e: Expr, schema: &DFSchema) -> Transformed<Expr> {
+    // An expression whose type is unknown here (an outer column) is left alone.
+    let float = |e: &Expr| e.get_type(schema).is_ok_and(|t| t.is_floating());
+    match e {
+        Expr::BinaryExpr(BinaryExpr { left, op, right }) if float(&left) || float(&right) => {
+            let (left, l) = as_double(*left);
+            let (right, r) = as_double(*right);
+            let e = Expr::BinaryExpr(BinaryExpr::new(Box::new(left), op, Box::new(right)));
+            if l || r {
+                Transformed::yes(e)
+            } else {
+                Transformed::no(e)
+            }
+        }
+        Expr::Between(b) if float(&b.expr) => {
+            let (low, l) = as_double(*b.low);
+            let (high, h) = as_double(*b.high);
+            let e = Expr::Between(Between::new(
+                b.expr,
+                b.negated,
+                Box::new(low),
+                Box::new(high),
+            ));
+            if l || h {
+                Transformed::yes(e)
+            } else {
+                Transformed::no(e)
+            }
+        }
+        Expr::InList(l) if float(&l.expr) => {
+            let mut any = false;
+            let list = l
+                .list
+                .into_iter()
+                .map(|item| {
+                    let (item, changed) = as_double(item);
+                    any |= changed;
+                    item
+                })
+                .collect();
+            let e = Expr::InList(InList::new(l.expr, list, l.negated));
+            if any {
+                Transformed::yes(e)
+            } else {
+                Transformed::no(e)
+            }
+        }
+        e => Transformed::no(e),
+    }
+}
+
+/// A decimal literal (or its negation) as the DOUBLE nearest its text; anything else as is.
+fn as_double(e: Expr) -> (Expr, bool) {
+    match e {
+        Expr::Literal(v, meta) => match double(&v) {
+            Some(x) => (Expr::Literal(ScalarValue::Float64(Some(x)), meta), true),
+            None => (Expr::Literal(v, meta), false),
+        },
+        Expr::Negative(inner) => match *inner {
+            Expr::Literal(v, meta) => match double(&v) {
+                Some(x) => (Expr::Literal(ScalarValue::Float64(Some(-x)), meta), true),
+                None => (Expr::Negative(Box::new(Expr::Literal(v, meta))), false),
+            },
+            other => (Expr::Negative(Box::new(other)), false),
+        },
+        e => (e, false),
+    }
+}
+
+fn double(v: &ScalarValue) -> Option<f64> {
+    if !v.data_type().is_decimal() || v.is_null() {
+        return None;
+    }
+    crate::insert::show(v).parse().ok()
+}
