@@ -79,7 +79,7 @@ impl Lake {
         if !covered {
             filter = filter.and(Reference::new(OFFSET_COLUMN).less_than(Datum::long(hi)));
         }
-        let lake_schema = t.metadata().current_schema();
+        let lake_schema = &snapshot_schema(&t, snapshot_id);
         let filter = in_partition(filter, lake_schema, partition)?;
         let pruned = prune.and_then(|p| p.predicate(lake_schema));
         let filtered = pruned.is_some();
@@ -194,7 +194,7 @@ impl Lake {
             .table_with_snapshot(database, table, snapshot_id)
             .await?;
         let bucket_i32 = i32::try_from(bucket).map_err(|e| LakeError::Iceberg(e.to_string()))?;
-        let lake_schema = t.metadata().current_schema();
+        let lake_schema = &snapshot_schema(&t, snapshot_id);
         let filter = in_partition(
             Reference::new(BUCKET_COLUMN).equal_to(Datum::int(bucket_i32)),
             lake_schema,
@@ -220,6 +220,16 @@ impl Lake {
             })
             .boxed())
     }
+}
+
+/// The schema snapshot `snapshot_id` was written under: a scan of it resolves column names
+/// and filters against this one, so a column added since (which reads as null) is left out.
+fn snapshot_schema(t: &iceberg::table::Table, snapshot_id: i64) -> iceberg::spec::SchemaRef {
+    let metadata = t.metadata();
+    metadata
+        .snapshot_by_id(snapshot_id)
+        .and_then(|s| s.schema(metadata).ok())
+        .unwrap_or_else(|| metadata.current_schema().clone())
 }
 
 /// `rows` rows of `batches` (all of them in order, or the `indices`) as a batch of `schema`:
@@ -391,7 +401,7 @@ impl Lake {
         let t = self
             .table_with_snapshot(database, table, snapshot_id)
             .await?;
-        let lake_schema = t.metadata().current_schema();
+        let lake_schema = &snapshot_schema(&t, snapshot_id);
         let columns: Vec<&str> = schema
             .fields()
             .iter()
