@@ -55,8 +55,15 @@ pub(crate) fn column_type(field: &Field) -> LakeResult<NestedFieldRef> {
     // Iceberg has no fixed-size list: a lake table took one, then failed every tiering round
     // (the batch's list matched no Iceberg list), and its log was never trimmed.
     let fixed = std::cell::Cell::new(false);
+    // Iceberg's `timestamptz` is UTC: an instant shown in another zone has no Iceberg type.
+    let zone = std::cell::RefCell::new(None);
     mink_log::export::map_types(field.data_type(), &|t| {
         fixed.set(fixed.get() || matches!(t, DataType::FixedSizeList(..)));
+        if let DataType::Timestamp(_, Some(z)) = &t
+            && !matches!(z.as_ref(), "UTC" | "+00:00")
+        {
+            zone.replace(Some(z.to_string()));
+        }
         t
     });
     if fixed.get() {
@@ -64,6 +71,16 @@ pub(crate) fn column_type(field: &Field) -> LakeResult<NestedFieldRef> {
             column: field.name().clone(),
             reason: format!(
                 "{} holds a fixed-size list, which Iceberg has no type for: use a List",
+                field.data_type()
+            ),
+        });
+    }
+    if let Some(zone) = zone.into_inner() {
+        return Err(LakeError::Incompatible {
+            column: field.name().clone(),
+            reason: format!(
+                "{} has no Iceberg type: its time zone is {zone}, and Iceberg's timestamptz is \
+                 UTC only (a zone \"UTC\" keeps the same instants)",
                 field.data_type()
             ),
         });
@@ -264,16 +281,33 @@ mod tests {
     /// Types Iceberg has no type for are refused naming the column (tables.md lists them).
     #[test]
     fn types_without_an_iceberg_type_are_refused() {
-        for (name, t) in [
-            ("u", DataType::UInt64),
-            ("d", DataType::Decimal256(50, 5)),
-            (
-                "berlin",
-                DataType::Timestamp(TimeUnit::Microsecond, Some("Europe/Berlin".into())),
-            ),
-        ] {
+        for (name, t) in [("u", DataType::UInt64), ("d", DataType::Decimal256(50, 5))] {
             refused(name, t, "has no Iceberg type");
         }
+        // A zone other than UTC, in milliseconds too (named as the column has it), or nested.
+        let berlin = |unit| DataType::Timestamp(unit, Some("Europe/Berlin".into()));
+        for (name, t) in [
+            ("at", berlin(TimeUnit::Millisecond)),
+            (
+                "ats",
+                DataType::List(Arc::new(Field::new(
+                    "item",
+                    berlin(TimeUnit::Microsecond),
+                    true,
+                ))),
+            ),
+        ] {
+            refused(
+                name,
+                t.clone(),
+                "its time zone is Europe/Berlin, and Iceberg's timestamptz is UTC only",
+            );
+        }
+        refused(
+            "at",
+            berlin(TimeUnit::Millisecond),
+            "Timestamp(ms, \"Europe/Berlin\")",
+        );
     }
 
     /// A lake of an id and column `name` of type `t` is refused naming the column, `why`.
