@@ -255,6 +255,11 @@ expect_error(
     "not exactly a value of its type Int64",
 )
 expect_error(lambda: get({**items, "prefix_lookup": [{"shop": 1.9}]}), "not exactly a value")
+# A table whose bucket key is its whole key serves no prefix lookups: said before the keys are read.
+expect_error(
+    lambda: get({"database": "shop", "table": "ids", "prefix_lookup": [{"nam": "a"}]}),
+    "prefix lookups need a bucket key that is a proper prefix of the primary key",
+)
 # A descriptor's columns that are not the batch's: refused, nothing written.
 expect_error(
     lambda: put(

@@ -75,6 +75,29 @@ pub struct TableInfo {
     pub lake: Option<LakeInfo>,
 }
 
+impl TableInfo {
+    /// Whether a prefix lookup can be served: the bucket key is a proper prefix of the primary
+    /// key without the partition keys (all rows of a prefix then live in one bucket, in key
+    /// order), as the KV tablet requires. Checked before the keys, so a table that cannot is
+    /// told so rather than that a key lacks a column.
+    pub fn check_prefix_lookup(&self) -> NodeResult<()> {
+        let physical: Vec<&String> = self
+            .primary_key
+            .iter()
+            .filter(|c| !self.partition_keys.contains(c))
+            .collect();
+        let bucket: Vec<&String> = self.bucket_key.iter().collect();
+        if bucket.len() < physical.len() && physical.starts_with(&bucket) {
+            return Ok(());
+        }
+        Err(NodeError::Invalid(format!(
+            "{}.{}: prefix lookups need a bucket key that is a proper prefix of the primary key \
+             (without partition keys); its bucket key is {:?} and its primary key {:?}",
+            self.database, self.name, self.bucket_key, self.primary_key
+        )))
+    }
+}
+
 /// The lake of a table, as the metadata records it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LakeInfo {

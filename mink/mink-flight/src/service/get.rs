@@ -152,6 +152,9 @@ impl MinkFlight {
                 t.database, t.table
             )));
         }
+        if prefix {
+            info.check_prefix_lookup().map_err(|e| self.error(e))?;
+        }
         let ids = crate::keyed::key_columns(
             &info.primary_key,
             &info.partition_keys,
