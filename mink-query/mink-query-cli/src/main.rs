@@ -399,6 +399,16 @@ impl<'a> Rows<'a> {
         if schema.fields().is_empty() && format != Format::Parquet {
             return Ok(Rows::Nothing);
         }
+        // Said before the header is written, as `mink scan` says it.
+        if format == Format::Csv
+            && let Some(f) = schema.fields().iter().find(|f| f.data_type().is_nested())
+        {
+            anyhow::bail!(
+                "CSV holds flat columns only, and column {:?} is {}: use --format json or parquet, or leave it out of the SELECT",
+                f.name(),
+                f.data_type()
+            );
+        }
         Ok(match format {
             Format::Table => Rows::Table {
                 schema,

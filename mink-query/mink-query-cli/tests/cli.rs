@@ -199,6 +199,26 @@ async fn statements_from_the_command_line_and_files() {
     .unwrap();
     assert!(ok, "{err}");
     assert_eq!(out.lines().count(), 100_001);
+    // A nested column is refused before anything is written (it failed after the header).
+    let a = s.address.clone();
+    let (ok, out, err) = tokio::task::spawn_blocking(move || {
+        mink_query(
+            &a,
+            &[
+                "--format",
+                "csv",
+                "-c",
+                "SELECT 1 AS id, make_array(1, 2) AS xs",
+            ],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(
+        !ok && out.is_empty()
+            && err.contains("CSV holds flat columns only, and column \"xs\" is List("),
+        "{out}{err}"
+    );
     // The prompt's catalog commands work from -c too, as psql's do; the others are refused.
     let a = s.address.clone();
     let (ok, out, err) = tokio::task::spawn_blocking(move || {
