@@ -163,6 +163,7 @@ pub fn writer_batch(records: &[Record]) -> Result<Option<mink_node::WriterBatchI
         writer_epoch,
         first_sequence,
         last_sequence: first_sequence + records.len() as u64 - 1,
+        any_first_sequence: true,
     }))
 }
 

@@ -1775,8 +1775,31 @@ async fn idempotent_producers_store_a_retried_batch_once() {
             -1
         )
     );
+    // A producer the partition holds no state for may start at any sequence, as in Kafka: its
+    // state goes with a topic deleted and created again, and refusing it (Mink wanted 0) was
+    // fatal for a librdkafka producer. From there it keeps its order.
+    let other: InitProducerIdResponse =
+        ask(&mut socket, ApiKey::InitProducerId, version, &request).await;
+    let from = |first_sequence: i32| {
+        let r = record(
+            0,
+            other.producer_id.0,
+            other.producer_epoch,
+            first_sequence,
+            1,
+            None,
+            Some("o".into()),
+        );
+        produce_frame(mink_kafka::records::encode_records(&[r]).unwrap())
+    };
+    assert_eq!(base(exchange(&mut socket, &from(7)).await.unwrap()), (0, 6));
+    assert_eq!(
+        base(exchange(&mut socket, &from(9)).await.unwrap()).0,
+        kafka_protocol::ResponseError::OutOfOrderSequenceNumber.code()
+    );
+    assert_eq!(base(exchange(&mut socket, &from(8)).await.unwrap()), (0, 7));
     let stored = s.row_count("kafka", "t", 0).await;
-    assert_eq!(stored, 6);
+    assert_eq!(stored, 8);
     s.stop().await;
 }
 

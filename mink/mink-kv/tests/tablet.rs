@@ -273,6 +273,7 @@ async fn an_idempotent_retry_is_recognised_before_the_merge() {
             writer_epoch: 0,
             first_sequence: seq,
             last_sequence: seq,
+            any_first_sequence: false,
         })
     };
     let add = || KvWrite::upsert(rows(&[(1, 1, Some(5), None)]));

@@ -316,6 +316,7 @@ async fn idempotent_writers_are_answered_with_original_offsets(world: World) {
         writer_epoch: 3,
         first_sequence: first,
         last_sequence: last,
+        any_first_sequence: false,
     };
     let a = engine
         .append(s, 2, payload(s, 0), Some(w(0, 1)))
@@ -388,6 +389,26 @@ async fn idempotent_writers_are_answered_with_original_offsets(world: World) {
         .unwrap();
     assert_eq!(c.base_offset, 5);
     assert_eq!(read_all(&next, s, 0).await.len(), 3);
+    // A writer that may start anywhere (a Kafka producer the stream holds no state for)
+    // starts where it is, and goes on from there.
+    let anywhere = |first, last| WriterBatchId {
+        writer_id: 79,
+        any_first_sequence: true,
+        ..w(first, last)
+    };
+    let start = next
+        .append(s, 1, payload(s, 9), Some(anywhere(40, 40)))
+        .await
+        .unwrap();
+    assert!(!start.duplicate);
+    assert!(matches!(
+        next.append(s, 1, payload(s, 9), Some(anywhere(42, 42)))
+            .await,
+        Err(StreamError::OutOfOrderSequence { expected: 41, .. })
+    ));
+    next.append(s, 1, payload(s, 9), Some(anywhere(41, 41)))
+        .await
+        .unwrap();
     next.shutdown().await;
 }
 suite!(idempotent_writers_are_answered_with_original_offsets);
@@ -452,6 +473,7 @@ async fn submitted_appends_keep_their_order_and_resolve_when_durable(world: Worl
             writer_epoch: 0,
             first_sequence: i,
             last_sequence: i,
+            any_first_sequence: false,
         };
         pending.push(engine.submit(s, 1, payload(s, i), Some(w)).await.unwrap());
     }
@@ -465,6 +487,7 @@ async fn submitted_appends_keep_their_order_and_resolve_when_durable(world: Worl
         writer_epoch: 0,
         first_sequence: 47,
         last_sequence: 47,
+        any_first_sequence: false,
     };
     let again = engine
         .submit(s, 1, payload(s, 47), Some(w))
@@ -1099,6 +1122,7 @@ async fn a_crash_between_put_and_commit_loses_nothing_acknowledged(world: World)
         writer_epoch: 0,
         first_sequence: seq,
         last_sequence: seq,
+        any_first_sequence: false,
     };
     node.append(s, 1, payload(s, 0), Some(w(0))).await.unwrap();
     // The metadata database stops answering: the next object is PUT but never committed.
@@ -1172,6 +1196,7 @@ async fn a_crash_between_commit_and_ack_is_answered_on_retry(world: World) {
         writer_epoch: 2,
         first_sequence: seq,
         last_sequence: seq,
+        any_first_sequence: false,
     };
     node.append(s, 1, payload(s, 0), Some(w(0))).await.unwrap();
     // The row with the object's commit lands, then the store freezes (rows of other commands,
@@ -1719,6 +1744,7 @@ async fn pipelined_batches_of_one_writer_share_a_flush(world: World) {
         writer_epoch: 0,
         first_sequence: seq,
         last_sequence: seq,
+        any_first_sequence: false,
     };
     engine
         .append(s, 1, payload(s, 0), Some(w(0)))

@@ -204,6 +204,7 @@ fn s3stream_writer(
         writer_epoch,
         first_sequence,
         last_sequence,
+        any_first_sequence: false,
     }
 }
 

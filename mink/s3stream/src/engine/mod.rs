@@ -203,6 +203,11 @@ pub struct WriterBatchId {
     pub writer_epoch: u64,
     pub first_sequence: u64,
     pub last_sequence: u64,
+    /// A writer the stream holds no state for may start at any sequence, as a Kafka producer
+    /// may (its state can have gone with a topic deleted and created again; Kafka accepts any
+    /// first sequence from a producer the partition does not know). Otherwise a writer starts
+    /// at sequence 0. Either way it goes on without gaps from its first batch.
+    pub any_first_sequence: bool,
 }
 
 /// An append submitted to the write buffer (see [`S3Stream::submit`]): resolves once it is

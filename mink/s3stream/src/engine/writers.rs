@@ -74,8 +74,12 @@ impl Engine {
                 })
             });
         let tail = owned.writers.get(&w.writer_id).copied().or(committed);
-        // As in Kafka: a writer new to the stream, or at a new epoch, starts at sequence 0.
-        let starts_anew = tail.is_none_or(|t| w.writer_epoch > t.epoch);
+        // As in Kafka: a writer at a new epoch starts at sequence 0, and so does one new to the
+        // stream unless it may start anywhere.
+        let starts_anew = match tail {
+            None => !w.any_first_sequence,
+            Some(t) => w.writer_epoch > t.epoch,
+        };
         if starts_anew && w.first_sequence != 0 {
             return Err(StreamError::OutOfOrderSequence {
                 writer_id: w.writer_id,
