@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use clap::Args;
 use mink_flight::ServerConfig;
-use mink_node::{Node, NodeConfig};
+use mink_node::{Node, NodeConfig, NodeError};
 use mink_sql::redact_url;
 use serde::Deserialize;
 
@@ -363,6 +363,20 @@ pub(crate) async fn run(args: NodeArgs, dev: bool) -> anyhow::Result<()> {
             Some((l, address))
         }
     };
+    // Every listener is bound before the node registers: a start that fails on a port in use
+    // must not have fenced the process serving this node id meanwhile.
+    let metrics_listener = match args.metrics_listen.as_deref() {
+        None | Some("none" | "") => None,
+        Some(a) => Some(tokio::net::TcpListener::bind(a).await.with_context(|| {
+            format!("cannot listen for metrics on {a} (use --metrics-listen none to disable)")
+        })?),
+    };
+    let sql_listener = match args.sql_listen.as_deref() {
+        None | Some("none" | "") => None,
+        Some(a) => Some(tokio::net::TcpListener::bind(a).await.with_context(|| {
+            format!("cannot listen for Flight SQL on {a} (use --sql-listen none to disable)")
+        })?),
+    };
     let node = Node::start(config).await.with_context(|| {
         format!(
             "node {node_id} could not start (metadata {}, objects {})",
@@ -372,12 +386,9 @@ pub(crate) async fn run(args: NodeArgs, dev: bool) -> anyhow::Result<()> {
     })?;
     telemetry::observe_node(&node);
 
-    let metrics_address = match args.metrics_listen.as_deref() {
-        None | Some("none" | "") => None,
-        Some(a) => {
-            let l = tokio::net::TcpListener::bind(a).await.with_context(|| {
-                format!("cannot listen for metrics on {a} (use --metrics-listen none to disable)")
-            })?;
+    let metrics_address = match metrics_listener {
+        None => None,
+        Some(l) => {
             let address = l.local_addr()?;
             let scrape = telemetry.scrape.clone();
             tokio::spawn(async move {
@@ -389,12 +400,9 @@ pub(crate) async fn run(args: NodeArgs, dev: bool) -> anyhow::Result<()> {
         }
     };
 
-    let sql_address = match args.sql_listen.as_deref() {
-        None | Some("none" | "") => None,
-        Some(a) => {
-            let l = tokio::net::TcpListener::bind(a).await.with_context(|| {
-                format!("cannot listen for Flight SQL on {a} (use --sql-listen none to disable)")
-            })?;
+    let sql_address = match sql_listener {
+        None => None,
+        Some(l) => {
             let address = l.local_addr()?;
             // Statements run on threads of their own (mink_query's executor): a heavy query
             // does not hold up the node's writes, reads and heartbeats.
@@ -470,12 +478,21 @@ pub(crate) async fn run(args: NodeArgs, dev: bool) -> anyhow::Result<()> {
     }
     crate::say(&out);
     tracing::info!(%advertised, node_id, "serving Arrow Flight");
+    // A node whose metadata sink halted (another process registered its id, or the log is
+    // damaged) can serve nothing that needs the metadata: it stops, and says why, instead of
+    // answering on as a zombie that readiness probes keep in service.
+    let halted: std::sync::Mutex<Option<NodeError>> = std::sync::Mutex::new(None);
     let shutdown = async {
-        stop_signal().await;
-        tracing::info!(
-            "shutting down: requests in flight have up to {} s to end (signal again to stop at once)",
-            DRAIN_LIMIT.as_secs()
-        );
+        tokio::select! {
+            () = stop_signal() => tracing::info!(
+                "shutting down: requests in flight have up to {} s to end (signal again to stop at once)",
+                DRAIN_LIMIT.as_secs()
+            ),
+            e = node.until_halted() => {
+                tracing::error!(error = %e, "this node can serve no more: stopping");
+                *halted.lock().expect("halted lock") = Some(e);
+            }
+        }
         // Tails and waits end now, and the Kafka and Flight SQL listeners close: the Flight
         // server's drain would otherwise wait on them.
         node.begin_shutdown();
@@ -504,6 +521,9 @@ pub(crate) async fn run(args: NodeArgs, dev: bool) -> anyhow::Result<()> {
     };
     node.shutdown().await;
     telemetry.shutdown();
+    if let Some(e) = halted.lock().expect("halted lock").take() {
+        anyhow::bail!("node {node_id} stopped: {e}");
+    }
     served.context("the Flight server failed")
 }
 

@@ -1602,3 +1602,81 @@ fn until_described(
         }
     })
 }
+
+/// One node id runs in one process. A second process with the id of a live node is refused
+/// before it registers (it fenced the live one, which then answered on as a zombie), and so is
+/// one that fails on a port in use; a node fenced by a newer registration of its id stops,
+/// saying so, instead of serving on.
+#[test]
+fn a_node_id_serves_from_one_process_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let ttl = ["--lease-ttl-ms", "2000"];
+    let first = Dev::start(&data, &free_port(), &ttl);
+    first.run(&["table", "create", "app.t", "-c", "id Int64"], None);
+    let second = |extra: &[&str]| {
+        let out = Command::new(MINK)
+            .args(["dev", "--data-dir"])
+            .arg(&data)
+            .args(["--sql-listen", "none", "--kafka-listen", "none"])
+            .args(ttl)
+            .args(extra)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let write = |dev: &Dev, id: i64| {
+        dev.run(&["produce", "app.t"], Some(&format!("{{\"id\": {id}}}\n")));
+    };
+    // A port in use fails the start before it registers: the first node goes on.
+    let metrics = first
+        .metrics
+        .trim_start_matches("http://")
+        .trim_end_matches("/metrics");
+    let (ok, err) = second(&["--listen", &free_port(), "--metrics-listen", metrics]);
+    assert!(!ok && err.contains("cannot listen for metrics"), "{err}");
+    write(&first, 1);
+    // Another address while the first heartbeats: refused, naming where the id runs.
+    let (ok, err) = second(&["--listen", &free_port(), "--metrics-listen", "none"]);
+    assert!(
+        !ok && err.contains("another process has this node id")
+            && err.contains(&format!("node 1 is running at {}", first.flight)),
+        "{err}"
+    );
+    write(&first, 2);
+    // A registration the check cannot tell apart (the same advertised address) fences the
+    // first process, which stops with why.
+    let listen = free_port();
+    let third = Command::new(MINK)
+        .args(["dev", "--data-dir"])
+        .arg(&data)
+        .args(["--listen", &listen, "--advertised-address", &first.flight])
+        .args([
+            "--metrics-listen",
+            "none",
+            "--sql-listen",
+            "none",
+            "--kafka-listen",
+            "none",
+        ])
+        .args(ttl)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = first;
+    exits_within(first.child.id(), 30, "the fenced node");
+    let status = first.child.wait().unwrap();
+    assert!(!status.success(), "{status}");
+    let log = std::fs::read_to_string(data.with_extension("log")).unwrap();
+    assert!(
+        log.contains("node 1 stopped") && log.contains("fenced by a newer registration"),
+        "{log}"
+    );
+    let mut third = third;
+    let _ = third.kill();
+    let _ = third.wait();
+}

@@ -1029,6 +1029,17 @@ impl Node {
         let _ = stopping.wait_for(|s| *s).await;
     }
 
+    /// Resolves once this node can serve no more, with why: its metadata sink halted (a newer
+    /// registration of its node id fenced it, or its log is damaged). Not on a shutdown. The
+    /// process should stop: a restart refuses to run beside a live namesake, or names the
+    /// damage.
+    pub async fn until_halted(&self) -> NodeError {
+        match self.inner.sink.until_halted().await {
+            mink_sql::SinkError::Shutdown => std::future::pending().await,
+            e => NodeError::from(e),
+        }
+    }
+
     /// Stops the node cleanly (releases the lease, expires the heartbeat).
     pub async fn shutdown(&self) {
         self.begin_shutdown();

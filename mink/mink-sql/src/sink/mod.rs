@@ -324,6 +324,9 @@ impl Sink {
             )));
         }
 
+        if let Some(record) = tail.state.nodes.get(&shared.config.node_id) {
+            refuse_a_live_namesake(&shared, record).await?;
+        }
         let tailer = spawn_supervised(Arc::clone(&shared), "tailer", tail.run(Arc::clone(&shared)));
         let registered = register(&shared, supported, tail_state_epoch).await;
         let (epoch, appender) = match registered {
@@ -459,6 +462,22 @@ impl Sink {
     /// Whether a heartbeat row is live: younger than the lease TTL.
     pub fn is_live(&self, node: &crate::store::NodeRow) -> bool {
         node.age_ms < self.inner.shared.config.lease_ttl_ms()
+    }
+
+    /// Resolves once the sink has halted for good (a newer registration of this node id fenced
+    /// it, its log is damaged, or it was shut down), with why. A node whose sink halted can
+    /// serve nothing that needs the metadata any more: its process should stop.
+    pub async fn until_halted(&self) -> SinkError {
+        let shared = &self.inner.shared;
+        let mut applied = shared.applied.subscribe();
+        loop {
+            if let Some(e) = shared.halted() {
+                return e;
+            }
+            if applied.changed().await.is_err() {
+                return shared.halted().unwrap_or(SinkError::Shutdown);
+            }
+        }
     }
 
     /// Every node's heartbeat row, live or not.
@@ -630,6 +649,54 @@ where
 /// Registers this process at a node epoch above any its id used before. The epoch is first
 /// announced in `meta_node`, so the coordinator counts this node before it could raise the
 /// metadata version past it.
+/// Refuses to start while another process serves this node id elsewhere: registering would
+/// fence it, and two processes would take turns fencing each other (Kafka refuses a duplicate
+/// `broker.id` alike). `record` is the id's registration. A heartbeat that is fresh but from
+/// another address may be a crashed process's last one (a restart within the TTL, on a new
+/// address): the id is refused only if the heartbeat goes on within one heartbeat interval.
+/// The same address is this process's own listener, which the other cannot be holding.
+async fn refuse_a_live_namesake(
+    shared: &Arc<Shared>,
+    record: &NodeRecord,
+) -> Result<(), SinkError> {
+    let config = &shared.config;
+    if record.address.is_empty() || record.address == config.address {
+        return Ok(());
+    }
+    let row = || async {
+        let rows = retry_transient(config.lease_ttl, || async {
+            Ok(shared.store.nodes().await?)
+        })
+        .await?;
+        Ok::<_, SinkError>(
+            rows.into_iter()
+                .find(|n| n.node_id == config.node_id && n.node_epoch == record.node_epoch),
+        )
+    };
+    let live = |r: &crate::store::NodeRow| !r.stopped_cleanly() && r.age_ms < config.lease_ttl_ms();
+    let Some(first) = row().await?.filter(live) else {
+        return Ok(());
+    };
+    let deadline = tokio::time::Instant::now() + config.heartbeat_interval() + config.lease_ttl / 8;
+    while tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(config.heartbeat_interval() / 4).await;
+        match row().await? {
+            Some(r) if r.heartbeat_ms > first.heartbeat_ms && live(&r) => {
+                return Err(SinkError::Start(format!(
+                    "node {} is running at {} (epoch {}, heartbeat {} ms ago): another process has this node id; stop it, or give this one another id",
+                    config.node_id,
+                    record.address,
+                    record.node_epoch,
+                    r.age_ms.max(0)
+                )));
+            }
+            Some(r) if live(&r) => {}
+            _ => return Ok(()),
+        }
+    }
+    Ok(())
+}
+
 async fn register(
     shared: &Arc<Shared>,
     supported: u32,
