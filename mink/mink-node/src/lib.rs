@@ -13,6 +13,7 @@ mod cluster;
 mod error;
 mod forward;
 mod groups;
+mod identity;
 mod kv;
 mod lake_maintenance;
 mod leadership;

@@ -414,6 +414,10 @@ impl Node {
         sink_config.lease_ttl = config.lease_ttl;
         sink_config.clock = Arc::clone(&config.clock);
         let sink = Sink::start(meta, sink_config).await?;
+        if let Err(e) = crate::identity::claim_store(&sink, store.as_ref()).await {
+            sink.shutdown().await;
+            return Err(e);
+        }
         let mut engine = config.engine.clone();
         engine.clock = Arc::clone(&config.clock);
         let streams = S3Stream::start(sink.clone(), store, engine);

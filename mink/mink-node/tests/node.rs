@@ -1686,3 +1686,39 @@ async fn tails_end_when_the_node_shuts_down() {
         .unwrap();
     assert!(waited.is_err(), "{waited:?}");
 }
+
+/// An object store belongs to one cluster: object ids come from the metadata, so a second
+/// cluster under the same prefix overwrote the first one's objects (and swept them as
+/// orphans). A start on another cluster's store, or on a store the cluster did not mark (a
+/// wrong object-store URL), is refused before anything is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_store_serves_one_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = Node::start(config(dir.path(), 1)).await.unwrap();
+    first.create_database("app", false).await.unwrap();
+    let other = tempfile::tempdir().unwrap();
+    let mut second = config(other.path(), 1);
+    second.object_store_url = config(dir.path(), 1).object_store_url;
+    let Err(refused) = Node::start(second).await else {
+        panic!("a second cluster is refused")
+    };
+    assert!(
+        refused
+            .to_string()
+            .contains("belongs to another Mink cluster"),
+        "{refused}"
+    );
+    first.shutdown().await;
+    let mut moved = config(dir.path(), 1);
+    moved.object_store_url = other.path().join("objects").to_str().unwrap().to_string();
+    let Err(refused) = Node::start(moved).await else {
+        panic!("a wrong store is refused")
+    };
+    assert!(
+        refused.to_string().contains("is not this cluster's"),
+        "{refused}"
+    );
+    let again = Node::start(config(dir.path(), 1)).await.unwrap();
+    assert_eq!(again.list_databases(), ["app"]);
+    again.shutdown().await;
+}

@@ -1,0 +1,115 @@
+//! The object store belongs to one cluster. Object ids come from the metadata, so two
+//! clusters (or a dev node and a cluster) writing under one bucket prefix reuse each other's
+//! ids: each overwrote the other's objects, and each one's orphan sweep deleted the other's.
+//! The cluster's id lives in its metadata; the store holds it in a marker object, checked at
+//! every start before anything is written.
+
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt as _, PutPayload};
+
+use mink_metadata::{Command, PutKvIfAbsent};
+use mink_sql::Sink;
+
+use crate::{NodeError, NodeResult};
+
+/// The metadata KV key of the cluster's id.
+const CLUSTER_ID: &str = "cluster/id";
+/// Present once the cluster has marked its store: a store without the marker is then not it.
+const STORE_MARKED: &str = "cluster/store-marked";
+/// The marker object, at the root of the store's prefix.
+pub(crate) const MARKER: &str = "mink-cluster";
+
+/// What the marker holds: this line, then the cluster's id.
+const MARKER_TEXT: &str = "mink cluster ";
+
+/// The cluster's id, chosen by the first node of the cluster to ask.
+async fn cluster_id(sink: &Sink) -> NodeResult<String> {
+    if let Some(r) = sink.view().state.kv.get(CLUSTER_ID) {
+        return Ok(String::from_utf8_lossy(&r.value).into_owned());
+    }
+    let mine = uuid::Uuid::now_v7().to_string();
+    let proposed = sink
+        .propose(Command::PutKvIfAbsent(PutKvIfAbsent {
+            key: CLUSTER_ID.into(),
+            value: mine.clone().into_bytes(),
+        }))
+        .await?;
+    match proposed.result {
+        Ok(_) => Ok(mine),
+        // Another node chose it first.
+        Err(r) => match &r.value {
+            Some(v) => Ok(String::from_utf8_lossy(v).into_owned()),
+            None => Err(NodeError::Failed(format!("the cluster id: {r}"))),
+        },
+    }
+}
+
+/// Checks that `store` is this cluster's, marking it on the cluster's first start (and on the
+/// first start of a cluster from before the marker). Fails the start, naming why, when the
+/// store is another cluster's, when the metadata says the store was marked but the marker is
+/// missing (a wrong `--object-store`, or a store emptied), or when the store cannot be read
+/// or written (a missing bucket, wrong credentials).
+pub(crate) async fn claim_store(sink: &Sink, store: &dyn ObjectStore) -> NodeResult<()> {
+    let id = cluster_id(sink).await?;
+    let path = Path::from(MARKER);
+    let unavailable = |e: object_store::Error| {
+        NodeError::Unavailable(format!("the object store cannot be used: {e}"))
+    };
+    let read = async || match store.get(&path).await {
+        Ok(r) => {
+            let bytes = r.bytes().await.map_err(unavailable)?;
+            let text = String::from_utf8_lossy(&bytes);
+            let found = text.trim().strip_prefix(MARKER_TEXT).ok_or_else(|| {
+                NodeError::Invalid(format!("the object store's {MARKER} is not Mink's"))
+            })?;
+            Ok(Some(found.to_string()))
+        }
+        Err(object_store::Error::NotFound { .. }) => Ok(None),
+        Err(e) => Err(unavailable(e)),
+    };
+    let other = |other: &str| {
+        NodeError::Invalid(format!(
+            "the object store belongs to another Mink cluster ({other}; this metadata is cluster {id}): \
+             object ids would collide, so each cluster needs a bucket or prefix of its own"
+        ))
+    };
+    match read().await? {
+        Some(found) if found == id => return Ok(()),
+        Some(found) => return Err(other(&found)),
+        None if sink.view().state.kv.contains_key(STORE_MARKED) => {
+            return Err(NodeError::Invalid(format!(
+                "the object store is not this cluster's: it lacks the {MARKER} object this \
+                 cluster {id} wrote there (a wrong --object-store, or a store emptied)"
+            )));
+        }
+        None => {}
+    }
+    let marker = format!("{MARKER_TEXT}{id}\n").into_bytes();
+    store
+        .put(&path, PutPayload::from(marker))
+        .await
+        .map_err(unavailable)?;
+    // Two clusters marking one store at once: the last one's marker stands.
+    match read().await? {
+        Some(found) if found == id => {}
+        Some(found) => return Err(other(&found)),
+        None => {
+            return Err(NodeError::Unavailable(format!(
+                "the object store lost {MARKER}"
+            )));
+        }
+    }
+    let proposed = sink
+        .propose(Command::PutKvIfAbsent(PutKvIfAbsent {
+            key: STORE_MARKED.into(),
+            value: id.into_bytes(),
+        }))
+        .await?;
+    match proposed.result {
+        Ok(_) => Ok(()),
+        Err(r) if r.kind() == mink_metadata::RejectionKind::AlreadyExists => Ok(()),
+        Err(r) => Err(NodeError::Failed(format!(
+            "recording the store's marker: {r}"
+        ))),
+    }
+}
