@@ -514,18 +514,29 @@ impl Client {
         let address = address.to_string();
         let mut flight = self.channel(&address).await?;
         let request = self.request(Action::new(kind, protocol::to_json(body)));
-        let response = flight
-            .do_action(request)
-            .await
-            .map_err(|s| self.status_error(&address, &s))?;
-        self.observe(response.metadata());
-        let mut results = response.into_inner();
-        let first = results
-            .message()
-            .await
-            .map_err(|s| self.status_error(&address, &s))?
-            .ok_or_else(|| ClientError::Protocol(format!("{kind} returned no result")))?;
-        protocol::parse(kind, &first.body).map_err(|e| ClientError::Protocol(e.0))
+        // Bounded as writes are: a node whose metadata database is down takes the action
+        // and answers once the database is back, however long that is.
+        let waited = self.inner.config.retry_deadline;
+        let answered = tokio::time::timeout(waited, async {
+            let response = flight
+                .do_action(request)
+                .await
+                .map_err(|s| self.status_error(&address, &s))?;
+            self.observe(response.metadata());
+            let mut results = response.into_inner();
+            results
+                .message()
+                .await
+                .map_err(|s| self.status_error(&address, &s))?
+                .ok_or_else(|| ClientError::Protocol(format!("{kind} returned no result")))
+        })
+        .await
+        .map_err(|_| ClientError::Timeout {
+            awaited: "answer (a change asked for may still be made)",
+            address: address.clone(),
+            waited,
+        })??;
+        protocol::parse(kind, &answered.body).map_err(|e| ClientError::Protocol(e.0))
     }
 
     /// Tells the node at `address` (the one tiering `database.table`: the leader of its first

@@ -1380,7 +1380,7 @@ impl SilencingProxy {
 
 /// A write whose node takes its requests and never answers fails at the retry deadline with
 /// an error naming what it waited for, whether the wait is for the table's description or for
-/// the acknowledgement of its rows; it does not hang.
+/// the acknowledgement of its rows; it does not hang, and neither does an admin action.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_write_no_node_answers_fails_at_the_retry_deadline() {
     let dir = tempfile::tempdir().unwrap();
@@ -1441,6 +1441,21 @@ async fn a_write_no_node_answers_fails_at_the_retry_deadline() {
             }
         ),
         "{e:?}"
+    );
+    // So is an admin action (it waited for as long as the node's metadata database was
+    // down), saying that the change may still be made.
+    let e = tokio::time::timeout(
+        Duration::from_secs(30),
+        client.create_database("other", false),
+    )
+    .await
+    .expect("the action hung past its 1.5 s retry deadline")
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "no answer (a change asked for may still be made) within 1.5 s: the node at {proxied} did not answer (is its metadata database reachable?)"
+        )
     );
     // The node's graceful stop waits for connections the silenced proxy keeps open.
     drop(client);
