@@ -438,6 +438,10 @@ pub(crate) enum NodeCommand {
     Drain { node_id: u64 },
     /// Let a drained node take buckets again (a rebalance gives it its share).
     Undrain { node_id: u64 },
+    /// Exit 0 when the node at --server serves (for readiness probes): answered from its view
+    /// of the metadata, so it passes through an outage of the metadata database, while reads
+    /// go on; a node that cannot serve any more has stopped.
+    Ready,
 }
 
 pub(crate) async fn cluster(client: &Client, c: Option<ClusterCommand>) -> anyhow::Result<()> {
@@ -467,6 +471,13 @@ pub(crate) async fn node(client: &Client, c: NodeCommand) -> anyhow::Result<()> 
             client.drain_node(node_id, true).await?;
             out(&format!(
                 "node {node_id} takes buckets again (`mink cluster rebalance` gives it its share)\n"
+            ))?;
+        }
+        NodeCommand::Ready => {
+            let applied = client.ping().await?;
+            out(&format!(
+                "the node at {} serves (metadata applied up to index {applied})\n",
+                client.address()
             ))?;
         }
     }

@@ -48,7 +48,7 @@ enum Command {
         node: NodeArgs,
     },
     /// Run a node of a cluster (Postgres metadata, S3 objects); `mink node drain <id>` and
-    /// `undrain <id>` steer a running cluster.
+    /// `undrain <id>` steer a running cluster, `mink node ready` probes one node.
     #[command(args_conflicts_with_subcommands = true)]
     Node {
         #[command(subcommand)]

@@ -1614,6 +1614,11 @@ fn a_node_id_serves_from_one_process_at_a_time() {
     let ttl = ["--lease-ttl-ms", "2000"];
     let first = Dev::start(&data, &free_port(), &ttl);
     first.run(&["table", "create", "app.t", "-c", "id Int64"], None);
+    assert!(
+        first
+            .run(&["node", "ready"], None)
+            .starts_with(&format!("the node at {} serves", first.flight))
+    );
     let second = |extra: &[&str]| {
         let out = Command::new(MINK)
             .args(["dev", "--data-dir"])
@@ -1671,6 +1676,8 @@ fn a_node_id_serves_from_one_process_at_a_time() {
     exits_within(first.child.id(), 30, "the fenced node");
     let status = first.child.wait().unwrap();
     assert!(!status.success(), "{status}");
+    let (ok, _, _) = first.try_run(&["node", "ready"], None);
+    assert!(!ok, "a stopped node is not ready");
     let log = std::fs::read_to_string(data.with_extension("log")).unwrap();
     assert!(
         log.contains("node 1 stopped") && log.contains("fenced by a newer registration"),

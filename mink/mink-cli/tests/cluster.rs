@@ -846,6 +846,19 @@ fn a_metadata_database_outage_under_load_loses_nothing() {
         assert!(rows > 0);
         reads += 1;
     }
+    // The probes' readiness check answers from the node's view: it passes during the outage
+    // (`cluster status`, which reads the heartbeats, fails).
+    let ready = Command::new(MINK)
+        .args(["--server", &entry, "node", "ready"])
+        .output()
+        .unwrap();
+    assert!(
+        ready.status.success()
+            && String::from_utf8_lossy(&ready.stdout)
+                .contains(&format!("the node at {entry} serves")),
+        "{}",
+        String::from_utf8_lossy(&ready.stderr)
+    );
     let outage = outage.wait_with_output().unwrap();
     assert!(outage.status.success(), "postgres-restart failed");
     // Writes resume: a batch of every writer, then more, acknowledged after PostgreSQL is back.

@@ -595,6 +595,15 @@ impl Client {
         Ok(())
     }
 
+    /// Whether the connected node serves: one action answered from its view of the metadata,
+    /// at that node only (no other node answers for it, and its metadata database is not
+    /// read, so a node keeps serving reads through an outage of it). Returns the metadata
+    /// index the node has applied. For readiness probes.
+    pub async fn ping(&self) -> ClientResult<u64> {
+        let _: protocol::Databases = self.action(action::LIST_DATABASES, &json!({})).await?;
+        Ok(self.applied_index())
+    }
+
     pub async fn list_databases(&self) -> ClientResult<Vec<String>> {
         let d: protocol::Databases = self.read_action(action::LIST_DATABASES, &json!({})).await?;
         Ok(d.databases)
