@@ -93,12 +93,20 @@ const DEFAULT_SERVER: &str = "127.0.0.1:7171";
 /// (the client would otherwise fail later, on a connection to port 80). Checked only for the
 /// commands that reach a node: `mink dev` and `mink node` run with any `MINK_SERVER` set.
 fn parse_server(text: &str) -> Result<(), String> {
+    if ["https://", "grpc+tls://"]
+        .iter()
+        .any(|tls| text.trim().starts_with(tls))
+    {
+        return Err(format!(
+            "a node serves plain gRPC, not TLS: give HOST:PORT or grpc://HOST:PORT (got {text:?})"
+        ));
+    }
     let address = ["grpc+tcp://", "grpc://", "http://"]
         .iter()
         .find_map(|scheme| text.trim().strip_prefix(scheme))
         .unwrap_or(text.trim())
         .trim_end_matches('/');
-    if serve::is_host_port(address) {
+    if serve::is_host_port(address) && !address.contains("://") {
         Ok(())
     } else {
         Err(format!(

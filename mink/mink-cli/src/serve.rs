@@ -170,6 +170,10 @@ pub(crate) fn is_host_port(a: &str) -> bool {
         .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
 }
 
+/// The smallest `--max-message-bytes` taken: a request or answer larger than the limit fails,
+/// and admin requests alone are a few hundred bytes.
+const MIN_MESSAGE_BYTES: usize = 1 << 20;
+
 /// What a node needs to start, checked.
 struct Checked {
     node_id: u64,
@@ -251,7 +255,45 @@ fn check(args: &NodeArgs) -> anyhow::Result<Checked> {
     ] {
         if let Some(a) = value.as_deref() {
             host_port(flag, a)?;
+            // Others dial it: a wildcard is where a node listens, not an address to reach.
+            if let Ok(a) = a.parse::<std::net::SocketAddr>()
+                && a.ip().is_unspecified()
+            {
+                bail!(
+                    "{flag} {a}: nobody can dial {}: give the address clients reach this node at",
+                    a.ip()
+                );
+            }
         }
+    }
+    // Two listeners on one address: the second would fail to bind only once the node runs.
+    let mut listeners = vec![("--listen", listen.clone())];
+    for (flag, value) in [
+        ("--metrics-listen", &args.metrics_listen),
+        ("--sql-listen", &args.sql_listen),
+        ("--kafka-listen", &args.kafka_listen),
+    ] {
+        if let Some(a) = value.as_deref().filter(|a| *a != "none" && !a.is_empty()) {
+            if let Some((other, _)) = listeners.iter().find(|(_, b)| b == a && !a.ends_with(":0")) {
+                bail!("{flag} {a} is {other}'s address: give each listener its own port");
+            }
+            listeners.push((flag, a.to_string()));
+        }
+    }
+    if let Some(m) = args.max_message_bytes
+        && m < MIN_MESSAGE_BYTES
+    {
+        bail!(
+            "--max-message-bytes {m}: at least {MIN_MESSAGE_BYTES} (1 MiB), or no request gets through (the default is 64 MiB)"
+        );
+    }
+    if args.kv_snapshot_interval_s == Some(0) {
+        bail!("--kv-snapshot-interval-s must be at least 1");
+    }
+    if let Some(e) = args.otlp_endpoint.as_deref()
+        && !(e.starts_with("http://") || e.starts_with("https://"))
+    {
+        bail!("--otlp-endpoint {e:?}: expected an OTLP/gRPC URL such as http://collector:4317");
     }
     if args.lease_ttl_ms.is_some_and(|t| t < 100) {
         bail!("--lease-ttl-ms must be at least 100");
@@ -284,14 +326,57 @@ fn check(args: &NodeArgs) -> anyhow::Result<Checked> {
 /// `mink node --check-config`: the settings as the node would take them, or what is wrong.
 pub(crate) fn check_config(args: &NodeArgs) -> anyhow::Result<()> {
     let c = check(args)?;
-    crate::say(&format!(
+    let mut text = format!(
         "the configuration of node {} is valid\n  metadata: {}\n  objects:  {}\n  listen:   {}\n  advertised: {}\n",
         c.node_id,
         redact_url(&c.metadata),
         redact_url(&c.objects),
         c.listen,
         args.advertised_address.as_deref().unwrap_or(&c.listen)
-    ));
+    );
+    // The other settings given (those not given take their defaults, see --help).
+    let given: [(&str, Option<String>); 13] = [
+        ("metrics-listen", args.metrics_listen.clone()),
+        ("sql-listen", args.sql_listen.clone()),
+        ("kafka-listen", args.kafka_listen.clone()),
+        (
+            "kafka-advertised-address",
+            args.kafka_advertised_address.clone(),
+        ),
+        (
+            "kafka-auto-create-partitions",
+            args.kafka_auto_create_partitions.map(|n| n.to_string()),
+        ),
+        ("otlp-endpoint", args.otlp_endpoint.clone()),
+        ("flush-delay-ms", args.flush_delay_ms.map(|n| n.to_string())),
+        (
+            "compaction-mib-per-sec",
+            args.compaction_mib_per_sec.map(|n| n.to_string()),
+        ),
+        (
+            "max-reads-in-flight",
+            args.max_reads_in_flight.map(|n| n.to_string()),
+        ),
+        ("lease-ttl-ms", args.lease_ttl_ms.map(|n| n.to_string())),
+        (
+            "max-message-bytes",
+            args.max_message_bytes.map(|n| n.to_string()),
+        ),
+        (
+            "kv-dir",
+            args.kv_dir.as_ref().map(|d| d.display().to_string()),
+        ),
+        (
+            "kv-snapshot-interval-s",
+            args.kv_snapshot_interval_s.map(|n| n.to_string()),
+        ),
+    ];
+    for (name, value) in given {
+        if let Some(v) = value {
+            text.push_str(&format!("  {name}: {v}\n"));
+        }
+    }
+    crate::say(&text);
     Ok(())
 }
 

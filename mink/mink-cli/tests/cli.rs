@@ -359,7 +359,13 @@ fn a_closed_stdout_ends_client_commands_quietly() {
 /// is connected to.
 #[test]
 fn a_server_without_a_port_is_a_usage_error() {
-    for server in ["localhost", "grpc://localhost", "localhost:port"] {
+    for server in [
+        "localhost",
+        "grpc://localhost",
+        "localhost:port",
+        "ftp://127.0.0.1:7171",
+        "https://127.0.0.1:7171",
+    ] {
         let out = Command::new(MINK)
             .args(["--server", server, "database", "list"])
             .output()
@@ -368,7 +374,7 @@ fn a_server_without_a_port_is_a_usage_error() {
         assert!(
             out.status.code() == Some(2)
                 && stderr.contains(&format!("invalid value '{server}' for '--server <SERVER>'"))
-                && stderr.contains("expected HOST:PORT"),
+                && (stderr.contains("expected HOST:PORT") || stderr.contains("not TLS")),
             "{server}: {:?} {stderr}",
             out.status
         );

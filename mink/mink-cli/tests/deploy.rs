@@ -112,4 +112,54 @@ fn every_deploy_file_passes_check_config() {
         !bad.status.success() && stderr.contains("expected postgres://"),
         "{stderr}"
     );
+    // Settings a node would start with and then serve nothing (every request over a 0-byte
+    // limit, an address nobody can dial, two listeners on one port) are refused too.
+    for (variable, value, why) in [
+        ("MINK_MAX_MESSAGE_BYTES", "0", "no request gets through"),
+        (
+            "MINK_ADVERTISED_ADDRESS",
+            "0.0.0.0:7171",
+            "nobody can dial 0.0.0.0",
+        ),
+        (
+            "MINK_METRICS_LISTEN",
+            "127.0.0.1:7171",
+            "is --listen's address",
+        ),
+        ("MINK_KV_SNAPSHOT_INTERVAL_S", "0", "at least 1"),
+        ("MINK_OTLP_ENDPOINT", "foo", "expected an OTLP/gRPC URL"),
+    ] {
+        let bad = Command::new(MINK)
+            .args(["node", "--check-config", "--node-id", "1"])
+            .env_clear()
+            .env("MINK_METADATA", "sqlite:///tmp/m.db")
+            .env("MINK_OBJECT_STORE", "/tmp/x")
+            .env("MINK_LISTEN", "127.0.0.1:7171")
+            .env(variable, value)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&bad.stderr);
+        assert!(
+            !bad.status.success() && stderr.contains(why),
+            "{variable}={value}: {stderr}"
+        );
+    }
+    // What it accepts, it prints: every setting given.
+    let good = Command::new(MINK)
+        .args(["node", "--check-config", "--node-id", "1"])
+        .env_clear()
+        .env("MINK_METADATA", "sqlite:///tmp/m.db")
+        .env("MINK_OBJECT_STORE", "/tmp/x")
+        .env("MINK_LISTEN", "127.0.0.1:7171")
+        .env("MINK_KAFKA_LISTEN", "127.0.0.1:9092")
+        .env("MINK_LEASE_TTL_MS", "5000")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&good.stdout);
+    assert!(
+        good.status.success()
+            && stdout.contains("  kafka-listen: 127.0.0.1:9092\n")
+            && stdout.contains("  lease-ttl-ms: 5000\n"),
+        "{stdout}"
+    );
 }
