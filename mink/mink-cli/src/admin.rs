@@ -424,7 +424,8 @@ pub(crate) enum ClusterCommand {
     /// Nodes (heartbeats, buckets led, drained), the lease holder and its coordinator epoch
     /// (the default).
     Status,
-    /// Even out the buckets led per node (the coordinator moves them).
+    /// Even out the buckets led per node, and each table's over the nodes (the coordinator
+    /// moves them).
     Rebalance {
         /// Only print the moves it would make.
         #[arg(long)]

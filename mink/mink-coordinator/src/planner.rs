@@ -569,6 +569,40 @@ fn moves(obs: &Observation<'_>, even_out: bool) -> Vec<Step> {
     if !even_out {
         return steps;
     }
+    // Buckets each node leads per table partition: a rebalance evens out those too, or a hot
+    // table's writes can all land on one node while the totals look even.
+    let mut spread: BTreeMap<(u64, u64), BTreeMap<u64, usize>> = BTreeMap::new();
+    for (node, keys) in &owned {
+        for k in keys {
+            *spread
+                .entry((k.0, k.1))
+                .or_default()
+                .entry(*node)
+                .or_default() += 1;
+        }
+    }
+    let count = |spread: &BTreeMap<(u64, u64), BTreeMap<u64, usize>>, g: (u64, u64), n: u64| {
+        spread.get(&g).and_then(|c| c.get(&n)).copied().unwrap_or(0)
+    };
+    // Moves `at` of `owned[from]` to `to`, keeping the counts.
+    let mut shift = |owned: &mut BTreeMap<u64, Vec<BucketKey>>,
+                     spread: &mut BTreeMap<(u64, u64), BTreeMap<u64, usize>>,
+                     candidates: &mut BTreeMap<u64, usize>,
+                     at: usize,
+                     from: u64,
+                     to: u64| {
+        // Counted at its new leader, but not moved again in this plan (a move is one
+        // transfer, done before the next plan).
+        let key = owned.get_mut(&from).expect("owned").remove(at);
+        let g = spread.entry((key.0, key.1)).or_default();
+        *g.get_mut(&from).expect("counted") -= 1;
+        *g.entry(to).or_default() += 1;
+        *candidates.get_mut(&from).expect("present") -= 1;
+        *candidates.get_mut(&to).expect("present") += 1;
+        steps.push(transfer(key, from, to, Why::Rebalance { from }));
+    };
+    // The totals first: from the most loaded node to the least, the bucket whose table it
+    // holds most of relative to the target.
     loop {
         let (&most, &high) = candidates
             .iter()
@@ -581,12 +615,71 @@ fn moves(obs: &Observation<'_>, even_out: bool) -> Vec<Step> {
         if high <= low + 1 {
             break;
         }
-        let Some(key) = owned.get_mut(&most).and_then(Vec::pop) else {
+        let Some(at) = owned.get(&most).and_then(|keys| {
+            // The last among equals (max_by_key keeps the last), as before per-table counts.
+            (0..keys.len()).max_by_key(|&i| {
+                let g = (keys[i].0, keys[i].1);
+                count(&spread, g, most) as i64 - count(&spread, g, least) as i64
+            })
+        }) else {
             break;
         };
-        *candidates.get_mut(&most).expect("present") -= 1;
-        *candidates.get_mut(&least).expect("present") += 1;
-        steps.push(transfer(key, most, least, Why::Rebalance { from: most }));
+        shift(&mut owned, &mut spread, &mut candidates, at, most, least);
+    }
+    // Then each table partition: a bucket from a node leading two more of it than another
+    // node, paired (when the totals need it) with a bucket of a table the other node leads
+    // more of. Each move lowers the sum of squared counts, so this ends.
+    let nodes: Vec<u64> = candidates.keys().copied().collect();
+    for _ in 0..obs.state.buckets.len() {
+        let even = |c: &BTreeMap<u64, usize>| {
+            c.values().max().unwrap_or(&0) - c.values().min().unwrap_or(&0) <= 1
+        };
+        // Per table partition, its most and least loaded nodes (the lowest ids among equals).
+        let mut uneven: Vec<(usize, (u64, u64), u64, u64)> = Vec::new();
+        for &g in spread.keys() {
+            let by = |n: &&u64| count(&spread, g, **n);
+            let (Some(&a), Some(&b)) = (
+                nodes.iter().max_by_key(|n| (by(n), std::cmp::Reverse(**n))),
+                nodes.iter().min_by_key(|n| (by(n), **n)),
+            ) else {
+                continue;
+            };
+            let (ca, cb) = (count(&spread, g, a), count(&spread, g, b));
+            if ca >= cb + 2 {
+                uneven.push((ca - cb, g, a, b));
+            }
+        }
+        uneven.sort_by(|x, y| y.0.cmp(&x.0).then((x.1, x.2, x.3).cmp(&(y.1, y.2, y.3))));
+        let mut moved = false;
+        for (_, g, a, b) in uneven {
+            let keys = &owned[&a];
+            let Some(at) = (0..keys.len()).rev().find(|&i| (keys[i].0, keys[i].1) == g) else {
+                continue;
+            };
+            let mut after = candidates.clone();
+            *after.get_mut(&a).expect("present") -= 1;
+            *after.get_mut(&b).expect("present") += 1;
+            if even(&after) {
+                shift(&mut owned, &mut spread, &mut candidates, at, a, b);
+                moved = true;
+                break;
+            }
+            let back = owned.get(&b).and_then(|keys| {
+                (0..keys.len()).rev().find(|&i| {
+                    let u = (keys[i].0, keys[i].1);
+                    u != g && count(&spread, u, b) > count(&spread, u, a)
+                })
+            });
+            if let Some(back) = back {
+                shift(&mut owned, &mut spread, &mut candidates, at, a, b);
+                shift(&mut owned, &mut spread, &mut candidates, back, b, a);
+                moved = true;
+                break;
+            }
+        }
+        if !moved {
+            break;
+        }
     }
     steps
 }
