@@ -188,11 +188,43 @@ impl Telemetry {
 
 /// Logging for client commands: warnings and errors only, unless `MINK_LOG` says otherwise.
 pub(crate) fn init_client_logging() {
-    let filter = EnvFilter::try_from_env("MINK_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    let (filter, refused) = log_filter(&["MINK_LOG"], "warn");
     let _ = tracing_subscriber::registry()
         .with(filter)
         .with(log_layer())
         .try_init();
+    refused.warn();
+}
+
+/// The log filter of the first of `variables` that is set, or `default`; a value that is no
+/// filter is said (once logging runs), not ignored.
+fn log_filter(variables: &[&str], default: &str) -> (EnvFilter, Refused) {
+    for v in variables {
+        let Ok(value) = std::env::var(v) else {
+            continue;
+        };
+        return match EnvFilter::try_new(&value) {
+            Ok(f) => (f, Refused(None)),
+            Err(e) => (
+                EnvFilter::new(default),
+                Refused(Some(format!(
+                    "{v}={value:?} is not a log filter ({e}): logging at {default:?}"
+                ))),
+            ),
+        };
+    }
+    (EnvFilter::new(default), Refused(None))
+}
+
+/// A log filter variable that was refused, to say so once logging runs.
+struct Refused(Option<String>);
+
+impl Refused {
+    fn warn(self) {
+        if let Some(why) = self.0 {
+            tracing::warn!("{why}");
+        }
+    }
 }
 
 /// Log lines on standard error, coloured only when it is a terminal (and `NO_COLOR` is unset):
@@ -246,9 +278,12 @@ pub(crate) fn init_node(otlp: Option<&str>, node_id: u64) -> anyhow::Result<Tele
     }
     let meters = meters.build();
     opentelemetry::global::set_meter_provider(meters.clone());
-    let filter = EnvFilter::try_from_env("MINK_LOG")
-        .or_else(|_| EnvFilter::try_from_default_env())
-        .unwrap_or_else(|_| EnvFilter::new("info"));
+    // sqlx logs PostgreSQL's notices at INFO: "relation _sqlx_migrations already exists,
+    // skipping" on every start.
+    let (filter, refused) = log_filter(
+        &["MINK_LOG", "RUST_LOG"],
+        "info,sqlx::postgres::notice=warn",
+    );
     let registry = tracing_subscriber::registry()
         .with(filter)
         .with(log_layer());
@@ -261,6 +296,7 @@ pub(crate) fn init_node(otlp: Option<&str>, node_id: u64) -> anyhow::Result<Tele
             let _ = registry.try_init();
         }
     }
+    refused.warn();
     Ok(Telemetry {
         scrape,
         meters,

@@ -379,6 +379,17 @@ fn a_server_without_a_port_is_a_usage_error() {
             out.status
         );
     }
+    // A log filter that is no filter is said, not ignored.
+    let out = Command::new(MINK)
+        .args(["--server", "127.0.0.1:1", "database", "list"])
+        .env("MINK_LOG", "nonsense=[[")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("MINK_LOG=\"nonsense=[[\" is not a log filter"),
+        "{stderr}"
+    );
     // Set and empty reads as unset: the default node, not a usage error.
     let out = Command::new(MINK)
         .args(["database", "list"])
