@@ -86,6 +86,12 @@ pub(crate) struct NodeArgs {
     /// Seconds between KV snapshots of the primary-key buckets a node leads.
     #[arg(long, env = "MINK_KV_SNAPSHOT_INTERVAL_S")]
     pub(crate) kv_snapshot_interval_s: Option<u64>,
+    /// Start although the object store holds objects past every id the metadata allocated,
+    /// deleting them: once, after restoring the metadata database from a backup, when the
+    /// newer one is gone for good. A flag only (no variable, no file key): it is not kept.
+    #[arg(long)]
+    #[serde(skip)]
+    pub(crate) claim_object_store: bool,
 }
 
 impl NodeArgs {
@@ -93,6 +99,7 @@ impl NodeArgs {
     fn over(self, file: NodeArgs) -> NodeArgs {
         NodeArgs {
             node_id: self.node_id.or(file.node_id),
+            claim_object_store: self.claim_object_store,
             metadata: self.metadata.or(file.metadata),
             object_store: self.object_store.or(file.object_store),
             listen: self.listen.or(file.listen),
@@ -423,6 +430,7 @@ pub(crate) async fn run(args: NodeArgs, dev: bool) -> anyhow::Result<()> {
     if let Some(s) = args.kv_snapshot_interval_s {
         config.kv_snapshot_interval = Duration::from_secs(s.max(1));
     }
+    config.claim_object_store = args.claim_object_store;
     // The Kafka listener is bound before the node starts: its address is registered with it.
     let kafka = match args.kafka_listen.as_deref() {
         None | Some("none" | "") => None,

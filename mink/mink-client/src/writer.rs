@@ -154,9 +154,14 @@ impl TableWriter {
     /// [`TableWriter::refresh`], given up at `deadline`: a node may take a request and never
     /// answer it.
     async fn refresh_within(&mut self, deadline: tokio::time::Instant) -> ClientResult<()> {
-        tokio::time::timeout_at(deadline, self.refresh())
-            .await
-            .unwrap_or_else(|_| Err(self.timed_out("table description", &self.client.address())))
+        // The action's own bound (the same deadline, started a moment later) may fire first:
+        // either way the write waited for the table's description.
+        match tokio::time::timeout_at(deadline, self.refresh()).await {
+            Ok(Err(ClientError::Timeout { .. })) | Err(_) => {
+                Err(self.timed_out("table description", &self.client.address()))
+            }
+            Ok(done) => done,
+        }
     }
 
     async fn refresh(&mut self) -> ClientResult<()> {
@@ -182,9 +187,13 @@ impl TableWriter {
             self.refresh_within(deadline).await?;
         }
         if self.idempotent && self.writer.is_none() {
-            let writer = tokio::time::timeout_at(deadline, self.client.allocate_writer())
-                .await
-                .unwrap_or_else(|_| Err(self.timed_out("writer id", &self.client.address())))?;
+            let writer =
+                match tokio::time::timeout_at(deadline, self.client.allocate_writer()).await {
+                    Ok(Err(ClientError::Timeout { .. })) | Err(_) => {
+                        Err(self.timed_out("writer id", &self.client.address()))
+                    }
+                    Ok(done) => done,
+                }?;
             self.writer = Some(writer);
         }
         let parts = self.route(batch)?;

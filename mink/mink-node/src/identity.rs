@@ -47,9 +47,89 @@ async fn cluster_id(sink: &Sink) -> NodeResult<String> {
 /// Checks that `store` is this cluster's, marking it on the cluster's first start (and on the
 /// first start of a cluster from before the marker). Fails the start, naming why, when the
 /// store is another cluster's, when the metadata says the store was marked but the marker is
-/// missing (a wrong `--object-store`, or a store emptied), or when the store cannot be read
-/// or written (a missing bucket, wrong credentials).
-pub(crate) async fn claim_store(sink: &Sink, store: &dyn ObjectStore) -> NodeResult<()> {
+/// missing (a wrong `--object-store`, or a store emptied), when the store cannot be read
+/// or written (a missing bucket, wrong credentials), and when it holds objects past the
+/// metadata's ids (see [`newer_objects`]; `claim` deletes them instead).
+pub(crate) async fn claim_store(
+    sink: &Sink,
+    store: &dyn ObjectStore,
+    object_prefix: &str,
+    claim: bool,
+) -> NodeResult<()> {
+    mark_store(sink, store).await?;
+    newer_objects(sink, store, object_prefix, claim).await
+}
+
+/// Refuses metadata that is older than the store: objects past every id it has allocated are
+/// another copy's (a backup restored while the cluster went on writing, or the original
+/// brought back after a restore), and this metadata would write over them. With `claim` (the
+/// newer copy is gone for good) they are deleted instead: this metadata never knew them.
+async fn newer_objects(
+    sink: &Sink,
+    store: &dyn ObjectStore,
+    object_prefix: &str,
+    claim: bool,
+) -> NodeResult<()> {
+    use futures::{StreamExt as _, TryStreamExt as _};
+    let unavailable = |e: object_store::Error| {
+        NodeError::Unavailable(format!("the object store cannot be listed: {e}"))
+    };
+    let known = sink.view().state.counters.next_object_id;
+    let prefix = Path::from(object_prefix);
+    let after = s3stream::object_path(object_prefix, known.saturating_sub(1));
+    let listed: Vec<u64> = store
+        .list_with_offset(Some(&prefix), &after)
+        .map_ok(|m| s3stream::object_id_of(&m.location))
+        .try_collect::<Vec<_>>()
+        .await
+        .map_err(unavailable)?
+        .into_iter()
+        .flatten()
+        .collect();
+    if listed.is_empty() {
+        return Ok(());
+    }
+    // Other nodes of this cluster prepare ids and write objects meanwhile: what was listed
+    // was prepared before the log's end now.
+    let next = sink.catch_up().await?.state.counters.next_object_id;
+    let newer: Vec<u64> = listed.into_iter().filter(|id| *id >= next).collect();
+    let Some(first) = newer.first() else {
+        return Ok(());
+    };
+    if !claim {
+        return Err(NodeError::Invalid(format!(
+            "the object store holds {} objects past every id this metadata has allocated (object \
+             {first}; its next id is {next}): this metadata is older than the store (restored \
+             from a backup while the cluster went on writing, or a copy brought back after a \
+             restore), and would write over them. If this metadata is the cluster's from now on \
+             and the newer copy is gone for good, start one node once with \
+             --claim-object-store: it deletes those objects (what was written after this \
+             metadata's time is lost)",
+            newer.len()
+        )));
+    }
+    tracing::warn!(
+        objects = newer.len(),
+        first,
+        next,
+        "claiming the object store: deleting the objects past this metadata's ids"
+    );
+    let paths: Vec<object_store::Result<Path>> = newer
+        .iter()
+        .map(|id| Ok(s3stream::object_path(object_prefix, *id)))
+        .collect();
+    let mut deleted = store.delete_stream(futures::stream::iter(paths).boxed());
+    while let Some(r) = deleted.next().await {
+        match r {
+            Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(unavailable(e)),
+        }
+    }
+    Ok(())
+}
+
+/// The marker part of [`claim_store`].
+async fn mark_store(sink: &Sink, store: &dyn ObjectStore) -> NodeResult<()> {
     let id = cluster_id(sink).await?;
     let path = Path::from(MARKER);
     let unavailable = |e: object_store::Error| {

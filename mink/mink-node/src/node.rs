@@ -51,6 +51,9 @@ pub struct NodeConfig {
     /// Faults injected into every request this node makes to the object store (tests: a slow
     /// or paused store under the real one); `None` in service.
     pub object_faults: Option<Arc<s3stream::store::ObjectFaults>>,
+    /// Start even though the object store holds objects past this metadata's ids, deleting
+    /// them (a metadata database restored from a backup, the newer one gone for good).
+    pub claim_object_store: bool,
     /// How long a group's committed offsets outlive its last commit (Kafka's
     /// `offsets.retention.minutes`, 7 days); the coordinator drops them after.
     pub group_offsets_retention: Duration,
@@ -95,6 +98,7 @@ impl NodeConfig {
             object_faults: None,
             group_offsets_retention: Duration::from_secs(7 * 24 * 3600),
             group_offsets_check_interval: Duration::from_secs(60),
+            claim_object_store: false,
         }
     }
 }
@@ -414,7 +418,13 @@ impl Node {
         sink_config.lease_ttl = config.lease_ttl;
         sink_config.clock = Arc::clone(&config.clock);
         let sink = Sink::start(meta, sink_config).await?;
-        if let Err(e) = crate::identity::claim_store(&sink, store.as_ref()).await {
+        let claimed = crate::identity::claim_store(
+            &sink,
+            store.as_ref(),
+            &config.engine.object_prefix,
+            config.claim_object_store,
+        );
+        if let Err(e) = claimed.await {
             sink.shutdown().await;
             return Err(e);
         }

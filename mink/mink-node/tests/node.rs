@@ -1722,3 +1722,65 @@ async fn an_object_store_serves_one_cluster() {
     assert_eq!(again.list_databases(), ["app"]);
     again.shutdown().await;
 }
+
+/// Metadata restored from a backup while the cluster went on writing is older than its store:
+/// it would write new objects over the ids the newer copy used. It is refused, unless told to
+/// claim the store, which deletes those objects (the newer copy is gone for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_older_than_its_store_is_refused_unless_it_claims_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(config(dir.path(), 1)).await.unwrap();
+    node.create_database("app", false).await.unwrap();
+    node.create_table(spec("events", 1)).await.unwrap();
+    node.write("app", "events", &batch(0..10), &WriteTarget::default())
+        .await
+        .unwrap();
+    node.shutdown().await;
+    drop(node);
+    // The backup: the database file with its log.
+    let backup = dir.path().join("backup.db");
+    for suffix in ["", "-wal"] {
+        let from = dir.path().join(format!("meta.db{suffix}"));
+        if from.exists() {
+            std::fs::copy(from, dir.path().join(format!("backup.db{suffix}"))).unwrap();
+        }
+    }
+    let restored = |claim: bool| {
+        let mut c = config(dir.path(), 1);
+        c.metadata_url = format!("sqlite://{}", backup.display());
+        c.claim_object_store = claim;
+        c
+    };
+    // The cluster goes on writing after the backup.
+    let node = Node::start(config(dir.path(), 1)).await.unwrap();
+    node.write("app", "events", &batch(10..20), &WriteTarget::default())
+        .await
+        .unwrap();
+    node.shutdown().await;
+    drop(node);
+    let Err(refused) = Node::start(restored(false)).await else {
+        panic!("metadata older than its store is refused")
+    };
+    assert!(
+        refused
+            .to_string()
+            .contains("past every id this metadata has allocated"),
+        "{refused}"
+    );
+    let node = Node::start(restored(true)).await.unwrap();
+    assert_eq!(
+        read_bucket(&node, "events", 0).await,
+        (0..10).collect::<Vec<_>>()
+    );
+    node.write("app", "events", &batch(20..30), &WriteTarget::default())
+        .await
+        .unwrap();
+    node.shutdown().await;
+    drop(node);
+    // Claimed: later starts go on as usual.
+    let node = Node::start(restored(false)).await.unwrap();
+    let mut rows = read_bucket(&node, "events", 0).await;
+    rows.sort_unstable();
+    assert_eq!(rows, (0..10).chain(20..30).collect::<Vec<_>>());
+    node.shutdown().await;
+}
