@@ -101,8 +101,23 @@ async fn check_kafka(config: &config::Config) -> anyhow::Result<()> {
         c.set(k, v);
     }
     let consumer: BaseConsumer = c.create().context("a Kafka client")?;
-    tokio::task::block_in_place(|| consumer.fetch_metadata(None, Duration::from_secs(10)))
-        .with_context(|| format!("cannot reach Kafka at {}", config.kafka.bootstrap))?;
+    let metadata =
+        tokio::task::block_in_place(|| consumer.fetch_metadata(None, Duration::from_secs(10)))
+            .with_context(|| format!("cannot reach Kafka at {}", config.kafka.bootstrap))?;
+    // A source topic that is not there would fail the first fetch, after its tables exist.
+    for s in &config.sources {
+        let found = metadata
+            .topics()
+            .iter()
+            .any(|t| t.name() == s.topic && t.error().is_none() && !t.partitions().is_empty());
+        anyhow::ensure!(
+            found,
+            "source {}: Kafka at {} has no topic {:?}",
+            s.topic,
+            config.kafka.bootstrap,
+            s.topic
+        );
+    }
     Ok(())
 }
 
@@ -190,9 +205,17 @@ async fn status(config: &config::Config) -> anyhow::Result<()> {
             let partitions: Vec<i32> = metadata
                 .topics()
                 .iter()
-                .filter(|t| t.name() == s.topic)
+                .filter(|t| t.name() == s.topic && t.error().is_none())
                 .flat_map(|t| t.partitions().iter().map(|p| p.id()))
                 .collect();
+            // No lag to report for a topic that is not there: say so, and fail.
+            anyhow::ensure!(
+                !partitions.is_empty(),
+                "source {}: Kafka at {} has no topic {:?}",
+                s.topic,
+                config.kafka.bootstrap,
+                s.topic
+            );
             let keys: Vec<(String, i32)> =
                 partitions.iter().map(|p| (s.topic.clone(), *p)).collect();
             let stored = if has_state(&client, &config.state_table()).await? {

@@ -66,7 +66,9 @@ topic = "customers"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_before_a_run_and_into_a_closed_pipe() {
     let dir = tempfile::tempdir().unwrap();
-    let (s, _) = serve_with_raw_tables(dir.path(), &[("shop", "customers")]).await;
+    // Topic `orders` is the node's raw log table kafka.orders.
+    let (s, _) =
+        serve_with_raw_tables(dir.path(), &[("shop", "customers"), ("kafka", "orders")]).await;
     let config = write_config(dir.path(), &s.flight, &s.kafka);
 
     // No run has stored state: said, and the table shown from where a run would start.
@@ -133,6 +135,26 @@ async fn run_checks_kafka_before_it_creates_anything() {
         Some(mink_client::ErrorCode::NotFound),
         "the raw table was created: {e}"
     );
+    // A Kafka that answers but lacks a source's topic: the same, naming the topic (the
+    // first fetch failed after the tables were made). Status says so too, not "lag 0".
+    let config = write_config(dir.path(), &s.flight, &s.kafka);
+    for command in ["run", "status"] {
+        let out = connect(&[command, "--config", &config])
+            .output()
+            .await
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.code() == Some(1)
+                && stderr.contains(&format!(
+                    "Error: source orders: Kafka at {} has no topic \"orders\"",
+                    s.kafka
+                )),
+            "{command}: {stderr}"
+        );
+    }
+    let e = client.describe_table("shop", "orders").await.unwrap_err();
+    assert_eq!(e.code(), Some(mink_client::ErrorCode::NotFound), "{e}");
     s.stop().await;
 }
 
