@@ -193,6 +193,9 @@ async fn prepare(client: &Client, config: &Config) -> anyhow::Result<()> {
                         true,
                     )
                     .await?;
+                same_columns(client, &s.table, &mink_log::raw::schema())
+                    .await
+                    .with_context(|| format!("source {}: a raw source's table", s.topic))?;
             }
             Format::Json => {
                 client
@@ -214,9 +217,42 @@ async fn prepare(client: &Client, config: &Config) -> anyhow::Result<()> {
                     true,
                 )
                 .await?;
+            same_columns(client, d, &dead_letter_schema())
+                .await
+                .with_context(|| format!("source {}: its dead_letter table", s.topic))?;
         }
     }
     Ok(())
+}
+
+/// Fails unless `table` (created here, or there already) has `schema`'s columns: one made
+/// for something else failed the first write, naming no table, after rows were written.
+async fn same_columns(client: &Client, table: &str, schema: &Schema) -> anyhow::Result<()> {
+    let (database, name) = table_name(table)?;
+    let d = client.describe_table(&database, &name).await?;
+    let have = d.arrow_schema().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let columns = |s: &Schema| -> Vec<(String, DataType)> {
+        s.fields()
+            .iter()
+            .map(|f| (f.name().clone(), f.data_type().clone()))
+            .collect()
+    };
+    anyhow::ensure!(
+        columns(&have) == columns(schema),
+        "{table} exists with other columns ({}) than the ones written to it ({})",
+        describe(&have),
+        describe(schema)
+    );
+    Ok(())
+}
+
+fn describe(schema: &Schema) -> String {
+    schema
+        .fields()
+        .iter()
+        .map(|f| format!("{} {}", f.name(), f.data_type()))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// One source partition being copied.

@@ -230,3 +230,44 @@ async fn sigterm_stops_a_running_connector_cleanly() {
     );
     s.stop().await;
 }
+
+/// A raw source's table that exists with other columns (a typed table named by mistake) is
+/// refused at start, naming the table: it failed the first write, naming none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raw_source_into_a_typed_table_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, client) =
+        serve_with_raw_tables(dir.path(), &[("kafka", "orders"), ("shop", "customers")]).await;
+    client
+        .create_table(
+            "shop",
+            "orders",
+            &arrow::datatypes::Schema::new(vec![arrow::datatypes::Field::new(
+                "id",
+                arrow::datatypes::DataType::Int64,
+                false,
+            )]),
+            Vec::<(String, String)>::new(),
+            &[],
+            false,
+        )
+        .await
+        .unwrap();
+    let config = write_config(dir.path(), &s.flight, &s.kafka);
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        connect(&["run", "--config", &config]).output(),
+    )
+    .await
+    .expect("run gave up within 60 s")
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.code() == Some(1)
+            && stderr.contains(
+                "Error: source orders: a raw source's table: shop.orders exists with other columns (id Int64)"
+            ),
+        "{stderr}"
+    );
+    s.stop().await;
+}
