@@ -99,21 +99,33 @@ fn every_deploy_file_passes_check_config() {
         );
         eprintln!("{source}: {}", stdout.lines().next().unwrap_or_default());
     }
+    // `mink node --check-config` with only these variables set.
+    let check = |vars: &[(&str, &str)]| {
+        let out = Command::new(MINK)
+            .args(["node", "--check-config", "--node-id", "1"])
+            .env_clear()
+            .envs(vars.iter().copied())
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
     // A node whose settings are wrong is refused with what to fix, before it starts.
-    let bad = Command::new(MINK)
-        .args(["node", "--check-config", "--node-id", "1"])
-        .env_clear()
-        .env("MINK_METADATA", "mysql://db/mink")
-        .env("MINK_OBJECT_STORE", "/tmp/x")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&bad.stderr);
-    assert!(
-        !bad.status.success() && stderr.contains("expected postgres://"),
-        "{stderr}"
-    );
+    let (ok, _, stderr) = check(&[
+        ("MINK_METADATA", "mysql://db/mink"),
+        ("MINK_OBJECT_STORE", "/tmp/x"),
+    ]);
+    assert!(!ok && stderr.contains("expected postgres://"), "{stderr}");
     // Settings a node would start with and then serve nothing (every request over a 0-byte
     // limit, an address nobody can dial, two listeners on one port) are refused too.
+    let base = [
+        ("MINK_METADATA", "sqlite:///tmp/m.db"),
+        ("MINK_OBJECT_STORE", "/tmp/x"),
+        ("MINK_LISTEN", "127.0.0.1:7171"),
+    ];
     for (variable, value, why) in [
         ("MINK_MAX_MESSAGE_BYTES", "0", "no request gets through"),
         (
@@ -129,36 +141,22 @@ fn every_deploy_file_passes_check_config() {
         ("MINK_KV_SNAPSHOT_INTERVAL_S", "0", "at least 1"),
         ("MINK_OTLP_ENDPOINT", "foo", "expected an OTLP/gRPC URL"),
     ] {
-        let bad = Command::new(MINK)
-            .args(["node", "--check-config", "--node-id", "1"])
-            .env_clear()
-            .env("MINK_METADATA", "sqlite:///tmp/m.db")
-            .env("MINK_OBJECT_STORE", "/tmp/x")
-            .env("MINK_LISTEN", "127.0.0.1:7171")
-            .env(variable, value)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&bad.stderr);
-        assert!(
-            !bad.status.success() && stderr.contains(why),
-            "{variable}={value}: {stderr}"
-        );
+        let (ok, _, stderr) = check(&[base.as_slice(), &[(variable, value)]].concat());
+        assert!(!ok && stderr.contains(why), "{variable}={value}: {stderr}");
     }
     // What it accepts, it prints: every setting given.
-    let good = Command::new(MINK)
-        .args(["node", "--check-config", "--node-id", "1"])
-        .env_clear()
-        .env("MINK_METADATA", "sqlite:///tmp/m.db")
-        .env("MINK_OBJECT_STORE", "/tmp/x")
-        .env("MINK_LISTEN", "127.0.0.1:7171")
-        .env("MINK_KAFKA_LISTEN", "127.0.0.1:9092")
-        .env("MINK_LEASE_TTL_MS", "5000")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&good.stdout);
+    let (ok, stdout, _) = check(
+        &[
+            base.as_slice(),
+            &[
+                ("MINK_KAFKA_LISTEN", "127.0.0.1:9092"),
+                ("MINK_LEASE_TTL_MS", "5000"),
+            ],
+        ]
+        .concat(),
+    );
     assert!(
-        good.status.success()
-            && stdout.contains("  kafka-listen: 127.0.0.1:9092\n")
+        ok && stdout.contains("  kafka-listen: 127.0.0.1:9092\n")
             && stdout.contains("  lease-ttl-ms: 5000\n"),
         "{stdout}"
     );
