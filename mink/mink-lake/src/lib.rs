@@ -188,11 +188,26 @@ impl Lake {
         columns: &ArrowSchema,
         partition_keys: &[String],
     ) -> LakeResult<Table> {
+        self.create_keyed_table(database, table, columns, partition_keys, &[])
+            .await
+    }
+
+    /// [`Lake::create_table`] of a primary-key table: its key columns are the Iceberg
+    /// schema's identifier fields, which Iceberg's upserting writers and readers (Flink,
+    /// Spark MERGE, pyiceberg's upsert) take as the row key.
+    pub async fn create_keyed_table(
+        &self,
+        database: &str,
+        table: &str,
+        columns: &ArrowSchema,
+        partition_keys: &[String],
+        primary_key: &[String],
+    ) -> LakeResult<Table> {
         let ident = Self::ident(database, table)?;
         if self.catalog.table_exists(&ident).await? {
             return Err(LakeError::AlreadyExists(format!("{database}.{table}")));
         }
-        let schema = table::lake_schema(columns)?;
+        let schema = table::with_identifier_fields(table::lake_schema(columns)?, primary_key)?;
         let spec = table::lake_partition_spec(&schema, partition_keys)?;
         let namespace = ident.namespace().clone();
         if !self.catalog.namespace_exists(&namespace).await? {
@@ -221,11 +236,12 @@ impl Lake {
         table: &str,
         columns: &ArrowSchema,
         partition_keys: &[String],
+        primary_key: &[String],
         owner: Option<&str>,
     ) -> LakeResult<Table> {
         match self.attach_table(database, table, columns, owner).await {
             Err(LakeError::NotFound(_)) => {
-                self.create_table(database, table, columns, partition_keys)
+                self.create_keyed_table(database, table, columns, partition_keys, primary_key)
                     .await
             }
             other => other,

@@ -155,6 +155,30 @@ pub fn lake_schema(columns: &ArrowSchema) -> LakeResult<Schema> {
         .map_err(|e| LakeError::Iceberg(e.to_string()))
 }
 
+/// `schema` with `primary_key`'s columns as its identifier fields (none for a log table). Iceberg
+/// takes only required primitive columns other than floats as identifiers: a key with another
+/// column (a float) is left without them.
+pub fn with_identifier_fields(schema: Schema, primary_key: &[String]) -> LakeResult<Schema> {
+    use iceberg::spec::PrimitiveType as P;
+    let ids: Option<Vec<i32>> = primary_key
+        .iter()
+        .map(|c| {
+            let f = schema.field_by_name(c)?;
+            let fits = f.required
+                && matches!(&*f.field_type, Type::Primitive(p) if !matches!(p, P::Float | P::Double));
+            fits.then_some(f.id)
+        })
+        .collect();
+    match ids {
+        Some(ids) if !ids.is_empty() => schema
+            .into_builder()
+            .with_identifier_field_ids(ids)
+            .build()
+            .map_err(|e| LakeError::Iceberg(e.to_string())),
+        _ => Ok(schema),
+    }
+}
+
 /// Identity partitioning on `partition_keys` (columns of `schema`), as the Mink table's.
 pub fn lake_partition_spec(
     schema: &Schema,

@@ -119,7 +119,7 @@ async fn a_dropped_partition_leaves_the_lake_and_a_dropped_table_its_catalog() {
 
     // An Iceberg table with an earlier table's offsets is not attached to a new table...
     let refused = l
-        .ensure_table("app", "visits", &columns(), &["day".into()], None)
+        .ensure_table("app", "visits", &columns(), &["day".into()], &[], None)
         .await;
     assert!(matches!(refused, Err(LakeError::Stale(_))), "{refused:?}");
     // ...until it is dropped.
@@ -129,7 +129,7 @@ async fn a_dropped_partition_leaves_the_lake_and_a_dropped_table_its_catalog() {
         Err(LakeError::NotFound(_))
     ));
     assert!(!l.drop_table("app", "visits").await.unwrap());
-    l.ensure_table("app", "visits", &columns(), &["day".into()], None)
+    l.ensure_table("app", "visits", &columns(), &["day".into()], &[], None)
         .await
         .unwrap();
     assert!(ids(&l).await.is_empty());

@@ -397,6 +397,7 @@ impl Node {
                     &spec.name,
                     schema,
                     &spec.partition_keys,
+                    &spec.primary_key,
                     None,
                 )
                 .await?;
@@ -516,6 +517,7 @@ impl Node {
                     table,
                     &schema,
                     &record.partition_keys,
+                    &record.primary_key,
                     Some(&lake_owner(&record)),
                 )
                 .await?;

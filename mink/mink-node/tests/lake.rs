@@ -1111,6 +1111,19 @@ async fn the_lake_of_a_primary_key_table_can_be_enabled_later() {
     .await
     .unwrap();
     assert!(tier(&node, "users").await);
+    // The key is the Iceberg schema's identifier field, as upserting engines read it.
+    let lake_table = node
+        .lake()
+        .await
+        .unwrap()
+        .load_table("app", "users")
+        .await
+        .unwrap();
+    let lake_schema = lake_table.metadata().current_schema();
+    assert_eq!(
+        lake_schema.identifier_field_ids().collect::<Vec<_>>(),
+        [lake_schema.field_by_name("id").unwrap().id]
+    );
     let want = kv_state(&node).await;
     assert_eq!(want.len(), 45);
     assert_eq!(users_from(&node, mink_node::ReadSource::Lake).await, want);
