@@ -652,8 +652,11 @@ fn moves(obs: &Observation<'_>, even_out: bool) -> Vec<Step> {
         uneven.sort_by(|x, y| y.0.cmp(&x.0).then((x.1, x.2, x.3).cmp(&(y.1, y.2, y.3))));
         let mut moved = false;
         for (_, g, a, b) in uneven {
-            let keys = &owned[&a];
-            let Some(at) = (0..keys.len()).rev().find(|&i| (keys[i].0, keys[i].1) == g) else {
+            // A node counted with buckets moving to it (or moved to it above) may own none.
+            let Some(at) = owned
+                .get(&a)
+                .and_then(|keys| (0..keys.len()).rev().find(|&i| (keys[i].0, keys[i].1) == g))
+            else {
                 continue;
             };
             let mut after = candidates.clone();

@@ -609,6 +609,36 @@ fn a_rebalance_spreads_each_table_over_the_nodes() {
     t.finish("rebalance_per_table");
 }
 
+/// Buckets moving to a node count toward its load but are not its to move: a plan that
+/// empties what it owns must not then look there for a table's bucket (it panicked).
+#[test]
+fn a_rebalance_counts_buckets_under_way_but_moves_only_owned_ones() {
+    let mut c = Cluster::nodes(3);
+    c.table(1, 2, &[1]);
+    c.table(2, 5, &[2]);
+    c.table(3, 2, &[2]);
+    let moving: Vec<u64> = c
+        .state
+        .buckets
+        .iter()
+        .filter(|(k, _)| k.0 == 2)
+        .map(|(_, b)| b.stream_id)
+        .collect();
+    for id in moving {
+        let s = c.stream(id);
+        s.placement_node_id = 2;
+        s.transfer_to_node_id = 1;
+    }
+    let steps = planner::plan_rebalance(&c.observe(true));
+    let moved = transfers(&steps);
+    assert!(
+        moved
+            .iter()
+            .all(|(b, _, why)| b.0 == 1 && matches!(why, Why::Rebalance { from: 1 })),
+        "{moved:?}"
+    );
+}
+
 #[test]
 fn a_move_that_cannot_finish_is_forced_or_cancelled() {
     let mut c = Cluster::nodes(3);
