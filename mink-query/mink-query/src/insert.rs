@@ -322,7 +322,7 @@ fn check(column: &str, value: &Expr, from: &DataType, to: &DataType) -> Result<(
     let shown = literal.map_or_else(|| value.to_string(), show);
     if fractional && to.is_integer() {
         return Err(DataFusionError::Plan(format!(
-            "column {column} is {to} and {shown} is {from}: a value of another type is refused, not truncated (CAST it to {to} to truncate)"
+            "column {column} is {to} and {shown} is {from}: a value of another type is refused, not truncated (INSERT ... SELECT CAST(value AS {to}) truncates)"
         )));
     }
     let Some(v) = literal else {
@@ -342,7 +342,7 @@ fn check(column: &str, value: &Expr, from: &DataType, to: &DataType) -> Result<(
         // More decimal places than the column keeps (1.23456 into a DECIMAL(12, 3)): refused,
         // as `mink produce` and a bound parameter refuse it, not rounded.
         Ok(cast) if !exactly(v, &cast) => Err(DataFusionError::Plan(format!(
-            "column {column} is {to}, and {shown} is not exactly a value of it: it is refused, not rounded (CAST it to {to} to round)"
+            "column {column} is {to}, and {shown} is not exactly a value of it: it is refused, not rounded (INSERT ... SELECT CAST(value AS {to}) rounds)"
         ))),
         Ok(_) => Ok(()),
     }

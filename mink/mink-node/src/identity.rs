@@ -56,8 +56,12 @@ pub(crate) async fn claim_store(
     object_prefix: &str,
     claim: bool,
 ) -> NodeResult<()> {
-    mark_store(sink, store).await?;
-    newer_objects(sink, store, object_prefix, claim).await
+    let id = cluster_id(sink).await?;
+    // Nothing is written before both checks pass: a stray node (an empty --metadata against
+    // the real bucket) must not mark the store as its own.
+    let marked = check_marker(sink, store, &id).await?;
+    newer_objects(sink, store, object_prefix, claim).await?;
+    mark_store(sink, store, &id, marked).await
 }
 
 /// Refuses metadata that is older than the store: objects past every id it has allocated are
@@ -96,7 +100,24 @@ async fn newer_objects(
     let Some(first) = newer.first() else {
         return Ok(());
     };
-    if !claim {
+    if claim {
+        // Deleting is safe only while no other node of this metadata writes: a running one
+        // takes ids from this very next id and would lose what it PUTs to the deletes.
+        let me = sink.node().node_id;
+        let live: Vec<u64> = sink
+            .node_rows()
+            .await?
+            .iter()
+            .filter(|r| r.node_id != me && !r.stopped_cleanly() && sink.is_live(r))
+            .map(|r| r.node_id)
+            .collect();
+        if !live.is_empty() {
+            return Err(NodeError::Invalid(format!(
+                "--claim-object-store deletes the objects past this metadata's ids: start it on \
+                 one node while every other node of the cluster is stopped (live now: {live:?})"
+            )));
+        }
+    } else {
         return Err(NodeError::Invalid(format!(
             "the object store holds {} objects past every id this metadata has allocated (object \
              {first}; its next id is {next}): this metadata is older than the store (restored \
@@ -128,16 +149,11 @@ async fn newer_objects(
     Ok(())
 }
 
-/// The marker part of [`claim_store`].
-async fn mark_store(sink: &Sink, store: &dyn ObjectStore) -> NodeResult<()> {
-    let id = cluster_id(sink).await?;
-    let path = Path::from(MARKER);
-    let unavailable = |e: object_store::Error| {
-        NodeError::Unavailable(format!("the object store cannot be used: {e}"))
-    };
-    let read = async || match store.get(&path).await {
+/// The cluster's marker in `store`: its cluster id, or `None` when there is none.
+async fn read_marker(store: &dyn ObjectStore) -> NodeResult<Option<String>> {
+    match store.get(&Path::from(MARKER)).await {
         Ok(r) => {
-            let bytes = r.bytes().await.map_err(unavailable)?;
+            let bytes = r.bytes().await.map_err(unusable)?;
             let text = String::from_utf8_lossy(&bytes);
             let found = text.trim().strip_prefix(MARKER_TEXT).ok_or_else(|| {
                 NodeError::Invalid(format!("the object store's {MARKER} is not Mink's"))
@@ -145,44 +161,75 @@ async fn mark_store(sink: &Sink, store: &dyn ObjectStore) -> NodeResult<()> {
             Ok(Some(found.to_string()))
         }
         Err(object_store::Error::NotFound { .. }) => Ok(None),
-        Err(e) => Err(unavailable(e)),
-    };
-    let other = |other: &str| {
-        NodeError::Invalid(format!(
-            "the object store belongs to another Mink cluster ({other}; this metadata is cluster {id}): \
-             object ids would collide, so each cluster needs a bucket or prefix of its own"
-        ))
-    };
-    match read().await? {
-        Some(found) if found == id => return Ok(()),
-        Some(found) => return Err(other(&found)),
-        None if sink.view().state.kv.contains_key(STORE_MARKED) => {
-            return Err(NodeError::Invalid(format!(
-                "the object store is not this cluster's: it lacks the {MARKER} object this \
-                 cluster {id} wrote there (a wrong --object-store, or a store emptied)"
-            )));
-        }
-        None => {}
+        Err(e) => Err(unusable(e)),
     }
-    let marker = format!("{MARKER_TEXT}{id}\n").into_bytes();
-    store
-        .put(&path, PutPayload::from(marker))
-        .await
-        .map_err(unavailable)?;
-    // Two clusters marking one store at once: the last one's marker stands.
-    match read().await? {
-        Some(found) if found == id => {}
-        Some(found) => return Err(other(&found)),
-        None => {
-            return Err(NodeError::Unavailable(format!(
-                "the object store lost {MARKER}"
-            )));
+}
+
+fn unusable(e: impl std::fmt::Display) -> NodeError {
+    NodeError::Unavailable(format!("the object store cannot be used: {e}"))
+}
+
+fn another_cluster(found: &str, id: &str) -> NodeError {
+    NodeError::Invalid(format!(
+        "the object store belongs to another Mink cluster ({found}; this metadata is cluster {id}): \
+         object ids would collide, so each cluster needs a bucket or prefix of its own"
+    ))
+}
+
+/// Checks the marker without writing anything: `true` when the store holds this cluster's.
+async fn check_marker(sink: &Sink, store: &dyn ObjectStore, id: &str) -> NodeResult<bool> {
+    match read_marker(store).await? {
+        Some(found) if found == id => Ok(true),
+        Some(found) => Err(another_cluster(&found, id)),
+        None if sink.view().state.kv.contains_key(STORE_MARKED) => {
+            Err(NodeError::Invalid(format!(
+                "the object store is not this cluster's: it lacks the {MARKER} object this \
+             cluster {id} wrote there (a wrong --object-store, or a store emptied)"
+            )))
         }
+        None => Ok(false),
+    }
+}
+
+/// Writes the marker, unless another cluster's came first (a create, where the store can
+/// create only when absent), and records in the metadata that the store is marked.
+async fn mark_store(
+    sink: &Sink,
+    store: &dyn ObjectStore,
+    id: &str,
+    marked: bool,
+) -> NodeResult<()> {
+    if !marked {
+        let path = Path::from(MARKER);
+        let marker = PutPayload::from(format!("{MARKER_TEXT}{id}\n").into_bytes());
+        let create = object_store::PutOptions::from(object_store::PutMode::Create);
+        match store.put_opts(&path, marker.clone(), create).await {
+            Ok(_) | Err(object_store::Error::AlreadyExists { .. }) => {}
+            // A store without conditional writes: the last marker stands, read back below.
+            Err(object_store::Error::NotImplemented { .. }) => {
+                store.put(&path, marker).await.map_err(unusable)?;
+            }
+            Err(e) => return Err(unusable(e)),
+        }
+        match read_marker(store).await? {
+            Some(found) if found == id => {}
+            Some(found) => return Err(another_cluster(&found, id)),
+            None => {
+                return Err(NodeError::Unavailable(format!(
+                    "the object store lost {MARKER}"
+                )));
+            }
+        }
+    }
+    // Also when the marker was there already: a first start that failed after writing it
+    // left it unrecorded, and the check for a wrong store rests on the record.
+    if sink.view().state.kv.contains_key(STORE_MARKED) {
+        return Ok(());
     }
     let proposed = sink
         .propose(Command::PutKvIfAbsent(PutKvIfAbsent {
             key: STORE_MARKED.into(),
-            value: id.into_bytes(),
+            value: id.as_bytes().to_vec(),
         }))
         .await?;
     match proposed.result {
