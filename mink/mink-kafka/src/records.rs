@@ -404,7 +404,8 @@ pub fn json_rows(schema: &SchemaRef, records: &[Record]) -> Result<RecordBatch, 
 
 /// Rows of a typed table stored from `base_offset` on, appended to `out` as one record batch
 /// whose values are the rows as JSON objects (no key; nulls left out; durations as counts of
-/// their unit, which a produce takes back, as `mink scan -f json` writes them), each with its
+/// their unit and a float's NaN and infinities as "NaN", "inf" and "-inf", which a produce
+/// takes back, as `mink scan -f json` writes them), each with its
 /// stored batch's time (LogAppendTime).
 pub fn encode_json(
     batch: &RecordBatch,
@@ -413,7 +414,8 @@ pub fn encode_json(
     out: &mut BytesMut,
 ) -> Result<(), arrow::error::ArrowError> {
     let mut values = Vec::new();
-    let mut w = arrow::json::LineDelimitedWriter::new(&mut values);
+    let mut w = mink_log::export::json_writer_builder()
+        .build::<_, arrow::json::writer::LineDelimited>(&mut values);
     w.write(&mink_log::export::text_batch(batch)?)?;
     w.finish()?;
     let records: Vec<mink_log::raw::Record<'_>> = values

@@ -1969,7 +1969,8 @@ async fn records_are_stored_compressed_as_their_producer_sent_them() {
 /// null keys, values and header values included, decoded by kafka-protocol's decoder; two
 /// batches back to back decode one after the other.
 /// A typed table's rows fetch as JSON objects as `mink scan -f json` writes them: a duration
-/// as its count (it was "PT1.5S", which a produce refuses), nulls left out.
+/// as its count (it was "PT1.5S", which a produce refuses), a NaN as "NaN" (it was null),
+/// nulls left out.
 #[test]
 fn typed_rows_fetch_durations_as_counts() {
     use kafka_protocol::records::RecordBatchDecoder;
@@ -1980,6 +1981,7 @@ fn typed_rows_fetch_durations_as_counts() {
             DataType::Duration(arrow::datatypes::TimeUnit::Millisecond),
             true,
         ),
+        Field::new("f", DataType::Float64, true),
     ]));
     let rows = arrow::array::RecordBatch::try_new(
         schema,
@@ -1989,6 +1991,7 @@ fn typed_rows_fetch_durations_as_counts() {
                 Some(1500),
                 None,
             ])),
+            std::sync::Arc::new(arrow::array::Float64Array::from(vec![None, Some(f64::NAN)])),
         ],
     )
     .unwrap();
@@ -2001,7 +2004,7 @@ fn typed_rows_fetch_durations_as_counts() {
         .iter()
         .map(|r| String::from_utf8(r.value.as_deref().unwrap().to_vec()).unwrap())
         .collect();
-    assert_eq!(values, [r#"{"id":1,"dur":1500}"#, r#"{"id":2}"#]);
+    assert_eq!(values, [r#"{"id":1,"dur":1500}"#, r#"{"id":2,"f":"NaN"}"#]);
 }
 
 #[test]

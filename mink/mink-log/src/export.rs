@@ -107,17 +107,135 @@ pub fn json_lines(batch: &RecordBatch, out: &mut Vec<u8>) -> Result<(), ArrowErr
     w.finish()
 }
 
-/// Arrow's JSON lines writer as Mink writes rows: every null written.
+/// Arrow's JSON lines writer as Mink writes rows: every null written, and a float's NaN and
+/// infinities as the strings `"NaN"`, `"inf"` and `"-inf"` ([`NonFiniteAsText`]).
 pub fn json_writer<W: std::io::Write>(
     out: W,
 ) -> arrow::json::Writer<W, arrow::json::writer::LineDelimited> {
-    arrow::json::WriterBuilder::new()
+    json_writer_builder()
         .with_explicit_nulls(true)
         .build::<_, arrow::json::writer::LineDelimited>(out)
 }
 
+/// Arrow's JSON writer with a float's NaN and infinities as text ([`NonFiniteAsText`]), nulls
+/// left out unless asked for.
+pub fn json_writer_builder() -> arrow::json::WriterBuilder {
+    arrow::json::WriterBuilder::new().with_encoder_factory(Arc::new(NonFiniteAsText))
+}
+
+/// JSON has no NaN or infinity: arrow writes them as `null`, so a row read as JSON (mink scan,
+/// a Kafka fetch of a typed topic, mink-connect's sink) and written back changed NaN into a
+/// null. They are written as the strings `"NaN"`, `"inf"` and `"-inf"`, which a JSON write of
+/// a float column reads back as those values, as CSV writes them; finite values as arrow does.
+#[derive(Debug)]
+struct NonFiniteAsText;
+
+static PLAIN: std::sync::LazyLock<arrow::json::writer::EncoderOptions> =
+    std::sync::LazyLock::new(Default::default);
+
+impl arrow::json::writer::EncoderFactory for NonFiniteAsText {
+    fn make_default_encoder<'a>(
+        &self,
+        field: &'a arrow::datatypes::FieldRef,
+        array: &'a dyn arrow::array::Array,
+        _: &'a arrow::json::writer::EncoderOptions,
+    ) -> Result<Option<arrow::json::writer::NullableEncoder<'a>>, ArrowError> {
+        use arrow::array::AsArray as _;
+        use arrow::datatypes::{Float16Type, Float32Type, Float64Type};
+        let value: Box<dyn Fn(usize) -> f64 + 'a> = match array.data_type() {
+            DataType::Float64 => {
+                let a = array.as_primitive::<Float64Type>();
+                Box::new(move |i| a.value(i))
+            }
+            DataType::Float32 => {
+                let a = array.as_primitive::<Float32Type>();
+                Box::new(move |i| f64::from(a.value(i)))
+            }
+            DataType::Float16 => {
+                let a = array.as_primitive::<Float16Type>();
+                Box::new(move |i| a.value(i).to_f64())
+            }
+            _ => return Ok(None),
+        };
+        // Arrow's own encoder for the finite values (no factory: this one is not asked again).
+        let finite = arrow::json::writer::make_encoder(field, array, &PLAIN)?;
+        Ok(Some(arrow::json::writer::NullableEncoder::new(
+            Box::new(NonFinite { value, finite }),
+            array.nulls().cloned(),
+        )))
+    }
+}
+
+struct NonFinite<'a> {
+    value: Box<dyn Fn(usize) -> f64 + 'a>,
+    finite: arrow::json::writer::NullableEncoder<'a>,
+}
+
+impl arrow::json::writer::Encoder for NonFinite<'_> {
+    fn encode(&mut self, idx: usize, out: &mut Vec<u8>) {
+        let v = (self.value)(idx);
+        if v.is_nan() {
+            out.extend_from_slice(b"\"NaN\"");
+        } else if v.is_infinite() {
+            out.extend_from_slice(if v > 0.0 { b"\"inf\"" } else { b"\"-inf\"" });
+        } else {
+            self.finite.encode(idx, out);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    /// NaN and the infinities are written as text a JSON write reads back (they were null),
+    /// finite values and nulls as before, in lists too.
+    #[test]
+    fn non_finite_floats_survive_json() {
+        use arrow::array::{AsArray as _, Float32Array, Float64Array};
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("f", DataType::Float64, true),
+            Field::new("g", DataType::Float32, true),
+        ]));
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![
+                Arc::new(Float64Array::from(vec![
+                    Some(f64::NAN),
+                    Some(f64::INFINITY),
+                    Some(f64::NEG_INFINITY),
+                    Some(2.5),
+                    None,
+                ])),
+                Arc::new(Float32Array::from(vec![
+                    Some(f32::NAN),
+                    Some(1.5),
+                    None,
+                    Some(f32::NEG_INFINITY),
+                    Some(1e20),
+                ])),
+            ],
+        )
+        .unwrap();
+        let mut out = Vec::new();
+        json_lines(&batch, &mut out).unwrap();
+        let text = String::from_utf8(out.clone()).unwrap();
+        assert_eq!(
+            text,
+            "{\"f\":\"NaN\",\"g\":\"NaN\"}\n{\"f\":\"inf\",\"g\":1.5}\n{\"f\":\"-inf\",\"g\":null}\n{\"f\":2.5,\"g\":\"-inf\"}\n{\"f\":null,\"g\":1.0e20}\n"
+        );
+        let mut decoder = arrow::json::ReaderBuilder::new(Arc::clone(&schema))
+            .build_decoder()
+            .unwrap();
+        decoder.decode(&out).unwrap();
+        let back = decoder.flush().unwrap().unwrap();
+        let f = back
+            .column(0)
+            .as_primitive::<arrow::datatypes::Float64Type>();
+        assert!(
+            f.value(0).is_nan() && f.value(1) == f64::INFINITY && f.value(2) == f64::NEG_INFINITY
+        );
+        assert_eq!((f.value(3), f.is_null(4)), (2.5, true));
+    }
+
     use arrow::array::{
         Array as _, Date64Array, Int64Array, ListArray, Time32SecondArray, TimestampSecondArray,
     };
