@@ -81,11 +81,7 @@ fn doubles(e: Expr, schema: &DFSchema) -> Transformed<Expr> {
             let (left, l) = as_double(*left);
             let (right, r) = as_double(*right);
             let e = Expr::BinaryExpr(BinaryExpr::new(Box::new(left), op, Box::new(right)));
-            if l || r {
-                Transformed::yes(e)
-            } else {
-                Transformed::no(e)
-            }
+            Transformed::new_transformed(e, l || r)
         }
         Expr::Between(b) if float(&b.expr) => {
             let (low, l) = as_double(*b.low);
@@ -96,11 +92,7 @@ fn doubles(e: Expr, schema: &DFSchema) -> Transformed<Expr> {
                 Box::new(low),
                 Box::new(high),
             ));
-            if l || h {
-                Transformed::yes(e)
-            } else {
-                Transformed::no(e)
-            }
+            Transformed::new_transformed(e, l || h)
         }
         Expr::InList(l) if float(&l.expr) => {
             let mut any = false;
@@ -114,11 +106,7 @@ fn doubles(e: Expr, schema: &DFSchema) -> Transformed<Expr> {
                 })
                 .collect();
             let e = Expr::InList(InList::new(l.expr, list, l.negated));
-            if any {
-                Transformed::yes(e)
-            } else {
-                Transformed::no(e)
-            }
+            Transformed::new_transformed(e, any)
         }
         e => Transformed::no(e),
     }

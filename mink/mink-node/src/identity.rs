@@ -22,24 +22,23 @@ pub(crate) const MARKER: &str = "mink-cluster";
 /// What the marker holds: this line, then the cluster's id.
 const MARKER_TEXT: &str = "mink cluster ";
 
-/// The cluster's id, chosen by the first node of the cluster to ask.
-async fn cluster_id(sink: &Sink) -> NodeResult<String> {
-    if let Some(r) = sink.view().state.kv.get(CLUSTER_ID) {
+/// The value of metadata KV `key`: the one there, or else `value`, written (the first node
+/// to write one wins).
+async fn put_once(sink: &Sink, key: &str, value: &str) -> NodeResult<String> {
+    if let Some(r) = sink.view().state.kv.get(key) {
         return Ok(String::from_utf8_lossy(&r.value).into_owned());
     }
-    let mine = uuid::Uuid::now_v7().to_string();
     let proposed = sink
         .propose(Command::PutKvIfAbsent(PutKvIfAbsent {
-            key: CLUSTER_ID.into(),
-            value: mine.clone().into_bytes(),
+            key: key.into(),
+            value: value.as_bytes().to_vec(),
         }))
         .await?;
     match proposed.result {
-        Ok(_) => Ok(mine),
-        // Another node chose it first.
+        Ok(_) => Ok(value.to_string()),
         Err(r) => match &r.value {
             Some(v) => Ok(String::from_utf8_lossy(v).into_owned()),
-            None => Err(NodeError::Failed(format!("the cluster id: {r}"))),
+            None => Err(NodeError::Failed(format!("metadata {key}: {r}"))),
         },
     }
 }
@@ -56,7 +55,8 @@ pub(crate) async fn claim_store(
     object_prefix: &str,
     claim: bool,
 ) -> NodeResult<()> {
-    let id = cluster_id(sink).await?;
+    // The cluster's id, chosen by the first node of the cluster to ask.
+    let id = put_once(sink, CLUSTER_ID, &uuid::Uuid::now_v7().to_string()).await?;
     // Nothing is written before both checks pass: a stray node (an empty --metadata against
     // the real bucket) must not mark the store as its own.
     let marked = check_marker(sink, store, &id).await?;
@@ -75,9 +75,6 @@ async fn newer_objects(
     claim: bool,
 ) -> NodeResult<()> {
     use futures::{StreamExt as _, TryStreamExt as _};
-    let unavailable = |e: object_store::Error| {
-        NodeError::Unavailable(format!("the object store cannot be listed: {e}"))
-    };
     let known = sink.view().state.counters.next_object_id;
     let prefix = Path::from(object_prefix);
     let after = s3stream::object_path(object_prefix, known.saturating_sub(1));
@@ -86,7 +83,7 @@ async fn newer_objects(
         .map_ok(|m| s3stream::object_id_of(&m.location))
         .try_collect::<Vec<_>>()
         .await
-        .map_err(unavailable)?
+        .map_err(unusable)?
         .into_iter()
         .flatten()
         .collect();
@@ -143,7 +140,7 @@ async fn newer_objects(
     while let Some(r) = deleted.next().await {
         match r {
             Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
-            Err(e) => return Err(unavailable(e)),
+            Err(e) => return Err(unusable(e)),
         }
     }
     Ok(())
@@ -223,20 +220,5 @@ async fn mark_store(
     }
     // Also when the marker was there already: a first start that failed after writing it
     // left it unrecorded, and the check for a wrong store rests on the record.
-    if sink.view().state.kv.contains_key(STORE_MARKED) {
-        return Ok(());
-    }
-    let proposed = sink
-        .propose(Command::PutKvIfAbsent(PutKvIfAbsent {
-            key: STORE_MARKED.into(),
-            value: id.as_bytes().to_vec(),
-        }))
-        .await?;
-    match proposed.result {
-        Ok(_) => Ok(()),
-        Err(r) if r.kind() == mink_metadata::RejectionKind::AlreadyExists => Ok(()),
-        Err(r) => Err(NodeError::Failed(format!(
-            "recording the store's marker: {r}"
-        ))),
-    }
+    put_once(sink, STORE_MARKED, id).await.map(|_| ())
 }
