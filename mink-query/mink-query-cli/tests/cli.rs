@@ -102,16 +102,27 @@ fn mink_query(address: &str, args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// `mink_query` off the runtime's threads (it blocks on the child process).
+async fn query(address: &str, args: &[&str]) -> (bool, String, String) {
+    let address = address.to_string();
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        mink_query(&address, &args)
+    })
+    .await
+    .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn statements_from_the_command_line_and_files() {
     let dir = tempfile::tempdir().unwrap();
     let s = serve(dir.path()).await;
-    let a = s.address.clone();
-    let (ok, out, err) = tokio::task::spawn_blocking(move || {
-        mink_query(&a, &["-c", "SELECT id, name FROM app.people ORDER BY id"])
-    })
-    .await
-    .unwrap();
+    let (ok, out, err) = query(
+        &s.address,
+        &["-c", "SELECT id, name FROM app.people ORDER BY id"],
+    )
+    .await;
     assert!(ok, "{err}");
     assert_eq!(
         out,
@@ -123,166 +134,118 @@ async fn statements_from_the_command_line_and_files() {
         "-- two statements\nSELECT count(*) AS n\n  FROM app.people;\nSELECT name FROM app.people WHERE id = 3;\n",
     )
     .unwrap();
-    let a = s.address.clone();
-    let f = file.to_str().unwrap().to_string();
-    let (ok, out, err) =
-        tokio::task::spawn_blocking(move || mink_query(&a, &["--format", "csv", "-f", &f]))
-            .await
-            .unwrap();
+    let f = file.to_str().unwrap();
+    let (ok, out, err) = query(&s.address, &["--format", "csv", "-f", f]).await;
     assert!(ok, "{err}");
     assert_eq!(out, "n\n3\nname\ncid\n");
-    let a = s.address.clone();
-    let (ok, out, _) = tokio::task::spawn_blocking(move || {
-        mink_query(
-            &a,
-            &[
-                "--format",
-                "json",
-                "-c",
-                "SELECT id FROM app.people WHERE name IS NULL",
-            ],
-        )
-    })
-    .await
-    .unwrap();
+    let (ok, out, _) = query(
+        &s.address,
+        &[
+            "--format",
+            "json",
+            "-c",
+            "SELECT id FROM app.people WHERE name IS NULL",
+        ],
+    )
+    .await;
     assert!(ok);
     assert_eq!(out, "{\"id\":2}\n");
     // As `mink scan -f json` writes rows (and `mink produce` reads them): every null, and a
     // duration as its count (it was "PT1.5S", which nothing reads back).
-    let a = s.address.clone();
-    let (ok, out, err) = tokio::task::spawn_blocking(move || {
-        mink_query(
-            &a,
-            &[
-                "--format",
-                "json",
-                "-c",
-                "SELECT arrow_cast(1500, 'Duration(Millisecond)') AS d, map(['k'], [NULL]) AS m",
-            ],
-        )
-    })
-    .await
-    .unwrap();
+    let (ok, out, err) = query(
+        &s.address,
+        &[
+            "--format",
+            "json",
+            "-c",
+            "SELECT arrow_cast(1500, 'Duration(Millisecond)') AS d, map(['k'], [NULL]) AS m",
+        ],
+    )
+    .await;
     assert!(ok, "{err}");
     assert_eq!(out, "{\"d\":1500,\"m\":{\"k\":null}}\n");
     // The table format shows the first --max-rows rows and counts the rest; CSV writes all.
-    let a = s.address.clone();
-    let (ok, out, err) = tokio::task::spawn_blocking(move || {
-        mink_query(
-            &a,
-            &["--max-rows", "2", "-c", "SELECT value FROM range(1000000)"],
-        )
-    })
-    .await
-    .unwrap();
+    let (ok, out, err) = query(
+        &s.address,
+        &["--max-rows", "2", "-c", "SELECT value FROM range(1000000)"],
+    )
+    .await;
     assert!(ok, "{err}");
     assert_eq!(
         out,
         "+-------+\n| value |\n+-------+\n| 0     |\n| 1     |\n+-------+\n\
          (2 of 1000000 rows shown: --max-rows N shows more, 0 all; --format csv writes every row as it arrives)\n"
     );
-    let a = s.address.clone();
-    let (ok, out, err) = tokio::task::spawn_blocking(move || {
-        mink_query(
-            &a,
-            &[
-                "--format",
-                "csv",
-                "--max-rows",
-                "2",
-                "-c",
-                "SELECT value FROM range(100000)",
-            ],
-        )
-    })
-    .await
-    .unwrap();
+    let (ok, out, err) = query(
+        &s.address,
+        &[
+            "--format",
+            "csv",
+            "--max-rows",
+            "2",
+            "-c",
+            "SELECT value FROM range(100000)",
+        ],
+    )
+    .await;
     assert!(ok, "{err}");
     assert_eq!(out.lines().count(), 100_001);
     // A nested column is refused before anything is written (it failed after the header).
-    let a = s.address.clone();
-    let (ok, out, err) = tokio::task::spawn_blocking(move || {
-        mink_query(
-            &a,
-            &[
-                "--format",
-                "csv",
-                "-c",
-                "SELECT 1 AS id, make_array(1, 2) AS xs",
-            ],
-        )
-    })
-    .await
-    .unwrap();
+    let (ok, out, err) = query(
+        &s.address,
+        &[
+            "--format",
+            "csv",
+            "-c",
+            "SELECT 1 AS id, make_array(1, 2) AS xs",
+        ],
+    )
+    .await;
     assert!(
         !ok && out.is_empty()
             && err.contains("CSV holds flat columns only, and column \"xs\" is List("),
         "{out}{err}"
     );
     // The prompt's catalog commands work from -c too, as psql's do; the others are refused.
-    let a = s.address.clone();
-    let (ok, out, err) = tokio::task::spawn_blocking(move || {
-        mink_query(&a, &["-c", "\\d app.people", "-c", "\\dt peo*"])
-    })
-    .await
-    .unwrap();
+    let (ok, out, err) = query(&s.address, &["-c", "\\d app.people", "-c", "\\dt peo*"]).await;
     assert!(ok, "{err}");
     assert!(
         out.contains("| name   | Utf8  | YES") && out.contains("| app      | people |"),
         "{out}"
     );
-    let a = s.address.clone();
-    let (ok, _, err) = tokio::task::spawn_blocking(move || mink_query(&a, &["-c", "\\timing"]))
-        .await
-        .unwrap();
+    let (ok, _, err) = query(&s.address, &["-c", "\\timing"]).await;
     assert!(!ok && err.contains("works at the prompt only"), "{err}");
     // Errors: DataFusion's message, a non-zero exit.
-    let a = s.address.clone();
-    let (ok, _, err) =
-        tokio::task::spawn_blocking(move || mink_query(&a, &["-c", "SELECT * FROM app.nope"]))
-            .await
-            .unwrap();
+    let (ok, _, err) = query(&s.address, &["-c", "SELECT * FROM app.nope"]).await;
     assert!(
         !ok && err.contains("table 'mink.app.nope' not found"),
         "{err}"
     );
     // Said once: DataFusion's message holds its source's already.
-    let a = s.address.clone();
-    let (ok, _, err) = tokio::task::spawn_blocking(move || {
-        mink_query(&a, &["-c", "SELECT nosuch FROM app.people"])
-    })
-    .await
-    .unwrap();
+    let (ok, _, err) = query(&s.address, &["-c", "SELECT nosuch FROM app.people"]).await;
     assert!(
         !ok && err.matches("No field named nosuch").count() == 1,
         "{err}"
     );
     // DDL and SET answer no rows: nothing is printed, in any text format.
     for (format, table) in [("table", "t1"), ("csv", "t2"), ("json", "t3")] {
-        let a = s.address.clone();
         let create = format!("CREATE TABLE app.{table} (id BIGINT NOT NULL)");
-        let (ok, out, err) = tokio::task::spawn_blocking(move || {
-            mink_query(
-                &a,
-                &[
-                    "--format",
-                    format,
-                    "-c",
-                    &create,
-                    "-c",
-                    "SET mink.freshness = 'lake'",
-                ],
-            )
-        })
-        .await
-        .unwrap();
+        let (ok, out, err) = query(
+            &s.address,
+            &[
+                "--format",
+                format,
+                "-c",
+                &create,
+                "-c",
+                "SET mink.freshness = 'lake'",
+            ],
+        )
+        .await;
         assert!(ok, "{err}");
         assert_eq!(out, "", "{format}");
     }
-    let (ok, _, err) =
-        tokio::task::spawn_blocking(|| mink_query("127.0.0.1:1", &["-c", "SELECT 1"]))
-            .await
-            .unwrap();
+    let (ok, _, err) = query("127.0.0.1:1", &["-c", "SELECT 1"]).await;
     assert!(!ok && err.contains("mink dev"), "{err}");
     s.stop().await;
 }
@@ -292,22 +255,18 @@ async fn statements_from_the_command_line_and_files() {
 async fn a_lake_that_cannot_be_opened_is_named_without_its_secrets() {
     let dir = tempfile::tempdir().unwrap();
     let s = serve(dir.path()).await;
-    let a = s.address.clone();
-    let (ok, _, err) = tokio::task::spawn_blocking(move || {
-        mink_query(
-            &a,
-            &[
-                "--metadata",
-                "postgres://mink:hunter2@127.0.0.1:1/mink",
-                "--object-store",
-                "s3://b/p?endpoint=http://127.0.0.1:1&secret_access_key=hunter3",
-                "-c",
-                "SELECT 1",
-            ],
-        )
-    })
-    .await
-    .unwrap();
+    let (ok, _, err) = query(
+        &s.address,
+        &[
+            "--metadata",
+            "postgres://mink:hunter2@127.0.0.1:1/mink",
+            "--object-store",
+            "s3://b/p?endpoint=http://127.0.0.1:1&secret_access_key=hunter3",
+            "-c",
+            "SELECT 1",
+        ],
+    )
+    .await;
     assert!(
         !ok && err.contains("postgres://mink:***@127.0.0.1:1/mink")
             && err.contains("secret_access_key=***")
@@ -411,21 +370,13 @@ async fn rows_as_parquet() {
         "2024-01-02"
     );
     // One file holds one statement's rows; the prompt writes no Parquet.
-    let a = s.address.clone();
-    let (ok, _, err) = tokio::task::spawn_blocking(move || {
-        mink_query(
-            &a,
-            &["--format", "parquet", "-c", "SELECT 1", "-c", "SELECT 2"],
-        )
-    })
-    .await
-    .unwrap();
+    let (ok, _, err) = query(
+        &s.address,
+        &["--format", "parquet", "-c", "SELECT 1", "-c", "SELECT 2"],
+    )
+    .await;
     assert!(!ok && err.contains("one statement's rows"), "{err}");
-    let a = s.address.clone();
-    let (ok, _, err) =
-        tokio::task::spawn_blocking(move || mink_query(&a, &["--format", "parquet"]))
-            .await
-            .unwrap();
+    let (ok, _, err) = query(&s.address, &["--format", "parquet"]).await;
     assert!(!ok && err.contains("not to the prompt"), "{err}");
     s.stop().await;
 }
