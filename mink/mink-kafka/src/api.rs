@@ -269,6 +269,29 @@ fn kafka_nodes(cx: &Context) -> std::collections::BTreeMap<u64, (String, i32)> {
     nodes
 }
 
+/// The cluster's id as Kafka clients see it: the one in the metadata, the same from every
+/// node (two clusters named alike confuse tools that tell clusters apart by it).
+fn cluster_id(cx: &Context) -> StrBytes {
+    cx.node
+        .cluster_id()
+        .map_or_else(|| StrBytes::from_static_str("mink"), StrBytes::from_string)
+}
+
+/// The controller Kafka clients are told of: the lease holder, the same from every node, when
+/// it has a Kafka listener; this node otherwise. Every node answers the controller's requests
+/// (CreateTopics and the like), so the choice only keeps the cluster's picture consistent.
+fn controller(
+    cx: &Context,
+    kafka_nodes: &std::collections::BTreeMap<u64, (String, i32)>,
+) -> BrokerId {
+    broker(
+        cx.node
+            .group_coordinator()
+            .filter(|id| kafka_nodes.contains_key(id))
+            .unwrap_or_else(|| cx.node.node_id()),
+    )
+}
+
 fn metadata(cx: &Context, request: &MetadataRequest) -> MetadataResponse {
     let view = cx.node.view();
     let kafka_nodes = kafka_nodes(cx);
@@ -357,8 +380,8 @@ fn metadata(cx: &Context, request: &MetadataRequest) -> MetadataResponse {
         .collect();
     MetadataResponse::default()
         .with_brokers(brokers)
-        .with_cluster_id(Some(StrBytes::from_static_str("mink")))
-        .with_controller_id(broker(cx.node.node_id()))
+        .with_cluster_id(Some(cluster_id(cx)))
+        .with_controller_id(controller(cx, &kafka_nodes))
         .with_topics(topics)
 }
 
@@ -1677,11 +1700,12 @@ fn describe_configs(cx: &Context, request: &DescribeConfigsRequest) -> DescribeC
 }
 
 fn describe_cluster(cx: &Context) -> DescribeClusterResponse {
+    let kafka_nodes = kafka_nodes(cx);
     DescribeClusterResponse::default()
-        .with_cluster_id(StrBytes::from_static_str("mink"))
-        .with_controller_id(cx.node.group_coordinator().map_or(BrokerId(-1), broker))
+        .with_cluster_id(cluster_id(cx))
+        .with_controller_id(controller(cx, &kafka_nodes))
         .with_brokers(
-            kafka_nodes(cx)
+            kafka_nodes
                 .into_iter()
                 .map(|(id, (host, port))| {
                     DescribeClusterBroker::default()

@@ -914,6 +914,76 @@ async fn metadata_creates_topics_when_the_listener_allows_it() {
     s.stop().await;
 }
 
+/// Every node names the same cluster and the same controller: the cluster's id from its
+/// metadata (not a name every Mink cluster shares) and the lease holder (not itself).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_node_names_one_cluster_and_one_controller() {
+    use kafka_protocol::messages::{
+        DescribeClusterRequest, DescribeClusterResponse, MetadataRequest, MetadataResponse,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let a = serve_node(dir.path(), 1).await;
+    let b = serve_node(dir.path(), 2).await;
+    until(&a.node, "two live nodes and a lease holder", || async {
+        let status = a.node.cluster_status().await.unwrap();
+        status.nodes.iter().filter(|n| n.live).count() == 2 && status.coordinator.is_some()
+    })
+    .await;
+    let holder = a.node.group_coordinator().unwrap();
+    // A fresh cluster records listeners from metadata_version 3 on: each node states its own
+    // once the cluster is there.
+    for served in [&a, &b] {
+        until(
+            &served.node,
+            "both Kafka listeners and the lease holder",
+            || async {
+                let view = served.node.view();
+                served.node.group_coordinator() == Some(holder)
+                    && [1, 2].iter().all(|id| {
+                        view.state
+                            .nodes
+                            .get(id)
+                            .is_some_and(|n| n.listeners.contains_key(mink_kafka::LISTENER))
+                    })
+            },
+        )
+        .await;
+    }
+    let id = a
+        .node
+        .cluster_id()
+        .expect("a started node has a cluster id");
+    assert_eq!(b.node.cluster_id().as_deref(), Some(id.as_str()));
+    for served in [&a, &b] {
+        let mut socket = tokio::net::TcpStream::connect(&served.kafka).await.unwrap();
+        let m: MetadataResponse = ask(
+            &mut socket,
+            ApiKey::Metadata,
+            12,
+            &MetadataRequest::default(),
+        )
+        .await;
+        assert_eq!(m.cluster_id.as_deref(), Some(id.as_str()));
+        assert_eq!(
+            m.controller_id.0,
+            i32::try_from(holder).unwrap(),
+            "node {}: {m:?}",
+            served.node.node_id()
+        );
+        let d: DescribeClusterResponse = ask(
+            &mut socket,
+            ApiKey::DescribeCluster,
+            0,
+            &DescribeClusterRequest::default(),
+        )
+        .await;
+        assert_eq!(d.cluster_id.as_str(), id.as_str());
+        assert_eq!(d.controller_id.0, i32::try_from(holder).unwrap());
+    }
+    a.stop().await;
+    b.stop().await;
+}
+
 /// A Metadata v4 request for `topic` (`allow`: auto-creation asked): its error code and
 /// partition count.
 async fn metadata_topic(

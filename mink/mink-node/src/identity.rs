@@ -22,6 +22,18 @@ pub(crate) const MARKER: &str = "mink-cluster";
 /// What the marker holds: this line, then the cluster's id.
 const MARKER_TEXT: &str = "mink cluster ";
 
+impl crate::Node {
+    /// The cluster's id (a UUID chosen by its first node, kept in the metadata): what Kafka's
+    /// Metadata and DescribeCluster name the cluster, and what the object store's marker holds.
+    pub fn cluster_id(&self) -> Option<String> {
+        self.view()
+            .state
+            .kv
+            .get(CLUSTER_ID)
+            .map(|r| String::from_utf8_lossy(&r.value).into_owned())
+    }
+}
+
 /// The value of metadata KV `key`: the one there, or else `value`, written (the first node
 /// to write one wins).
 async fn put_once(sink: &Sink, key: &str, value: &str) -> NodeResult<String> {
