@@ -481,14 +481,42 @@ const COMPRESSION_TYPES: [(&str, Option<&str>); 3] = [
     ("uncompressed", Some("NONE")),
 ];
 
-/// The Mink options a CreateTopics request's configs make: `compression.type` is taken (see
-/// [`COMPRESSION_TYPES`]), any other config is refused.
+/// The Mink options a CreateTopics request's configs make: `compression.type` (see
+/// [`COMPRESSION_TYPES`]), `retention.ms` (`table.log.ttl`) and `cleanup.policy` `delete` (what
+/// every topic does) are taken, the configs DescribeConfigs reports; any other is refused.
 fn topic_options(
     configs: &[kafka_protocol::messages::create_topics_request::CreatableTopicConfig],
 ) -> std::result::Result<Vec<(String, String)>, (ResponseError, String)> {
     let mut options = Vec::new();
     for c in configs {
         let value = c.value.as_ref().map_or("", |v| v.as_str());
+        if c.name.as_str() == "retention.ms" {
+            let ttl = match value.parse::<i64>() {
+                Ok(-1) => "-1".to_string(),
+                Ok(ms) if ms > 0 => format!("{ms}ms"),
+                _ => {
+                    return Err((
+                        ResponseError::InvalidConfig,
+                        format!(
+                            "retention.ms {value:?}: milliseconds above 0, or -1 to keep records until they are tiered or forever"
+                        ),
+                    ));
+                }
+            };
+            options.push((mink_log::options::LOG_TTL.to_string(), ttl));
+            continue;
+        }
+        if c.name.as_str() == "cleanup.policy" {
+            if value != "delete" {
+                return Err((
+                    ResponseError::InvalidConfig,
+                    format!(
+                        "cleanup.policy {value:?}: a topic is an append-only log whose records are deleted after retention.ms (delete); for the latest record per key, create a primary-key table"
+                    ),
+                ));
+            }
+            continue;
+        }
         if c.name.as_str() != COMPRESSION_TYPE {
             return Err((
                 ResponseError::InvalidConfig,

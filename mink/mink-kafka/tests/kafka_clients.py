@@ -295,6 +295,31 @@ try:
 except InvalidConfigurationError as e:
     assert "producer, zstd or uncompressed" in str(e), e
 assert "lz4ed" not in admin.list_topics(), admin.list_topics()
+# The configs DescribeConfigs reports are taken at creation: retention.ms as table.log.ttl,
+# cleanup.policy delete (every topic's); compaction is refused, naming what to do instead.
+admin.create_topics(
+    [
+        NewTopic(
+            "kept",
+            num_partitions=1,
+            replication_factor=1,
+            topic_configs={"retention.ms": "3600000", "cleanup.policy": "delete"},
+        )
+    ]
+)
+for _, f in cadmin.describe_configs([CConfigResource("topic", "kept")]).items():
+    entries = f.result(30)
+    assert entries["retention.ms"].value == "3600000", entries
+    assert not entries["retention.ms"].is_default, entries["retention.ms"]
+for configs in ({"cleanup.policy": "compact"}, {"retention.ms": "0"}):
+    try:
+        admin.create_topics(
+            [NewTopic("compacted", num_partitions=1, replication_factor=1, topic_configs=configs)]
+        )
+        raise AssertionError(f"{configs} was taken")
+    except InvalidConfigurationError as e:
+        assert "primary-key table" in str(e) or "above 0" in str(e), e
+assert "compacted" not in admin.list_topics(), admin.list_topics()
 assert "doomed" not in admin.list_topics(), admin.list_topics()
 
 # Many topics: librdkafka sizes its Metadata parse buffer from the answer's bytes, which once
