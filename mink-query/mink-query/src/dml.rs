@@ -15,10 +15,13 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::Session;
 use datafusion::common::DFSchema;
 use datafusion::common::tree_node::{Transformed, TreeNode as _};
-use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::Expr;
+use datafusion::physical_expr::{LexOrdering, PhysicalExpr};
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use mink_client::Client;
 
 /// The column a primary-key table's writes carry their kind in.
@@ -42,22 +45,12 @@ fn unqualified(filters: Vec<Expr>) -> Result<Vec<Expr>> {
         .collect()
 }
 
-/// The rows of `rows` (batches of `schema`) that every filter holds for.
-fn selected(
-    state: &dyn Session,
-    schema: &SchemaRef,
-    filters: &[Expr],
-    rows: Vec<RecordBatch>,
-) -> Result<Vec<RecordBatch>> {
-    let df_schema = DFSchema::try_from(Arc::clone(schema))?;
-    let tests = filters
-        .iter()
-        .map(|f| state.create_physical_expr(f.clone(), &df_schema))
-        .collect::<Result<Vec<_>>>()?;
+/// The rows of `rows` that every test (a filter, planned) holds for.
+fn selected(tests: &[Arc<dyn PhysicalExpr>], rows: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
     let mut out = Vec::new();
     for batch in rows {
         let mut mask = None;
-        for t in &tests {
+        for t in tests {
             let hit = t.evaluate(&batch)?.into_array(batch.num_rows())?;
             let hit = hit
                 .as_boolean_opt()
@@ -79,18 +72,148 @@ fn selected(
     Ok(out)
 }
 
-/// A plan answering one row: `count` = `rows`.
-fn count(rows: u64) -> Result<Arc<dyn ExecutionPlan>> {
-    let schema = Arc::new(Schema::new(vec![Field::new(
+/// `filters` planned against `schema`.
+fn tests(
+    state: &dyn Session,
+    schema: &SchemaRef,
+    filters: Vec<Expr>,
+) -> Result<Vec<Arc<dyn PhysicalExpr>>> {
+    let df_schema = DFSchema::try_from(Arc::clone(schema))?;
+    unqualified(filters)?
+        .into_iter()
+        .map(|f| state.create_physical_expr(f, &df_schema))
+        .collect()
+}
+
+/// What a statement does to the rows it selects.
+#[derive(Debug)]
+enum Change {
+    Delete,
+    /// Each assigned column's index and its value.
+    Update(Vec<(usize, Arc<dyn PhysicalExpr>)>),
+}
+
+/// An `UPDATE` or `DELETE` as a plan that makes its change when executed, answering one row
+/// (`count`): planning it (`EXPLAIN`, a prepared statement) reads and writes nothing.
+struct WriteBack {
+    client: Client,
+    database: String,
+    table: String,
+    /// The table's rows at the statement's cut, where the filters may select.
+    current: Arc<dyn ExecutionPlan>,
+    schema: SchemaRef,
+    tests: Vec<Arc<dyn PhysicalExpr>>,
+    change: Change,
+    /// The auto-increment column, which writes leave out (a key keeps its value).
+    generated: Option<String>,
+}
+
+impl std::fmt::Debug for WriteBack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteBack")
+            .field("table", &format!("{}.{}", self.database, self.table))
+            .field("change", &self.change)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WriteBack {
+    fn plan(self) -> Result<Arc<dyn ExecutionPlan>> {
+        let schema = count_schema();
+        Ok(Arc::new(StreamingTableExec::try_new(
+            schema,
+            vec![Arc::new(self) as Arc<dyn PartitionStream>],
+            None,
+            Vec::<LexOrdering>::new(),
+            false,
+            None,
+        )?))
+    }
+
+    /// Reads the selected rows, changes them, writes them back; the rows written.
+    async fn run(&self, context: Arc<TaskContext>) -> Result<u64> {
+        let rows = datafusion::physical_plan::collect(Arc::clone(&self.current), context).await?;
+        let rows = selected(&self.tests, rows)?;
+        let generated = self.generated.as_deref();
+        let batches = match &self.change {
+            Change::Delete => without(generated, rows)?
+                .iter()
+                .map(|b| {
+                    let mut columns = b.columns().to_vec();
+                    columns.push(Arc::new(StringArray::from(vec!["delete"; b.num_rows()])));
+                    let mut fields: Vec<Field> = b
+                        .schema()
+                        .fields()
+                        .iter()
+                        .map(|f| f.as_ref().clone())
+                        .collect();
+                    fields.push(Field::new(ROW_KIND, DataType::Utf8, false));
+                    Ok(RecordBatch::try_new(
+                        Arc::new(Schema::new(fields)),
+                        columns,
+                    )?)
+                })
+                .collect::<Result<Vec<_>>>()?,
+            Change::Update(assignments) => {
+                let updated = rows
+                    .iter()
+                    .map(|b| {
+                        let mut columns = b.columns().to_vec();
+                        for (index, e) in assignments {
+                            let value = e.evaluate(b)?.into_array(b.num_rows())?;
+                            columns[*index] = cast(&value, self.schema.field(*index).data_type())?;
+                        }
+                        Ok(RecordBatch::try_new(Arc::clone(&self.schema), columns)?)
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                without(generated, updated)?
+            }
+        };
+        write(&self.client, (&self.database, &self.table), &batches).await
+    }
+}
+
+impl PartitionStream for WriteBack {
+    fn schema(&self) -> &SchemaRef {
+        static SCHEMA: std::sync::OnceLock<SchemaRef> = std::sync::OnceLock::new();
+        SCHEMA.get_or_init(count_schema)
+    }
+
+    fn execute(&self, context: Arc<TaskContext>) -> SendableRecordBatchStream {
+        let this = WriteBack {
+            client: self.client.clone(),
+            database: self.database.clone(),
+            table: self.table.clone(),
+            current: Arc::clone(&self.current),
+            schema: Arc::clone(&self.schema),
+            tests: self.tests.clone(),
+            change: match &self.change {
+                Change::Delete => Change::Delete,
+                Change::Update(a) => Change::Update(a.clone()),
+            },
+            generated: self.generated.clone(),
+        };
+        let counted = async move {
+            let rows = this.run(context).await?;
+            Ok(RecordBatch::try_new(
+                count_schema(),
+                vec![Arc::new(UInt64Array::from(vec![rows])) as ArrayRef],
+            )?)
+        };
+        Box::pin(RecordBatchStreamAdapter::new(
+            count_schema(),
+            futures::stream::once(counted),
+        ))
+    }
+}
+
+/// The one column a statement's answer has.
+fn count_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![Field::new(
         "count",
         DataType::UInt64,
         false,
-    )]));
-    let batch = RecordBatch::try_new(
-        Arc::clone(&schema),
-        vec![Arc::new(UInt64Array::from(vec![rows])) as ArrayRef],
-    )?;
-    Ok(MemorySourceConfig::try_new_exec(&[vec![batch]], schema, None)? as _)
+    )]))
 }
 
 /// `batches` without the column `generated` (the auto-increment column, which writes leave
@@ -129,8 +252,8 @@ async fn write(
     Ok(rows)
 }
 
-/// `DELETE FROM t WHERE filters`: the selected rows' keys deleted.
-pub(crate) async fn delete(
+/// `DELETE FROM t WHERE filters`: the selected rows' keys deleted, when the plan runs.
+pub(crate) fn delete(
     state: &dyn Session,
     client: &Client,
     name: (&str, &str),
@@ -138,37 +261,25 @@ pub(crate) async fn delete(
     generated: Option<&str>,
     filters: Vec<Expr>,
 ) -> Result<Arc<dyn ExecutionPlan>> {
-    let (plan, schema) = current;
-    let rows = datafusion::physical_plan::collect(plan, state.task_ctx()).await?;
-    let rows = without(
-        generated,
-        selected(state, &schema, &unqualified(filters)?, rows)?,
-    )?;
-    let deletes = rows
-        .iter()
-        .map(|b| {
-            let mut columns = b.columns().to_vec();
-            columns.push(Arc::new(StringArray::from(vec!["delete"; b.num_rows()])));
-            let mut fields: Vec<Field> = b
-                .schema()
-                .fields()
-                .iter()
-                .map(|f| f.as_ref().clone())
-                .collect();
-            fields.push(Field::new(ROW_KIND, DataType::Utf8, false));
-            Ok(RecordBatch::try_new(
-                Arc::new(Schema::new(fields)),
-                columns,
-            )?)
-        })
-        .collect::<Result<Vec<_>>>()?;
-    count(write(client, name, &deletes).await?)
+    let (current, schema) = current;
+    WriteBack {
+        client: client.clone(),
+        database: name.0.to_string(),
+        table: name.1.to_string(),
+        tests: tests(state, &schema, filters)?,
+        current,
+        schema,
+        change: Change::Delete,
+        generated: generated.map(str::to_string),
+    }
+    .plan()
 }
 
-/// `UPDATE t SET assignments WHERE filters`: the selected rows, assignments applied, upserted.
+/// `UPDATE t SET assignments WHERE filters`: the selected rows, assignments applied, upserted
+/// when the plan runs.
 /// The key cannot change (that is a delete and an insert), nor can the auto-increment column
 /// `generated` (which the rows are written without: a key keeps its value).
-pub(crate) async fn update(
+pub(crate) fn update(
     state: &dyn Session,
     client: &Client,
     name: (&str, &str),
@@ -203,18 +314,15 @@ pub(crate) async fn update(
             Ok((index, state.create_physical_expr(e, &df_schema)?))
         })
         .collect::<Result<Vec<_>>>()?;
-    let rows = datafusion::physical_plan::collect(plan, state.task_ctx()).await?;
-    let rows = selected(state, &schema, &unqualified(filters)?, rows)?;
-    let updated = rows
-        .iter()
-        .map(|b| {
-            let mut columns = b.columns().to_vec();
-            for (index, e) in &assignments {
-                let value = e.evaluate(b)?.into_array(b.num_rows())?;
-                columns[*index] = cast(&value, schema.field(*index).data_type())?;
-            }
-            Ok(RecordBatch::try_new(Arc::clone(&schema), columns)?)
-        })
-        .collect::<Result<Vec<_>>>()?;
-    count(write(client, name, &without(generated, updated)?).await?)
+    WriteBack {
+        client: client.clone(),
+        database: name.0.to_string(),
+        table: name.1.to_string(),
+        tests: tests(state, &schema, filters)?,
+        current: plan,
+        schema,
+        change: Change::Update(assignments),
+        generated: generated.map(str::to_string),
+    }
+    .plan()
 }

@@ -524,7 +524,6 @@ impl TableProvider for MinkTable {
             crate::insert::auto_increment(d).as_deref(),
             filters,
         )
-        .await
     }
 
     /// `UPDATE`: a primary-key table's rows the filters select, with the assignments applied.
@@ -546,7 +545,6 @@ impl TableProvider for MinkTable {
             assignments,
             filters,
         )
-        .await
     }
 
     async fn scan(

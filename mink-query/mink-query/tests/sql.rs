@@ -1018,6 +1018,25 @@ async fn update_and_delete_change_primary_key_tables() {
     let dir = tempfile::tempdir().unwrap();
     let c = Cluster::start(dir.path()).await;
     c.load().await;
+    // EXPLAIN plans a statement and changes nothing; EXPLAIN ANALYZE runs it.
+    for explained in [
+        "EXPLAIN DELETE FROM app.users WHERE id = 4",
+        "EXPLAIN UPDATE app.users SET name = 'x' WHERE id = 1",
+    ] {
+        c.rows(explained).await;
+    }
+    assert_eq!(
+        c.rows("SELECT id, name FROM app.users ORDER BY id").await,
+        strings(&[&["1", "ann"], &["2", "bo"], &["4", "dan"]])
+    );
+    c.rows("EXPLAIN ANALYZE UPDATE app.users SET name = 'x' WHERE id = 1")
+        .await;
+    assert_eq!(
+        c.rows("SELECT name FROM app.users WHERE id = 1").await,
+        strings(&[&["x"]])
+    );
+    c.rows("UPDATE app.users SET name = 'ann' WHERE id = 1")
+        .await;
     assert_eq!(
         c.rows("UPDATE app.users SET name = upper(name) WHERE id >= 2")
             .await,
