@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, AsArray as _, RecordBatch, StringArray, UInt64Array};
-use datafusion::arrow::compute::{and, cast, filter_record_batch};
+use datafusion::arrow::compute::{CastOptions, and, cast_with_options, filter_record_batch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::Session;
 use datafusion::common::DFSchema;
@@ -161,7 +161,16 @@ impl WriteBack {
                         let mut columns = b.columns().to_vec();
                         for (index, e) in assignments {
                             let value = e.evaluate(b)?.into_array(b.num_rows())?;
-                            columns[*index] = cast(&value, self.schema.field(*index).data_type())?;
+                            // A value out of the column's range fails the statement; the
+                            // default cast would make it null.
+                            columns[*index] = cast_with_options(
+                                &value,
+                                self.schema.field(*index).data_type(),
+                                &CastOptions {
+                                    safe: false,
+                                    ..CastOptions::default()
+                                },
+                            )?;
                         }
                         Ok(RecordBatch::try_new(Arc::clone(&self.schema), columns)?)
                     })

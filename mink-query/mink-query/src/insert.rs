@@ -251,16 +251,18 @@ fn uncast(mut e: &Expr) -> &Expr {
     e
 }
 
-/// Refuses an `INSERT` whose value would lose its fraction going into an integer column
+/// Refuses an `INSERT` or `UPDATE` whose value would lose its fraction going into an integer column
 /// (`1.5` into a `BIGINT`) or decimal places going into a decimal one (`1.23456` into a
 /// `DECIMAL(12, 3)`): DataFusion casts each value to its column's type, and the cast truncates
-/// or rounds. The casts it adds are at the top of the insert's input (in the `VALUES`
+/// or rounds. The casts it adds are at the top of the statement's input (in the `VALUES`
 /// cells for a `VALUES` list); a cast written inside the `SELECT` is the user's and stands.
 pub fn refuse_lossy_values(plan: &LogicalPlan) -> Result<()> {
     let LogicalPlan::Dml(dml) = plan else {
         return Ok(());
     };
-    let (WriteOp::Insert(_), LogicalPlan::Projection(top)) = (&dml.op, dml.input.as_ref()) else {
+    let (WriteOp::Insert(_) | WriteOp::Update, LogicalPlan::Projection(top)) =
+        (&dml.op, dml.input.as_ref())
+    else {
         return Ok(());
     };
     let input = top.input.schema();
@@ -305,6 +307,9 @@ fn behind<'a>(e: &'a Expr, input: &'a LogicalPlan) -> &'a Expr {
     e
 }
 
+/// Refuses `value` (of type `from`) going into `column` (of type `to`) where the conversion
+/// would change it: a fraction into an integer, more decimal places than the column keeps,
+/// a number into a boolean, a literal out of range or not a value of the type.
 fn check(column: &str, value: &Expr, from: &DataType, to: &DataType) -> Result<()> {
     let fractional = from.is_floating()
         || matches!(
@@ -325,7 +330,21 @@ fn check(column: &str, value: &Expr, from: &DataType, to: &DataType) -> Result<(
             "column {column} is {to} and {shown} is {from}: a value of another type is refused, not truncated (INSERT ... SELECT CAST(value AS {to}) truncates)"
         )));
     }
+    if from.is_numeric() && *to == DataType::Boolean {
+        return Err(DataFusionError::Plan(format!(
+            "column {column} is Boolean and {shown} is {from}: a number is not a boolean (write true or false, or a condition)"
+        )));
+    }
     let Some(v) = literal else {
+        // A column of more decimal places (DECIMAL(12, 3) into DECIMAL(10, 2)): each value
+        // would be rounded.
+        if let (Some(places), Some(kept)) = (scale(from), scale(to))
+            && places > kept
+        {
+            return Err(DataFusionError::Plan(format!(
+                "column {column} is {to} and {shown} is {from}: values with more decimal places are refused, not rounded (INSERT ... SELECT CAST(value AS {to}) rounds)"
+            )));
+        }
         return Ok(());
     };
     // A value its column cannot hold (a number too large, 'x' for a number, 'notadate' for a
@@ -345,6 +364,17 @@ fn check(column: &str, value: &Expr, from: &DataType, to: &DataType) -> Result<(
             "column {column} is {to}, and {shown} is not exactly a value of it: it is refused, not rounded (INSERT ... SELECT CAST(value AS {to}) rounds)"
         ))),
         Ok(_) => Ok(()),
+    }
+}
+
+/// The decimal places of a decimal type.
+fn scale(t: &DataType) -> Option<i8> {
+    match t {
+        DataType::Decimal32(_, s)
+        | DataType::Decimal64(_, s)
+        | DataType::Decimal128(_, s)
+        | DataType::Decimal256(_, s) => Some(*s),
+        _ => None,
     }
 }
 
