@@ -72,6 +72,10 @@ pub(crate) struct Group {
     /// A rebalance of a group that was empty completes no sooner than this, so members
     /// starting together join one generation (Kafka's `group.initial.rebalance.delay.ms`).
     not_before: Option<Instant>,
+    /// Taken over from another coordinator at its last recorded generation, and no rebalance
+    /// completed here since: the members of that generation are not known here, and their
+    /// commits at it are taken (as Kafka's coordinator, which loads them, takes them).
+    inherited: bool,
 }
 
 /// The groups this node coordinates.
@@ -137,17 +141,21 @@ impl Groups {
     pub(crate) async fn join(&self, j: Join) -> JoinGroupResponse {
         let answer = {
             let mut groups = self.groups.lock().expect("groups");
-            let group = groups.entry(j.group.clone()).or_insert_with(|| Group {
-                phase: Phase::Empty,
+            let group = groups.entry(j.group.clone()).or_insert_with(|| {
                 // A group new to this coordinator continues past the last recorded generation.
-                generation: self.node.group_generation(&j.group),
-                protocol_type: j.protocol_type.clone(),
-                protocol: None,
-                leader: None,
-                members: BTreeMap::new(),
-                pending: HashSet::new(),
-                deadline: None,
-                not_before: None,
+                let generation = self.node.group_generation(&j.group);
+                Group {
+                    phase: Phase::Empty,
+                    generation,
+                    protocol_type: j.protocol_type.clone(),
+                    protocol: None,
+                    leader: None,
+                    members: BTreeMap::new(),
+                    pending: HashSet::new(),
+                    deadline: None,
+                    not_before: None,
+                    inherited: generation > 0,
+                }
             });
             if !group.members.is_empty() && group.protocol_type != j.protocol_type {
                 return join_error(ResponseError::InconsistentGroupProtocol, &j.member_id);
@@ -170,8 +178,27 @@ impl Groups {
             if j.protocols.is_empty() || !shares_a_protocol {
                 return join_error(ResponseError::InconsistentGroupProtocol, &member_id);
             }
-            let (tx, rx) = oneshot::channel();
             let now = Instant::now();
+            // A member of the current generation joining again as it was (its answer was lost,
+            // or its client rejoins to be safe) gets that generation back, as from Kafka: a new
+            // round would make every member rejoin, and members that each rejoin in turn would
+            // never see one complete. The leader of a stable group starts a new round (so it
+            // can assign again), and so does a member whose protocols changed.
+            let unchanged = group
+                .members
+                .get(&member_id)
+                .is_some_and(|m| m.protocols == j.protocols);
+            let leads = group.leader.as_deref() == Some(member_id.as_str());
+            if unchanged
+                && (group.phase == Phase::CompletingRebalance
+                    || (group.phase == Phase::Stable && !leads))
+            {
+                if let Some(m) = group.members.get_mut(&member_id) {
+                    m.last_seen = now;
+                }
+                return current_generation(group, &member_id);
+            }
+            let (tx, rx) = oneshot::channel();
             let member = group.members.entry(member_id.clone()).or_insert(Member {
                 client_id: j.client_id.clone(),
                 client_host: j.client_host.clone(),
@@ -232,6 +259,7 @@ impl Groups {
                 return;
             }
             group.generation += 1;
+            group.inherited = false;
             group.deadline = None;
             group.phase = Phase::CompletingRebalance;
             if group
@@ -251,45 +279,22 @@ impl Groups {
                         .all(|m| m.protocols.iter().any(|(p, _)| p == n))
                 })
             });
-            group.protocol = protocol.clone();
-            let protocol = protocol.unwrap_or_default();
-            let listed: Vec<JoinGroupResponseMember> = group
+            group.protocol = protocol;
+            let joined: Vec<String> = group
                 .members
                 .iter()
-                .map(|(id, m)| {
-                    JoinGroupResponseMember::default()
-                        .with_member_id(StrBytes::from_string(id.clone()))
-                        .with_metadata(
-                            m.protocols
-                                .iter()
-                                .find(|(n, _)| *n == protocol)
-                                .map(|(_, meta)| meta.clone())
-                                .unwrap_or_default(),
-                        )
-                })
+                .filter(|(_, m)| m.joining.is_some())
+                .map(|(id, _)| id.clone())
                 .collect();
-            let generation = group.generation;
-            let protocol_type = group.protocol_type.clone();
-            let answers: Vec<_> = group
-                .members
-                .iter_mut()
-                .filter_map(|(id, m)| {
-                    let (tx, _) = m.joining.take()?;
-                    let response = JoinGroupResponse::default()
-                        .with_generation_id(generation)
-                        .with_protocol_type(Some(StrBytes::from_string(protocol_type.clone())))
-                        .with_protocol_name(Some(StrBytes::from_string(protocol.clone())))
-                        .with_leader(StrBytes::from_string(leader.clone()))
-                        .with_member_id(StrBytes::from_string(id.clone()))
-                        .with_members(if *id == leader {
-                            listed.clone()
-                        } else {
-                            Vec::new()
-                        });
+            let answers: Vec<_> = joined
+                .iter()
+                .filter_map(|id| {
+                    let response = current_generation(group, id);
+                    let (tx, _) = group.members.get_mut(id)?.joining.take()?;
                     Some((tx, response))
                 })
                 .collect();
-            (generation, answers)
+            (group.generation, answers)
         };
         if let Err(e) = self.node.set_group_generation(group_id, generation).await {
             tracing::warn!(group = group_id, generation, error = %e, "recording a generation failed");
@@ -435,10 +440,21 @@ impl Groups {
         }
         let groups = self.groups.lock().expect("groups");
         let Some(group) = groups.get(group_id) else {
-            return ResponseError::IllegalGeneration;
+            // A group this coordinator has not seen yet (it took over from one that stopped):
+            // its members commit at the generation the other recorded until they rejoin.
+            let recorded = self.node.group_generation(group_id);
+            return if generation > 0 && generation == recorded {
+                NO_ERROR
+            } else {
+                ResponseError::IllegalGeneration
+            };
         };
         if !group.members.contains_key(member_id) {
-            return ResponseError::UnknownMemberId;
+            return if group.inherited && generation == group.generation {
+                NO_ERROR
+            } else {
+                ResponseError::UnknownMemberId
+            };
         }
         if group.generation != generation {
             return ResponseError::IllegalGeneration;
@@ -487,6 +503,39 @@ impl Groups {
 
 /// `ResponseError` has no "none": code 0 is this.
 pub(crate) const NO_ERROR: ResponseError = ResponseError::Unknown(0);
+
+/// The JoinGroup answer of the group's current generation for `member_id`: the leader's lists
+/// every member with its metadata for the chosen protocol.
+fn current_generation(group: &Group, member_id: &str) -> JoinGroupResponse {
+    let protocol = group.protocol.clone().unwrap_or_default();
+    let leader = group.leader.clone().unwrap_or_default();
+    let members = if member_id == leader {
+        group
+            .members
+            .iter()
+            .map(|(id, m)| {
+                JoinGroupResponseMember::default()
+                    .with_member_id(StrBytes::from_string(id.clone()))
+                    .with_metadata(
+                        m.protocols
+                            .iter()
+                            .find(|(n, _)| *n == protocol)
+                            .map(|(_, meta)| meta.clone())
+                            .unwrap_or_default(),
+                    )
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    JoinGroupResponse::default()
+        .with_generation_id(group.generation)
+        .with_protocol_type(Some(StrBytes::from_string(group.protocol_type.clone())))
+        .with_protocol_name(Some(StrBytes::from_string(protocol)))
+        .with_leader(StrBytes::from_string(leader))
+        .with_member_id(StrBytes::from_string(member_id.to_string()))
+        .with_members(members)
+}
 
 /// A new round: every member must rejoin before the longest rebalance timeout among them.
 fn prepare_rebalance(group: &mut Group, now: Instant) {

@@ -598,13 +598,10 @@ async fn the_coordinator_expires_offsets_on_its_own() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commits_from_outside_the_current_generation_are_refused() {
     use kafka_protocol::ResponseError;
-    use kafka_protocol::messages::offset_commit_request::{
-        OffsetCommitRequestPartition, OffsetCommitRequestTopic,
-    };
     use kafka_protocol::messages::sync_group_request::SyncGroupRequestAssignment;
     use kafka_protocol::messages::{
-        GroupId, HeartbeatRequest, HeartbeatResponse, JoinGroupResponse, OffsetCommitRequest,
-        OffsetCommitResponse, SyncGroupRequest, SyncGroupResponse,
+        GroupId, HeartbeatRequest, HeartbeatResponse, JoinGroupResponse, SyncGroupRequest,
+        SyncGroupResponse,
     };
     let dir = tempfile::tempdir().unwrap();
     let config = mink_kafka::KafkaConfig {
@@ -629,30 +626,6 @@ async fn commits_from_outside_the_current_generation_are_refused() {
         ]);
     let synced: SyncGroupResponse = ask(&mut socket, ApiKey::SyncGroup, 1, &sync).await;
     assert_eq!(synced.error_code, 0);
-    async fn commit_at(
-        socket: &mut tokio::net::TcpStream,
-        group_id: &'static str,
-        generation: i32,
-        member: StrBytes,
-        offset: i64,
-    ) -> i16 {
-        let request = OffsetCommitRequest::default()
-            .with_group_id(GroupId(StrBytes::from_static_str(group_id)))
-            .with_generation_id_or_member_epoch(generation)
-            .with_member_id(member)
-            .with_retention_time_ms(-1)
-            .with_topics(vec![
-                OffsetCommitRequestTopic::default()
-                    .with_name(TopicName(StrBytes::from_static_str("t")))
-                    .with_partitions(vec![
-                        OffsetCommitRequestPartition::default()
-                            .with_partition_index(0)
-                            .with_committed_offset(offset),
-                    ]),
-            ]);
-        let r: OffsetCommitResponse = ask(socket, ApiKey::OffsetCommit, 2, &request).await;
-        r.topics[0].partitions[0].error_code
-    }
     let stranger = || StrBytes::from_static_str("stranger");
     assert_eq!(
         commit_at(&mut socket, "g", generation - 1, member.clone(), 1).await,
@@ -1544,6 +1517,37 @@ async fn a_fetch_waits_for_records_up_to_its_max_wait() {
 }
 
 /// A JoinGroup (v2) of a new consumer to `group`, subscribing to topic `t` (range).
+/// An OffsetCommit (v2) of `offset` for partition 0 of topic `t` by `member` of `group_id` at
+/// `generation`: its error code.
+async fn commit_at(
+    socket: &mut tokio::net::TcpStream,
+    group_id: &'static str,
+    generation: i32,
+    member: StrBytes,
+    offset: i64,
+) -> i16 {
+    use kafka_protocol::messages::offset_commit_request::{
+        OffsetCommitRequestPartition, OffsetCommitRequestTopic,
+    };
+    use kafka_protocol::messages::{GroupId, OffsetCommitRequest, OffsetCommitResponse};
+    let request = OffsetCommitRequest::default()
+        .with_group_id(GroupId(StrBytes::from_static_str(group_id)))
+        .with_generation_id_or_member_epoch(generation)
+        .with_member_id(member)
+        .with_retention_time_ms(-1)
+        .with_topics(vec![
+            OffsetCommitRequestTopic::default()
+                .with_name(TopicName(StrBytes::from_static_str("t")))
+                .with_partitions(vec![
+                    OffsetCommitRequestPartition::default()
+                        .with_partition_index(0)
+                        .with_committed_offset(offset),
+                ]),
+        ]);
+    let r: OffsetCommitResponse = ask(socket, ApiKey::OffsetCommit, 2, &request).await;
+    r.topics[0].partitions[0].error_code
+}
+
 fn join_group(group: &'static str) -> kafka_protocol::messages::JoinGroupRequest {
     use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
     kafka_protocol::messages::JoinGroupRequest::default()
@@ -1588,7 +1592,7 @@ async fn a_group_generation_outlives_its_coordinator() {
     let mut socket = tokio::net::TcpStream::connect(&first.kafka).await.unwrap();
     let joined: JoinGroupResponse = ask(&mut socket, ApiKey::JoinGroup, 2, &join_group("g")).await;
     assert_eq!(joined.error_code, 0, "{joined:?}");
-    let before = joined.generation_id;
+    let (before, member) = (joined.generation_id, joined.member_id.clone());
     until(&first.node, "the generation to be recorded", || async {
         first.node.group_generation("g") == before
     })
@@ -1631,6 +1635,26 @@ async fn a_group_generation_outlives_its_coordinator() {
     )
     .await;
     let mut socket = tokio::net::TcpStream::connect(&next.kafka).await.unwrap();
+    // Until the group rebalances here, its members commit at the generation the old
+    // coordinator recorded (consumers commit what they read before they rejoin: refused, it
+    // would be read again); an older generation is refused.
+    use kafka_protocol::ResponseError;
+    assert_eq!(
+        commit_at(&mut socket, "g", before - 1, member.clone(), 1).await,
+        ResponseError::IllegalGeneration.code()
+    );
+    assert_eq!(
+        commit_at(&mut socket, "g", before, member.clone(), 2).await,
+        0
+    );
+    assert_eq!(
+        next.node
+            .group_offsets("g")
+            .iter()
+            .map(|c| c.offset)
+            .collect::<Vec<_>>(),
+        [2]
+    );
     let joined: JoinGroupResponse = ask(&mut socket, ApiKey::JoinGroup, 2, &join_group("g")).await;
     assert_eq!(joined.error_code, 0, "{joined:?}");
     assert!(
@@ -1638,7 +1662,133 @@ async fn a_group_generation_outlives_its_coordinator() {
         "generation {} at the new coordinator, {before} at the old",
         joined.generation_id
     );
+    // Once the group has rebalanced here, the old generation's members are fenced.
+    assert_eq!(
+        commit_at(&mut socket, "g", before, member, 3).await,
+        ResponseError::UnknownMemberId.code()
+    );
     next.stop().await;
+}
+
+/// A member of a stable group that joins again as it was gets its generation back at once,
+/// as from Kafka, and the other members go on undisturbed: a new round each time made
+/// kafka-python consumers polling in turn rebalance forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_rejoining_unchanged_keeps_its_generation() {
+    use kafka_protocol::messages::sync_group_request::SyncGroupRequestAssignment;
+    use kafka_protocol::messages::{
+        GroupId, HeartbeatRequest, HeartbeatResponse, JoinGroupResponse, SyncGroupRequest,
+        SyncGroupResponse,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = mink_kafka::KafkaConfig {
+        initial_rebalance_delay: Duration::from_millis(10),
+        ..Default::default()
+    };
+    let s = serve_with(dir.path(), 1, config).await;
+    raw_topic(&s.node, "t", 1).await;
+    let group = || GroupId(StrBytes::from_static_str("g"));
+    let connect = || tokio::net::TcpStream::connect(s.kafka.clone());
+    let (mut a, mut b) = (connect().await.unwrap(), connect().await.unwrap());
+    let join = |socket: tokio::net::TcpStream, member: StrBytes| {
+        tokio::spawn(async move {
+            let mut socket = socket;
+            let r: JoinGroupResponse = ask(
+                &mut socket,
+                ApiKey::JoinGroup,
+                2,
+                &join_group("g").with_member_id(member),
+            )
+            .await;
+            (socket, r)
+        })
+    };
+    let sync = |generation: i32, member: &StrBytes, assignments: Vec<StrBytes>| {
+        SyncGroupRequest::default()
+            .with_group_id(group())
+            .with_generation_id(generation)
+            .with_member_id(member.clone())
+            .with_assignments(
+                assignments
+                    .into_iter()
+                    .map(|m| {
+                        SyncGroupRequestAssignment::default()
+                            .with_member_id(m)
+                            .with_assignment(Bytes::new())
+                    })
+                    .collect(),
+            )
+    };
+    // A alone, then B: A rejoins the round B's join started.
+    let (socket, first) = join(a, StrBytes::default()).await.unwrap();
+    a = socket;
+    let id_a = first.member_id.clone();
+    let pending_b = join(b, StrBytes::default());
+    let (socket, again) = loop {
+        let beat: HeartbeatResponse = ask(
+            &mut a,
+            ApiKey::Heartbeat,
+            1,
+            &HeartbeatRequest::default()
+                .with_group_id(group())
+                .with_generation_id(first.generation_id)
+                .with_member_id(id_a.clone()),
+        )
+        .await;
+        if beat.error_code != 0 {
+            break join(a, id_a.clone()).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    a = socket;
+    let (socket, joined_b) = pending_b.await.unwrap();
+    b = socket;
+    let generation = again.generation_id;
+    assert_eq!(joined_b.generation_id, generation);
+    let (leader, follower) = if again.leader == id_a {
+        ((&mut a, id_a.clone()), (&mut b, joined_b.member_id.clone()))
+    } else {
+        ((&mut b, joined_b.member_id.clone()), (&mut a, id_a.clone()))
+    };
+    let (follower_socket, follower_id) = follower;
+    let (leader_socket, leader_id) = leader;
+    let everyone = vec![leader_id.clone(), follower_id.clone()];
+    let f = sync(generation, &follower_id, vec![]);
+    let l = sync(generation, &leader_id, everyone);
+    let (synced_f, synced_l) = tokio::join!(
+        ask::<SyncGroupResponse>(follower_socket, ApiKey::SyncGroup, 1, &f),
+        ask::<SyncGroupResponse>(leader_socket, ApiKey::SyncGroup, 1, &l),
+    );
+    assert_eq!((synced_f.error_code, synced_l.error_code), (0, 0));
+    // The follower joins again, unchanged: answered at once, at the same generation.
+    let rejoined: JoinGroupResponse = tokio::time::timeout(
+        Duration::from_secs(10),
+        ask(
+            follower_socket,
+            ApiKey::JoinGroup,
+            2,
+            &join_group("g").with_member_id(follower_id.clone()),
+        ),
+    )
+    .await
+    .expect("an unchanged member's JoinGroup waited for a new round");
+    assert_eq!(
+        (rejoined.error_code, rejoined.generation_id),
+        (0, generation)
+    );
+    let beat: HeartbeatResponse = ask(
+        leader_socket,
+        ApiKey::Heartbeat,
+        1,
+        &HeartbeatRequest::default()
+            .with_group_id(group())
+            .with_generation_id(generation)
+            .with_member_id(leader_id),
+    )
+    .await;
+    assert_eq!(beat.error_code, 0, "the leader was sent to rejoin");
+    drop((a, b));
+    s.stop().await;
 }
 
 /// A Fetch (v11) of partition 0 of topic `t` from `offset`, waiting up to `max_wait_ms` for a
