@@ -288,9 +288,10 @@ impl KvTableDef {
                         Some(name) => AggFunction::parse(f.name(), name, options)?,
                     };
                     if !function.accepts(f.data_type()) {
+                        let key = format!("fields.{}.agg", f.name());
                         return Err(invalid(format!(
-                            "fields.{}.agg: {function:?} does not apply to type {}",
-                            f.name(),
+                            "{key}: {} does not apply to type {}",
+                            options.get(&key).map_or("", |v| v.trim()),
                             f.data_type()
                         )));
                     }
@@ -317,6 +318,22 @@ impl KvTableDef {
             if !matches!(merge_engine, MergeEngine::Aggregation { .. }) {
                 return Err(invalid(format!(
                     "{key} needs {MERGE_ENGINE} = 'aggregation'"
+                )));
+            }
+            // A misspelt key (Paimon's `aggregate-function`, say) would leave the column
+            // last-value: refused, naming what is known.
+            let rest = &key["fields.".len() + column.len()..];
+            let function = options
+                .get(&format!("fields.{column}.agg"))
+                .map(|f| f.trim().to_ascii_lowercase().replace('-', "_"));
+            let delimiter = function
+                .as_deref()
+                .filter(|f| matches!(*f, "listagg" | "string_agg"))
+                .map(|f| format!(".{f}.delimiter"));
+            if rest != ".agg" && Some(rest) != delimiter.as_deref() {
+                return Err(invalid(format!(
+                    "{key}: unknown option (fields.{column}.agg names the column's function, \
+                     fields.{column}.listagg.delimiter its delimiter)"
                 )));
             }
         }

@@ -75,7 +75,9 @@ impl Config {
             for (name, f) in ["v", "s", "ver", "b"].iter().zip(self.agg) {
                 o.insert(format!("fields.{name}.agg"), f.into());
             }
-            o.insert("fields.s.listagg.delimiter".into(), "|".into());
+            if self.agg[1] == "listagg" {
+                o.insert("fields.s.listagg.delimiter".into(), "|".into());
+            }
         }
         o.insert("table.delete.behavior".into(), self.delete.into());
         o.insert("table.changelog.image".into(), self.image.into());
@@ -610,6 +612,27 @@ fn definitions_follow_flusss_rules_and_name_what_is_wrong() {
             &["id"],
             &[],
             &[],
+            &[
+                ("table.merge-engine", "aggregation"),
+                ("fields.v.aggregate-function", "sum"),
+            ],
+            "fields.v.aggregate-function: unknown option",
+        ),
+        (
+            &["id"],
+            &[],
+            &[],
+            &[
+                ("table.merge-engine", "aggregation"),
+                ("fields.v.agg", "sum"),
+                ("fields.v.listagg.delimiter", ";"),
+            ],
+            "fields.v.listagg.delimiter: unknown option",
+        ),
+        (
+            &["id"],
+            &[],
+            &[],
             &[("table.delete.behavior", "maybe")],
             "table.delete.behavior",
         ),
@@ -665,6 +688,18 @@ fn definitions_follow_flusss_rules_and_name_what_is_wrong() {
         let e = def(pk, bucket, partitions, o).unwrap_err().to_string();
         assert!(e.contains(needle), "{pk:?} {o:?}: {e}");
     }
+    // A listagg column's delimiter is its option.
+    def(
+        &["id"],
+        &[],
+        &[],
+        &[
+            ("table.merge-engine", "aggregation"),
+            ("fields.s.agg", "listagg"),
+            ("fields.s.listagg.delimiter", ";"),
+        ],
+    )
+    .unwrap();
     // Reserved and unsupported columns.
     let reserved = Schema::new(vec![
         Field::new("id", DataType::Int64, false),
