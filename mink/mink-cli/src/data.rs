@@ -93,7 +93,8 @@ pub(crate) struct ScanArgs {
     /// Write here instead of standard output (required for Parquet).
     #[arg(long, short = 'o')]
     output: Option<PathBuf>,
-    /// Add `_bucket` and `_offset` columns.
+    /// Add `_bucket` and `_offset` columns (of a primary-key table, with --changelog: its
+    /// rows have no offsets).
     #[arg(long, conflicts_with = "filter")]
     with_offsets: bool,
     /// Only rows where this holds: `column OP value` (`=`, `!=`, `<`, `<=`, `>`, `>=`),
@@ -760,6 +761,18 @@ fn literal(text: &str) -> Result<serde_json::Value, String> {
 
 pub(crate) async fn scan(client: &Client, a: ScanArgs) -> anyhow::Result<()> {
     let (database, table) = split_table(&a.table)?;
+    if a.with_offsets
+        && !a.changelog
+        && !client
+            .describe_table(&database, &table)
+            .await?
+            .primary_key
+            .is_empty()
+    {
+        bail!(
+            "--with-offsets: a primary-key table's rows have no offsets (offsets number its changelog): add --changelog"
+        );
+    }
     let mut scan = Scan::table(&database, &table).columns(column_list(a.columns.as_ref()));
     if a.changelog {
         scan = scan.changelog();

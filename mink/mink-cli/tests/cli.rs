@@ -330,6 +330,21 @@ fn a_closed_stdout_ends_client_commands_quietly() {
             out.status
         );
     }
+    // A snapshot's rows have no offsets; the changelog's do.
+    let (ok, _, err) = dev.try_run(&["scan", "app.kv", "--with-offsets"], None);
+    assert!(!ok && err.contains("add --changelog"), "{err}");
+    let out = dev.run(
+        &[
+            "scan",
+            "app.kv",
+            "--changelog",
+            "--with-offsets",
+            "-f",
+            "csv",
+        ],
+        None,
+    );
+    assert!(out.contains("_offset") && out.contains(",0,"), "{out}");
     let (reader, writer) = std::io::pipe().unwrap();
     drop(reader);
     let out = Command::new(MINK)
