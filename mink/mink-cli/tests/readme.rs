@@ -221,6 +221,17 @@ fn the_readme_set_up_and_quick_start_run_verbatim() {
                 "the README's pyarrow recipe failed:\n{stdout}\n{}",
                 String::from_utf8_lossy(&out.stderr)
             );
+            // Every bucket's rows (the first endpoint alone held one of two).
+            let counts: Vec<&str> = stdout
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .split(" rows of ")
+                .collect();
+            assert!(
+                counts.len() == 2 && counts[0] == counts[1] && counts[0] != "0",
+                "the README's pyarrow recipe read a part of the table:\n{stdout}"
+            );
             checked += 1;
             continue;
         }
