@@ -154,6 +154,7 @@ impl QueryEngine {
         // Ahead of type coercion, which would cast a float column to a literal's decimal type.
         let mut analyzer = datafusion::optimizer::Analyzer::new().rules;
         analyzer.insert(0, Arc::new(literals::FloatOperands));
+        analyzer.insert(0, Arc::new(literals::TextOperands));
         let state = datafusion::execution::SessionStateBuilder::new()
             .with_config(config)
             .with_default_features()

@@ -2,13 +2,14 @@
 //! that exact decimal (a DECIMAL column stores and matches it); these keep the places where
 //! PostgreSQL reads a number as a DOUBLE reading it so.
 
+use datafusion::arrow::datatypes::DataType;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode as _};
-use datafusion::common::{DFSchema, Result, ScalarValue};
+use datafusion::common::{DFSchema, DataFusionError, Result, ScalarValue};
 use datafusion::logical_expr::expr::{Between, BinaryExpr, InList};
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::utils::merge_schema;
-use datafusion::logical_expr::{Expr, ExprSchemable as _, LogicalPlan};
+use datafusion::logical_expr::{Expr, ExprSchemable as _, LogicalPlan, Operator};
 use datafusion::optimizer::AnalyzerRule;
 
 /// Makes each literal in scientific notation (`1e3`, `2.5E-7`) a DOUBLE, as PostgreSQL and
@@ -135,4 +136,125 @@ fn double(v: &ScalarValue) -> Option<f64> {
         return None;
     }
     crate::insert::show(v).parse().ok()
+}
+
+/// A quoted literal compared with a number (`n < '20'`, `x = '5'`, `n BETWEEN '2' AND '50'`,
+/// `n IN ('1', '2')`) becomes a value of the number's type, as PostgreSQL reads an untyped
+/// literal as its operand's type; one that is no such value (`n = 'abc'`) fails the statement.
+/// DataFusion would compare them as text instead: `n < '20'` held for 100 and not for 5.
+/// Runs before type coercion.
+#[derive(Debug, Default)]
+pub(crate) struct TextOperands;
+
+impl AnalyzerRule for TextOperands {
+    fn analyze(&self, plan: LogicalPlan, _: &ConfigOptions) -> Result<LogicalPlan> {
+        plan.transform_up_with_subqueries(|plan| {
+            let schema = merge_schema(&plan.inputs());
+            let names = NamePreserver::new(&plan);
+            let rewritten = plan.map_expressions(|e| {
+                let name = names.save(&e);
+                Ok(e.transform_up(|e| typed(e, &schema))?
+                    .update_data(|e| name.restore(e)))
+            })?;
+            if rewritten.transformed {
+                rewritten.map_data(LogicalPlan::recompute_schema)
+            } else {
+                Ok(rewritten)
+            }
+        })
+        .map(|t| t.data)
+    }
+
+    fn name(&self) -> &str {
+        "mink_text_operands"
+    }
+}
+
+/// `e` with the text literals compared with its numeric operand as values of that type.
+fn typed(e: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
+    // An expression whose type is unknown here (an outer column) is left alone.
+    let numeric = |e: &Expr| e.get_type(schema).ok().filter(DataType::is_numeric);
+    let compares = |op: &Operator| {
+        matches!(
+            op,
+            Operator::Eq
+                | Operator::NotEq
+                | Operator::Lt
+                | Operator::LtEq
+                | Operator::Gt
+                | Operator::GtEq
+                | Operator::IsDistinctFrom
+                | Operator::IsNotDistinctFrom
+        )
+    };
+    Ok(match e {
+        Expr::BinaryExpr(BinaryExpr { left, op, right }) if compares(&op) => {
+            let (left, right, changed) = match (numeric(&left), numeric(&right)) {
+                (Some(t), None) => {
+                    let (r, changed) = as_value(*right, &t, &left)?;
+                    (*left, r, changed)
+                }
+                (None, Some(t)) => {
+                    let (l, changed) = as_value(*left, &t, &right)?;
+                    (l, *right, changed)
+                }
+                _ => (*left, *right, false),
+            };
+            let e = Expr::BinaryExpr(BinaryExpr::new(Box::new(left), op, Box::new(right)));
+            Transformed::new_transformed(e, changed)
+        }
+        Expr::Between(b) => match numeric(&b.expr) {
+            Some(t) => {
+                let (low, l) = as_value(*b.low, &t, &b.expr)?;
+                let (high, h) = as_value(*b.high, &t, &b.expr)?;
+                let e = Expr::Between(Between::new(
+                    b.expr,
+                    b.negated,
+                    Box::new(low),
+                    Box::new(high),
+                ));
+                Transformed::new_transformed(e, l || h)
+            }
+            None => Transformed::no(Expr::Between(b)),
+        },
+        Expr::InList(l) => match numeric(&l.expr) {
+            Some(t) => {
+                let mut any = false;
+                let list = l
+                    .list
+                    .into_iter()
+                    .map(|item| {
+                        let (item, changed) = as_value(item, &t, &l.expr)?;
+                        any |= changed;
+                        Ok(item)
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let e = Expr::InList(InList::new(l.expr, list, l.negated));
+                Transformed::new_transformed(e, any)
+            }
+            None => Transformed::no(Expr::InList(l)),
+        },
+        e => Transformed::no(e),
+    })
+}
+
+/// A text literal as a value of `t` (the type of `operand`); anything else as is.
+fn as_value(e: Expr, t: &DataType, operand: &Expr) -> Result<(Expr, bool)> {
+    match e {
+        Expr::Literal(
+            v @ (ScalarValue::Utf8(Some(_))
+            | ScalarValue::LargeUtf8(Some(_))
+            | ScalarValue::Utf8View(Some(_))),
+            meta,
+        ) => {
+            let value = v.cast_to(t).map_err(|_| {
+                DataFusionError::Plan(format!(
+                    "{} is not a value of {t}, the type of {operand}",
+                    crate::insert::show(&v)
+                ))
+            })?;
+            Ok((Expr::Literal(value, meta), true))
+        }
+        e => Ok((e, false)),
+    }
 }
