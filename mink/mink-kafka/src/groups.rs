@@ -471,6 +471,12 @@ impl Groups {
         let mut due = Vec::new();
         {
             let mut groups = self.groups.lock().expect("groups");
+            // A group whose members are all gone is forgotten, as Kafka drops an empty group
+            // at its next cleanup: its committed offsets (the command log's) still list it,
+            // and its generation is recorded for when members come back.
+            groups.retain(|_, g| {
+                g.phase != Phase::Empty || !g.members.is_empty() || !g.pending.is_empty()
+            });
             for (id, group) in groups.iter_mut() {
                 let before = group.members.len();
                 // A member waiting in a JoinGroup keeps its place until the round ends.

@@ -103,9 +103,20 @@ pub fn is_compressed(batch: &Bytes) -> bool {
 /// The records of one checked batch.
 pub fn decode_batch(index: usize, batch: &Bytes) -> Result<Vec<Record>, RecordError> {
     let mut buf = batch.clone();
-    let set = RecordBatchDecoder::decode(&mut buf).map_err(|e| RecordError::Corrupt {
-        index,
-        reason: e.to_string(),
+    let set = RecordBatchDecoder::decode(&mut buf).map_err(|e| {
+        // A header key that is not UTF-8 is a record the raw schema cannot hold (its header
+        // keys are text), not a malformed batch: CORRUPT_MESSAGE is retried by clients.
+        if e.chain().any(|c| c.is::<std::str::Utf8Error>()) {
+            RecordError::Invalid {
+                index,
+                reason: format!("a header key is not UTF-8 ({e}): topics keep header keys as text"),
+            }
+        } else {
+            RecordError::Corrupt {
+                index,
+                reason: e.to_string(),
+            }
+        }
     })?;
     if buf.has_remaining() {
         return Err(RecordError::Corrupt {

@@ -1151,6 +1151,33 @@ async fn hostile_frames_get_errors_and_harm_nothing() {
             kafka_protocol::ResponseError::CorruptMessage.code()
         );
     }
+    // A header key that is not UTF-8 (the CRC right): a record the raw schema cannot hold,
+    // INVALID_RECORD (not retried, as CORRUPT_MESSAGE is), and nothing of its batch stored.
+    let mut keyed = kafka_protocol::records::Record {
+        headers: [(StrBytes::from_static_str("kx"), None)]
+            .into_iter()
+            .collect(),
+        ..records[0].clone()
+    };
+    keyed.offset = 0;
+    let mut bad_header = mink_kafka::records::encode_records(&[keyed])
+        .unwrap()
+        .to_vec();
+    let at = bad_header.windows(2).position(|w| w == b"kx").unwrap();
+    bad_header[at + 1] = 0xff;
+    let crc = crc32c::crc32c(&bad_header[21..]);
+    bad_header[17..21].copy_from_slice(&crc.to_be_bytes());
+    let mut answer = exchange(&mut socket, &produce_frame(Bytes::from(bad_header)))
+        .await
+        .unwrap();
+    ResponseHeader::decode(&mut answer, 0).unwrap();
+    let answer = ProduceResponse::decode(&mut answer, 7).unwrap();
+    let p = &answer.responses[0].partition_responses[0];
+    assert_eq!(
+        p.error_code,
+        kafka_protocol::ResponseError::InvalidRecord.code(),
+        "{p:?}"
+    );
     assert!(
         s.rows("kafka", "t", 0).await.is_empty(),
         "a corrupt batch was stored"
@@ -1788,6 +1815,73 @@ async fn a_member_rejoining_unchanged_keeps_its_generation() {
     .await;
     assert_eq!(beat.error_code, 0, "the leader was sent to rejoin");
     drop((a, b));
+    s.stop().await;
+}
+
+/// A group whose members have all left, and which committed nothing, is no longer listed (it
+/// was, as Empty, until the node restarted); one with committed offsets stays listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_that_left_nothing_is_forgotten() {
+    use kafka_protocol::messages::leave_group_request::MemberIdentity;
+    use kafka_protocol::messages::{
+        GroupId, JoinGroupResponse, LeaveGroupRequest, LeaveGroupResponse, ListGroupsRequest,
+        ListGroupsResponse,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = mink_kafka::KafkaConfig {
+        initial_rebalance_delay: Duration::from_millis(10),
+        ..Default::default()
+    };
+    let s = serve_with(dir.path(), 1, config).await;
+    raw_topic(&s.node, "t", 1).await;
+    let mut socket = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
+    for group in ["gone", "kept"] {
+        let joined: JoinGroupResponse =
+            ask(&mut socket, ApiKey::JoinGroup, 2, &join_group(group)).await;
+        assert_eq!(joined.error_code, 0, "{joined:?}");
+        if group == "kept" {
+            assert_eq!(
+                commit_at(&mut socket, group, -1, StrBytes::default(), 1).await,
+                0
+            );
+        }
+        let left: LeaveGroupResponse = ask(
+            &mut socket,
+            ApiKey::LeaveGroup,
+            3,
+            &LeaveGroupRequest::default()
+                .with_group_id(GroupId(StrBytes::from_static_str(group)))
+                .with_members(vec![
+                    MemberIdentity::default().with_member_id(joined.member_id),
+                ]),
+        )
+        .await;
+        assert_eq!(left.error_code, 0, "{left:?}");
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let listed: ListGroupsResponse = ask(
+            &mut socket,
+            ApiKey::ListGroups,
+            4,
+            &ListGroupsRequest::default(),
+        )
+        .await;
+        let ids: Vec<String> = listed
+            .groups
+            .iter()
+            .map(|g| g.group_id.to_string())
+            .collect();
+        if ids == ["kept"] {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "waited 30 s for only the group with offsets to be listed: {ids:?}"
+        );
+        next_change(&s.node).await;
+    }
+    drop(socket);
     s.stop().await;
 }
 
