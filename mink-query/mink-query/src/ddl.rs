@@ -234,11 +234,22 @@ async fn alter_table(
     let mut added = Vec::new();
     for op in &alter.operations {
         match op {
-            Op::AddColumn { column_def, .. } => {
+            Op::AddColumn {
+                column_def,
+                if_not_exists,
+                column_position,
+                ..
+            } => {
+                if column_position.is_some() {
+                    return Err(DataFusionError::NotImplemented(format!(
+                        "ADD COLUMN {} FIRST or AFTER is not supported: Mink adds columns at the end",
+                        column_def.name
+                    )));
+                }
                 refuse_ignored(std::slice::from_ref(column_def), &[])?;
                 let mut column = column_def.clone();
                 lake_timestamps(std::slice::from_mut(&mut column));
-                added.push(column);
+                added.push((column, *if_not_exists));
             }
             Op::SetOptionsParens { options }
             | Op::SetTblProperties {
@@ -258,39 +269,53 @@ async fn alter_table(
             .schema(&database, &table)
             .await
             .map_err(client_error)?;
-        // The new columns' Arrow types, as DataFusion plans them.
-        let probe = format!(
-            "CREATE TABLE mink_alter_probe ({})",
-            added
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-        let plan = column_planner(ctx).create_logical_plan(&probe).await?;
-        let LogicalPlan::Ddl(DdlStatement::CreateMemoryTable(c)) = plan else {
-            return Err(DataFusionError::Internal(
-                "ADD COLUMN planned otherwise".into(),
-            ));
-        };
-        let mut fields: Vec<_> = current
-            .fields()
-            .iter()
-            .map(|f| f.as_ref().clone())
+        // ADD COLUMN IF NOT EXISTS of a column the table has: nothing to add, as in PostgreSQL.
+        let added: Vec<ColumnDef> = added
+            .into_iter()
+            .filter(|(c, if_not_exists)| {
+                !(*if_not_exists && current.field_with_name(&c.name.value).is_ok())
+            })
+            .map(|(c, _)| c)
             .collect();
-        fields.extend(
-            c.input
-                .schema()
-                .as_arrow()
+        if added.is_empty() && change.set_options.is_empty() {
+            return Ok(());
+        }
+        if !added.is_empty() {
+            // The new columns' Arrow types, as DataFusion plans them.
+            let probe = format!(
+                "CREATE TABLE mink_alter_probe ({})",
+                added
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            let plan = column_planner(ctx).create_logical_plan(&probe).await?;
+            let LogicalPlan::Ddl(DdlStatement::CreateMemoryTable(c)) = plan else {
+                return Err(DataFusionError::Internal(
+                    "ADD COLUMN planned otherwise".into(),
+                ));
+            };
+            let mut fields: Vec<_> = current
                 .fields()
                 .iter()
-                .map(|f| f.as_ref().clone()),
-        );
-        let schema =
-            arrow::datatypes::Schema::new_with_metadata(fields, current.metadata().clone());
-        change.schema = Some(
-            protocol::encode_schema(&schema).map_err(|e| DataFusionError::External(Box::new(e)))?,
-        );
+                .map(|f| f.as_ref().clone())
+                .collect();
+            fields.extend(
+                c.input
+                    .schema()
+                    .as_arrow()
+                    .fields()
+                    .iter()
+                    .map(|f| f.as_ref().clone()),
+            );
+            let schema =
+                arrow::datatypes::Schema::new_with_metadata(fields, current.metadata().clone());
+            change.schema = Some(
+                protocol::encode_schema(&schema)
+                    .map_err(|e| DataFusionError::External(Box::new(e)))?,
+            );
+        }
     }
     client.alter_table(&change).await.map_err(client_error)?;
     Ok(())
