@@ -378,7 +378,11 @@ enum Rows<'a> {
         max: usize,
         out: &'a mut (dyn Write + Send),
     },
-    Csv(arrow::csv::Writer<&'a mut (dyn Write + Send)>),
+    /// With the statement's schema: a result of no rows still writes its header line.
+    Csv(
+        arrow::csv::Writer<&'a mut (dyn Write + Send)>,
+        arrow::datatypes::SchemaRef,
+    ),
     /// As `mink scan -f json` writes rows: every null, durations as counts.
     Json(arrow::json::Writer<&'a mut (dyn Write + Send), arrow::json::writer::LineDelimited>),
     /// Columns of types Parquet cannot name are cast to ones it can
@@ -421,6 +425,7 @@ impl<'a> Rows<'a> {
                 arrow::csv::WriterBuilder::new()
                     .with_header(true)
                     .build(out),
+                schema,
             ),
             Format::Json => Rows::Json(mink_log::export::json_writer(out)),
             Format::Parquet => {
@@ -456,7 +461,7 @@ impl<'a> Rows<'a> {
                     kept.push(batch.slice(0, room));
                 }
             }
-            Rows::Csv(w) => w.write(&mink_log::export::text_batch(batch)?)?,
+            Rows::Csv(w, _) => w.write(&mink_log::export::text_batch(batch)?)?,
             Rows::Json(w) => w.write(&mink_log::export::text_batch(batch)?)?,
             Rows::Parquet(w, schema) => w.write(&mink_log::export::cast_batch(batch, schema)?)?,
         }
@@ -466,7 +471,14 @@ impl<'a> Rows<'a> {
     /// Ends the output of a statement that answered `count` rows.
     fn finish(self, count: u64) -> anyhow::Result<()> {
         match self {
-            Rows::Nothing | Rows::Csv(_) => {}
+            Rows::Nothing => {}
+            // The header line, as psql and DuckDB write it for no rows.
+            Rows::Csv(mut w, schema) if count == 0 => {
+                w.write(&mink_log::export::text_batch(&RecordBatch::new_empty(
+                    schema,
+                ))?)?;
+            }
+            Rows::Csv(..) => {}
             Rows::Table {
                 schema,
                 mut kept,

@@ -124,7 +124,10 @@ pub(crate) async fn run(
     if let Some(h) = &history {
         let _ = editor.load_history(h);
     }
-    say("mink-query: SQL over Mink. \\? for help, \\q to quit.");
+    // At a terminal only: statements piped in write their rows alone, as psql does.
+    if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+        say("mink-query: SQL over Mink. \\? for help, \\q to quit.");
+    }
     let mut timing = false;
     let mut buffer = String::new();
     loop {

@@ -190,6 +190,46 @@ async fn statements_from_the_command_line_and_files() {
     .await;
     assert!(ok, "{err}");
     assert_eq!(out.lines().count(), 100_001);
+    // No rows: the header line still, as psql and DuckDB write it.
+    let (ok, out, err) = query(
+        &s.address,
+        &[
+            "--format",
+            "csv",
+            "-c",
+            "SELECT id, name FROM app.people WHERE id < 0",
+        ],
+    )
+    .await;
+    assert!(ok, "{err}");
+    assert_eq!(out, "id,name\n");
+    // Statements piped in write their rows alone: no banner (it landed in a CSV file).
+    let address = s.address.clone();
+    let piped = tokio::task::spawn_blocking(move || {
+        use std::io::Write as _;
+        let mut child = Command::new(MINK_QUERY)
+            .args(["--server", &address, "--format", "csv"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(b"SELECT 1 AS a;\n")
+            .unwrap();
+        child.wait_with_output().unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&piped.stdout),
+        "a\n1\n",
+        "{}",
+        String::from_utf8_lossy(&piped.stderr)
+    );
     // A nested column is refused before anything is written (it failed after the header).
     let (ok, out, err) = query(
         &s.address,
