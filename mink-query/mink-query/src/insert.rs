@@ -22,17 +22,6 @@ use datafusion::physical_plan::{DisplayAs, DisplayFormatType};
 use futures::StreamExt as _;
 use mink_client::{Client, TableDescription};
 
-/// The column a primary-key table generates (`auto-increment.fields`): writers leave it out.
-pub(crate) fn auto_increment(d: &TableDescription) -> Option<String> {
-    if d.primary_key.is_empty() {
-        return None;
-    }
-    d.options
-        .get("auto-increment.fields")
-        .map(|c| c.trim().to_string())
-        .filter(|c| !c.is_empty())
-}
-
 /// The refusal of a write setting `column`, the auto-increment column of `table`.
 pub(crate) fn generated(column: &str, table: &str, statement: &str) -> DataFusionError {
     DataFusionError::Plan(format!(
@@ -72,7 +61,9 @@ impl MinkSink {
     /// describes.
     pub fn new(client: Client, description: TableDescription, schema: SchemaRef) -> Self {
         let nullable = Arc::new(mink_log::codec::all_nullable(&schema));
-        let generated = auto_increment(&description).and_then(|c| schema.index_of(&c).ok());
+        let generated = description
+            .auto_increment_column()
+            .and_then(|c| schema.index_of(&c).ok());
         MinkSink {
             client,
             description,
@@ -201,7 +192,7 @@ pub fn refuse_missing_values(plan: &LogicalPlan) -> Result<()> {
     };
     let d = table.description();
     let schema = table.schema();
-    let generated_column = auto_increment(d);
+    let generated_column = d.auto_increment_column();
     let values = match top.input.as_ref() {
         LogicalPlan::Values(v) => Some(v),
         _ => None,

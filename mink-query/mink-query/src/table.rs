@@ -521,7 +521,7 @@ impl TableProvider for MinkTable {
             &self.client,
             (&d.database, &d.table),
             (current, Arc::clone(&self.schema)),
-            crate::insert::auto_increment(d).as_deref(),
+            d.auto_increment_column().as_deref(),
             filters,
         )
     }
@@ -541,7 +541,7 @@ impl TableProvider for MinkTable {
             &self.client,
             (&d.database, &d.table),
             (current, Arc::clone(&self.schema)),
-            (&d.primary_key, crate::insert::auto_increment(d).as_deref()),
+            (&d.primary_key, d.auto_increment_column().as_deref()),
             assignments,
             filters,
         )

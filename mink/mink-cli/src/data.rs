@@ -331,6 +331,24 @@ fn conform(batch: &RecordBatch, schema: &SchemaRef) -> anyhow::Result<RecordBatc
     Ok(RecordBatch::try_new(nullable, columns)?)
 }
 
+/// `batch` as the columns written (`conform`), refusing values of the column the table
+/// generates (`generated`: the CLI leaves it out of what it writes).
+fn taken(
+    batch: &RecordBatch,
+    written: &SchemaRef,
+    generated: Option<&str>,
+) -> anyhow::Result<RecordBatch> {
+    if let Some(c) = generated.and_then(|g| batch.column_by_name(g))
+        && c.null_count() < c.len()
+    {
+        bail!(
+            "column {:?} is auto-increment: its values are generated, leave it out",
+            generated.unwrap_or_default()
+        );
+    }
+    conform(batch, written)
+}
+
 /// `c` cast to `f`'s type, refusing what the cast would not keep: a value that does not fit
 /// or parse (Arrow's default cast makes it null), and, from a typed column (Parquet), a value
 /// the column's type cannot hold exactly (1.9 into an integer, 12.345 into `Decimal(10, 2)`,
@@ -408,6 +426,23 @@ pub(crate) async fn produce(client: &Client, a: ProduceArgs) -> anyhow::Result<(
             .arrow_schema()
             .map_err(|e| anyhow::anyhow!(e.0))?,
     );
+    // What is written: a delete, the key (the other columns are not needed, and a NOT NULL
+    // one would refuse the null); an upsert, every column but the one the table generates.
+    let generated = description.auto_increment_column();
+    let written: SchemaRef = Arc::new(Schema::new(
+        schema
+            .fields()
+            .iter()
+            .filter(|f| {
+                if a.delete {
+                    description.primary_key.contains(f.name())
+                } else {
+                    generated.as_ref() != Some(f.name())
+                }
+            })
+            .map(|f| f.as_ref().clone())
+            .collect::<Vec<_>>(),
+    ));
     // Readers parse into the table's columns, all nullable (the node names any null in a
     // non-null column precisely), in the types text holds them as.
     let loose = |csv: bool| -> SchemaRef {
@@ -452,8 +487,8 @@ pub(crate) async fn produce(client: &Client, a: ProduceArgs) -> anyhow::Result<(
                     .with_context(|| format!("{} is not a Parquet file", p.display()))?
                     .with_batch_size(batch_rows)
                     .build()?;
-            let schema = Arc::clone(&schema);
-            Box::new(reader.map(move |b| conform(&b?, &schema)))
+            let (written, generated) = (Arc::clone(&written), generated.clone());
+            Box::new(reader.map(move |b| taken(&b?, &written, generated.as_deref())))
         }
         InFormat::Csv | InFormat::Json => {
             let input: Box<dyn Read + Send> = match &path {
@@ -465,7 +500,7 @@ pub(crate) async fn produce(client: &Client, a: ProduceArgs) -> anyhow::Result<(
             };
             let mut input: Box<dyn BufRead + Send> =
                 Box::new(BufReader::with_capacity(1 << 20, input));
-            let table = Arc::clone(&schema);
+            let (table, generated) = (Arc::clone(&written), generated.clone());
             if format == InFormat::Csv {
                 if let Some(f) = schema.fields().iter().find(|f| f.data_type().is_nested()) {
                     bail!(
@@ -484,11 +519,15 @@ pub(crate) async fn produce(client: &Client, a: ProduceArgs) -> anyhow::Result<(
                 let reader = arrow::csv::ReaderBuilder::new(columns)
                     .with_batch_size(batch_rows)
                     .build(input)?;
-                Box::new(reader.map(move |b| conform(&b.context("CSV input")?, &table)))
+                Box::new(
+                    reader.map(move |b| {
+                        taken(&b.context("CSV input")?, &table, generated.as_deref())
+                    }),
+                )
             } else {
                 Box::new(json_lines(input, loose(false), batch_rows)?.map(move |b| {
                     let b = b.context("JSON input (one object per line, keys are column names)")?;
-                    conform(&b, &table)
+                    taken(&b, &table, generated.as_deref())
                 }))
             }
         }
@@ -510,11 +549,14 @@ pub(crate) async fn produce(client: &Client, a: ProduceArgs) -> anyhow::Result<(
     let mut rows = 0u64;
     while let Some(batch) = rx.recv().await {
         let batch = batch?;
-        let mut batch = RecordBatch::try_new(Arc::clone(&schema), batch.columns().to_vec())
-            .or_else(|_| conform(&batch, &schema))?;
+        let mut batch = RecordBatch::try_new(Arc::clone(&written), batch.columns().to_vec())
+            .or_else(|_| conform(&batch, &written))?;
         if a.delete {
-            let mut fields: Vec<Field> =
-                schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+            let mut fields: Vec<Field> = written
+                .fields()
+                .iter()
+                .map(|f| f.as_ref().clone())
+                .collect();
             fields.push(Field::new("_row_kind", DataType::Utf8, false));
             let mut columns = batch.columns().to_vec();
             columns.push(Arc::new(arrow::array::StringArray::from(vec![

@@ -886,6 +886,42 @@ fn primary_key_tables_from_the_command_line() {
     // Its log holds changes (and markers), not rows: counted as offsets.
     let described = dev.run(&["table", "describe", "app.counts"], None);
     assert!(described.contains("changelog offsets: 5\n"), "{described}");
+    // A delete sends the key alone: CSV may name the key only (it needed every column).
+    dev.run(
+        &[
+            "table",
+            "create",
+            "app.stock",
+            "-c",
+            "id Int64",
+            "-c",
+            "qty Int64",
+            "-c",
+            "uid Int64 not null",
+            "--primary-key",
+            "id",
+            "-o",
+            "auto-increment.fields=uid",
+        ],
+        None,
+    );
+    // An upsert leaves the generated column out, from CSV as from JSON; giving it is refused.
+    dev.run(
+        &["produce", "app.stock", "-f", "csv"],
+        Some("id,qty\n1,5\n2,6\n"),
+    );
+    let (ok, _, err) = dev.try_run(
+        &["produce", "app.stock"],
+        Some("{\"id\": 3, \"qty\": 1, \"uid\": 9}\n"),
+    );
+    assert!(!ok && err.contains("\"uid\" is auto-increment"), "{err}");
+    dev.run(&["produce", "app.stock", "--delete"], Some("{\"id\": 1}\n"));
+    dev.run(
+        &["produce", "app.stock", "--delete", "-f", "csv"],
+        Some("id\n2\n"),
+    );
+    let out = dev.run(&["scan", "app.stock", "-f", "csv"], None);
+    assert!(out.lines().count() <= 1, "{out}");
 }
 
 #[test]

@@ -409,6 +409,18 @@ impl TableDescription {
     pub fn arrow_schema(&self) -> Result<Schema, ProtocolError> {
         decode_schema(&self.schema)
     }
+
+    /// The column a primary-key table generates (`auto-increment.fields`): writers leave it
+    /// out.
+    pub fn auto_increment_column(&self) -> Option<String> {
+        if self.primary_key.is_empty() {
+            return None;
+        }
+        self.options
+            .get("auto-increment.fields")
+            .map(|c| c.trim().to_string())
+            .filter(|c| !c.is_empty())
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
