@@ -207,15 +207,33 @@ pub(crate) async fn table(client: &Client, c: TableCommand) -> anyhow::Result<()
                 .iter()
                 .map(|c| parse_column(c))
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            let mut opts: BTreeMap<String, String> = options
+            // An option given twice, or by a flag and by -o, is refused rather than one of
+            // them dropped.
+            let mut opts: BTreeMap<String, String> = BTreeMap::new();
+            let flags = [
+                (
+                    "bucket.num",
+                    bucket_num.map(|n| n.to_string()),
+                    "--bucket-num",
+                ),
+                ("bucket.key", bucket_key, "--bucket-key"),
+            ];
+            for (k, v) in options
                 .iter()
                 .map(|o| key_value(o))
-                .collect::<anyhow::Result<_>>()?;
-            if let Some(n) = bucket_num {
-                opts.insert("bucket.num".into(), n.to_string());
+                .collect::<anyhow::Result<Vec<_>>>()?
+            {
+                if let Some((_, _, flag)) = flags.iter().find(|(f, v, _)| *f == k && v.is_some()) {
+                    bail!("option {k} is given by {flag} and by -o {k}=...: give it once");
+                }
+                if opts.insert(k.clone(), v).is_some() {
+                    bail!("option {k} is given twice: give it once");
+                }
             }
-            if let Some(k) = bucket_key {
-                opts.insert("bucket.key".into(), k);
+            for (k, v, _) in flags {
+                if let Some(v) = v {
+                    opts.insert(k.into(), v);
+                }
             }
             let partition_keys: Vec<String> = partition_key
                 .map(|p| p.split(',').map(|s| s.trim().to_string()).collect())

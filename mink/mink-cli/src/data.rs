@@ -65,8 +65,27 @@ pub(crate) struct LookupArgs {
     /// Columns to return, comma-separated (default: all).
     #[arg(long)]
     columns: Option<String>,
+    /// Lookups print their rows (Parquet is for scans to a file).
     #[arg(long, short = 'f', value_enum, default_value = "table")]
-    format: OutFormat,
+    format: PrintFormat,
+}
+
+/// The formats a command that prints its rows takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum PrintFormat {
+    Table,
+    Csv,
+    Json,
+}
+
+impl From<PrintFormat> for OutFormat {
+    fn from(f: PrintFormat) -> Self {
+        match f {
+            PrintFormat::Table => OutFormat::Table,
+            PrintFormat::Csv => OutFormat::Csv,
+            PrintFormat::Json => OutFormat::Json,
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -1128,10 +1147,7 @@ pub(crate) async fn lookup(client: &Client, a: LookupArgs) -> anyhow::Result<()>
     } else {
         client.lookup(&database, &table, keys, &columns).await?
     };
-    if a.format == OutFormat::Parquet {
-        bail!("lookup prints its rows: use --format table, json or csv");
-    }
-    let mut sink = Sink::open(a.format, None, &found.schema())?;
+    let mut sink = Sink::open(a.format.into(), None, &found.schema())?;
     sink.write(&found)?;
     sink.flush()?;
     Ok(())

@@ -886,6 +886,29 @@ fn primary_key_tables_from_the_command_line() {
     // Its log holds changes (and markers), not rows: counted as offsets.
     let described = dev.run(&["table", "describe", "app.counts"], None);
     assert!(described.contains("changelog offsets: 5\n"), "{described}");
+    // An option given twice, or by a flag and -o, is refused (one of them was dropped);
+    // lookups print, so Parquet is not offered.
+    for args in [
+        &["-c", "k Int64", "--bucket-num", "4", "-o", "bucket.num=8"][..],
+        &[
+            "-c",
+            "k Int64",
+            "-o",
+            "table.log.ttl=1h",
+            "-o",
+            "table.log.ttl=2h",
+        ][..],
+    ] {
+        let mut create = vec!["table", "create", "app.twice"];
+        create.extend_from_slice(args);
+        let (ok, _, err) = dev.try_run(&create, None);
+        assert!(!ok && err.contains("give it once"), "{args:?}: {err}");
+    }
+    let (ok, _, err) = dev.try_run(
+        &["lookup", "app.counts", "{\"id\": 1}", "-f", "parquet"],
+        None,
+    );
+    assert!(!ok && err.contains("invalid value 'parquet'"), "{err}");
     // A delete sends the key alone: CSV may name the key only (it needed every column).
     dev.run(
         &[

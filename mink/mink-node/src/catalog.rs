@@ -459,6 +459,16 @@ impl Node {
     ) -> NodeResult<TableInfo> {
         let record = self.table_record(database, table)?;
         check_options(&change.set_options)?;
+        // A reset names an option as a set does: a misspelt one is refused, not a no-op.
+        if let Some(k) = change.reset_options.iter().find(|k| {
+            (k.starts_with("table.") || k.starts_with("bucket."))
+                && !KNOWN_OPTIONS.contains(&k.as_str())
+        }) {
+            return Err(NodeError::Invalid(format!(
+                "unknown option {k}: Mink's table options are {} (see docs/tables.md)",
+                KNOWN_OPTIONS.join(", ")
+            )));
+        }
         // A raw topic's rows are Kafka records (key, value, headers, timestamp) because its
         // schema is exactly that: a column more made it a typed table, and every record stored
         // before fetched as a JSON row instead of its key and value.

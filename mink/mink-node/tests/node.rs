@@ -1128,6 +1128,21 @@ async fn options_whose_feature_does_not_exist_are_refused() {
         info.options.get("owner").map(String::as_str),
         Some("team-a")
     );
+    // A reset names an option as a set does: a misspelt one is refused.
+    let reset = node
+        .alter_table(
+            "app",
+            "events",
+            TableChange {
+                reset_options: vec!["table.no-such-option".into()],
+                ..Default::default()
+            },
+        )
+        .await;
+    assert!(
+        matches!(&reset, Err(NodeError::Invalid(m)) if m.contains("unknown option table.no-such-option")),
+        "{reset:?}"
+    );
     // The lake can be enabled later, and disabled (the lake tests test both).
     node.alter_table(
         "app",
