@@ -441,9 +441,12 @@ fn column_indices(schema: &Schema, columns: &[String]) -> LogResult<Vec<usize>> 
     columns
         .iter()
         .map(|c| {
-            schema
-                .index_of(c)
-                .map_err(|_| LogError::Invalid(format!("no column {c:?} in {schema}")))
+            schema.index_of(c).map_err(|_| {
+                LogError::Invalid(format!(
+                    "no column {c:?} (the columns: {})",
+                    columns_of(schema)
+                ))
+            })
         })
         .collect()
 }
@@ -545,6 +548,16 @@ pub fn all_nullable(schema: &Schema) -> Schema {
     )
 }
 
+/// `schema`'s columns as a user writes them: `id Int64, name Utf8`.
+pub fn columns_of(schema: &Schema) -> String {
+    schema
+        .fields()
+        .iter()
+        .map(|f| format!("{} {}", f.name(), f.data_type()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Checks that `batch` can be stored in a table of `schema`: same column names and types in
 /// order, and no null in a non-null column. Field metadata and nullability flags of the batch
 /// itself do not matter.
@@ -552,9 +565,10 @@ pub fn check_batch(schema: &SchemaRef, batch: &RecordBatch) -> LogResult<RecordB
     let got = batch.schema();
     if got.fields().len() != schema.fields().len() {
         return Err(LogError::Invalid(format!(
-            "the batch has {} columns, the table {}: expected {schema}",
+            "the batch has {} columns, the table {}: expected {}",
             got.fields().len(),
-            schema.fields().len()
+            schema.fields().len(),
+            columns_of(schema)
         )));
     }
     for (want, have) in schema.fields().iter().zip(got.fields()) {

@@ -349,7 +349,7 @@ impl Node {
         let positioned = r.start != ReadStart::Earliest || r.stop != ReadStop::HighWatermark;
         if matches!(kind, ReadKind::Snapshot | ReadKind::Merge) && positioned {
             return Err(NodeError::Invalid(
-                "offset, latest, end_offset and tail read the changelog of a primary-key table: set changelog: true".into(),
+                "offset, latest, end_offset and tail read the changelog of a primary-key table: set changelog: true (mink scan --changelog)".into(),
             ));
         }
         if r.bucket.is_none() && positioned {
