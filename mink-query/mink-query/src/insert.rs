@@ -315,7 +315,13 @@ fn check(column: &str, value: &Expr, from: &DataType, to: &DataType) -> Result<(
         Expr::Literal(v, _) if !v.is_null() => Some(v),
         _ => None,
     };
-    let shown = literal.map_or_else(|| value.to_string(), show);
+    // A column by its name (an ingest's rows are an internal table whose name means nothing
+    // to the user).
+    let shown = match (literal, uncast(value)) {
+        (Some(v), _) => show(v),
+        (None, Expr::Column(c)) => format!("column {}", c.name),
+        (None, e) => e.to_string(),
+    };
     if fractional && to.is_integer() {
         return Err(DataFusionError::Plan(format!(
             "column {column} is {to} and {shown} is {from}: a value of another type is refused, not truncated (INSERT ... SELECT CAST(value AS {to}) truncates)"

@@ -174,7 +174,18 @@ impl QueryEngine {
         let ctx = self.session().await?;
         let dialect = ctx.state().config().options().sql_parser.dialect;
         let sql = numbered_placeholders(sql);
-        let mut statement = ctx.state().sql_to_statement(&sql, &dialect)?;
+        // A syntax error as the parser says it (DataFusion shows its debug form, then again
+        // as its source).
+        let mut statement = ctx
+            .state()
+            .sql_to_statement(&sql, &dialect)
+            .map_err(|e| match e {
+                DataFusionError::SQL(p, _) => DataFusionError::Plan(format!(
+                    "syntax error: {}",
+                    p.to_string().trim_start_matches("sql parser error: ")
+                )),
+                e => e,
+            })?;
         literals::scientific_as_double(&mut statement);
         // DDL and SET answer no rows (DataFusion's `read_empty` is one row of no columns).
         let no_rows = || {

@@ -76,7 +76,17 @@ fn freshness_values(
 /// The freshness a `SET mink.freshness = ...` statement sets; `None` for any other
 /// statement.
 pub fn set_statement(statement: &datafusion::sql::parser::Statement) -> Result<Option<Freshness>> {
-    use datafusion::sql::sqlparser::ast::{Expr, Value};
+    use datafusion::sql::sqlparser::ast::{Expr, Set, Statement, Value};
+    // DataFusion answers SET TIME ZONE with the parser's debug form of the statement.
+    if let datafusion::sql::parser::Statement::Statement(s) = statement
+        && let Statement::Set(Set::SetTimeZone { .. }) = s.as_ref()
+    {
+        return Err(DataFusionError::NotImplemented(
+            "SET TIME ZONE is not supported: sessions are in UTC (for another zone's wall time, \
+             write ts AT TIME ZONE 'Europe/Berlin' or cast to a zoned TIMESTAMP)"
+                .into(),
+        ));
+    }
     let Some(values) = freshness_values(statement) else {
         return Ok(None);
     };
