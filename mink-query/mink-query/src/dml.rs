@@ -24,6 +24,46 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use mink_client::Client;
 
+/// `DELETE FROM t AS a WHERE a.c = ...` as `DELETE FROM t WHERE c = ...`: DataFusion plans a
+/// DELETE's WHERE against the table's own name and refused the alias ("No field named a.c"),
+/// where PostgreSQL takes it (UPDATE's alias DataFusion plans itself).
+pub(crate) fn unalias_delete(statement: &mut datafusion::sql::parser::Statement) {
+    use datafusion::sql::sqlparser::ast::{
+        Expr as SqlExpr, FromTable, Statement, TableFactor, visit_expressions_mut,
+    };
+    let datafusion::sql::parser::Statement::Statement(s) = statement else {
+        return;
+    };
+    let Statement::Delete(delete) = s.as_mut() else {
+        return;
+    };
+    let (FromTable::WithFromKeyword(tables) | FromTable::WithoutKeyword(tables)) = &mut delete.from;
+    let [table] = tables.as_mut_slice() else {
+        return;
+    };
+    if !table.joins.is_empty() {
+        return;
+    }
+    let TableFactor::Table { alias, .. } = &mut table.relation else {
+        return;
+    };
+    let Some(a) = alias.take() else {
+        return;
+    };
+    let Some(selection) = delete.selection.as_mut() else {
+        return;
+    };
+    let _ = visit_expressions_mut(selection, |e| {
+        if let SqlExpr::CompoundIdentifier(parts) = e
+            && parts.len() == 2
+            && parts[0].value == a.name.value
+        {
+            *e = SqlExpr::Identifier(parts[1].clone());
+        }
+        std::ops::ControlFlow::<()>::Continue(())
+    });
+}
+
 /// The column a primary-key table's writes carry their kind in.
 const ROW_KIND: &str = "_row_kind";
 

@@ -187,6 +187,7 @@ impl QueryEngine {
                 e => e,
             })?;
         literals::scientific_as_double(&mut statement);
+        dml::unalias_delete(&mut statement);
         // DDL and SET answer no rows (DataFusion's `read_empty` is one row of no columns).
         let no_rows = || {
             let plan = datafusion::logical_expr::LogicalPlanBuilder::empty(false).build()?;
@@ -327,7 +328,9 @@ pub fn bound_dml(df: DataFrame) -> Result<DataFrame> {
     optimized.apply(|p| {
         match p {
             LogicalPlan::EmptyRelation(e) if !e.produce_one_row => empty = true,
-            LogicalPlan::Join(_) | LogicalPlan::Subquery(_) | LogicalPlan::SubqueryAlias(_) => {
+            // A subquery becomes a join as the plan is optimized; an alias of the table
+            // (`UPDATE t AS o`) is no subquery.
+            LogicalPlan::Join(_) | LogicalPlan::Subquery(_) => {
                 joined = true;
             }
             _ => {}

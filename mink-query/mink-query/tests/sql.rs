@@ -1084,6 +1084,21 @@ async fn update_and_delete_change_primary_key_tables() {
         .error("DELETE FROM app.users WHERE id IN (SELECT id FROM app.events WHERE id < 2)")
         .await;
     assert!(sub.contains("subquery"), "{sub}");
+    // The table under an alias, as PostgreSQL takes it.
+    assert_eq!(
+        c.rows("UPDATE app.users AS u SET name = 'BOB' WHERE u.id = 2")
+            .await,
+        strings(&[&["1"]])
+    );
+    assert_eq!(
+        c.rows("UPDATE app.users u SET name = 'BO' WHERE id = 2")
+            .await,
+        strings(&[&["1"]])
+    );
+    assert_eq!(
+        c.rows("DELETE FROM app.users AS u WHERE u.id = 3").await,
+        strings(&[&["0"]])
+    );
     // A key asked for twice is one row.
     assert_eq!(
         c.rows("SELECT count(*) FROM app.users WHERE id IN (1, 1)")
