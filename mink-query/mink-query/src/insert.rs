@@ -156,12 +156,23 @@ impl DataSink for MinkSink {
         let (database, table) = (&self.description.database, &self.description.table);
         let mut writer = self.client.writer(database, table);
         let mut rows = 0u64;
+        // A statement that fails part-way (a null from its SELECT, a cast that fails in a
+        // later batch) says how many rows it stored before: a retry would store them again.
+        let stopped = |rows: u64, e: DataFusionError| {
+            if rows == 0 {
+                e
+            } else {
+                e.context(format!(
+                    "INSERT INTO {database}.{table} stopped after {rows} rows were stored"
+                ))
+            }
+        };
         while let Some(batch) = data.next().await {
-            let batch = batch?;
+            let batch = batch.map_err(|e| stopped(rows, e))?;
             if batch.num_rows() == 0 {
                 continue;
             }
-            let batch = self.checked(&batch)?;
+            let batch = self.checked(&batch).map_err(|e| stopped(rows, e))?;
             writer.write(&batch).await.map_err(|source| {
                 DataFusionError::External(Box::new(Stopped {
                     statement: format!("INSERT INTO {database}.{table}"),

@@ -1482,6 +1482,23 @@ async fn insert_refuses_null_in_not_null_columns_naming_them() {
         let refused = c.error(statement).await;
         assert!(refused.contains(column), "{statement}: {refused}");
     }
+    // A null in a later batch of a SELECT: the batches before it are stored, and the error
+    // says how many rows that was (a retry would store them again).
+    c.rows("CREATE TABLE app.part (a BIGINT NOT NULL)").await;
+    let refused = c
+        .error(
+            "INSERT INTO app.part SELECT CASE WHEN value = 50000 THEN NULL ELSE value END \
+             FROM range(100000)",
+        )
+        .await;
+    let stored = c.rows("SELECT count(*) FROM app.part").await[0][0].clone();
+    assert!(stored != "0", "nothing was stored before the null");
+    assert!(
+        refused.contains(&format!(
+            "INSERT INTO app.part stopped after {stored} rows were stored"
+        )) && refused.contains("column a of app.part is NOT NULL"),
+        "{refused}"
+    );
     let mut sql = c.flight_sql().await;
     c.rows("CREATE TABLE app.daily (id BIGINT NOT NULL) PARTITIONED BY (day VARCHAR)")
         .await;
