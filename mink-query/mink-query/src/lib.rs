@@ -155,6 +155,7 @@ impl QueryEngine {
         let mut analyzer = datafusion::optimizer::Analyzer::new().rules;
         analyzer.insert(0, Arc::new(literals::FloatOperands));
         analyzer.insert(0, Arc::new(literals::TextOperands));
+        analyzer.push(Arc::new(literals::NaiveAsUtc));
         let state = datafusion::execution::SessionStateBuilder::new()
             .with_config(config)
             .with_default_features()

@@ -258,3 +258,67 @@ fn as_value(e: Expr, t: &DataType, operand: &Expr) -> Result<(Expr, bool)> {
         e => Ok((e, false)),
     }
 }
+
+/// A timestamp without a zone becoming one with a zone other than UTC is read as UTC, the
+/// session's zone, as PostgreSQL reads a `timestamp` becoming a `timestamptz`: Arrow's cast
+/// reads it as a wall time in the target zone, so `TIMESTAMP '2024-01-01 00:00:00'` into a
+/// Europe/Berlin column was 2023-12-31T23:00Z, while `CAST(... AS TIMESTAMPTZ)` gave
+/// 2024-01-01T00:00Z. Runs after type coercion, which adds the casts.
+#[derive(Debug, Default)]
+pub(crate) struct NaiveAsUtc;
+
+impl AnalyzerRule for NaiveAsUtc {
+    fn analyze(&self, plan: LogicalPlan, _: &ConfigOptions) -> Result<LogicalPlan> {
+        plan.transform_up_with_subqueries(|plan| {
+            let schema = merge_schema(&plan.inputs());
+            let names = NamePreserver::new(&plan);
+            plan.map_expressions(|e| {
+                let name = names.save(&e);
+                Ok(e.transform_up(|e| Ok(via_utc(e, &schema)))?
+                    .update_data(|e| name.restore(e)))
+            })
+        })
+        .map(|t| t.data)
+    }
+
+    fn name(&self) -> &str {
+        "mink_naive_as_utc"
+    }
+}
+
+/// `e`, a cast of a zoneless timestamp to a zone other than UTC, through UTC.
+fn via_utc(e: Expr, schema: &DFSchema) -> Transformed<Expr> {
+    use datafusion::logical_expr::{Cast, TryCast};
+    let to_zone = |t: &DataType| matches!(t, DataType::Timestamp(_, Some(z)) if !is_utc(z));
+    let naive = |e: &Expr| match e.get_type(schema) {
+        Ok(DataType::Timestamp(unit, None)) => Some(unit),
+        _ => None,
+    };
+    match e {
+        Expr::Cast(Cast { expr, data_type }) if to_zone(&data_type) => match naive(&expr) {
+            Some(unit) => {
+                let utc = Expr::Cast(Cast::new(
+                    expr,
+                    DataType::Timestamp(unit, Some("UTC".into())),
+                ));
+                Transformed::yes(Expr::Cast(Cast::new(Box::new(utc), data_type)))
+            }
+            None => Transformed::no(Expr::Cast(Cast { expr, data_type })),
+        },
+        Expr::TryCast(TryCast { expr, data_type }) if to_zone(&data_type) => match naive(&expr) {
+            Some(unit) => {
+                let utc = Expr::TryCast(TryCast::new(
+                    expr,
+                    DataType::Timestamp(unit, Some("UTC".into())),
+                ));
+                Transformed::yes(Expr::TryCast(TryCast::new(Box::new(utc), data_type)))
+            }
+            None => Transformed::no(Expr::TryCast(TryCast { expr, data_type })),
+        },
+        e => Transformed::no(e),
+    }
+}
+
+fn is_utc(zone: &str) -> bool {
+    matches!(zone, "UTC" | "utc" | "+00:00" | "Z" | "Etc/UTC")
+}

@@ -712,6 +712,18 @@ async fn zoned_literals_keep_their_instant() {
             .await,
         strings(&[&["2"]])
     );
+    // A timestamp without a zone is read in the session's zone, UTC, as PostgreSQL reads it
+    // (Arrow's cast read it as Berlin's wall time: 2023-12-31T23:00Z).
+    c.rows("INSERT INTO app.berlin VALUES (3, TIMESTAMP '2024-01-01 00:00:00')")
+        .await;
+    assert_eq!(
+        c.rows(
+            "SELECT id, b FROM app.berlin WHERE b = TIMESTAMP '2024-01-01 00:00:00' \
+             OR b = CAST(TIMESTAMP '2024-01-01 00:00:00' AS TIMESTAMPTZ)"
+        )
+        .await,
+        strings(&[&["3", "2024-01-01T01:00:00+01:00"]])
+    );
     c.stop().await;
 }
 
