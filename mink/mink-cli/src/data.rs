@@ -350,22 +350,56 @@ fn conform(batch: &RecordBatch, schema: &SchemaRef) -> anyhow::Result<RecordBatc
     Ok(RecordBatch::try_new(nullable, columns)?)
 }
 
-/// `batch` as the columns written (`conform`), refusing values of the column the table
-/// generates (`generated`: the CLI leaves it out of what it writes).
+/// `batch` as the table's columns (`conform`), the `optional` ones it lacks as nulls. The
+/// column the table generates (`generated`, and whether the rows are deletes) is refused with
+/// values in an upsert, and cleared in a delete (the node takes a delete by its key).
 fn taken(
     batch: &RecordBatch,
-    written: &SchemaRef,
-    generated: Option<&str>,
+    schema: &SchemaRef,
+    optional: &[String],
+    generated: Option<&(String, bool)>,
 ) -> anyhow::Result<RecordBatch> {
-    if let Some(c) = generated.and_then(|g| batch.column_by_name(g))
-        && c.null_count() < c.len()
+    let mut batch = batch.clone();
+    if let Some((g, delete)) = generated
+        && let Ok(i) = batch.schema().index_of(g)
+        && batch.column(i).null_count() < batch.num_rows()
     {
-        bail!(
-            "column {:?} is auto-increment: its values are generated, leave it out",
-            generated.unwrap_or_default()
-        );
+        if !delete {
+            bail!("column {g:?} is auto-increment: its values are generated, leave it out");
+        }
+        let mut columns = batch.columns().to_vec();
+        columns[i] = arrow::array::new_null_array(columns[i].data_type(), batch.num_rows());
+        let nullable = Arc::new(mink_log::codec::all_nullable(&batch.schema()));
+        batch = RecordBatch::try_new(nullable, columns)?;
     }
-    conform(batch, written)
+    let batch = &batch;
+    let missing: Vec<&Field> = schema
+        .fields()
+        .iter()
+        .filter(|f| optional.contains(f.name()) && batch.column_by_name(f.name()).is_none())
+        .map(AsRef::as_ref)
+        .collect();
+    if missing.is_empty() {
+        return conform(batch, schema);
+    }
+    let mut fields: Vec<Field> = batch
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    let mut columns = batch.columns().to_vec();
+    for f in missing {
+        fields.push(f.clone().with_nullable(true));
+        columns.push(arrow::array::new_null_array(
+            f.data_type(),
+            batch.num_rows(),
+        ));
+    }
+    conform(
+        &RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?,
+        schema,
+    )
 }
 
 /// `c` cast to `f`'s type, refusing what the cast would not keep: a value that does not fit
@@ -445,23 +479,20 @@ pub(crate) async fn produce(client: &Client, a: ProduceArgs) -> anyhow::Result<(
             .arrow_schema()
             .map_err(|e| anyhow::anyhow!(e.0))?,
     );
-    // What is written: a delete, the key (the other columns are not needed, and a NOT NULL
-    // one would refuse the null); an upsert, every column but the one the table generates.
+    // Columns the input may leave out, written as nulls: a delete's non-key columns (a
+    // delete needs the key; CSV may name it alone), and the column the table generates (the
+    // node fills it; a value given for it is refused, but not in a delete: rows read back
+    // from a scan hold it).
     let generated = description.auto_increment_column();
-    let written: SchemaRef = Arc::new(Schema::new(
-        schema
-            .fields()
-            .iter()
-            .filter(|f| {
-                if a.delete {
-                    description.primary_key.contains(f.name())
-                } else {
-                    generated.as_ref() != Some(f.name())
-                }
-            })
-            .map(|f| f.as_ref().clone())
-            .collect::<Vec<_>>(),
-    ));
+    let optional: Vec<String> = schema
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .filter(|n| {
+            (a.delete && !description.primary_key.contains(n)) || generated.as_ref() == Some(n)
+        })
+        .collect();
+    let generated = generated.map(|g| (g, a.delete));
     // Readers parse into the table's columns, all nullable (the node names any null in a
     // non-null column precisely), in the types text holds them as.
     let loose = |csv: bool| -> SchemaRef {
@@ -506,8 +537,9 @@ pub(crate) async fn produce(client: &Client, a: ProduceArgs) -> anyhow::Result<(
                     .with_context(|| format!("{} is not a Parquet file", p.display()))?
                     .with_batch_size(batch_rows)
                     .build()?;
-            let (written, generated) = (Arc::clone(&written), generated.clone());
-            Box::new(reader.map(move |b| taken(&b?, &written, generated.as_deref())))
+            let (schema, optional, generated) =
+                (Arc::clone(&schema), optional.clone(), generated.clone());
+            Box::new(reader.map(move |b| taken(&b?, &schema, &optional, generated.as_ref())))
         }
         InFormat::Csv | InFormat::Json => {
             let input: Box<dyn Read + Send> = match &path {
@@ -519,7 +551,8 @@ pub(crate) async fn produce(client: &Client, a: ProduceArgs) -> anyhow::Result<(
             };
             let mut input: Box<dyn BufRead + Send> =
                 Box::new(BufReader::with_capacity(1 << 20, input));
-            let (table, generated) = (Arc::clone(&written), generated.clone());
+            let (table, optional, generated) =
+                (Arc::clone(&schema), optional.clone(), generated.clone());
             if format == InFormat::Csv {
                 if let Some(f) = schema.fields().iter().find(|f| f.data_type().is_nested()) {
                     bail!(
@@ -538,15 +571,18 @@ pub(crate) async fn produce(client: &Client, a: ProduceArgs) -> anyhow::Result<(
                 let reader = arrow::csv::ReaderBuilder::new(columns)
                     .with_batch_size(batch_rows)
                     .build(input)?;
-                Box::new(
-                    reader.map(move |b| {
-                        taken(&b.context("CSV input")?, &table, generated.as_deref())
-                    }),
-                )
+                Box::new(reader.map(move |b| {
+                    taken(
+                        &b.context("CSV input")?,
+                        &table,
+                        &optional,
+                        generated.as_ref(),
+                    )
+                }))
             } else {
                 Box::new(json_lines(input, loose(false), batch_rows)?.map(move |b| {
                     let b = b.context("JSON input (one object per line, keys are column names)")?;
-                    taken(&b, &table, generated.as_deref())
+                    taken(&b, &table, &optional, generated.as_ref())
                 }))
             }
         }
@@ -568,10 +604,12 @@ pub(crate) async fn produce(client: &Client, a: ProduceArgs) -> anyhow::Result<(
     let mut rows = 0u64;
     while let Some(batch) = rx.recv().await {
         let batch = batch?;
-        let mut batch = RecordBatch::try_new(Arc::clone(&written), batch.columns().to_vec())
-            .or_else(|_| conform(&batch, &written))?;
+        let mut batch = RecordBatch::try_new(Arc::clone(&schema), batch.columns().to_vec())
+            .or_else(|_| conform(&batch, &schema))?;
         if a.delete {
-            let mut fields: Vec<Field> = written
+            // The batch's own fields: the generated column of a delete is null.
+            let mut fields: Vec<Field> = batch
+                .schema()
                 .fields()
                 .iter()
                 .map(|f| f.as_ref().clone())

@@ -888,6 +888,28 @@ fn primary_key_tables_from_the_command_line() {
     assert!(described.contains("changelog offsets: 5\n"), "{described}");
     // An option given twice, or by a flag and -o, is refused (one of them was dropped);
     // lookups print, so Parquet is not offered.
+    let (ok, _, err) = dev.try_run(
+        &[
+            "table",
+            "create",
+            "app.sums",
+            "-c",
+            "k Int64",
+            "-c",
+            "n Int64",
+            "--primary-key",
+            "k",
+            "-o",
+            "table.merge-engine=aggregation",
+            "-o",
+            "fields.n.aggregate-function=sum",
+        ],
+        None,
+    );
+    assert!(
+        !ok && err.contains("fields.n.aggregate-function: unknown option"),
+        "{err}"
+    );
     for args in [
         &["-c", "k Int64", "--bucket-num", "4", "-o", "bucket.num=8"][..],
         &[
@@ -909,7 +931,9 @@ fn primary_key_tables_from_the_command_line() {
         None,
     );
     assert!(!ok && err.contains("invalid value 'parquet'"), "{err}");
-    // A delete sends the key alone: CSV may name the key only (it needed every column).
+    // A delete may leave out non-key columns (CSV named every column), and sends the rows
+    // read back from a scan (their generated column too); an upsert leaves the generated
+    // column out, from CSV as from JSON, and giving it is refused.
     dev.run(
         &[
             "table",
@@ -918,7 +942,9 @@ fn primary_key_tables_from_the_command_line() {
             "-c",
             "id Int64",
             "-c",
-            "qty Int64",
+            "qty Int64 not null",
+            "-c",
+            "note Utf8",
             "-c",
             "uid Int64 not null",
             "--primary-key",
@@ -928,20 +954,20 @@ fn primary_key_tables_from_the_command_line() {
         ],
         None,
     );
-    // An upsert leaves the generated column out, from CSV as from JSON; giving it is refused.
     dev.run(
         &["produce", "app.stock", "-f", "csv"],
-        Some("id,qty\n1,5\n2,6\n"),
+        Some("id,qty,note\n1,5,a\n2,6,b\n"),
     );
     let (ok, _, err) = dev.try_run(
         &["produce", "app.stock"],
         Some("{\"id\": 3, \"qty\": 1, \"uid\": 9}\n"),
     );
     assert!(!ok && err.contains("\"uid\" is auto-increment"), "{err}");
-    dev.run(&["produce", "app.stock", "--delete"], Some("{\"id\": 1}\n"));
+    let row = dev.run(&["lookup", "app.stock", "{\"id\": 1}", "-f", "json"], None);
+    dev.run(&["produce", "app.stock", "--delete"], Some(&row));
     dev.run(
         &["produce", "app.stock", "--delete", "-f", "csv"],
-        Some("id\n2\n"),
+        Some("id,qty\n2,6\n"),
     );
     let out = dev.run(&["scan", "app.stock", "-f", "csv"], None);
     assert!(out.lines().count() <= 1, "{out}");

@@ -320,22 +320,6 @@ impl KvTableDef {
                     "{key} needs {MERGE_ENGINE} = 'aggregation'"
                 )));
             }
-            // A misspelt key (Paimon's `aggregate-function`, say) would leave the column
-            // last-value: refused, naming what is known.
-            let rest = &key["fields.".len() + column.len()..];
-            let function = options
-                .get(&format!("fields.{column}.agg"))
-                .map(|f| f.trim().to_ascii_lowercase().replace('-', "_"));
-            let delimiter = function
-                .as_deref()
-                .filter(|f| matches!(*f, "listagg" | "string_agg"))
-                .map(|f| format!(".{f}.delimiter"));
-            if rest != ".agg" && Some(rest) != delimiter.as_deref() {
-                return Err(invalid(format!(
-                    "{key}: unknown option (fields.{column}.agg names the column's function, \
-                     fields.{column}.listagg.delimiter its delimiter)"
-                )));
-            }
         }
         if options.contains_key(VERSION_COLUMN)
             && !matches!(merge_engine, MergeEngine::Versioned { .. })
@@ -502,6 +486,31 @@ impl KvTableDef {
         self.bucket_key.len() < self.physical_key.len()
             && self.physical_key.starts_with(&self.bucket_key)
     }
+}
+
+/// Refuses a `fields.<column>.*` option that is neither the column's function (`agg`) nor
+/// its listagg delimiter: a misspelt key (Paimon's `aggregate-function`, say) would leave the
+/// column merging as last-value. Checked when a table is created; tables stored before the
+/// check load as they are.
+pub fn check_field_options(options: &BTreeMap<String, String>) -> KvResult<()> {
+    for key in options.keys().filter(|k| k.starts_with("fields.")) {
+        let column = key["fields.".len()..].split('.').next().unwrap_or_default();
+        let rest = &key["fields.".len() + column.len()..];
+        let function = options
+            .get(&format!("fields.{column}.agg"))
+            .map(|f| f.trim().to_ascii_lowercase().replace('-', "_"));
+        let delimiter = function
+            .as_deref()
+            .filter(|f| matches!(*f, "listagg" | "string_agg"))
+            .map(|f| format!(".{f}.delimiter"));
+        if rest != ".agg" && Some(rest) != delimiter.as_deref() {
+            return Err(invalid(format!(
+                "{key}: unknown option (fields.{column}.agg names the column's function, \
+                 fields.{column}.listagg.delimiter its delimiter)"
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn indices(

@@ -343,6 +343,7 @@ impl Node {
                 &spec.options,
             );
             let given = TableOptions::parse(&spec.options)?.bucket_key;
+            mink_kv::definition::check_field_options(&spec.options)?;
             let def = mink_kv::KvTableDef::new(
                 Arc::new(spec.schema.clone()),
                 &spec.primary_key,
