@@ -1469,10 +1469,13 @@ async fn delete_groups(cx: &Context, request: &DeleteGroupsRequest) -> DeleteGro
                 match groups.get(group) {
                     Some(g) if !g.members.is_empty() => Err(ResponseError::NonEmptyGroup),
                     Some(_) => {
-                        groups.remove(group);
+                        cx.groups.forget(&mut groups, group);
                         Ok(true)
                     }
-                    None => Ok(false),
+                    None => {
+                        cx.groups.forget(&mut groups, group);
+                        Ok(false)
+                    }
                 }
             };
             match known {

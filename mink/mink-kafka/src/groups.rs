@@ -83,6 +83,9 @@ pub(crate) struct Groups {
     node: Node,
     initial_delay: Duration,
     pub(crate) groups: Mutex<BTreeMap<String, Group>>,
+    /// Groups this coordinator dropped (emptied, or deleted): their recorded generation is not
+    /// another coordinator's, so its members' commits are not taken as after a failover.
+    forgotten: Mutex<HashSet<String>>,
     next_member: std::sync::atomic::AtomicU64,
 }
 
@@ -117,8 +120,19 @@ impl Groups {
             node,
             initial_delay,
             groups: Mutex::new(BTreeMap::new()),
+            forgotten: Mutex::new(HashSet::new()),
             next_member: std::sync::atomic::AtomicU64::new(1),
         }
+    }
+
+    /// Drops `group` (DeleteGroups): its members' commits at its last generation are refused
+    /// from then on.
+    pub(crate) fn forget(&self, groups: &mut BTreeMap<String, Group>, group: &str) {
+        groups.remove(group);
+        self.forgotten
+            .lock()
+            .expect("forgotten")
+            .insert(group.to_string());
     }
 
     /// Whether this node coordinates groups now.
@@ -144,6 +158,7 @@ impl Groups {
             let group = groups.entry(j.group.clone()).or_insert_with(|| {
                 // A group new to this coordinator continues past the last recorded generation.
                 let generation = self.node.group_generation(&j.group);
+                let dropped_here = self.forgotten.lock().expect("forgotten").remove(&j.group);
                 Group {
                     phase: Phase::Empty,
                     generation,
@@ -154,7 +169,7 @@ impl Groups {
                     pending: HashSet::new(),
                     deadline: None,
                     not_before: None,
-                    inherited: generation > 0,
+                    inherited: generation > 0 && !dropped_here,
                 }
             });
             if !group.members.is_empty() && group.protocol_type != j.protocol_type {
@@ -443,7 +458,8 @@ impl Groups {
             // A group this coordinator has not seen yet (it took over from one that stopped):
             // its members commit at the generation the other recorded until they rejoin.
             let recorded = self.node.group_generation(group_id);
-            return if generation > 0 && generation == recorded {
+            let dropped_here = self.forgotten.lock().expect("forgotten").contains(group_id);
+            return if generation > 0 && generation == recorded && !dropped_here {
                 NO_ERROR
             } else {
                 ResponseError::IllegalGeneration
@@ -474,9 +490,16 @@ impl Groups {
             // A group whose members are all gone is forgotten, as Kafka drops an empty group
             // at its next cleanup: its committed offsets (the command log's) still list it,
             // and its generation is recorded for when members come back.
-            groups.retain(|_, g| {
-                g.phase != Phase::Empty || !g.members.is_empty() || !g.pending.is_empty()
+            let mut forgotten = self.forgotten.lock().expect("forgotten");
+            groups.retain(|id, g| {
+                let kept =
+                    g.phase != Phase::Empty || !g.members.is_empty() || !g.pending.is_empty();
+                if !kept {
+                    forgotten.insert(id.clone());
+                }
+                kept
             });
+            drop(forgotten);
             for (id, group) in groups.iter_mut() {
                 let before = group.members.len();
                 // A member waiting in a JoinGroup keeps its place until the round ends.

@@ -1835,10 +1835,14 @@ async fn a_group_that_left_nothing_is_forgotten() {
     let s = serve_with(dir.path(), 1, config).await;
     raw_topic(&s.node, "t", 1).await;
     let mut socket = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
+    let mut gone = None;
     for group in ["gone", "kept"] {
         let joined: JoinGroupResponse =
             ask(&mut socket, ApiKey::JoinGroup, 2, &join_group(group)).await;
         assert_eq!(joined.error_code, 0, "{joined:?}");
+        if group == "gone" {
+            gone = Some((joined.generation_id, joined.member_id.clone()));
+        }
         if group == "kept" {
             assert_eq!(
                 commit_at(&mut socket, group, -1, StrBytes::default(), 1).await,
@@ -1881,6 +1885,13 @@ async fn a_group_that_left_nothing_is_forgotten() {
         );
         next_change(&s.node).await;
     }
+    // A member of the forgotten group is no member of any generation here: its commit is
+    // refused, as a commit to a group Kafka does not know is.
+    let (generation, member) = gone.unwrap();
+    assert_eq!(
+        commit_at(&mut socket, "gone", generation, member, 1).await,
+        kafka_protocol::ResponseError::IllegalGeneration.code()
+    );
     drop(socket);
     s.stop().await;
 }
