@@ -270,10 +270,15 @@ async fn alter_table(
             .await
             .map_err(client_error)?;
         // ADD COLUMN IF NOT EXISTS of a column the table has: nothing to add, as in PostgreSQL.
+        // Names as the table keeps them (unquoted ones folded), including the statement's own.
+        let mut seen: Vec<String> = Vec::new();
         let added: Vec<ColumnDef> = added
             .into_iter()
             .filter(|(c, if_not_exists)| {
-                !(*if_not_exists && current.field_with_name(&c.name.value).is_ok())
+                let name = normalized(&c.name);
+                let exists = current.field_with_name(&name).is_ok() || seen.contains(&name);
+                seen.push(name);
+                !(*if_not_exists && exists)
             })
             .map(|(c, _)| c)
             .collect();

@@ -31,8 +31,10 @@ pub(crate) fn unalias_delete(statement: &mut datafusion::sql::parser::Statement)
     use datafusion::sql::sqlparser::ast::{
         Expr as SqlExpr, FromTable, Statement, TableFactor, visit_expressions_mut,
     };
-    let datafusion::sql::parser::Statement::Statement(s) = statement else {
-        return;
+    let s = match statement {
+        datafusion::sql::parser::Statement::Statement(s) => s,
+        datafusion::sql::parser::Statement::Explain(e) => return unalias_delete(&mut e.statement),
+        _ => return,
     };
     let Statement::Delete(delete) = s.as_mut() else {
         return;
@@ -54,9 +56,17 @@ pub(crate) fn unalias_delete(statement: &mut datafusion::sql::parser::Statement)
         return;
     };
     let _ = visit_expressions_mut(selection, |e| {
+        // Unquoted names fold to lower case, as the planner folds them.
+        let folded = |i: &datafusion::sql::sqlparser::ast::Ident| {
+            if i.quote_style.is_some() {
+                i.value.clone()
+            } else {
+                i.value.to_lowercase()
+            }
+        };
         if let SqlExpr::CompoundIdentifier(parts) = e
             && parts.len() == 2
-            && parts[0].value == a.name.value
+            && folded(&parts[0]) == folded(&a.name)
         {
             *e = SqlExpr::Identifier(parts[1].clone());
         }

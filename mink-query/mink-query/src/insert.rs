@@ -335,7 +335,7 @@ fn check(column: &str, value: &Expr, from: &DataType, to: &DataType) -> Result<(
     };
     if fractional && to.is_integer() {
         return Err(DataFusionError::Plan(format!(
-            "column {column} is {to} and {shown} is {from}: a value of another type is refused, not truncated (INSERT ... SELECT CAST(value AS {to}) truncates)"
+            "column {column} is {to} and {shown} is {from}: a value of another type is refused, not truncated (CAST(value AS {to}) truncates)"
         )));
     }
     if from.is_numeric() && *to == DataType::Boolean {
@@ -350,7 +350,7 @@ fn check(column: &str, value: &Expr, from: &DataType, to: &DataType) -> Result<(
             && places > kept
         {
             return Err(DataFusionError::Plan(format!(
-                "column {column} is {to} and {shown} is {from}: values with more decimal places are refused, not rounded (INSERT ... SELECT CAST(value AS {to}) rounds)"
+                "column {column} is {to} and {shown} is {from}: values with more decimal places are refused, not rounded (CAST(value AS {to}) rounds)"
             )));
         }
         return Ok(());
@@ -369,7 +369,7 @@ fn check(column: &str, value: &Expr, from: &DataType, to: &DataType) -> Result<(
         // More decimal places than the column keeps (1.23456 into a DECIMAL(12, 3)): refused,
         // as `mink produce` and a bound parameter refuse it, not rounded.
         Ok(cast) if !exactly(v, &cast) => Err(DataFusionError::Plan(format!(
-            "column {column} is {to}, and {shown} is not exactly a value of it: it is refused, not rounded (INSERT ... SELECT CAST(value AS {to}) rounds)"
+            "column {column} is {to}, and {shown} is not exactly a value of it: it is refused, not rounded (CAST(value AS {to}) rounds)"
         ))),
         Ok(_) => Ok(()),
     }

@@ -247,6 +247,32 @@ fn as_value(e: Expr, t: &DataType, operand: &Expr) -> Result<(Expr, bool)> {
             | ScalarValue::Utf8View(Some(_))),
             meta,
         ) => {
+            // A decimal column's literal keeps its own places (the column's type would round
+            // '1.2345' to 1.235, or fail on a number above its precision): coercion widens
+            // both.
+            let text = match &v {
+                ScalarValue::Utf8(Some(x))
+                | ScalarValue::LargeUtf8(Some(x))
+                | ScalarValue::Utf8View(Some(x)) => x.trim(),
+                _ => "",
+            };
+            let places = text
+                .split_once('.')
+                .map_or(0, |(_, f)| f.len())
+                .try_into()
+                .unwrap_or(i8::MAX);
+            let wide;
+            let t = match t {
+                DataType::Decimal32(_, s)
+                | DataType::Decimal64(_, s)
+                | DataType::Decimal128(_, s)
+                    if !text.contains(['e', 'E']) && places <= 38 =>
+                {
+                    wide = DataType::Decimal128(38, (*s).max(places));
+                    &wide
+                }
+                t => t,
+            };
             let value = v.cast_to(t).map_err(|_| {
                 DataFusionError::Plan(format!(
                     "{} is not a value of {t}, the type of {operand}",

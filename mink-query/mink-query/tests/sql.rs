@@ -1108,9 +1108,11 @@ async fn update_and_delete_change_primary_key_tables() {
         strings(&[&["1"]])
     );
     assert_eq!(
-        c.rows("DELETE FROM app.users AS u WHERE u.id = 3").await,
+        c.rows("DELETE FROM app.users AS U WHERE u.id = 3").await,
         strings(&[&["0"]])
     );
+    c.rows("EXPLAIN DELETE FROM app.users AS u WHERE u.id = 3")
+        .await;
     // A key asked for twice is one row.
     assert_eq!(
         c.rows("SELECT count(*) FROM app.users WHERE id IN (1, 1)")
