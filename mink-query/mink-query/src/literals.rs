@@ -51,26 +51,35 @@ pub(crate) struct FloatOperands;
 
 impl AnalyzerRule for FloatOperands {
     fn analyze(&self, plan: LogicalPlan, _: &ConfigOptions) -> Result<LogicalPlan> {
-        plan.transform_up_with_subqueries(|plan| {
-            let schema = merge_schema(&plan.inputs());
-            let names = NamePreserver::new(&plan);
-            let rewritten = plan.map_expressions(|e| {
-                let name = names.save(&e);
-                Ok(e.transform_up(|e| Ok(doubles(e, &schema)))?
-                    .update_data(|e| name.restore(e)))
-            })?;
-            if rewritten.transformed {
-                rewritten.map_data(LogicalPlan::recompute_schema)
-            } else {
-                Ok(rewritten)
-            }
-        })
-        .map(|t| t.data)
+        rewrite_expressions(plan, |e, schema| Ok(doubles(e, schema)))
     }
 
     fn name(&self) -> &str {
         "mink_float_operands"
     }
+}
+
+/// `plan` with `rewrite` applied to every expression, bottom up, in every node and subquery
+/// (typed against the node's inputs), names kept; the schemas recomputed where it changed one.
+fn rewrite_expressions(
+    plan: LogicalPlan,
+    rewrite: impl Fn(Expr, &DFSchema) -> Result<Transformed<Expr>>,
+) -> Result<LogicalPlan> {
+    plan.transform_up_with_subqueries(|plan| {
+        let schema = merge_schema(&plan.inputs());
+        let names = NamePreserver::new(&plan);
+        let rewritten = plan.map_expressions(|e| {
+            let name = names.save(&e);
+            Ok(e.transform_up(|e| rewrite(e, &schema))?
+                .update_data(|e| name.restore(e)))
+        })?;
+        if rewritten.transformed {
+            rewritten.map_data(LogicalPlan::recompute_schema)
+        } else {
+            Ok(rewritten)
+        }
+    })
+    .map(|t| t.data)
 }
 
 /// `e` with the decimal literals beside its float operand as DOUBLEs.
@@ -148,21 +157,7 @@ pub(crate) struct TextOperands;
 
 impl AnalyzerRule for TextOperands {
     fn analyze(&self, plan: LogicalPlan, _: &ConfigOptions) -> Result<LogicalPlan> {
-        plan.transform_up_with_subqueries(|plan| {
-            let schema = merge_schema(&plan.inputs());
-            let names = NamePreserver::new(&plan);
-            let rewritten = plan.map_expressions(|e| {
-                let name = names.save(&e);
-                Ok(e.transform_up(|e| typed(e, &schema))?
-                    .update_data(|e| name.restore(e)))
-            })?;
-            if rewritten.transformed {
-                rewritten.map_data(LogicalPlan::recompute_schema)
-            } else {
-                Ok(rewritten)
-            }
-        })
-        .map(|t| t.data)
+        rewrite_expressions(plan, typed)
     }
 
     fn name(&self) -> &str {
@@ -295,16 +290,7 @@ pub(crate) struct NaiveAsUtc;
 
 impl AnalyzerRule for NaiveAsUtc {
     fn analyze(&self, plan: LogicalPlan, _: &ConfigOptions) -> Result<LogicalPlan> {
-        plan.transform_up_with_subqueries(|plan| {
-            let schema = merge_schema(&plan.inputs());
-            let names = NamePreserver::new(&plan);
-            plan.map_expressions(|e| {
-                let name = names.save(&e);
-                Ok(e.transform_up(|e| Ok(via_utc(e, &schema)))?
-                    .update_data(|e| name.restore(e)))
-            })
-        })
-        .map(|t| t.data)
+        rewrite_expressions(plan, |e, schema| Ok(via_utc(e, schema)))
     }
 
     fn name(&self) -> &str {

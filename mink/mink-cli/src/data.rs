@@ -382,24 +382,29 @@ fn taken(
     if missing.is_empty() {
         return conform(batch, schema);
     }
+    let mut widened = batch.clone();
+    for f in missing {
+        let nulls = arrow::array::new_null_array(f.data_type(), batch.num_rows());
+        widened = with_column(&widened, f.clone().with_nullable(true), nulls)?;
+    }
+    conform(&widened, schema)
+}
+
+/// `batch` with `column` (described by `field`) appended.
+fn with_column(batch: &RecordBatch, field: Field, column: ArrayRef) -> anyhow::Result<RecordBatch> {
     let mut fields: Vec<Field> = batch
         .schema()
         .fields()
         .iter()
         .map(|f| f.as_ref().clone())
         .collect();
+    fields.push(field);
     let mut columns = batch.columns().to_vec();
-    for f in missing {
-        fields.push(f.clone().with_nullable(true));
-        columns.push(arrow::array::new_null_array(
-            f.data_type(),
-            batch.num_rows(),
-        ));
-    }
-    conform(
-        &RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?,
-        schema,
-    )
+    columns.push(column);
+    Ok(RecordBatch::try_new(
+        Arc::new(Schema::new(fields)),
+        columns,
+    )?)
 }
 
 /// `c` cast to `f`'s type, refusing what the cast would not keep: a value that does not fit
@@ -607,22 +612,12 @@ pub(crate) async fn produce(client: &Client, a: ProduceArgs) -> anyhow::Result<(
         let mut batch = RecordBatch::try_new(Arc::clone(&schema), batch.columns().to_vec())
             .or_else(|_| conform(&batch, &schema))?;
         if a.delete {
-            // The batch's own fields: the generated column of a delete is null.
-            let mut fields: Vec<Field> = batch
-                .schema()
-                .fields()
-                .iter()
-                .map(|f| f.as_ref().clone())
-                .collect();
-            fields.push(Field::new("_row_kind", DataType::Utf8, false));
-            let mut columns = batch.columns().to_vec();
-            columns.push(Arc::new(arrow::array::StringArray::from(vec![
-                "delete";
-                batch
-                    .num_rows(
-                    )
-            ])));
-            batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?;
+            let kinds = arrow::array::StringArray::from(vec!["delete"; batch.num_rows()]);
+            batch = with_column(
+                &batch,
+                Field::new("_row_kind", DataType::Utf8, false),
+                Arc::new(kinds),
+            )?;
         }
         let written = writer
             .write(&batch)

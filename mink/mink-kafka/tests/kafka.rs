@@ -42,6 +42,16 @@ async fn serve_with(
     serve_faulty(dir, node_id, config, None).await
 }
 
+/// [`serve_node`] whose groups complete their first rebalance 10 ms after the first join
+/// (3 s by default, for members starting together), for tests of one member at a time.
+async fn serve_groups(dir: &std::path::Path, node_id: u64) -> Served {
+    let config = mink_kafka::KafkaConfig {
+        initial_rebalance_delay: Duration::from_millis(10),
+        ..Default::default()
+    };
+    serve_with(dir, node_id, config).await
+}
+
 /// [`serve_with`] on an object store with `faults` injected.
 async fn serve_faulty(
     dir: &std::path::Path,
@@ -604,11 +614,7 @@ async fn commits_from_outside_the_current_generation_are_refused() {
         SyncGroupResponse,
     };
     let dir = tempfile::tempdir().unwrap();
-    let config = mink_kafka::KafkaConfig {
-        initial_rebalance_delay: Duration::from_millis(10),
-        ..Default::default()
-    };
-    let s = serve_with(dir.path(), 1, config).await;
+    let s = serve_groups(dir.path(), 1).await;
     raw_topic(&s.node, "t", 1).await;
     let mut socket = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
     let group = || GroupId(StrBytes::from_static_str("g"));
@@ -1600,12 +1606,8 @@ fn join_group(group: &'static str) -> kafka_protocol::messages::JoinGroupRequest
 async fn a_group_generation_outlives_its_coordinator() {
     use kafka_protocol::messages::JoinGroupResponse;
     let dir = tempfile::tempdir().unwrap();
-    let config = || mink_kafka::KafkaConfig {
-        initial_rebalance_delay: Duration::from_millis(10),
-        ..Default::default()
-    };
-    let a = serve_with(dir.path(), 1, config()).await;
-    let b = serve_with(dir.path(), 2, config()).await;
+    let a = serve_groups(dir.path(), 1).await;
+    let b = serve_groups(dir.path(), 2).await;
     raw_topic(&a.node, "t", 1).await;
     until(&a.node, "a group coordinator", || async {
         a.node.group_coordinator().is_some()
@@ -1708,11 +1710,7 @@ async fn a_member_rejoining_unchanged_keeps_its_generation() {
         SyncGroupResponse,
     };
     let dir = tempfile::tempdir().unwrap();
-    let config = mink_kafka::KafkaConfig {
-        initial_rebalance_delay: Duration::from_millis(10),
-        ..Default::default()
-    };
-    let s = serve_with(dir.path(), 1, config).await;
+    let s = serve_groups(dir.path(), 1).await;
     raw_topic(&s.node, "t", 1).await;
     let group = || GroupId(StrBytes::from_static_str("g"));
     let connect = || tokio::net::TcpStream::connect(s.kafka.clone());
@@ -1828,11 +1826,7 @@ async fn a_group_that_left_nothing_is_forgotten() {
         ListGroupsResponse,
     };
     let dir = tempfile::tempdir().unwrap();
-    let config = mink_kafka::KafkaConfig {
-        initial_rebalance_delay: Duration::from_millis(10),
-        ..Default::default()
-    };
-    let s = serve_with(dir.path(), 1, config).await;
+    let s = serve_groups(dir.path(), 1).await;
     raw_topic(&s.node, "t", 1).await;
     let mut socket = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
     let mut gone = None;
