@@ -240,19 +240,10 @@ async fn same_columns(client: &Client, table: &str, schema: &Schema) -> anyhow::
     anyhow::ensure!(
         columns(&have) == columns(schema),
         "{table} exists with other columns ({}) than the ones written to it ({})",
-        describe(&have),
-        describe(schema)
+        mink_log::codec::columns_of(&have),
+        mink_log::codec::columns_of(schema)
     );
     Ok(())
-}
-
-fn describe(schema: &Schema) -> String {
-    schema
-        .fields()
-        .iter()
-        .map(|f| format!("{} {}", f.name(), f.data_type()))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// One source partition being copied.
