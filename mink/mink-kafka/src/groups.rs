@@ -72,6 +72,8 @@ pub(crate) struct Group {
     /// A rebalance of a group that was empty completes no sooner than this, so members
     /// starting together join one generation (Kafka's `group.initial.rebalance.delay.ms`).
     not_before: Option<Instant>,
+    /// Since when the group has had no members (None while it has some).
+    empty_since: Option<Instant>,
     /// Taken over from another coordinator at its last recorded generation, and no rebalance
     /// completed here since: the members of that generation are not known here, and their
     /// commits at it are taken (as Kafka's coordinator, which loads them, takes them).
@@ -82,6 +84,7 @@ pub(crate) struct Group {
 pub(crate) struct Groups {
     node: Node,
     initial_delay: Duration,
+    empty_retention: Duration,
     pub(crate) groups: Mutex<BTreeMap<String, Group>>,
     /// Groups this coordinator dropped (emptied, or deleted): their recorded generation is not
     /// another coordinator's, so its members' commits are not taken as after a failover.
@@ -115,10 +118,11 @@ fn sync_error(code: ResponseError) -> SyncGroupResponse {
 }
 
 impl Groups {
-    pub(crate) fn new(node: Node, initial_delay: Duration) -> Self {
+    pub(crate) fn new(node: Node, initial_delay: Duration, empty_retention: Duration) -> Self {
         Groups {
             node,
             initial_delay,
+            empty_retention,
             groups: Mutex::new(BTreeMap::new()),
             forgotten: Mutex::new(HashSet::new()),
             next_member: std::sync::atomic::AtomicU64::new(1),
@@ -169,6 +173,7 @@ impl Groups {
                     pending: HashSet::new(),
                     deadline: None,
                     not_before: None,
+                    empty_since: None,
                     inherited: generation > 0 && !dropped_here,
                 }
             });
@@ -487,13 +492,18 @@ impl Groups {
         let mut due = Vec::new();
         {
             let mut groups = self.groups.lock().expect("groups");
-            // A group whose members are all gone is forgotten, as Kafka drops an empty group
-            // at its next cleanup: its committed offsets (the command log's) still list it,
-            // and its generation is recorded for when members come back.
+            // A group whose members are all gone is forgotten after `empty_retention`, as
+            // Kafka drops an empty group at its next cleanup: its committed offsets (the
+            // command log's) still list it, and its generation is recorded for when members
+            // come back.
             let mut forgotten = self.forgotten.lock().expect("forgotten");
             groups.retain(|id, g| {
-                let kept =
-                    g.phase != Phase::Empty || !g.members.is_empty() || !g.pending.is_empty();
+                if g.phase != Phase::Empty || !g.members.is_empty() || !g.pending.is_empty() {
+                    g.empty_since = None;
+                    return true;
+                }
+                let since = *g.empty_since.get_or_insert(now);
+                let kept = now < since + self.empty_retention;
                 if !kept {
                     forgotten.insert(id.clone());
                 }

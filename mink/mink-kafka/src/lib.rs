@@ -55,6 +55,11 @@ pub struct KafkaConfig {
     /// completes (Kafka's `group.initial.rebalance.delay.ms`, 3 s): consumers starting together
     /// join one generation instead of rebalancing once per member.
     pub initial_rebalance_delay: std::time::Duration,
+    /// How long a group whose members all left is kept, Empty (ListGroups and DescribeGroups
+    /// show it, DeleteGroups deletes it), before it is forgotten: Kafka drops one at its next
+    /// cleanup (`offsets.retention.check.interval.ms`, 10 minutes). Committed offsets keep
+    /// a group listed either way.
+    pub empty_group_retention: std::time::Duration,
 }
 
 impl Default for KafkaConfig {
@@ -69,6 +74,7 @@ impl Default for KafkaConfig {
             advertised: None,
             auto_create_topics: None,
             initial_rebalance_delay: std::time::Duration::from_secs(3),
+            empty_group_retention: std::time::Duration::from_secs(600),
         }
     }
 }
@@ -90,6 +96,7 @@ pub async fn serve(
     let groups = Arc::new(groups::Groups::new(
         node.clone(),
         config.initial_rebalance_delay,
+        config.empty_group_retention,
     ));
     // Group sessions and rebalance deadlines. (Committed offsets past their retention are
     // the coordinator's to drop: mink_coordinator::CoordinatorConfig.)

@@ -1816,8 +1816,9 @@ async fn a_member_rejoining_unchanged_keeps_its_generation() {
     s.stop().await;
 }
 
-/// A group whose members have all left, and which committed nothing, is no longer listed (it
-/// was, as Empty, until the node restarted); one with committed offsets stays listed.
+/// A group whose members have all left, and which committed nothing, is forgotten after its
+/// retention (it was listed, Empty, until the node restarted); one with committed offsets
+/// stays listed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_that_left_nothing_is_forgotten() {
     use kafka_protocol::messages::leave_group_request::MemberIdentity;
@@ -1826,7 +1827,12 @@ async fn a_group_that_left_nothing_is_forgotten() {
         ListGroupsResponse,
     };
     let dir = tempfile::tempdir().unwrap();
-    let s = serve_groups(dir.path(), 1).await;
+    let config = mink_kafka::KafkaConfig {
+        initial_rebalance_delay: Duration::from_millis(10),
+        empty_group_retention: Duration::from_millis(200),
+        ..Default::default()
+    };
+    let s = serve_with(dir.path(), 1, config).await;
     raw_topic(&s.node, "t", 1).await;
     let mut socket = tokio::net::TcpStream::connect(&s.kafka).await.unwrap();
     let mut gone = None;
