@@ -773,11 +773,14 @@ async fn clients_follow_leaders_and_the_coordinator_through_a_failover() {
         stdout.read_line(&mut line).unwrap();
         line
     });
-    assert_eq!(
-        line.trim(),
-        "ready",
-        "the script stopped before the failover"
-    );
+    if line.trim() != "ready" {
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        panic!(
+            "the script stopped before the failover:\n{line}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     // The topic's partitions are led by both nodes.
     let info = a.node.describe_table("kafka", "moving").unwrap();
     let leaders: std::collections::BTreeSet<u64> =
