@@ -133,10 +133,7 @@ impl Groups {
     /// from then on.
     pub(crate) fn forget(&self, groups: &mut BTreeMap<String, Group>, group: &str) {
         groups.remove(group);
-        self.forgotten
-            .lock()
-            .expect("forgotten")
-            .insert(group.to_string());
+        remember(&mut self.forgotten.lock().expect("forgotten"), group);
     }
 
     /// Whether this node coordinates groups now.
@@ -505,7 +502,7 @@ impl Groups {
                 let since = *g.empty_since.get_or_insert(now);
                 let kept = now < since + self.empty_retention;
                 if !kept {
-                    forgotten.insert(id.clone());
+                    remember(&mut forgotten, id);
                 }
                 kept
             });
@@ -538,6 +535,17 @@ impl Groups {
             self.complete_joins_at(&group, expired).await;
         }
     }
+}
+
+/// Forgotten groups kept at most: a node that has forgotten this many (console consumers each
+/// make a group of their own) starts again, its oldest zombie members then as after a failover.
+const FORGOTTEN_MAX: usize = 100_000;
+
+fn remember(forgotten: &mut HashSet<String>, group: &str) {
+    if forgotten.len() >= FORGOTTEN_MAX {
+        forgotten.clear();
+    }
+    forgotten.insert(group.to_string());
 }
 
 /// `ResponseError` has no "none": code 0 is this.
