@@ -1752,7 +1752,14 @@ async fn a_member_rejoining_unchanged_keeps_its_generation() {
     a = socket;
     let id_a = first.member_id.clone();
     let pending_b = join(b, StrBytes::default());
+    // A's heartbeats (each a round trip: no sleep between them) tell it when B's join has
+    // started a round, as they tell a client.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let (socket, again) = loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "waited 30 s for B's join to start a round"
+        );
         let beat: HeartbeatResponse = ask(
             &mut a,
             ApiKey::Heartbeat,
@@ -1766,7 +1773,6 @@ async fn a_member_rejoining_unchanged_keeps_its_generation() {
         if beat.error_code != 0 {
             break join(a, id_a.clone()).await.unwrap();
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
     };
     a = socket;
     let (socket, joined_b) = pending_b.await.unwrap();
