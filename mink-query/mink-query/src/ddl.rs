@@ -282,9 +282,6 @@ async fn alter_table(
             })
             .map(|(c, _)| c)
             .collect();
-        if added.is_empty() && change.set_options.is_empty() {
-            return Ok(());
-        }
         if !added.is_empty() {
             // The new columns' Arrow types, as DataFusion plans them.
             let probe = format!(
@@ -322,7 +319,10 @@ async fn alter_table(
             );
         }
     }
-    client.alter_table(&change).await.map_err(client_error)?;
+    // Nothing left to change (every column exists already): nothing to ask.
+    if change.schema.is_some() || !change.set_options.is_empty() {
+        client.alter_table(&change).await.map_err(client_error)?;
+    }
     Ok(())
 }
 
@@ -364,7 +364,7 @@ fn column_planner(ctx: &SessionContext) -> datafusion::execution::SessionState {
 }
 
 /// An identifier as DataFusion resolves it: unquoted names are lowercase.
-fn normalized(i: &datafusion::sql::sqlparser::ast::Ident) -> String {
+pub(crate) fn normalized(i: &datafusion::sql::sqlparser::ast::Ident) -> String {
     if i.quote_style.is_some() {
         i.value.clone()
     } else {

@@ -55,18 +55,11 @@ pub(crate) fn unalias_delete(statement: &mut datafusion::sql::parser::Statement)
     let Some(selection) = delete.selection.as_mut() else {
         return;
     };
+    let alias = crate::ddl::normalized(&a.name);
     let _ = visit_expressions_mut(selection, |e| {
-        // Unquoted names fold to lower case, as the planner folds them.
-        let folded = |i: &datafusion::sql::sqlparser::ast::Ident| {
-            if i.quote_style.is_some() {
-                i.value.clone()
-            } else {
-                i.value.to_lowercase()
-            }
-        };
         if let SqlExpr::CompoundIdentifier(parts) = e
             && parts.len() == 2
-            && folded(&parts[0]) == folded(&a.name)
+            && crate::ddl::normalized(&parts[0]) == alias
         {
             *e = SqlExpr::Identifier(parts[1].clone());
         }
@@ -136,7 +129,7 @@ fn tests(
 }
 
 /// What a statement does to the rows it selects.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 enum Change {
     Delete,
     /// Each assigned column's index and its value.
@@ -145,6 +138,7 @@ enum Change {
 
 /// An `UPDATE` or `DELETE` as a plan that makes its change when executed, answering one row
 /// (`count`): planning it (`EXPLAIN`, a prepared statement) reads and writes nothing.
+#[derive(Clone)]
 struct WriteBack {
     client: Client,
     database: String,
@@ -169,9 +163,8 @@ impl std::fmt::Debug for WriteBack {
 
 impl WriteBack {
     fn plan(self) -> Result<Arc<dyn ExecutionPlan>> {
-        let schema = count_schema();
         Ok(Arc::new(StreamingTableExec::try_new(
-            schema,
+            Arc::clone(count_schema()),
             vec![Arc::new(self) as Arc<dyn PartitionStream>],
             None,
             Vec::<LexOrdering>::new(),
@@ -189,19 +182,9 @@ impl WriteBack {
             Change::Delete => without(generated, rows)?
                 .iter()
                 .map(|b| {
-                    let mut columns = b.columns().to_vec();
-                    columns.push(Arc::new(StringArray::from(vec!["delete"; b.num_rows()])));
-                    let mut fields: Vec<Field> = b
-                        .schema()
-                        .fields()
-                        .iter()
-                        .map(|f| f.as_ref().clone())
-                        .collect();
-                    fields.push(Field::new(ROW_KIND, DataType::Utf8, false));
-                    Ok(RecordBatch::try_new(
-                        Arc::new(Schema::new(fields)),
-                        columns,
-                    )?)
+                    let kinds = StringArray::from(vec!["delete"; b.num_rows()]);
+                    let field = Field::new(ROW_KIND, DataType::Utf8, false);
+                    Ok(mink_log::codec::with_column(b, field, Arc::new(kinds))?)
                 })
                 .collect::<Result<Vec<_>>>()?,
             Change::Update(assignments) => {
@@ -234,45 +217,35 @@ impl WriteBack {
 
 impl PartitionStream for WriteBack {
     fn schema(&self) -> &SchemaRef {
-        static SCHEMA: std::sync::OnceLock<SchemaRef> = std::sync::OnceLock::new();
-        SCHEMA.get_or_init(count_schema)
+        count_schema()
     }
 
     fn execute(&self, context: Arc<TaskContext>) -> SendableRecordBatchStream {
-        let this = WriteBack {
-            client: self.client.clone(),
-            database: self.database.clone(),
-            table: self.table.clone(),
-            current: Arc::clone(&self.current),
-            schema: Arc::clone(&self.schema),
-            tests: self.tests.clone(),
-            change: match &self.change {
-                Change::Delete => Change::Delete,
-                Change::Update(a) => Change::Update(a.clone()),
-            },
-            generated: self.generated.clone(),
-        };
+        let this = self.clone();
         let counted = async move {
             let rows = this.run(context).await?;
             Ok(RecordBatch::try_new(
-                count_schema(),
+                Arc::clone(count_schema()),
                 vec![Arc::new(UInt64Array::from(vec![rows])) as ArrayRef],
             )?)
         };
         Box::pin(RecordBatchStreamAdapter::new(
-            count_schema(),
+            Arc::clone(count_schema()),
             futures::stream::once(counted),
         ))
     }
 }
 
 /// The one column a statement's answer has.
-fn count_schema() -> SchemaRef {
-    Arc::new(Schema::new(vec![Field::new(
-        "count",
-        DataType::UInt64,
-        false,
-    )]))
+fn count_schema() -> &'static SchemaRef {
+    static SCHEMA: std::sync::OnceLock<SchemaRef> = std::sync::OnceLock::new();
+    SCHEMA.get_or_init(|| {
+        Arc::new(Schema::new(vec![Field::new(
+            "count",
+            DataType::UInt64,
+            false,
+        )]))
+    })
 }
 
 /// `batches` without the column `generated` (the auto-increment column, which writes leave

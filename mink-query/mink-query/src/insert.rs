@@ -313,15 +313,7 @@ fn behind<'a>(e: &'a Expr, input: &'a LogicalPlan) -> &'a Expr {
 /// would change it: a fraction into an integer, more decimal places than the column keeps,
 /// a number into a boolean, a literal out of range or not a value of the type.
 fn check(column: &str, value: &Expr, from: &DataType, to: &DataType) -> Result<()> {
-    let fractional = from.is_floating()
-        || matches!(
-            from,
-            DataType::Decimal32(_, s) | DataType::Decimal64(_, s) if *s > 0
-        )
-        || matches!(
-            from,
-            DataType::Decimal128(_, s) | DataType::Decimal256(_, s) if *s > 0
-        );
+    let fractional = from.is_floating() || scale(from).is_some_and(|s| s > 0);
     let literal = match uncast(value) {
         Expr::Literal(v, _) if !v.is_null() => Some(v),
         _ => None,

@@ -235,49 +235,37 @@ fn typed(e: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
 
 /// A text literal as a value of `t` (the type of `operand`); anything else as is.
 fn as_value(e: Expr, t: &DataType, operand: &Expr) -> Result<(Expr, bool)> {
-    match e {
-        Expr::Literal(
-            v @ (ScalarValue::Utf8(Some(_))
-            | ScalarValue::LargeUtf8(Some(_))
-            | ScalarValue::Utf8View(Some(_))),
-            meta,
-        ) => {
-            // A decimal column's literal keeps its own places (the column's type would round
-            // '1.2345' to 1.235, or fail on a number above its precision): coercion widens
-            // both.
-            let text = match &v {
-                ScalarValue::Utf8(Some(x))
-                | ScalarValue::LargeUtf8(Some(x))
-                | ScalarValue::Utf8View(Some(x)) => x.trim(),
-                _ => "",
-            };
-            let places = text
-                .split_once('.')
-                .map_or(0, |(_, f)| f.len())
-                .try_into()
-                .unwrap_or(i8::MAX);
-            let wide;
-            let t = match t {
-                DataType::Decimal32(_, s)
-                | DataType::Decimal64(_, s)
-                | DataType::Decimal128(_, s)
-                    if !text.contains(['e', 'E']) && places <= 38 =>
-                {
-                    wide = DataType::Decimal128(38, (*s).max(places));
-                    &wide
-                }
-                t => t,
-            };
-            let value = v.cast_to(t).map_err(|_| {
-                DataFusionError::Plan(format!(
-                    "{} is not a value of {t}, the type of {operand}",
-                    crate::insert::show(&v)
-                ))
-            })?;
-            Ok((Expr::Literal(value, meta), true))
+    let Expr::Literal(v, meta) = e else {
+        return Ok((e, false));
+    };
+    let Some(Some(text)) = v.try_as_str() else {
+        return Ok((Expr::Literal(v, meta), false));
+    };
+    // A decimal column's literal keeps its own places (the column's type would round
+    // '1.2345' to 1.235, or fail on a number above its precision): coercion widens both.
+    let text = text.trim();
+    let places = text
+        .split_once('.')
+        .map_or(0, |(_, f)| f.len())
+        .try_into()
+        .unwrap_or(i8::MAX);
+    let wide;
+    let t = match t {
+        DataType::Decimal32(_, s) | DataType::Decimal64(_, s) | DataType::Decimal128(_, s)
+            if !text.contains(['e', 'E']) && places <= 38 =>
+        {
+            wide = DataType::Decimal128(38, (*s).max(places));
+            &wide
         }
-        e => Ok((e, false)),
-    }
+        t => t,
+    };
+    let value = v.cast_to(t).map_err(|_| {
+        DataFusionError::Plan(format!(
+            "{} is not a value of {t}, the type of {operand}",
+            crate::insert::show(&v)
+        ))
+    })?;
+    Ok((Expr::Literal(value, meta), true))
 }
 
 /// A timestamp without a zone becoming one with a zone other than UTC is read as UTC, the
@@ -301,33 +289,27 @@ impl AnalyzerRule for NaiveAsUtc {
 /// `e`, a cast of a zoneless timestamp to a zone other than UTC, through UTC.
 fn via_utc(e: Expr, schema: &DFSchema) -> Transformed<Expr> {
     use datafusion::logical_expr::{Cast, TryCast};
-    let to_zone = |t: &DataType| matches!(t, DataType::Timestamp(_, Some(z)) if !is_utc(z));
-    let naive = |e: &Expr| match e.get_type(schema) {
-        Ok(DataType::Timestamp(unit, None)) => Some(unit),
-        _ => None,
+    let (expr, data_type, tried) = match e {
+        Expr::Cast(Cast { expr, data_type }) => (expr, data_type, false),
+        Expr::TryCast(TryCast { expr, data_type }) => (expr, data_type, true),
+        e => return Transformed::no(e),
     };
-    match e {
-        Expr::Cast(Cast { expr, data_type }) if to_zone(&data_type) => match naive(&expr) {
-            Some(unit) => {
-                let utc = Expr::Cast(Cast::new(
-                    expr,
-                    DataType::Timestamp(unit, Some("UTC".into())),
-                ));
-                Transformed::yes(Expr::Cast(Cast::new(Box::new(utc), data_type)))
-            }
-            None => Transformed::no(Expr::Cast(Cast { expr, data_type })),
-        },
-        Expr::TryCast(TryCast { expr, data_type }) if to_zone(&data_type) => match naive(&expr) {
-            Some(unit) => {
-                let utc = Expr::TryCast(TryCast::new(
-                    expr,
-                    DataType::Timestamp(unit, Some("UTC".into())),
-                ));
-                Transformed::yes(Expr::TryCast(TryCast::new(Box::new(utc), data_type)))
-            }
-            None => Transformed::no(Expr::TryCast(TryCast { expr, data_type })),
-        },
-        e => Transformed::no(e),
+    let cast = |expr, data_type| {
+        if tried {
+            Expr::TryCast(TryCast::new(expr, data_type))
+        } else {
+            Expr::Cast(Cast::new(expr, data_type))
+        }
+    };
+    if !matches!(&data_type, DataType::Timestamp(_, Some(z)) if !is_utc(z)) {
+        return Transformed::no(cast(expr, data_type));
+    }
+    match expr.get_type(schema) {
+        Ok(DataType::Timestamp(unit, None)) => {
+            let utc = cast(expr, DataType::Timestamp(unit, Some("UTC".into())));
+            Transformed::yes(cast(Box::new(utc), data_type))
+        }
+        _ => Transformed::no(cast(expr, data_type)),
     }
 }
 
