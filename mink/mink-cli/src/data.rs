@@ -359,52 +359,35 @@ fn taken(
     optional: &[String],
     generated: Option<&(String, bool)>,
 ) -> anyhow::Result<RecordBatch> {
-    let mut batch = batch.clone();
-    if let Some((g, delete)) = generated
-        && let Ok(i) = batch.schema().index_of(g)
-        && batch.column(i).null_count() < batch.num_rows()
+    if let Some((g, false)) = generated
+        && let Some(c) = batch.column_by_name(g)
+        && c.null_count() < c.len()
     {
-        if !delete {
-            bail!("column {g:?} is auto-increment: its values are generated, leave it out");
+        bail!("column {g:?} is auto-increment: its values are generated, leave it out");
+    }
+    let mut fields = Vec::new();
+    let mut columns = Vec::new();
+    for f in schema.fields() {
+        let cleared = generated.is_some_and(|(g, delete)| *delete && g == f.name());
+        match batch.column_by_name(f.name()) {
+            Some(c) if !cleared => {
+                fields.push(Field::new(f.name(), c.data_type().clone(), true));
+                columns.push(Arc::clone(c));
+            }
+            // Left for `conform` to name as missing.
+            None if !cleared && !optional.contains(f.name()) => {}
+            _ => {
+                fields.push(f.as_ref().clone().with_nullable(true));
+                columns.push(arrow::array::new_null_array(
+                    f.data_type(),
+                    batch.num_rows(),
+                ));
+            }
         }
-        let mut columns = batch.columns().to_vec();
-        columns[i] = arrow::array::new_null_array(columns[i].data_type(), batch.num_rows());
-        let nullable = Arc::new(mink_log::codec::all_nullable(&batch.schema()));
-        batch = RecordBatch::try_new(nullable, columns)?;
     }
-    let batch = &batch;
-    let missing: Vec<&Field> = schema
-        .fields()
-        .iter()
-        .filter(|f| optional.contains(f.name()) && batch.column_by_name(f.name()).is_none())
-        .map(AsRef::as_ref)
-        .collect();
-    if missing.is_empty() {
-        return conform(batch, schema);
-    }
-    let mut widened = batch.clone();
-    for f in missing {
-        let nulls = arrow::array::new_null_array(f.data_type(), batch.num_rows());
-        widened = with_column(&widened, f.clone().with_nullable(true), nulls)?;
-    }
-    conform(&widened, schema)
-}
-
-/// `batch` with `column` (described by `field`) appended.
-fn with_column(batch: &RecordBatch, field: Field, column: ArrayRef) -> anyhow::Result<RecordBatch> {
-    let mut fields: Vec<Field> = batch
-        .schema()
-        .fields()
-        .iter()
-        .map(|f| f.as_ref().clone())
-        .collect();
-    fields.push(field);
-    let mut columns = batch.columns().to_vec();
-    columns.push(column);
-    Ok(RecordBatch::try_new(
-        Arc::new(Schema::new(fields)),
-        columns,
-    )?)
+    let options = arrow::array::RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+    let rows = RecordBatch::try_new_with_options(Arc::new(Schema::new(fields)), columns, &options)?;
+    conform(&rows, schema)
 }
 
 /// `c` cast to `f`'s type, refusing what the cast would not keep: a value that does not fit
@@ -613,7 +596,7 @@ pub(crate) async fn produce(client: &Client, a: ProduceArgs) -> anyhow::Result<(
             .or_else(|_| conform(&batch, &schema))?;
         if a.delete {
             let kinds = arrow::array::StringArray::from(vec!["delete"; batch.num_rows()]);
-            batch = with_column(
+            batch = mink_log::codec::with_column(
                 &batch,
                 Field::new("_row_kind", DataType::Utf8, false),
                 Arc::new(kinds),

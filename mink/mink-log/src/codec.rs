@@ -3,8 +3,8 @@
 use std::io::Cursor;
 use std::sync::Arc;
 
-use arrow::array::RecordBatch;
-use arrow::datatypes::{Schema, SchemaRef};
+use arrow::array::{ArrayRef, RecordBatch};
+use arrow::datatypes::{Field, Schema, SchemaRef};
 use arrow::ipc::CompressionType;
 use arrow::ipc::reader::StreamReader;
 use arrow::ipc::writer::{IpcWriteOptions, StreamWriter};
@@ -534,6 +534,25 @@ pub fn check_evolution(old: &Schema, new: &Schema) -> LogResult<()> {
         }
     }
     check_column_names(new)
+}
+
+/// `batch` with `column` (described by `field`) appended: a row kind for a primary-key table's
+/// write, a column its input left out.
+pub fn with_column(
+    batch: &RecordBatch,
+    field: Field,
+    column: ArrayRef,
+) -> Result<RecordBatch, arrow::error::ArrowError> {
+    let mut fields: Vec<Field> = batch
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    fields.push(field);
+    let mut columns = batch.columns().to_vec();
+    columns.push(column);
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
 }
 
 /// `schema` with every column nullable: what a writer builds a batch as before the node checks

@@ -161,8 +161,9 @@ const KNOWN_OPTIONS: [&str; 19] = [
 /// not have yet, and unknown `table.` / `bucket.` options (a misspelling, or an option of
 /// another system). Options outside those prefixes are the user's own properties, kept as
 /// given; `fields.<column>.*` and `auto-increment.fields` are checked by the key definition.
-fn check_options(options: &BTreeMap<String, String>) -> NodeResult<()> {
-    for key in options.keys() {
+/// Takes the names of a set's options and of a reset's.
+fn check_options<'a>(keys: impl IntoIterator<Item = &'a String>) -> NodeResult<()> {
+    for key in keys {
         let not_built = |feature: &str| {
             Err(NodeError::Invalid(format!(
                 "option {key}: {feature} is not built yet (README.md, \"Planned\"), so Mink refuses the option rather than ignore it"
@@ -327,7 +328,7 @@ impl Node {
 
     /// Creates a log table, then waits (a few seconds at most) until its buckets have leaders.
     pub async fn create_table(&self, mut spec: TableSpec) -> NodeResult<TableInfo> {
-        check_options(&spec.options)?;
+        check_options(spec.options.keys())?;
         if spec.primary_key.is_empty() {
             if let Some(k) = spec.options.keys().find(|k| is_primary_key_option(k)) {
                 return Err(NodeError::Invalid(format!(
@@ -459,17 +460,8 @@ impl Node {
         change: TableChange,
     ) -> NodeResult<TableInfo> {
         let record = self.table_record(database, table)?;
-        check_options(&change.set_options)?;
         // A reset names an option as a set does: a misspelt one is refused, not a no-op.
-        if let Some(k) = change.reset_options.iter().find(|k| {
-            (k.starts_with("table.") || k.starts_with("bucket."))
-                && !KNOWN_OPTIONS.contains(&k.as_str())
-        }) {
-            return Err(NodeError::Invalid(format!(
-                "unknown option {k}: Mink's table options are {} (see docs/tables.md)",
-                KNOWN_OPTIONS.join(", ")
-            )));
-        }
+        check_options(change.set_options.keys().chain(&change.reset_options))?;
         // A raw topic's rows are Kafka records (key, value, headers, timestamp) because its
         // schema is exactly that: a column more made it a typed table, and every record stored
         // before fetched as a JSON row instead of its key and value.

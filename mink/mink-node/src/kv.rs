@@ -498,19 +498,11 @@ fn with_row_kind(write: &KvWrite) -> NodeResult<RecordBatch> {
             })
         })
         .collect();
-    let mut fields: Vec<Field> = write
-        .batch
-        .schema()
-        .fields()
-        .iter()
-        .map(|f| f.as_ref().clone())
-        .collect();
-    fields.push(Field::new(ROW_KIND, DataType::Utf8, false));
-    let mut columns = write.batch.columns().to_vec();
-    columns.push(Arc::new(kinds));
-    Ok(RecordBatch::try_new(
-        Arc::new(Schema::new(fields)),
-        columns,
+    let field = Field::new(ROW_KIND, DataType::Utf8, false);
+    Ok(mink_log::codec::with_column(
+        &write.batch,
+        field,
+        Arc::new(kinds),
     )?)
 }
 
