@@ -72,16 +72,19 @@ struct Point {
 }
 
 /// The engine baseline: `streams` tasks, each appending `parts` (one stored payload per bucket,
-/// with its row count) of one batch after another to `stream_ids`, `depth` batches in flight
-/// per task, for `seconds`. Returns (rows appended, elapsed).
+/// with its row count) of one batch after another to `stream_ids`, with as many in flight
+/// per task as a `DoPut` stream may have (`limits`: its count and bytes, here of the stored
+/// payloads), for `seconds`. Returns (rows appended, elapsed).
 async fn engine_load(
     engine: &s3stream::S3Stream,
     stream_ids: &[u64],
     parts: &[(u32, bytes::Bytes)],
     streams: usize,
-    depth: usize,
+    limits: (usize, usize),
     seconds: f64,
 ) -> anyhow::Result<(u64, Duration)> {
+    let (depth, bytes_limit) = limits;
+    let batch_bytes: usize = parts.iter().map(|(_, p)| p.len()).sum();
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     let started = Instant::now();
     let rows_per_batch: u64 = parts.iter().map(|(n, _)| u64::from(*n)).sum();
@@ -94,7 +97,10 @@ async fn engine_load(
             let mut in_flight = futures::stream::FuturesOrdered::new();
             let mut batches = 0u64;
             while Instant::now() < deadline || !in_flight.is_empty() {
-                if Instant::now() < deadline && in_flight.len() < depth {
+                if Instant::now() < deadline
+                    && in_flight.len() * parts.len() < depth
+                    && in_flight.len() * batch_bytes < bytes_limit
+                {
                     let mut appends = Vec::with_capacity(parts.len());
                     for ((rows, payload), id) in parts.iter().zip(&ids) {
                         appends.push(engine.submit(*id, *rows, payload.clone(), None).await?);
@@ -427,7 +433,8 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     for id in &baseline_ids {
         engine.open(*id, 1).await?;
     }
-    let depth = mink_flight::ServerConfig::default().put_pipeline_depth;
+    let server = mink_flight::ServerConfig::default();
+    let limits = (server.put_pipeline_depth, server.put_pipeline_bytes);
     let whole = vec![(messages.1.clone(), args.rows_per_batch as u64)];
     // What mink-client sends for the same rows: one message per bucket, compressed as stored.
     let routed = {
@@ -474,7 +481,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
             match phase {
                 "engine" => {
                     let (r, d) =
-                        engine_load(&engine, &baseline_ids, &parts, streams, depth, half).await?;
+                        engine_load(&engine, &baseline_ids, &parts, streams, limits, half).await?;
                     engine_rows += r;
                     engine_d += d;
                 }

@@ -41,8 +41,11 @@ pub struct ServerConfig {
     pub max_message_bytes: usize,
     /// Longest wait for `mink-min-applied-index` before answering `UNAVAILABLE`.
     pub max_applied_wait: Duration,
-    /// Batches of one `DoPut` stream in flight (submitted, not yet durable).
+    /// Most batches of one `DoPut` stream in flight (submitted, not yet durable).
     pub put_pipeline_depth: usize,
+    /// Most bytes (as received) of the batches of one `DoPut` stream in flight; a batch is
+    /// taken while there are fewer, so one larger than this still goes through.
+    pub put_pipeline_bytes: usize,
     /// Stored bytes fetched per read step of a `DoGet`.
     pub read_bytes: usize,
 }
@@ -52,7 +55,8 @@ impl Default for ServerConfig {
         ServerConfig {
             max_message_bytes: 64 << 20,
             max_applied_wait: Duration::from_secs(10),
-            put_pipeline_depth: 64,
+            put_pipeline_depth: 1024,
+            put_pipeline_bytes: 32 << 20,
             read_bytes: 4 << 20,
         }
     }

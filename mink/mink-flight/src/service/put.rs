@@ -30,23 +30,28 @@ impl MinkFlight {
         // The stream's schema message, while its batches come one message each.
         let mut schema_header: Option<Bytes> = None;
         let mut in_flight = FuturesOrdered::new();
+        // Bytes of the batches in flight, as received: small batches pipeline deeper (a
+        // count alone held 64 client-routed parts, too few to fill a flush).
+        let mut in_flight_bytes = 0usize;
         let mut next = 0u64;
         let mut failure: Option<Status> = None;
         let mut input_done = false;
         loop {
             let can_read = !input_done
                 && failure.is_none()
-                && in_flight.len() < self.config.put_pipeline_depth;
+                && in_flight.len() < self.config.put_pipeline_depth
+                && in_flight_bytes < self.config.put_pipeline_bytes;
             if !can_read && in_flight.is_empty() {
                 break;
             }
             tokio::select! {
                 biased;
-                Some((index, writes, arrived)) = in_flight.next(), if !in_flight.is_empty() => {
+                Some((index, writes, arrived, size)) = in_flight.next(), if !in_flight.is_empty() => {
                     // Answered in order. Rows of a routed write whose bucket another node leads
                     // were forwarded by the session, in this stream's order per leader.
                     let (writes, arrived): (Vec<mink_node::BucketWrite>, std::time::Instant) =
                         (writes, arrived);
+                    in_flight_bytes -= size;
                     let buckets = writes.iter().map(bucket_result).collect();
                     crate::metrics::metrics().ack.record(arrived.elapsed().as_secs_f64(), &[]);
                     let ack = PutResult {
@@ -99,10 +104,14 @@ impl MinkFlight {
                     let index = next;
                     next += 1;
                     let arrived = std::time::Instant::now();
+                    let size = decoded.inner.data_header.len() + decoded.inner.data_body.len();
                     match self.submit(&session, &descriptor, writer, writer_epoch, &batch, &app_metadata, ipc).await {
-                        Ok(pending) => in_flight.push_back(async move {
-                            (index, pending.await, arrived)
-                        }),
+                        Ok(pending) => {
+                            in_flight_bytes += size;
+                            in_flight.push_back(async move {
+                                (index, pending.await, arrived, size)
+                            });
+                        }
                         Err(status) => {
                             failure = Some(Status::with_metadata(
                                 status.code(),
