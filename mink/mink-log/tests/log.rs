@@ -226,6 +226,41 @@ fn integer_keys_hash_their_documented_encoding() {
         buckets_of(&unsigned, &[0], 5).unwrap(),
         vec![expect(u64::MAX), expect(3)]
     );
+
+    // The integer path hashes and reduces without the general path's buffer and division:
+    // the same buckets for values spread over every byte, and for any bucket count.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let spread: Vec<Option<i64>> = (0..10_000)
+        .map(|i| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (i % 97 != 0).then_some(x as i64)
+        })
+        .collect();
+    let batch = RecordBatch::try_from_iter(vec![(
+        "k",
+        Arc::new(Int64Array::from(spread.clone())) as ArrayRef,
+    )])
+    .unwrap();
+    for count in [1, 2, 3, 16, 1000, 65_537, u32::MAX] {
+        let want: Vec<u32> = spread
+            .iter()
+            .map(|v| match v {
+                Some(v) => {
+                    let mut key = vec![1u8];
+                    key.extend_from_slice(&v.to_le_bytes());
+                    murmur3_32(&key, 0) % count
+                }
+                None => murmur3_32(&[0], 0) % count,
+            })
+            .collect();
+        assert_eq!(
+            buckets_of(&batch, &[0], count).unwrap(),
+            want,
+            "{count} buckets"
+        );
+    }
 }
 
 #[test]
