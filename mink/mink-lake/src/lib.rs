@@ -70,6 +70,9 @@ pub enum LakeError {
     /// An Iceberg table holds what Mink tiered for an earlier table of the same name.
     #[error("{0}")]
     Stale(String),
+    /// An Iceberg table to attach holds rows another writer put there.
+    #[error("{0}")]
+    NotEmpty(String),
     #[error("Iceberg: {0}")]
     Iceberg(String),
 }
@@ -291,6 +294,21 @@ impl Lake {
             return Err(LakeError::Stale(format!(
                 "Iceberg table {database}.{table} holds rows Mink tiered for an earlier table of that name (mink.tiered-offset.* in its snapshot summary): drop it, or give the new table another name"
             )));
+        }
+        // Rows another writer put there: reads serve the lake up to the offsets Mink tiered,
+        // so they would never be read, and tiering would add rows at their offsets.
+        if let Some(snapshot) = loaded.metadata().current_snapshot() {
+            let rows = snapshot
+                .summary()
+                .additional_properties
+                .get("total-records")
+                .map(|n| n.as_str());
+            if rows != Some("0") {
+                return Err(LakeError::NotEmpty(format!(
+                    "Iceberg table {database}.{table} holds rows Mink did not tier ({} in its current snapshot): Mink attaches only an empty Iceberg table; drop or empty it, or give the new table another name",
+                    rows.unwrap_or("an unknown number")
+                )));
+            }
         }
         Ok(loaded)
     }

@@ -123,6 +123,56 @@ async fn creates_and_reloads(metadata_url: &str, dir: &std::path::Path) {
     assert_eq!(column, "day");
 }
 
+/// An Iceberg table another writer filled is not attached: reads serve the lake up to the
+/// offsets Mink tiered, so its rows would never be read, and Mink's rows would take their
+/// offsets (it was attached, and reads then failed on the offsets' gap).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_iceberg_table_with_rows_is_not_attached() {
+    let Some(python) = python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("metadata.db");
+    let l = lake(&format!("sqlite://{}", db.display()), dir.path()).await;
+    l.create_table("app", "foreign", &columns(), &[])
+        .await
+        .unwrap();
+    // Empty, it is attached.
+    l.attach_table("app", "foreign", &columns(), None)
+        .await
+        .unwrap();
+    let out = std::process::Command::new(&python)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/pyiceberg_append.py"
+        ))
+        .arg(format!("sqlite:///{}", db.display()))
+        .arg(l.warehouse())
+        .args(["app", "foreign"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "pyiceberg append: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for refused in [
+        l.attach_table("app", "foreign", &columns(), None).await,
+        l.ensure_table("app", "foreign", &columns(), &[], &[], None)
+            .await,
+    ] {
+        match refused {
+            Err(LakeError::NotEmpty(why)) => {
+                assert!(
+                    why.contains("holds rows Mink did not tier (1 in its current snapshot)"),
+                    "{why}"
+                )
+            }
+            other => panic!("attached a table holding rows: {other:?}"),
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lake_table_is_created_and_reloaded_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();

@@ -143,7 +143,7 @@ impl From<mink_lake::LakeError> for NodeError {
     fn from(e: mink_lake::LakeError) -> Self {
         use mink_lake::LakeError as L;
         match e {
-            L::Incompatible { .. } | L::AlreadyExists(_) | L::Stale(_) => {
+            L::Incompatible { .. } | L::AlreadyExists(_) | L::Stale(_) | L::NotEmpty(_) => {
                 NodeError::Invalid(e.to_string())
             }
             L::NotFound(_) => NodeError::NotFound(e.to_string()),
