@@ -175,9 +175,10 @@ impl From<mink_sql::SinkError> for NodeError {
             mink_sql::SinkError::Store(_) | mink_sql::SinkError::Shutdown => {
                 NodeError::Unavailable(e.to_string())
             }
-            mink_sql::SinkError::NotEnabled { .. } | mink_sql::SinkError::TooLarge { .. } => {
-                NodeError::Invalid(e.to_string())
-            }
+            mink_sql::SinkError::Refused(r) if r.retriable => NodeError::Unavailable(r.message),
+            mink_sql::SinkError::NotEnabled { .. }
+            | mink_sql::SinkError::TooLarge { .. }
+            | mink_sql::SinkError::Refused(_) => NodeError::Invalid(e.to_string()),
             _ => NodeError::Failed(e.to_string()),
         }
     }

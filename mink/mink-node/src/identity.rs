@@ -4,6 +4,8 @@
 //! The cluster's id lives in its metadata; the store holds it in a marker object, checked at
 //! every start before anything is written.
 
+use std::sync::Arc;
+
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt as _, PutPayload};
 
@@ -71,7 +73,7 @@ pub(crate) async fn claim_store(
     let id = put_once(sink, CLUSTER_ID, &uuid::Uuid::now_v7().to_string()).await?;
     // Nothing is written before both checks pass: a stray node (an empty --metadata against
     // the real bucket) must not mark the store as its own.
-    let marked = check_marker(sink, store, &id).await?;
+    let marked = check_marker(&sink.view().state, store, Some(&id)).await?;
     newer_objects(sink, store, object_prefix, claim).await?;
     mark_store(sink, store, &id, marked).await
 }
@@ -178,26 +180,58 @@ fn unusable(e: impl std::fmt::Display) -> NodeError {
     NodeError::Unavailable(format!("the object store cannot be used: {e}"))
 }
 
-fn another_cluster(found: &str, id: &str) -> NodeError {
+fn another_cluster(found: &str, id: Option<&str>) -> NodeError {
+    let this = id.map_or_else(
+        || "this metadata is a new cluster's".to_string(),
+        |id| format!("this metadata is cluster {id}"),
+    );
     NodeError::Invalid(format!(
-        "the object store belongs to another Mink cluster ({found}; this metadata is cluster {id}): \
+        "the object store belongs to another Mink cluster ({found}; {this}): \
          object ids would collide, so each cluster needs a bucket or prefix of its own"
     ))
 }
 
-/// Checks the marker without writing anything: `true` when the store holds this cluster's.
-async fn check_marker(sink: &Sink, store: &dyn ObjectStore, id: &str) -> NodeResult<bool> {
-    match read_marker(store).await? {
-        Some(found) if found == id => Ok(true),
-        Some(found) => Err(another_cluster(&found, id)),
-        None if sink.view().state.kv.contains_key(STORE_MARKED) => {
-            Err(NodeError::Invalid(format!(
-                "the object store is not this cluster's: it lacks the {MARKER} object this \
-             cluster {id} wrote there (a wrong --object-store, or a store emptied)"
-            )))
-        }
-        None => Ok(false),
+/// Checks the marker without writing anything: `true` when the store holds the marker of
+/// cluster `id` (`None`: metadata that has chosen no id yet, a new cluster's).
+async fn check_marker(
+    state: &mink_metadata::State,
+    store: &dyn ObjectStore,
+    id: Option<&str>,
+) -> NodeResult<bool> {
+    match (read_marker(store).await?, id) {
+        (Some(found), Some(id)) if found == id => Ok(true),
+        (Some(found), id) => Err(another_cluster(&found, id)),
+        (None, _) if state.kv.contains_key(STORE_MARKED) => Err(NodeError::Invalid(format!(
+            "the object store is not this cluster's: it lacks the {MARKER} object this \
+             cluster {} wrote there (a wrong --object-store, or a store emptied)",
+            id.unwrap_or("?")
+        ))),
+        (None, _) => Ok(false),
     }
+}
+
+/// [`check_marker`] before the node registers: a node started against another cluster's
+/// store (or one that cannot be read) fails its start without joining the cluster; it
+/// stayed listed as a node that is down, for good.
+pub(crate) fn check_before_register(store: Arc<dyn ObjectStore>) -> mink_sql::BeforeRegister {
+    mink_sql::BeforeRegister(Arc::new(move |state: Arc<mink_metadata::State>| {
+        let store = Arc::clone(&store);
+        Box::pin(async move {
+            // Metadata without an id yet: a new cluster's, or one whose first node is starting
+            // with this one (its marker may be written already); `claim_store` checks then.
+            let Some(id) = state.kv.get(CLUSTER_ID) else {
+                return Ok(());
+            };
+            let id = String::from_utf8_lossy(&id.value).into_owned();
+            check_marker(&state, store.as_ref(), Some(&id))
+                .await
+                .map(|_| ())
+                .map_err(|e| mink_sql::Refusal {
+                    retriable: matches!(e, NodeError::Unavailable(_)),
+                    message: e.to_string(),
+                })
+        })
+    }))
 }
 
 /// Writes the marker, unless another cluster's came first (a create, where the store can
@@ -222,7 +256,7 @@ async fn mark_store(
         }
         match read_marker(store).await? {
             Some(found) if found == id => {}
-            Some(found) => return Err(another_cluster(&found, id)),
+            Some(found) => return Err(another_cluster(&found, Some(id))),
             None => {
                 return Err(NodeError::Unavailable(format!(
                     "the object store lost {MARKER}"

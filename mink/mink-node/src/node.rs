@@ -417,6 +417,8 @@ impl Node {
             .or_insert_with(|| config.advertised_address.clone());
         sink_config.lease_ttl = config.lease_ttl;
         sink_config.clock = Arc::clone(&config.clock);
+        sink_config.before_register =
+            Some(crate::identity::check_before_register(Arc::clone(&store)));
         let sink = Sink::start(meta, sink_config).await?;
         let claimed = crate::identity::claim_store(
             &sink,

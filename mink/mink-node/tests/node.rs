@@ -1733,8 +1733,20 @@ async fn an_object_store_serves_one_cluster() {
         refused.to_string().contains("is not this cluster's"),
         "{refused}"
     );
+    // A new node refused so never joins: it was listed, down, for good.
+    let mut stray = config(dir.path(), 2);
+    stray.object_store_url = other.path().join("objects").to_str().unwrap().to_string();
+    let Err(refused) = Node::start(stray).await else {
+        panic!("a wrong store is refused")
+    };
+    assert!(
+        refused.to_string().contains("is not this cluster's"),
+        "{refused}"
+    );
     let again = Node::start(config(dir.path(), 1)).await.unwrap();
     assert_eq!(again.list_databases(), ["app"]);
+    let nodes: Vec<u64> = again.view().state.nodes.keys().copied().collect();
+    assert_eq!(nodes, [1], "the refused node joined the cluster");
     again.shutdown().await;
 }
 

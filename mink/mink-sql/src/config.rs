@@ -36,6 +36,36 @@ pub struct SinkConfig {
     pub queue_capacity: usize,
     /// Stamps rows (`proposed_at_ms`, the time apply rules see).
     pub clock: std::sync::Arc<dyn mink_metadata::Clock>,
+    /// Run on the caught-up state before the node registers; an `Err` fails the start with
+    /// it, and the cluster never lists the node.
+    pub before_register: Option<BeforeRegister>,
+}
+
+/// A check of the metadata a starting node caught up with, before it registers (a node
+/// with another cluster's object store must not join this one, even as a node that is down).
+#[derive(Clone)]
+pub struct BeforeRegister(pub std::sync::Arc<BeforeRegisterFn>);
+
+/// What [`BeforeRegister`] runs: the state caught up with, to why the start is refused.
+pub type BeforeRegisterFn = dyn Fn(
+        std::sync::Arc<mink_metadata::State>,
+    ) -> futures::future::BoxFuture<'static, Result<(), Refusal>>
+    + Send
+    + Sync;
+
+/// Why a [`BeforeRegister`] check refused a start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub message: String,
+    /// Whether starting again may succeed unchanged (a store that could not be reached),
+    /// rather than only with other settings.
+    pub retriable: bool,
+}
+
+impl std::fmt::Debug for BeforeRegister {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BeforeRegister")
+    }
 }
 
 impl SinkConfig {
@@ -56,6 +86,7 @@ impl SinkConfig {
             max_backoff: Duration::from_secs(1),
             queue_capacity: 16_384,
             clock: mink_metadata::system_clock(),
+            before_register: None,
         }
     }
 

@@ -31,6 +31,10 @@ pub enum SinkError {
     /// Starting the sink failed.
     #[error("metadata sink could not start: {0}")]
     Start(String),
+    /// The node's own check before it registers refused the start
+    /// ([`crate::SinkConfig::before_register`]).
+    #[error("{}", .0.message)]
+    Refused(crate::config::Refusal),
     #[error("metadata store: {0}")]
     Store(#[from] StoreError),
     #[error("metadata sink is shut down")]

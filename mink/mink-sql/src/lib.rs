@@ -21,7 +21,7 @@ mod store;
 
 use std::sync::Arc;
 
-pub use config::SinkConfig;
+pub use config::{BeforeRegister, BeforeRegisterFn, Refusal, SinkConfig};
 pub use error::SinkError;
 pub use faults::{Dice, Faults, FaultyStore};
 pub use lease::LeaseStatus;

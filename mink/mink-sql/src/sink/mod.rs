@@ -327,6 +327,11 @@ impl Sink {
         if let Some(record) = tail.state.nodes.get(&shared.config.node_id) {
             refuse_a_live_namesake(&shared, record).await?;
         }
+        if let Some(check) = &shared.config.before_register {
+            (check.0)(Arc::new(tail.state.clone()))
+                .await
+                .map_err(SinkError::Refused)?;
+        }
         let tailer = spawn_supervised(Arc::clone(&shared), "tailer", tail.run(Arc::clone(&shared)));
         let registered = register(&shared, supported, tail_state_epoch).await;
         let (epoch, appender) = match registered {
