@@ -121,9 +121,34 @@ async fn check_kafka(config: &config::Config) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Fails unless the tables the config names and the connector does not create exist (a json
+/// source's, a sink's): before either side creates anything (its state table, a raw
+/// source's table) for a connector that could not run.
+async fn existing_tables(config: &config::Config) -> anyhow::Result<()> {
+    let client = mink_client::Client::connect(&config.mink).await?;
+    for s in &config.sources {
+        if matches!(s.format, config::Format::Json) {
+            let (database, table) = config::table_name(&s.table)?;
+            client
+                .describe_table(&database, &table)
+                .await
+                .with_context(|| format!("source {}: table {}", s.topic, s.table))?;
+        }
+    }
+    for sink in &config.sinks {
+        let (database, table) = config::table_name(&sink.table)?;
+        client
+            .describe_table(&database, &table)
+            .await
+            .with_context(|| format!("sink table {}", sink.table))?;
+    }
+    Ok(())
+}
+
 /// The sources and the sinks side by side (and `/metrics`), until one of them fails.
 async fn run(config: config::Config) -> anyhow::Result<()> {
     check_kafka(&config).await?;
+    existing_tables(&config).await?;
     let config = Arc::new(config);
     let metrics = Arc::new(metrics::Metrics::default());
     let mut tasks = tokio::task::JoinSet::new();
@@ -172,6 +197,8 @@ async fn status(config: &config::Config) -> anyhow::Result<()> {
     use std::fmt::Write as _;
     use std::io::Write as _;
     let client = mink_client::Client::connect(&config.mink).await?;
+    // As `run` says it (librdkafka logged every failed try, hundreds of lines).
+    check_kafka(config).await?;
     let mut total = 0i64;
     let mut out = String::new();
     for (side, used, table) in [

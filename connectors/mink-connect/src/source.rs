@@ -180,9 +180,9 @@ async fn prepare(client: &Client, config: &Config) -> anyhow::Result<()> {
     .await?;
     for s in &config.sources {
         let (database, table) = table_name(&s.table)?;
-        client.create_database(&database, true).await?;
         match s.format {
             Format::Raw => {
+                client.create_database(&database, true).await?;
                 client
                     .create_table(
                         &database,
@@ -197,12 +197,8 @@ async fn prepare(client: &Client, config: &Config) -> anyhow::Result<()> {
                     .await
                     .with_context(|| format!("source {}: a raw source's table", s.topic))?;
             }
-            Format::Json => {
-                client
-                    .describe_table(&database, &table)
-                    .await
-                    .with_context(|| format!("source {}: table {}", s.topic, s.table))?;
-            }
+            // There already: `existing_tables` checked it.
+            Format::Json => {}
         }
         if let Some(d) = &s.dead_letter {
             let (database, table) = table_name(d)?;
@@ -425,6 +421,7 @@ pub(crate) async fn run(config: Arc<Config>, metrics: Arc<Metrics>) -> anyhow::R
         schemas: HashMap::new(),
         partitions: HashMap::new(),
         reopen: BTreeSet::new(),
+        opened: HashMap::new(),
         positions_read: None,
     };
     let mut seen_generation = generation.load(Ordering::SeqCst);
@@ -439,6 +436,10 @@ pub(crate) async fn run(config: Arc<Config>, metrics: Arc<Metrics>) -> anyhow::R
             seen_generation = now_generation;
             copier.partitions.clear();
             copier.reopen.clear();
+            copier.opened.clear();
+            // Sought at once, not on their first record: a partition whose group offset (or
+            // `auto.offset.reset`) starts past Mink's copy would deliver none to seek on.
+            copier.reopen.extend(assigned(&consumer, &config));
         }
         let message = match message {
             Ok(Ok(m)) => Some(m),
@@ -471,6 +472,9 @@ pub(crate) async fn run(config: Arc<Config>, metrics: Arc<Metrics>) -> anyhow::R
             Ok(reopened) => {
                 if let Some(m) = &message
                     && !reopened.contains(&(m.topic().to_string(), m.partition()))
+                    && !copier
+                        .reopen
+                        .contains(&(m.topic().to_string(), m.partition()))
                 {
                     result = copier.take(m).await;
                 }
@@ -500,9 +504,11 @@ struct Copier<'a> {
     consumer: &'a StreamConsumer<Context>,
     schemas: HashMap<String, SchemaRef>,
     partitions: HashMap<(String, i32), Partition>,
-    /// Partitions whose copying failed: each is opened again from Mink, and the consumer
-    /// sought back to where Mink's copy ends, before anything else is copied.
+    /// Partitions whose copying failed, or just assigned: each is opened again from Mink,
+    /// and the consumer sought back to where Mink's copy ends, before anything else is copied.
     reopen: BTreeSet<(String, i32)>,
+    /// Partitions of `reopen` opened whose seek librdkafka could not take yet.
+    opened: HashMap<(String, i32), Partition>,
     /// When the metrics last took the positions of partitions not copied since the start.
     positions_read: Option<Instant>,
 }
@@ -512,19 +518,34 @@ impl Copier<'_> {
     fn failed(&mut self, also: Option<(String, i32)>) {
         self.reopen.extend(self.partitions.drain().map(|(k, _)| k));
         self.reopen.extend(also);
+        self.opened.clear();
     }
 
-    /// Opens again the partitions whose copying failed; answers which.
+    /// Opens again the partitions of `reopen`; answers which. One whose fetcher librdkafka
+    /// has not started yet (just assigned, the group's offsets for it on their way) takes no
+    /// seek: it stays for a later call, and a record it delivers meanwhile is not taken.
     async fn reopen(&mut self) -> anyhow::Result<BTreeSet<(String, i32)>> {
         let mut reopened = BTreeSet::new();
-        while let Some(key) = self.reopen.first().cloned() {
-            let source = self
-                .config
-                .source(&key.0)
-                .cloned()
-                .with_context(|| format!("no source copies topic {}", key.0))?;
-            let p = open(&self.client, self.config, &source, key.1).await?;
-            seek(self.consumer, &key, p.next)?;
+        for key in self.reopen.clone() {
+            let p = match self.opened.remove(&key) {
+                Some(p) => p,
+                None => {
+                    let source = self
+                        .config
+                        .source(&key.0)
+                        .cloned()
+                        .with_context(|| format!("no source copies topic {}", key.0))?;
+                    open(&self.client, self.config, &source, key.1).await?
+                }
+            };
+            match seek(self.consumer, &key, p.next) {
+                Ok(()) => {}
+                Err(e) if not_fetching(&e) => {
+                    self.opened.insert(key, p);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
             self.metrics.source_position(&key.0, key.1, p.next);
             tracing::info!(topic = %key.0, partition = key.1, resume = p.next, "copying again");
             self.partitions.insert(key.clone(), p);
@@ -612,6 +633,30 @@ impl Copier<'_> {
         }
         Ok(())
     }
+}
+
+/// The partitions of the sources' topics the consumer is assigned now.
+fn assigned(consumer: &StreamConsumer<Context>, config: &Config) -> Vec<(String, i32)> {
+    match consumer.assignment() {
+        Ok(list) => list
+            .elements()
+            .iter()
+            .filter(|e| config.source(e.topic()).is_some())
+            .map(|e| (e.topic().to_string(), e.partition()))
+            .collect(),
+        Err(e) => {
+            // Each partition then starts on its first record, as before a rebalance.
+            tracing::warn!(error = %e, "reading the consumer's assignment");
+            Vec::new()
+        }
+    }
+}
+
+/// Whether a [`seek`] failed because the partition is not being fetched yet (librdkafka's
+/// `__STATE`, "Erroneous state").
+fn not_fetching(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<Transient>()
+        .is_some_and(|t| t.0.contains("Erroneous state"))
 }
 
 /// Seeks the consumer's `key` partition to `offset`; a failure is retried (see

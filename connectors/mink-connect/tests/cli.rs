@@ -128,6 +128,18 @@ async fn run_checks_kafka_before_it_creates_anything() {
     );
     // Logs to a pipe are plain text.
     assert!(!stderr.contains('\u{1b}'), "colour codes in {stderr:?}");
+    // Status says it the same way (it printed librdkafka's every failed try).
+    let out = connect(&["status", "--config", &config])
+        .output()
+        .await
+        .unwrap();
+    let status = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{status}");
+    assert!(
+        status.contains(&format!("Error: cannot reach Kafka at {nowhere}")),
+        "{status}"
+    );
+    assert!(status.lines().count() < 20, "{status}");
     let client = mink_client::Client::connect(&s.flight).await.unwrap();
     let e = client.describe_table("shop", "orders").await.unwrap_err();
     assert_eq!(
@@ -155,6 +167,50 @@ async fn run_checks_kafka_before_it_creates_anything() {
     }
     let e = client.describe_table("shop", "orders").await.unwrap_err();
     assert_eq!(e.code(), Some(mink_client::ErrorCode::NotFound), "{e}");
+    s.stop().await;
+}
+
+/// A run whose json source or sink names a table that does not exist fails before it creates
+/// anything: it left its state table (and the source's database) behind, listed and moved by
+/// rebalances from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_table_fails_the_run_before_anything_is_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, client) = serve_with_raw_tables(dir.path(), &[("kafka", "orders")]).await;
+    for (name, section, error) in [
+        (
+            "src",
+            "[[source]]\ntopic = \"orders\"\ntable = \"typo.orders\"\nformat = \"json\"\n",
+            "Error: source orders: table typo.orders",
+        ),
+        (
+            "snk",
+            "[[sink]]\ntable = \"typo.customers\"\ntopic = \"customers\"\n",
+            "Error: sink table typo.customers",
+        ),
+    ] {
+        let config = dir.path().join(format!("{name}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                "name = \"{name}\"\nmink = \"{}\"\n\n[kafka]\nbootstrap = \"{}\"\n\n{section}",
+                s.flight, s.kafka
+            ),
+        )
+        .unwrap();
+        let out = connect(&["run", "--config", config.to_str().unwrap()])
+            .output()
+            .await
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(error), "{stderr}");
+        let databases = client.list_databases().await.unwrap();
+        assert!(
+            !databases.iter().any(|d| d == "typo" || d == "mink_connect"),
+            "{name}: created {databases:?}"
+        );
+    }
     s.stop().await;
 }
 

@@ -256,3 +256,75 @@ dead_letter = "shop.payments_rejected"
     assert_eq!(rejected, expected);
     s.stop().await;
 }
+
+/// A partition starts from what Mink holds even when the group would start it past that and
+/// no record comes to seek back on: with `auto.offset.reset = latest` (or a group whose
+/// offsets are at the end) a first run copied none of a topic's backlog.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_copies_the_backlog_whatever_the_group_starts_at() {
+    let dir = tempfile::tempdir().unwrap();
+    let kafka = mink_kafka::KafkaConfig {
+        initial_rebalance_delay: Duration::ZERO,
+        ..Default::default()
+    };
+    let s = mink_testkit::serve(dir.path(), kafka).await;
+    let mut kafka = rdkafka::ClientConfig::new();
+    kafka.set("bootstrap.servers", &s.kafka);
+    let admin: AdminClient<DefaultClientContext> = kafka.create().unwrap();
+    let topics = [NewTopic::new("backlog", 2, TopicReplication::Fixed(1))];
+    for r in admin
+        .create_topics(&topics, &AdminOptions::new())
+        .await
+        .unwrap()
+    {
+        r.unwrap();
+    }
+    let producer: FutureProducer = kafka.create().unwrap();
+    for i in 0..40 {
+        let value = format!("v{i}");
+        let record = FutureRecord::to("backlog")
+            .key(&value)
+            .payload(&value)
+            .partition(i % 2);
+        producer
+            .send(record, Duration::from_secs(10))
+            .await
+            .map_err(|(e, _)| e)
+            .unwrap();
+    }
+    let config = dir.path().join("connect.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+name = "late"
+mink = "{}"
+batch_ms = 20
+
+[kafka]
+bootstrap = "{}"
+config = {{ "auto.offset.reset" = "latest" }}
+
+[[source]]
+topic = "backlog"
+table = "shop.backlog"
+format = "raw"
+"#,
+            s.flight, s.kafka
+        ),
+    )
+    .unwrap();
+    let mut child = connect(&["run", "--config", config.to_str().unwrap()])
+        .spawn()
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while stored_rows(&s.node, "backlog") < 40 {
+        assert!(
+            next_change_while(&s.node, &mut child, deadline).await,
+            "waited 60 s for the 40 records of the backlog, have {}",
+            stored_rows(&s.node, "backlog")
+        );
+    }
+    child.kill().await.unwrap();
+    assert_eq!(stored_rows(&s.node, "backlog"), 40);
+}
