@@ -119,15 +119,24 @@ fn key_value(s: &str) -> anyhow::Result<(String, String)> {
         .with_context(|| format!("expected key=value, got {s:?}"))
 }
 
-/// Parses a column: `name Type [not null]` or `name:Type[ not null]`.
+/// Parses a column: `name Type [not null]` or `name:Type[ not null]`; a name with spaces in
+/// double quotes (`"My Col" Utf8`).
 pub(crate) fn parse_column(spec: &str) -> anyhow::Result<Field> {
     let spec = spec.trim();
-    let (name, rest) = match spec.split_once(':') {
-        Some((n, r)) if !n.contains(char::is_whitespace) => (n, r),
+    let quoted = crate::data::quoted_name(spec)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!(e))?;
+    let (name, rest) = match (&quoted, spec.split_once(':')) {
+        (Some((n, r)), _) => (n.as_str(), r.strip_prefix(':').unwrap_or(r)),
+        (None, Some((n, r))) if !n.contains(char::is_whitespace) => (n, r),
         _ => spec
             .split_once(char::is_whitespace)
             .with_context(|| format!("a column is `name Type` (got {spec:?})"))?,
     };
+    anyhow::ensure!(
+        !rest.trim().is_empty(),
+        "a column is `name Type` (got {spec:?})"
+    );
     let rest = rest.trim();
     let lower = rest.to_ascii_lowercase();
     let (type_text, nullable) = match lower.strip_suffix("not null") {
@@ -487,6 +496,15 @@ pub(crate) async fn node(client: &Client, c: NodeCommand) -> anyhow::Result<()> 
             ))?;
         }
         NodeCommand::Undrain { node_id } => {
+            let cluster = client.describe_cluster().await?;
+            if let Some(n) = cluster.nodes.iter().find(|n| n.node_id == node_id)
+                && !n.drained
+            {
+                out(&format!(
+                    "node {node_id} is not drained: it takes buckets already\n"
+                ))?;
+                return Ok(());
+            }
             client.drain_node(node_id, true).await?;
             out(&format!(
                 "node {node_id} takes buckets again (`mink cluster rebalance` gives it its share)\n"
@@ -574,6 +592,21 @@ fn status_text(c: &protocol::ClusterDescription) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn columns_parse_with_plain_and_quoted_names() {
+        let f = parse_column("id Int64 not null").unwrap();
+        assert_eq!((f.name().as_str(), f.is_nullable()), ("id", false));
+        assert_eq!(parse_column("n:Int32").unwrap().name(), "n");
+        let f = parse_column("\"My Col\" Utf8").unwrap();
+        assert_eq!(
+            (f.name().as_str(), f.data_type()),
+            ("My Col", &DataType::Utf8)
+        );
+        assert_eq!(parse_column("\"a:b\":Int64").unwrap().name(), "a:b");
+        assert!(parse_column("\"My Col\"").is_err());
+        assert!(parse_column("\"My Col Utf8").is_err());
+    }
 
     fn node(node_id: u64, live: bool, drained: bool, buckets: u64) -> protocol::NodeDescription {
         protocol::NodeDescription {

@@ -611,10 +611,12 @@ pub(crate) async fn produce(client: &Client, a: ProduceArgs) -> anyhow::Result<(
     }
     let _ = reader.await;
     bar.finish_and_clear();
-    crate::out(&format!(
-        "wrote {} to {database}.{table}\n",
-        count(rows, "row")
-    ))?;
+    let what = if a.delete {
+        format!("deleted {} from", count(rows, "key"))
+    } else {
+        format!("wrote {} to", count(rows, "row"))
+    };
+    crate::out(&format!("{what} {database}.{table}\n"))?;
     Ok(())
 }
 
@@ -750,13 +752,44 @@ fn column_list(columns: Option<&String>) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// A `--where` predicate: `column OP value`, `column in (v, ...)`, `column is [not] null`.
+/// A name in double quotes at the start of `text` (`""` for a quote in it), as SQL quotes
+/// identifiers, and what follows it (trimmed); `None` when `text` starts with no quote.
+pub(crate) fn quoted_name(text: &str) -> Option<Result<(String, &str), String>> {
+    let quoted = text.strip_prefix('"')?;
+    let mut name = String::new();
+    let mut chars = quoted.char_indices().peekable();
+    loop {
+        match chars.next() {
+            Some((i, '"')) if chars.peek().map(|(_, c)| *c) != Some('"') => {
+                return Some(Ok((name, quoted[i + 1..].trim_start())));
+            }
+            Some((_, '"')) => {
+                chars.next();
+                name.push('"');
+            }
+            Some((_, c)) => name.push(c),
+            None => {
+                return Some(Err(format!(
+                    "{text:?}: the name's closing quote is missing"
+                )));
+            }
+        }
+    }
+}
+
+/// A `--where` predicate: `column OP value`, `column in (v, ...)`, `column is [not] null`; a
+/// column name with spaces or operator characters in double quotes (`"My Col" = 1`, `""` for
+/// a quote), as in SQL.
 fn parse_predicate(text: &str) -> Result<Predicate, String> {
     let text = text.trim();
-    let split = text
-        .find(|c: char| c.is_whitespace() || "=!<>".contains(c))
-        .ok_or_else(|| format!("{text:?}: expected `column OP value`"))?;
-    let (column, rest) = (text[..split].to_string(), text[split..].trim_start());
+    let (column, rest) = if let Some(quoted) = quoted_name(text) {
+        quoted?
+    } else {
+        let split = text
+            .find(|c: char| c.is_whitespace() || "=!<>".contains(c))
+            .ok_or_else(|| format!("{text:?}: expected `column OP value`"))?;
+        (text[..split].to_string(), text[split..].trim_start())
+    };
     let lower = rest.to_ascii_lowercase();
     let words: Vec<&str> = lower.split_whitespace().collect();
     match words.as_slice() {
@@ -1204,6 +1237,16 @@ mod tests {
             parsed("name is not null"),
             json!({"column": "name", "op": "is_not_null"})
         );
+        // Names with spaces or operator characters, in double quotes.
+        assert_eq!(
+            parsed("\"My Col\" = 'x'"),
+            json!({"column": "My Col", "op": "=", "value": "x"})
+        );
+        assert_eq!(
+            parsed("\"a<\"\"b\"\"\" is null"),
+            json!({"column": "a<\"b\"", "op": "is_null"})
+        );
+        assert!(parse_predicate("\"open = 1").is_err());
         assert!(parse_predicate("name").is_err());
         assert!(parse_predicate("name ~ 3").is_err());
         assert!(parse_predicate("name =").is_err());

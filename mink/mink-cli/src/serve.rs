@@ -273,7 +273,32 @@ fn check(args: &NodeArgs) -> anyhow::Result<Checked> {
             }
         }
     }
-    // Two listeners on one address: the second would fail to bind only once the node runs.
+    // Two listeners on one address: the second would fail to bind only once the node runs. A
+    // wildcard (`0.0.0.0:P`, `[::]:P`) takes port P on every address.
+    let clash = |a: &str, b: &str| {
+        let split = |x: &str| {
+            x.rsplit_once(':')
+                .map(|(h, p)| (h.trim_matches(['[', ']']).to_string(), p.to_string()))
+        };
+        // `[::]` takes the port on both families (dual stack), `0.0.0.0` on IPv4 and names.
+        let covers = |wild: &str, other: &str| match wild.parse::<std::net::IpAddr>() {
+            Ok(std::net::IpAddr::V6(w)) => w.is_unspecified(),
+            Ok(std::net::IpAddr::V4(w)) => {
+                w.is_unspecified()
+                    && !matches!(
+                        other.parse::<std::net::IpAddr>(),
+                        Ok(std::net::IpAddr::V6(_))
+                    )
+            }
+            Err(_) => false,
+        };
+        match (split(a), split(b)) {
+            (Some((ha, pa)), Some((hb, pb))) => {
+                pa == pb && pa != "0" && (ha == hb || covers(&ha, &hb) || covers(&hb, &ha))
+            }
+            _ => a == b,
+        }
+    };
     let mut listeners = vec![("--listen", listen.clone())];
     for (flag, value) in [
         ("--metrics-listen", &args.metrics_listen),
@@ -281,7 +306,7 @@ fn check(args: &NodeArgs) -> anyhow::Result<Checked> {
         ("--kafka-listen", &args.kafka_listen),
     ] {
         if let Some(a) = value.as_deref().filter(|a| *a != "none" && !a.is_empty()) {
-            if let Some((other, _)) = listeners.iter().find(|(_, b)| b == a && !a.ends_with(":0")) {
+            if let Some((other, _)) = listeners.iter().find(|(_, b)| clash(a, b)) {
                 bail!("{flag} {a} is {other}'s address: give each listener its own port");
             }
             listeners.push((flag, a.to_string()));

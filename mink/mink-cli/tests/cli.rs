@@ -840,9 +840,13 @@ fn primary_key_tables_from_the_command_line() {
         dev.run(&["produce", "app.counts"], Some(rows))
             .contains("wrote 3 rows")
     );
-    dev.run(
+    let deleted = dev.run(
         &["produce", "app.counts", "--delete"],
         Some("{\"id\": 2}\n"),
+    );
+    assert!(
+        deleted.contains("deleted 1 key from app.counts"),
+        "{deleted}"
     );
     let out = dev.run(
         &[

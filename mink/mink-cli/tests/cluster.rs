@@ -659,6 +659,27 @@ fn a_cluster_outlives_a_restart_of_every_node() {
     assert!(scanned.contains("kept"), "after the restart: {scanned}");
 }
 
+/// A `--dir` an earlier run used keeps that run's logs: the script reports the addresses its
+/// own nodes print, not the first in the log (it printed a dead port and `ready` before the
+/// nodes were up).
+#[test]
+fn local_cluster_reports_this_runs_addresses_in_a_reused_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("node-1.log"),
+        "  Flight: grpc://127.0.0.1:1\n  Kafka: 127.0.0.1:2\n",
+    )
+    .unwrap();
+    let Some(cluster) = LocalCluster::start_in(dir, 1, &[]) else {
+        return;
+    };
+    let address = cluster.address(1);
+    assert_ne!(address, "127.0.0.1:1");
+    assert_ne!(cluster.kafka[&1], "127.0.0.1:2");
+    let status = mink(&address, &["cluster", "status"]);
+    assert!(status.contains("node 1"), "{status}");
+}
+
 /// Writes JSON lines `ids` as rows of `app.<table>` through the node at `address`.
 fn produce_ids(address: &str, table: &str, ids: std::ops::RangeInclusive<i64>) {
     let mut produce = Command::new(MINK)
@@ -788,7 +809,14 @@ fn a_rolling_restart_and_a_rebalance_under_load_lose_nothing() {
         cluster.restart(n as u64);
         eprintln!("node {n} stopped and started again; its buckets moved in {took:?}");
     }
-    mink(&entry, &["node", "undrain", "4"]);
+    let undrained = mink(&entry, &["node", "undrain", "4"]);
+    assert!(
+        undrained.contains("node 4 takes buckets again"),
+        "{undrained}"
+    );
+    // Once more: it was not drained, and says so (it claimed to undrain it again).
+    let again = mink(&entry, &["node", "undrain", "4"]);
+    assert!(again.contains("node 4 is not drained"), "{again}");
     // A dry run prints the moves onto the empty node and makes none.
     let plan = mink(&entry, &["cluster", "rebalance", "--dry-run"]);
     let planned: usize = plan

@@ -138,12 +138,27 @@ fn every_deploy_file_passes_check_config() {
             "127.0.0.1:7171",
             "is --listen's address",
         ),
+        // A wildcard takes the port on every address.
+        (
+            "MINK_METRICS_LISTEN",
+            "0.0.0.0:7171",
+            "is --listen's address",
+        ),
+        ("MINK_KAFKA_LISTEN", "[::]:7171", "is --listen's address"),
         ("MINK_KV_SNAPSHOT_INTERVAL_S", "0", "at least 1"),
         ("MINK_OTLP_ENDPOINT", "foo", "expected an OTLP/gRPC URL"),
     ] {
         let (ok, _, stderr) = check(&[base.as_slice(), &[(variable, value)]].concat());
         assert!(!ok && stderr.contains(why), "{variable}={value}: {stderr}");
     }
+    // An IPv4 wildcard leaves an IPv6 address's port alone.
+    let (ok, _, stderr) = check(&[
+        ("MINK_METADATA", "sqlite:///tmp/m.db"),
+        ("MINK_OBJECT_STORE", "/tmp/x"),
+        ("MINK_LISTEN", "[::1]:7171"),
+        ("MINK_METRICS_LISTEN", "0.0.0.0:7171"),
+    ]);
+    assert!(ok, "{stderr}");
     // What it accepts, it prints: every setting given.
     let (ok, stdout, _) = check(
         &[

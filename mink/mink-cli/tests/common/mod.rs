@@ -358,13 +358,17 @@ impl LocalCluster {
     /// `nodes` nodes with `extra` arguments of `deploy/local-cluster`; `None` (a skip) when
     /// PostgreSQL is not installed outside CI.
     pub fn start(nodes: u64, extra: &[&str]) -> Option<LocalCluster> {
+        LocalCluster::start_in(tempfile::tempdir().unwrap(), nodes, extra)
+    }
+
+    /// [`LocalCluster::start`] with `dir` as its `--dir` (which may hold an earlier run's).
+    pub fn start_in(dir: tempfile::TempDir, nodes: u64, extra: &[&str]) -> Option<LocalCluster> {
         let ci = std::env::var("CI").as_deref() == Ok("true");
         if !postgres_installed() {
             assert!(!ci, "CI=true but the PostgreSQL server is not installed");
             eprintln!("skipping: no PostgreSQL server to run a cluster on");
             return None;
         }
-        let dir = tempfile::tempdir().unwrap();
         let mut args: Vec<String> = vec![
             "--nodes".into(),
             nodes.to_string(),
