@@ -134,6 +134,31 @@ async fn produce_consume_and_e2e_over_flight_and_kafka() {
         assert!(out.contains("/ rate |"), "{out}");
     }
 
+    // A paced run sends what falls due within --duration, never a batch ahead of time: at 100
+    // records/s for a second, at most 100 (a whole batch of 1 000 went out at the start, and
+    // the run waited ten seconds for the next one; one more was due at the deadline).
+    for (transport, address, topic) in [
+        ("--kafka", &s.kafka, "paced-kafka"),
+        ("--flight", &s.flight, "paced-flight"),
+    ] {
+        let args = [
+            "produce",
+            transport,
+            address,
+            "--topic",
+            topic,
+            "--rate",
+            "100",
+            "--duration",
+            "1",
+            "--record-size",
+            "64",
+        ];
+        let out = ok(&args).await;
+        let sent = records(&out, "produced");
+        assert!((1..=100).contains(&sent), "{transport}: {out}");
+    }
+
     // Refused before anything is sent.
     let missing = dir.path().join("missing").join("run.md");
     let missing = missing.to_str().unwrap();
@@ -167,6 +192,15 @@ async fn produce_consume_and_e2e_over_flight_and_kafka() {
         (
             vec!["produce", "--kafka", &s.kafka, "--record-size", "4"],
             "8-byte send time",
+        ),
+        // Options of the other side: ignored, they said nothing.
+        (
+            vec!["consume", "--flight", &s.flight, "--max-records", "10"],
+            "--max-records applies to producers",
+        ),
+        (
+            vec!["produce", "--flight", &s.flight, "--consumers", "3"],
+            "--consumers applies to consume and e2e",
         ),
     ] {
         let out = bench(&args).await;

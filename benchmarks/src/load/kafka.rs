@@ -239,6 +239,9 @@ async fn produce(
     'sending: while Instant::now() < deadline && share.is_none_or(|s| sent < s) {
         let n = share.map_or(chunk, |s| chunk.min(s - sent));
         let first_due = pacer.next(n).await;
+        if first_due >= deadline {
+            break; // due after the run: not sent
+        }
         for i in 0..n {
             // Before the record is due: an unthrottled record is sent once there is room.
             room.acquire()

@@ -133,6 +133,29 @@ impl Args {
             .unwrap_or("")
     }
 
+    /// Refuses what `mode` would ignore: options of the side it does not run.
+    fn check_for(&self, mode: Mode) -> anyhow::Result<()> {
+        self.check()?;
+        if mode == Mode::Consume {
+            for (given, option) in [
+                (self.max_records.is_some(), "--max-records"),
+                (self.producers != 1, "--producers"),
+                (self.rate != 0, "--rate"),
+                (self.batch_records != 1000, "--batch-records"),
+            ] {
+                if given {
+                    bail!(
+                        "{option} applies to producers (produce, e2e): consume reads what the topic holds"
+                    );
+                }
+            }
+        }
+        if mode == Mode::Produce && self.consumers != 1 {
+            bail!("--consumers applies to consume and e2e");
+        }
+        Ok(())
+    }
+
     fn check(&self) -> anyhow::Result<()> {
         if self.record_size < 8 {
             bail!(
@@ -492,6 +515,8 @@ pub(crate) async fn measure(mode: Mode, args: &Args) -> anyhow::Result<Measured>
 
 #[allow(clippy::print_stdout, clippy::print_stderr)] // the user's output
 pub(crate) async fn run(mode: Mode, args: Args) -> anyhow::Result<()> {
+    // The user's options (the suites reuse one workload for both sides).
+    args.check_for(mode)?;
     let Measured {
         figures,
         timelines,

@@ -85,6 +85,9 @@ async fn client(
     let mut next = index;
     while Instant::now() < stop && quota.is_none_or(|q| done < q) {
         let due = pacer.next(1).await;
+        if due >= stop {
+            break; // due after the run: not run
+        }
         let query = &args.queries[next % args.queries.len()];
         next += 1;
         let info = match sql.execute(query.clone(), None).await {
