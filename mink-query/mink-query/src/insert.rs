@@ -335,7 +335,13 @@ fn check(column: &str, value: &Expr, from: &DataType, to: &DataType) -> Result<(
             "column {column} is Boolean and {shown} is {from}: a number is not a boolean (write true or false, or a condition)"
         )));
     }
-    let Some(v) = literal else {
+    // A literal the planner casts itself (`1e3` is Utf8 '1e3' cast to Float64): its value as
+    // the type it is used at, or the string went into the column's cast ('1e3' is no
+    // decimal string) and was reported out of range.
+    let typed = literal
+        .filter(|v| v.data_type() != *from)
+        .and_then(|v| v.cast_to(from).ok());
+    let Some(v) = typed.as_ref().or(literal) else {
         // A column of more decimal places (DECIMAL(12, 3) into DECIMAL(10, 2)): each value
         // would be rounded.
         if let (Some(places), Some(kept)) = (scale(from), scale(to))

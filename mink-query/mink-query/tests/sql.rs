@@ -658,6 +658,17 @@ async fn insert_into_log_and_primary_key_tables() {
             .await,
         strings(&[&["1"]])
     );
+    // Scientific notation is a DOUBLE (the planner casts the text '1e3'): 1e3 fits, 1e-3 has
+    // more places than the column keeps. Both were "out of its range" (the text was cast).
+    assert_eq!(
+        c.rows("INSERT INTO app.typed (id, d) VALUES (8, 1e3)")
+            .await,
+        strings(&[&["1"]])
+    );
+    let refused = c
+        .error("INSERT INTO app.typed (id, d) VALUES (9, 1e-3)")
+        .await;
+    assert!(refused.contains("not exactly a value of it"), "{refused}");
     // Nothing of the refused statements was stored.
     assert_eq!(
         c.rows("SELECT count(*) FROM app.events").await,
