@@ -159,6 +159,47 @@ async fn produce_consume_and_e2e_over_flight_and_kafka() {
         assert!((1..=100).contains(&sent), "{transport}: {out}");
     }
 
+    // Ctrl-C ends a run with the figures of what was acknowledged until then (it printed
+    // nothing, and wrote no report).
+    let report = dir.path().join("interrupted.md");
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_mink-bench"))
+        .args(["produce", "--flight", &s.flight, "--topic", "interrupted"])
+        .args(["--duration", "600", "--record-size", "64", "--report"])
+        .arg(&report)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while s
+        .node
+        .describe_table("bench", "interrupted")
+        .map_or(0, |_| stored(&s.node, "bench", "interrupted"))
+        == 0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "waited 60 s for the run's first rows"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let interrupted = std::process::Command::new("kill")
+        .args(["-INT", &run.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(interrupted.success());
+    let out = tokio::task::spawn_blocking(move || run.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(130), "{stdout}\n{stderr}");
+    assert!(records(&stdout, "produced") > 0, "{stdout}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    assert!(report.exists());
+
     // Refused before anything is sent.
     let missing = dir.path().join("missing").join("run.md");
     let missing = missing.to_str().unwrap();

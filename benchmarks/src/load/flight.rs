@@ -25,6 +25,7 @@ pub(super) async fn run(
     start: Instant,
     produced: &Shared,
     consumed: &Shared,
+    found: &std::sync::OnceLock<usize>,
 ) -> anyhow::Result<usize> {
     let address = args.flight.clone().unwrap_or_default();
     let client = Client::connect(&address).await?;
@@ -43,6 +44,7 @@ pub(super) async fn run(
     }
     let table = client.describe_table(&args.database, &args.topic).await?;
     let partitions = usize::try_from(table.bucket_count)?;
+    let _ = found.set(partitions);
     let buckets: Vec<(u32, u64)> = table
         .buckets
         .iter()

@@ -81,6 +81,7 @@ pub(super) async fn run(
     start: Instant,
     produced: &Shared,
     consumed: &Shared,
+    found: &OnceLock<usize>,
 ) -> anyhow::Result<usize> {
     let probe: BaseConsumer<Reach> = config(args)
         .set("group.id", "mink-bench")
@@ -117,6 +118,7 @@ pub(super) async fn run(
     if partitions.is_empty() {
         bail!("topic {} has no partitions (does it exist?)", args.topic);
     }
+    let _ = found.set(partitions.len());
     // Where each partition starts and ends now: a consume run reads what is between (the start
     // is above 0 once retention removed some), an e2e run from the end on. Asked here, before the
     // clock starts: a consumer catching up does not ask, and the 8 requests each consumer made

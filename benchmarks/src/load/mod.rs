@@ -461,10 +461,21 @@ pub(crate) struct Measured {
     pub(crate) start: Instant,
     /// The partitions (buckets) of the topic or table, as the run found them.
     pub(crate) partitions: usize,
+    /// Whether Ctrl-C ended the run: the figures are what was acknowledged until then.
+    pub(crate) interrupted: bool,
 }
 
 /// Runs `mode` as `args` say, with live progress: each side's figures.
 pub(crate) async fn measure(mode: Mode, args: &Args) -> anyhow::Result<Measured> {
+    measure_until(mode, args, std::future::pending()).await
+}
+
+/// [`measure`], ended early by `interrupt` (the user's Ctrl-C) with what was measured so far.
+async fn measure_until(
+    mode: Mode,
+    args: &Args,
+    interrupt: impl Future<Output = ()>,
+) -> anyhow::Result<Measured> {
     args.check()?;
     let start = Instant::now();
     let produced: Shared = Arc::new(Mutex::new(Recorder::new(start)));
@@ -479,10 +490,21 @@ pub(crate) async fn measure(mode: Mode, args: &Args) -> anyhow::Result<Measured>
         Mode::Sql => bail!("sql runs are measured by load::sql"),
     };
     let (bar, ticker) = progress(mode, args.transport(), sides.clone());
-    let partitions = if args.kafka.is_some() {
-        kafka::run(mode, args, start, &produced, &consumed).await
-    } else {
-        flight::run(mode, args, start, &produced, &consumed).await
+    let found = std::sync::OnceLock::new();
+    let measured = async {
+        if args.kafka.is_some() {
+            kafka::run(mode, args, start, &produced, &consumed, &found).await
+        } else {
+            flight::run(mode, args, start, &produced, &consumed, &found).await
+        }
+    };
+    // Ctrl-C ends the run with what was measured: it printed nothing, for minutes of load.
+    let (partitions, interrupted) = tokio::select! {
+        p = measured => (p, false),
+        () = interrupt => (
+            found.get().copied().context("interrupted before the run started"),
+            true,
+        ),
     };
     ticker.abort();
     bar.finish_and_clear();
@@ -510,6 +532,7 @@ pub(crate) async fn measure(mode: Mode, args: &Args) -> anyhow::Result<Measured>
         timelines,
         start,
         partitions,
+        interrupted,
     })
 }
 
@@ -521,8 +544,18 @@ pub(crate) async fn run(mode: Mode, args: Args) -> anyhow::Result<()> {
         figures,
         timelines,
         partitions,
+        interrupted,
         ..
-    } = measure(mode, &args).await?;
+    } = measure_until(mode, &args, async {
+        // A Ctrl-C not taken (no handler) ends nothing: the run goes on to its end.
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    })
+    .await?;
+    if interrupted {
+        eprintln!("interrupted: the figures are what was acknowledged until Ctrl-C");
+    }
     let record_size = record_size(mode, &args, &figures);
     let summary = summary(mode, &args, partitions, record_size, &figures);
     println!("{summary}");
@@ -549,6 +582,10 @@ pub(crate) async fn run(mode: Mode, args: Args) -> anyhow::Result<()> {
         report::write(path, &title, &summary, &timelines)
             .with_context(|| format!("writing the report {}", path.display()))?;
         eprintln!("report: {}", path.display());
+    }
+    if interrupted {
+        // Its load tasks are still running: not waited for.
+        std::process::exit(130);
     }
     Ok(())
 }
