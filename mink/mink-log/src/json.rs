@@ -91,8 +91,10 @@ fn missing_required(schema: &SchemaRef, value: &[u8]) -> Option<String> {
 /// exactly: a fraction or an exponent anywhere in it, and a column that would truncate one.
 /// Most rows have neither, and skip the second parse [`check_exact`] needs.
 pub fn may_be_inexact(schema: &Schema, value: &[u8]) -> bool {
-    schema.fields().iter().any(|f| truncates(f.data_type()))
-        && value.iter().any(|b| matches!(b, b'.' | b'e' | b'E'))
+    // A narrow float overflows on any large number, with or without an exponent.
+    schema.fields().iter().any(|f| overflows(f.data_type()))
+        || (schema.fields().iter().any(|f| truncates(f.data_type()))
+            && value.iter().any(|b| matches!(b, b'.' | b'e' | b'E')))
 }
 
 /// Checks that every value `object` gives a column of `schema` is exactly a value of the
@@ -147,6 +149,20 @@ fn check_value(path: &str, t: &DataType, value: &Value) -> Result<(), String> {
             };
             let exact = match t {
                 t if t.is_integer() => whole(&text),
+                // Arrow's reader makes a number past the type's range infinite.
+                DataType::Float16 | DataType::Float32 => {
+                    let max = if *t == DataType::Float16 {
+                        65_504.0 // half::f16::MAX
+                    } else {
+                        f64::from(f32::MAX)
+                    };
+                    if text.parse::<f64>().is_ok_and(|f| f.abs() > max) {
+                        return Err(format!(
+                            "column {path:?}: {value} is out of the range of its type {t}"
+                        ));
+                    }
+                    true
+                }
                 DataType::Decimal32(_, scale)
                 | DataType::Decimal64(_, scale)
                 | DataType::Decimal128(_, scale)
@@ -162,6 +178,21 @@ fn check_value(path: &str, t: &DataType, value: &Value) -> Result<(), String> {
         _ => {}
     }
     Ok(())
+}
+
+/// Whether a column of type `t` would make a large number infinite: a float narrower than 64
+/// bits, or a list, struct or map holding one.
+fn overflows(t: &DataType) -> bool {
+    match t {
+        DataType::List(item)
+        | DataType::LargeList(item)
+        | DataType::ListView(item)
+        | DataType::LargeListView(item)
+        | DataType::FixedSizeList(item, _)
+        | DataType::Map(item, _) => overflows(item.data_type()),
+        DataType::Struct(fields) => fields.iter().any(|f| overflows(f.data_type())),
+        t => matches!(t, DataType::Float16 | DataType::Float32),
+    }
 }
 
 /// Whether a column of type `t` would truncate a number: an integer or a decimal, or a list,

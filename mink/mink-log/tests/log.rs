@@ -167,6 +167,29 @@ fn batches_are_checked_against_the_table_schema() {
         e.contains("the batch has 1 columns, the table 2: expected id Int64, name Utf8"),
         "{e}"
     );
+    // Another name, or the columns in another order, said as such (both were "column "ID"
+    // of type Int64 does not match the table's "id" of type Int64").
+    let renamed = RecordBatch::try_from_iter(vec![
+        ("ID", Arc::new(Int64Array::from(vec![1])) as ArrayRef),
+        ("name", Arc::new(StringArray::from(vec!["a"])) as ArrayRef),
+    ])
+    .unwrap();
+    let e = codec::check_batch(&schema, &renamed)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("column 1 is named \"ID\", the table's is \"id\""),
+        "{e}"
+    );
+    let swapped = RecordBatch::try_from_iter(vec![
+        ("name", Arc::new(StringArray::from(vec!["a"])) as ArrayRef),
+        ("id", Arc::new(Int64Array::from(vec![1])) as ArrayRef),
+    ])
+    .unwrap();
+    let e = codec::check_batch(&schema, &swapped)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("in another order: name Utf8, id Int64"), "{e}");
 }
 
 #[test]
@@ -785,6 +808,34 @@ fn json_rows_take_numbers_exactly_or_not_at_all() {
     assert_eq!(ids.values(), &[2, 150, 3]);
     let prices = rows.column(1).as_primitive::<Decimal128Type>();
     assert_eq!(prices.values(), &[1234, 50, 1250]);
+
+    // A number past a narrow float's range was stored as infinity.
+    let floats = Arc::new(Schema::new(vec![
+        Field::new("f", DataType::Float32, true),
+        Field::new("tags", DataType::new_list(DataType::Float32, true), true),
+    ]));
+    for (bad, column) in [
+        (&b"{\"f\": 1e300}"[..], "f"),
+        (b"{\"f\": -3.5e38}", "f"),
+        (b"{\"tags\": [1.5, 1e39]}", "tags[1]"),
+    ] {
+        let e = mink_log::json::rows(&floats, &[Some(bad)]).unwrap_err();
+        assert!(
+            e.reason.contains(&format!("column {column:?}"))
+                && e.reason.contains("out of the range"),
+            "{}",
+            e.reason
+        );
+    }
+    let taken =
+        mink_log::json::rows(&floats, &[Some(&b"{\"f\": 3.4e38, \"tags\": [0.1]}"[..])]).unwrap();
+    assert!(
+        taken
+            .column(0)
+            .as_primitive::<Float32Type>()
+            .value(0)
+            .is_finite()
+    );
 }
 
 /// Numbers inside lists, structs and maps are taken exactly or not at all, as top-level ones
