@@ -252,6 +252,10 @@ bad = rows([1, 2]).to_pydict()
 bad["user_id"] = [1, None]
 w.write_batch(pa.record_batch([pa.array(bad[n], f.type) for n, f in zip(nulls.names, nulls)], schema=nulls))
 expect_error(pa.ArrowInvalid, lambda: (w.done_writing(), r.read(), w.close()), "not nullable")
+# app_metadata alone is not a batch (a flatbuffer range error said so before).
+w, r = client.do_put(descriptor, schema)
+w.write_metadata(pa.py_buffer(b'{"bucket": 0}'))
+expect_error(pa.ArrowInvalid, lambda: (w.done_writing(), r.read(), w.close()), "app_metadata alone carries no batch")
 assert client.do_get(info.endpoints[0].ticket).read_all().num_rows > 0
 
 print("pyarrow.flight: all checks passed")

@@ -91,6 +91,14 @@ impl BatchEncoder {
 /// panic it or make it allocate what a length field claims (see
 /// `mink_log::codec::check_message`). Put it in front of every `FlightDataDecoder`.
 pub fn checked(data: FlightData) -> Result<FlightData, FlightError> {
+    // pyarrow's `write_metadata`: arrow's decoder answered it with a flatbuffer range error.
+    if data.data_header.is_empty() && data.data_body.is_empty() && !data.app_metadata.is_empty() {
+        return Err(FlightError::ProtocolError(
+            "a message of app_metadata alone carries no batch: send the metadata with its batch \
+             (pyarrow: write_with_metadata)"
+                .into(),
+        ));
+    }
     if !data.data_header.is_empty() {
         mink_log::codec::check_message(&data.data_header, &data.data_body)
             .map_err(|e| FlightError::DecodeError(e.to_string()))?;

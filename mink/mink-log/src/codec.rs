@@ -590,16 +590,38 @@ pub fn check_batch(schema: &SchemaRef, batch: &RecordBatch) -> LogResult<RecordB
             columns_of(schema)
         )));
     }
-    for (want, have) in schema.fields().iter().zip(got.fields()) {
-        if want.name() != have.name() || want.data_type() != have.data_type() {
-            return Err(LogError::Invalid(format!(
-                "column {:?} of type {} does not match the table's {:?} of type {}",
-                have.name(),
-                have.data_type(),
-                want.name(),
-                want.data_type()
-            )));
+    for (i, (want, have)) in schema.fields().iter().zip(got.fields()).enumerate() {
+        if want.name() == have.name() && want.data_type() == have.data_type() {
+            continue;
         }
+        let mut ours: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        let mut theirs: Vec<&str> = got.fields().iter().map(|f| f.name().as_str()).collect();
+        ours.sort_unstable();
+        theirs.sort_unstable();
+        return Err(LogError::Invalid(
+            if want.name() != have.name() && ours == theirs {
+                format!(
+                    "the batch has the table's columns in another order: {}; the table's is {}",
+                    columns_of(&got),
+                    columns_of(schema)
+                )
+            } else if want.name() != have.name() {
+                format!(
+                    "column {} is named {:?}, the table's is {:?} (names are case-sensitive): expected {}",
+                    i + 1,
+                    have.name(),
+                    want.name(),
+                    columns_of(schema)
+                )
+            } else {
+                format!(
+                    "column {:?} of type {} does not match the table's type {}",
+                    have.name(),
+                    have.data_type(),
+                    want.data_type()
+                )
+            },
+        ));
     }
     for (field, column) in schema.fields().iter().zip(batch.columns()) {
         if !field.is_nullable() && column.null_count() > 0 {
