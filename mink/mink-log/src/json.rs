@@ -183,30 +183,26 @@ fn check_value(path: &str, t: &DataType, value: &Value) -> Result<(), String> {
 /// Whether a column of type `t` would make a large number infinite: a float narrower than 64
 /// bits, or a list, struct or map holding one.
 fn overflows(t: &DataType) -> bool {
-    match t {
-        DataType::List(item)
-        | DataType::LargeList(item)
-        | DataType::ListView(item)
-        | DataType::LargeListView(item)
-        | DataType::FixedSizeList(item, _)
-        | DataType::Map(item, _) => overflows(item.data_type()),
-        DataType::Struct(fields) => fields.iter().any(|f| overflows(f.data_type())),
-        t => matches!(t, DataType::Float16 | DataType::Float32),
-    }
+    holds(t, &|t| matches!(t, DataType::Float16 | DataType::Float32))
 }
 
 /// Whether a column of type `t` would truncate a number: an integer or a decimal, or a list,
 /// struct or map holding one.
 fn truncates(t: &DataType) -> bool {
+    holds(t, &|t| t.is_integer() || t.is_decimal())
+}
+
+/// Whether `t` is, or is a list, struct or map holding, a type `leaf` picks.
+fn holds(t: &DataType, leaf: &dyn Fn(&DataType) -> bool) -> bool {
     match t {
         DataType::List(item)
         | DataType::LargeList(item)
         | DataType::ListView(item)
         | DataType::LargeListView(item)
         | DataType::FixedSizeList(item, _)
-        | DataType::Map(item, _) => truncates(item.data_type()),
-        DataType::Struct(fields) => fields.iter().any(|f| truncates(f.data_type())),
-        t => t.is_integer() || t.is_decimal(),
+        | DataType::Map(item, _) => holds(item.data_type(), leaf),
+        DataType::Struct(fields) => fields.iter().any(|f| holds(f.data_type(), leaf)),
+        t => leaf(t),
     }
 }
 
