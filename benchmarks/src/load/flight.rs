@@ -97,15 +97,10 @@ async fn produce(
     let schema = schema();
     let share = super::quota(&args, index);
     let mut writer = client.writer(&args.database, &args.topic);
-    let rate = args.rate_per_producer();
-    let mut pacer = Pacer::new(start, rate);
-    // A paced run writes about 10 ms of records at a time, as the Kafka path sends them: a
-    // whole --batch-records batch went out when its first record was due, up to
+    let mut pacer = Pacer::new(start, args.rate_per_producer());
+    // A whole --batch-records batch went out when its first record was due, up to
     // batch/rate seconds early.
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // a positive rate
-    let batch = rate.map_or(args.batch_records, |r| {
-        args.batch_records.min((r / 100.0).ceil().max(1.0) as usize)
-    });
+    let batch = pacer.chunk(args.batch_records).min(args.batch_records);
     let mut sent = 0u64;
     while Instant::now() < deadline && share.is_none_or(|s| sent < s) {
         let n = share.map_or(batch, |s| {

@@ -232,11 +232,7 @@ async fn produce(
     let share = super::quota(&args, index);
     let rate = args.rate_per_producer();
     let mut pacer = Pacer::new(start, rate);
-    // Paced runs send in chunks of about 10 ms of records.
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // a positive rate
-    let chunk = rate.map_or(args.batch_records as u64, |r| {
-        (r / 100.0).ceil().max(1.0) as u64
-    });
+    let chunk = pacer.chunk(args.batch_records) as u64;
     let mut sent = 0u64;
     'sending: while Instant::now() < deadline && share.is_none_or(|s| sent < s) {
         let n = share.map_or(chunk, |s| chunk.min(s - sent));

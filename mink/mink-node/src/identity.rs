@@ -28,12 +28,16 @@ impl crate::Node {
     /// The cluster's id (a UUID chosen by its first node, kept in the metadata): what Kafka's
     /// Metadata and DescribeCluster name the cluster, and what the object store's marker holds.
     pub fn cluster_id(&self) -> Option<String> {
-        self.view()
-            .state
-            .kv
-            .get(CLUSTER_ID)
-            .map(|r| String::from_utf8_lossy(&r.value).into_owned())
+        cluster_id_in(&self.view().state)
     }
+}
+
+/// The cluster's id as `state` records it (none before the first node chose one).
+fn cluster_id_in(state: &mink_metadata::State) -> Option<String> {
+    state
+        .kv
+        .get(CLUSTER_ID)
+        .map(|r| String::from_utf8_lossy(&r.value).into_owned())
 }
 
 /// The value of metadata KV `key`: the one there, or else `value`, written (the first node
@@ -219,10 +223,9 @@ pub(crate) fn check_before_register(store: Arc<dyn ObjectStore>) -> mink_sql::Be
         Box::pin(async move {
             // Metadata without an id yet: a new cluster's, or one whose first node is starting
             // with this one (its marker may be written already); `claim_store` checks then.
-            let Some(id) = state.kv.get(CLUSTER_ID) else {
+            let Some(id) = cluster_id_in(&state) else {
                 return Ok(());
             };
-            let id = String::from_utf8_lossy(&id.value).into_owned();
             check_marker(&state, store.as_ref(), Some(&id))
                 .await
                 .map(|_| ())
