@@ -471,10 +471,9 @@ pub(crate) async fn run(config: Arc<Config>, metrics: Arc<Metrics>) -> anyhow::R
             // dropped as stored already when they came again (a record was lost so).
             Ok(reopened) => {
                 if let Some(m) = &message
-                    && !reopened.contains(&(m.topic().to_string(), m.partition()))
-                    && !copier
-                        .reopen
-                        .contains(&(m.topic().to_string(), m.partition()))
+                    && let key = (m.topic().to_string(), m.partition())
+                    && !reopened.contains(&key)
+                    && !copier.reopen.contains(&key)
                 {
                     result = copier.take(m).await;
                 }
