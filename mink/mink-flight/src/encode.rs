@@ -1,12 +1,15 @@
 //! Flight data with `app_metadata` on every batch (arrow-flight's encoder puts it only on the
 //! schema message).
 
+use std::sync::Arc;
+
 use arrow::array::RecordBatch;
 use arrow::datatypes::Schema;
 use arrow::error::ArrowError;
 use arrow::ipc::writer::{
     CompressionContext, DictionaryTracker, IpcDataGenerator, IpcWriteOptions,
 };
+use arrow_flight::decode::DecodedFlightData;
 use arrow_flight::error::FlightError;
 use arrow_flight::{FlightData, FlightDescriptor};
 use bytes::Bytes;
@@ -104,4 +107,79 @@ pub fn checked(data: FlightData) -> Result<FlightData, FlightError> {
             .map_err(|e| FlightError::DecodeError(e.to_string()))?;
     }
     Ok(data)
+}
+
+/// Decodes a Flight stream as arrow-flight's `FlightDataDecoder` does (same payloads, same
+/// errors), but record batches through `mink_log::codec::read_batch`, which keeps one zstd
+/// context per thread instead of creating one per batch.
+#[derive(Debug, Default)]
+pub struct StreamDecoder {
+    schema: Option<arrow::datatypes::SchemaRef>,
+    dictionaries: std::collections::HashMap<i64, arrow::array::ArrayRef>,
+}
+
+impl StreamDecoder {
+    /// The decoded message, or `None` for a dictionary (kept for the batches that use it).
+    /// Put [`checked`] in front: the message must have passed it.
+    pub fn decode(&mut self, data: FlightData) -> Result<Option<DecodedFlightData>, FlightError> {
+        use arrow::ipc::MessageHeader;
+        let message = arrow::ipc::root_as_message(&data.data_header[..])
+            .map_err(|e| FlightError::DecodeError(format!("Error decoding root message: {e}")))?;
+        match message.header_type() {
+            MessageHeader::NONE => Ok(Some(DecodedFlightData::new_none(data))),
+            MessageHeader::Schema => {
+                let schema = Arc::new(Schema::try_from(&data).map_err(|e| {
+                    FlightError::DecodeError(format!("Error decoding schema: {e}"))
+                })?);
+                self.schema = Some(Arc::clone(&schema));
+                self.dictionaries.clear();
+                Ok(Some(DecodedFlightData::new_schema(data, schema)))
+            }
+            MessageHeader::DictionaryBatch => {
+                let schema = self.schema.as_ref().ok_or_else(|| {
+                    FlightError::protocol("Received DictionaryBatch prior to Schema")
+                })?;
+                let dictionary = message.header_as_dictionary_batch().ok_or_else(|| {
+                    FlightError::protocol(
+                        "Could not get dictionary batch from DictionaryBatch message",
+                    )
+                })?;
+                arrow::ipc::reader::read_dictionary(
+                    &arrow::buffer::Buffer::from(data.data_body.clone()),
+                    dictionary,
+                    schema,
+                    &mut self.dictionaries,
+                    &message.version(),
+                )
+                .map_err(|e| {
+                    FlightError::DecodeError(format!("Error decoding ipc dictionary: {e}"))
+                })?;
+                Ok(None)
+            }
+            MessageHeader::RecordBatch => {
+                let schema = self
+                    .schema
+                    .as_ref()
+                    .ok_or_else(|| FlightError::protocol("Received RecordBatch prior to Schema"))?;
+                let batch = message.header_as_record_batch().ok_or_else(|| {
+                    FlightError::protocol("Unable to convert flight data header to a record batch")
+                })?;
+                let decoded = mink_log::codec::read_batch(
+                    &data.data_body,
+                    batch,
+                    Arc::clone(schema),
+                    &self.dictionaries,
+                    &message.version(),
+                )
+                .map_err(|e| {
+                    FlightError::DecodeError(format!("Error decoding ipc RecordBatch: {e}"))
+                })?;
+                Ok(Some(DecodedFlightData::new_record_batch(data, decoded)))
+            }
+            other => Err(FlightError::protocol(format!(
+                "Unexpected message: {}",
+                other.variant_name().unwrap_or("UNKNOWN")
+            ))),
+        }
+    }
 }

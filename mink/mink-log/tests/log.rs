@@ -701,6 +701,100 @@ fn received(
     }
 }
 
+/// `read_batch` of `ipc` (one message, no dictionaries) under its batch's schema.
+fn read_received(ipc: &codec::IpcBatch, schema: &SchemaRef) -> Result<RecordBatch, String> {
+    let message = arrow::ipc::root_as_message(&ipc.header).unwrap();
+    codec::read_batch(
+        &ipc.body,
+        message.header_as_record_batch().unwrap(),
+        Arc::clone(schema),
+        &std::collections::HashMap::new(),
+        &message.version(),
+    )
+    .map_err(|e| e.to_string())
+}
+
+#[test]
+fn zstd_batches_decode_through_one_context_and_lying_buffers_are_refused() {
+    // Compressible columns (their buffers compressed) beside incompressible ones (sent raw,
+    // length -1), views with variadic buffers, and the nested types.
+    let n = 4000;
+    let long = |i: i64| format!("a value long enough to be kept out of line, number {i}");
+    let big = RecordBatch::try_from_iter(vec![
+        (
+            "id",
+            Arc::new(Int64Array::from_iter(
+                (0..n).map(|i| (i % 7 != 0).then_some(i)),
+            )) as ArrayRef,
+        ),
+        (
+            "noise",
+            Arc::new(UInt64Array::from_iter_values(
+                (0..n as u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(17)),
+            )),
+        ),
+        (
+            "text",
+            Arc::new(StringArray::from_iter_values((0..n).map(long))),
+        ),
+        (
+            "view",
+            Arc::new(StringViewArray::from_iter_values((0..n).map(long))),
+        ),
+    ])
+    .unwrap();
+    for batch in [big, wide_batch()] {
+        let schema = batch.schema();
+        let ipc = received(&batch, Some(arrow::ipc::CompressionType::ZSTD));
+        codec::check_message(&ipc.header, &ipc.body).unwrap();
+        // Twice: the second through the thread's context the first created.
+        for _ in 0..2 {
+            assert_eq!(read_received(&ipc, &schema).unwrap(), batch);
+        }
+        // Uncompressed batches go through arrow's reader unchanged.
+        assert_eq!(
+            read_received(&received(&batch, None), &schema).unwrap(),
+            batch
+        );
+    }
+    // A compressed buffer whose length prefix lies, or whose frame is cut short: an error,
+    // never a panic or a batch of zeros.
+    let batch = RecordBatch::try_from_iter(vec![(
+        "id",
+        Arc::new(Int64Array::from_iter_values(0..n)) as ArrayRef,
+    )])
+    .unwrap();
+    let schema = batch.schema();
+    let ipc = received(&batch, Some(arrow::ipc::CompressionType::ZSTD));
+    let (at, len) = {
+        let message = arrow::ipc::root_as_message(&ipc.header).unwrap();
+        let buffers = message.header_as_record_batch().unwrap().buffers().unwrap();
+        let b = buffers.iter().find(|b| b.length() > 8).unwrap();
+        (b.offset() as usize, b.length() as usize)
+    };
+    let declared = i64::from_le_bytes(ipc.body[at..at + 8].try_into().unwrap());
+    assert_ne!(declared, -1, "the test needs a compressed buffer");
+    let with_body = |body: Vec<u8>| codec::IpcBatch {
+        body: body.into(),
+        ..ipc.clone()
+    };
+    for (claim, expected) in [
+        (declared + 1, "declared"),
+        (declared - 1, "zstd"),
+        (i64::MAX, "more than"),
+        (-2, "claiming -2 bytes"),
+    ] {
+        let mut body = ipc.body.to_vec();
+        body[at..at + 8].copy_from_slice(&claim.to_le_bytes());
+        let e = read_received(&with_body(body), &schema).unwrap_err();
+        assert!(e.contains(expected), "claiming {claim}: {e}");
+    }
+    let mut body = ipc.body.to_vec();
+    body[at + 8..at + len].fill(0x5a);
+    let e = read_received(&with_body(body), &schema).unwrap_err();
+    assert!(e.contains("zstd"), "{e}");
+}
+
 #[test]
 fn a_received_batch_is_stored_as_received_when_it_matches_the_table() {
     let batch = RecordBatch::try_from_iter(vec![

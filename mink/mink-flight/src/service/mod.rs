@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arrow::ipc::writer::IpcWriteOptions;
-use arrow_flight::decode::FlightDataDecoder;
 use arrow_flight::error::FlightError;
 use arrow_flight::flight_descriptor::DescriptorType;
 use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
@@ -526,7 +525,10 @@ impl FlightService for MinkFlight {
                     crate::encode::checked(data)
                 })
                 .boxed();
-        let decoder = FlightDataDecoder::new(input);
+        let mut decoder = crate::encode::StreamDecoder::default();
+        let decoder = input
+            .try_filter_map(move |data| futures::future::ready(decoder.decode(data)))
+            .boxed();
         let (tx, rx) = mpsc::channel(self.config.put_pipeline_depth.max(1));
         let work = self.clone().put(write, decoder, tx.clone());
         self.spawn_call(

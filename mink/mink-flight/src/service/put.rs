@@ -2,11 +2,12 @@
 //! order; rows for buckets led elsewhere are forwarded by the node's write session.
 
 use arrow::array::RecordBatch;
-use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
+use arrow_flight::decode::{DecodedFlightData, DecodedPayload};
 use arrow_flight::error::FlightError;
 use arrow_flight::{FlightData, PutResult};
 use bytes::Bytes;
 use futures::StreamExt as _;
+use futures::stream::BoxStream;
 use futures::stream::FuturesOrdered;
 use mink_node::{WriteSession, WriteTarget};
 use tokio::sync::mpsc;
@@ -21,7 +22,7 @@ impl MinkFlight {
     pub(super) async fn put(
         self,
         descriptor: protocol::WriteDescriptor,
-        mut input: FlightDataDecoder,
+        mut input: BoxStream<'static, Result<DecodedFlightData, FlightError>>,
         tx: mpsc::Sender<Result<PutResult, Status>>,
     ) -> tonic::Code {
         let writer = descriptor.writer_id;
