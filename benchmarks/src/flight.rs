@@ -11,6 +11,9 @@
 //!   front), with as many appends in flight as the DoPut streams allow, on the same node: what
 //!   DoPut would reach if receiving, checking, routing and encoding cost nothing. The engine
 //!   and both DoPut paths run in turn and then in reverse order (ABCCBA), half the time each.
+//!   The **cpu bound** of client-routed DoPut: the engine's CPU per row (measured in its
+//!   phases) plus one core's time per row to decode the client's messages alone (a node must
+//!   decode a batch to check it), over the machine's cores, as a ratio to the engine's rate.
 //! - DoGet: the table written above, read as one whole-table stream and as one stream per
 //!   bucket; the echo server streams the same number of the same batches.
 
@@ -69,6 +72,41 @@ struct Point {
     engine_rows_per_s: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     ratio_to_engine: Option<f64>,
+    /// Client-routed DoPut: the most this machine's cores allow, as a ratio to the engine's
+    /// rate: all of them spent on the engine's CPU per row plus the node decoding the batch
+    /// alone (as a node must, to check it), nothing for receiving, checking or routing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cpu_bound: Option<f64>,
+}
+
+/// CPU seconds this process has used, user and system (`/proc/self/stat`, in clock ticks of
+/// 1/100 s, as Linux counts them for user space).
+fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(ticks as f64 / 100.0)
+}
+
+/// Seconds of one core per row to decode `messages` (after `schema`) as a node's DoPut does,
+/// and nothing else, measured for `seconds`.
+fn decode_seconds_per_row(
+    schema: &FlightData,
+    messages: &[(FlightData, u64)],
+    seconds: f64,
+) -> anyhow::Result<f64> {
+    let mut decoder = mink_flight::encode::StreamDecoder::default();
+    decoder.decode(mink_flight::encode::checked(schema.clone())?)?;
+    let started = Instant::now();
+    let mut rows = 0u64;
+    while started.elapsed().as_secs_f64() < seconds {
+        for (message, n) in messages {
+            let message = mink_flight::encode::checked(message.clone())?;
+            decoder.decode(message)?.context("a decoded batch")?;
+            rows += n;
+        }
+    }
+    Ok(started.elapsed().as_secs_f64() / rows as f64)
 }
 
 /// The engine baseline: `streams` tasks, each appending `parts` (one stored payload per bucket,
@@ -461,6 +499,8 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
         (schema, parts)
     };
 
+    let decoding = decode_seconds_per_row(&routed.0, &routed.1, 1.0)?;
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get) as f64;
     let mut points = Vec::new();
     let mb = |bytes: u64, d: Duration| bytes as f64 / 1e6 / d.as_secs_f64();
     let per_s = |n: u64, d: Duration| n as f64 / d.as_secs_f64();
@@ -476,12 +516,14 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
         let half = args.seconds / 2.0;
         let (mut mr, mut mbytes, mut md) = (0, 0, Duration::ZERO);
         let (mut cr, mut cbytes, mut cd) = (0, 0, Duration::ZERO);
-        let (mut engine_rows, mut engine_d) = (0, Duration::ZERO);
+        let (mut engine_rows, mut engine_d, mut engine_cpu) = (0, Duration::ZERO, 0.0);
         for phase in ["engine", "mink", "routed", "routed", "mink", "engine"] {
             match phase {
                 "engine" => {
+                    let cpu = cpu_seconds().context("/proc/self/stat")?;
                     let (r, d) =
                         engine_load(&engine, &baseline_ids, &parts, streams, limits, half).await?;
+                    engine_cpu += cpu_seconds().context("/proc/self/stat")? - cpu;
                     engine_rows += r;
                     engine_d += d;
                 }
@@ -499,6 +541,8 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
                 }
             }
         }
+        let engine_per_row = engine_cpu / engine_rows as f64;
+        let bound = cores / (engine_per_row + decoding) / per_s(engine_rows, engine_d);
         points.push(Point {
             call: "DoPut (client-routed)",
             streams,
@@ -509,6 +553,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
             ratio_to_echo: per_s(cr, cd) / per_s(er, ed),
             engine_rows_per_s: Some(per_s(engine_rows, engine_d)),
             ratio_to_engine: Some(per_s(cr, cd) / per_s(engine_rows, engine_d)),
+            cpu_bound: Some(bound),
         });
         points.push(Point {
             call: "DoPut",
@@ -520,6 +565,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
             ratio_to_echo: mb(mbytes, md) / mb(eb, ed),
             engine_rows_per_s: Some(per_s(engine_rows, engine_d)),
             ratio_to_engine: Some(per_s(mr, md) / per_s(engine_rows, engine_d)),
+            cpu_bound: None,
         });
     }
 
@@ -568,6 +614,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
                 / (ebytes as f64 * rows_per_byte / ed.as_secs_f64()),
             engine_rows_per_s: None,
             ratio_to_engine: None,
+            cpu_bound: None,
         });
     }
     node.shutdown().await;
@@ -596,7 +643,7 @@ fn print(
         compression
     );
     println!(
-        "{:<22} {:>7} {:>14} {:>10} {:>14} {:>10} {:>8} {:>14} {:>8}",
+        "{:<22} {:>7} {:>14} {:>10} {:>14} {:>10} {:>8} {:>14} {:>8} {:>10}",
         "call",
         "streams",
         "mink rows/s",
@@ -605,11 +652,12 @@ fn print(
         "echo MB/s",
         "/echo",
         "engine rows/s",
-        "/engine"
+        "/engine",
+        "cpu bound"
     );
     for p in points {
         println!(
-            "{:<22} {:>7} {:>14.0} {:>10.1} {:>14.0} {:>10.1} {:>8.2} {:>14} {:>8}",
+            "{:<22} {:>7} {:>14.0} {:>10.1} {:>14.0} {:>10.1} {:>8.2} {:>14} {:>8} {:>10}",
             p.call,
             p.streams,
             p.mink_rows_per_s,
@@ -620,6 +668,8 @@ fn print(
             p.engine_rows_per_s
                 .map_or_else(|| "-".to_string(), |r| format!("{r:.0}")),
             p.ratio_to_engine
+                .map_or_else(|| "-".to_string(), |r| format!("{r:.2}")),
+            p.cpu_bound
                 .map_or_else(|| "-".to_string(), |r| format!("{r:.2}")),
         );
     }
