@@ -162,7 +162,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     for f in &cli.files {
         let text =
             std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
-        statements.extend(repl::split_statements(&text));
+        statements.extend(repl::split_script(&text));
     }
     if cli.format == Format::Parquet {
         anyhow::ensure!(

@@ -106,6 +106,29 @@ pub(crate) fn split_statements(text: &str) -> Vec<String> {
         .collect()
 }
 
+/// Splits a script (`-f`) as the prompt reads it: a line starting with `\\` between
+/// statements is a command of its own (`\\d app.events`), and the rest splits into statements
+/// at semicolons ([`split_statements`]). Without this a command ran on into the statement
+/// after it, which was lost.
+pub(crate) fn split_script(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut pending = String::new();
+    for line in text.lines() {
+        let (pieces, open) = pieces(&pending);
+        let between = !open && !pieces.last().is_some_and(|(_, code)| *code);
+        if between && line.trim_start().starts_with('\\') {
+            out.extend(split_statements(&pending));
+            out.push(line.trim().to_string());
+            pending.clear();
+            continue;
+        }
+        pending.push_str(line);
+        pending.push('\n');
+    }
+    out.extend(split_statements(&pending));
+    out
+}
+
 /// Whether `text` holds a complete statement: it ends with a `;` outside quotes and comments,
 /// followed by nothing but whitespace and comments.
 fn complete(text: &str) -> bool {
@@ -334,6 +357,25 @@ mod tests {
         assert!(complete("select 1;  \n"));
         assert!(!complete("select ';'"));
         assert!(!complete("select 1; select"));
+    }
+
+    /// A script's `\\` command is a line of its own between statements (it ran on into the
+    /// next statement, which was lost).
+    #[test]
+    fn a_script_command_is_its_own_line() {
+        assert_eq!(
+            split_script("\\d app.acct\nSELECT 111;\nSELECT 222;\n"),
+            ["\\d app.acct", "SELECT 111", "SELECT 222"]
+        );
+        assert_eq!(
+            split_script("SELECT 1;\n  \\dt app*\n-- c\nINSERT INTO t VALUES (1);"),
+            ["SELECT 1", "\\dt app*", "-- c\nINSERT INTO t VALUES (1)"]
+        );
+        // Inside a statement or a string a backslash line is the statement's.
+        assert_eq!(
+            split_script("SELECT 'a\n\\b';\nSELECT 1\n\\d\n;"),
+            ["SELECT 'a\n\\b'", "SELECT 1\n\\d"]
+        );
     }
 
     /// A `;` in a comment or an escaped string ends nothing (`-- note: counts; rows` split the

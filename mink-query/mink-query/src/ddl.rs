@@ -207,6 +207,21 @@ fn refuse_ignored(
             )));
         }
     }
+    // One key, declared once: a second declaration was kept or dropped by where it stood.
+    let keys = columns
+        .iter()
+        .flat_map(|c| &c.options)
+        .filter(|o| matches!(o.option, O::PrimaryKey(_)))
+        .count()
+        + constraints
+            .iter()
+            .filter(|k| matches!(k, TableConstraint::PrimaryKey(_)))
+            .count();
+    if keys > 1 {
+        return Err(DataFusionError::Plan(format!(
+            "{keys} PRIMARY KEY declarations: a table has one key; name all its columns in one (PRIMARY KEY (a, b))"
+        )));
+    }
     for k in constraints {
         if !matches!(k, TableConstraint::PrimaryKey(_)) {
             return Err(DataFusionError::NotImplemented(format!(

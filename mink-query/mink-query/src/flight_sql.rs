@@ -500,7 +500,7 @@ fn bind(plan: DataFrame, values: Vec<ScalarValue>) -> Result<DataFrame, Status> 
             match fields.get(&id) {
                 Some(Some(f)) if v.data_type() != *f.data_type() => {
                     let shown = crate::insert::show(&v);
-                    let cast = v.cast_to_with_options(f.data_type(), &options).map_err(|e| {
+                    let cast = crate::literals::cast_value(&v, f.data_type(), &options).map_err(|e| {
                         Status::invalid_argument(format!(
                             "the value bound to {id} ({shown}, {}) does not convert to {}, the type of column {}: {}",
                             v.data_type(),

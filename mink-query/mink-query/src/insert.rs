@@ -342,6 +342,13 @@ fn check(column: &str, value: &Expr, from: &DataType, to: &DataType) -> Result<(
         .filter(|v| v.data_type() != *from)
         .and_then(|v| v.cast_to(from).ok());
     let Some(v) = typed.as_ref().or(literal) else {
+        // A column or expression of floating-point numbers into a decimal (a DOUBLE column,
+        // an ingest's float64 column): each value would be rounded to the column's places.
+        if from.is_floating() && to.is_decimal() {
+            return Err(DataFusionError::Plan(format!(
+                "column {column} is {to} and {shown} is {from}: floating-point values are refused, not rounded to its decimal places (CAST(value AS {to}) rounds)"
+            )));
+        }
         // A column of more decimal places (DECIMAL(12, 3) into DECIMAL(10, 2)): each value
         // would be rounded.
         if let (Some(places), Some(kept)) = (scale(from), scale(to))

@@ -268,7 +268,7 @@ fn as_value(e: Expr, t: &DataType, operand: &Expr) -> Result<(Expr, bool)> {
     Ok((Expr::Literal(value, meta), true))
 }
 
-/// A timestamp without a zone becoming one with a zone other than UTC is read as UTC, the
+/// A timestamp without a zone (or text) becoming one with a zone other than UTC is read as UTC, the
 /// session's zone, as PostgreSQL reads a `timestamp` becoming a `timestamptz`: Arrow's cast
 /// reads it as a wall time in the target zone, so `TIMESTAMP '2024-01-01 00:00:00'` into a
 /// Europe/Berlin column was 2023-12-31T23:00Z, while `CAST(... AS TIMESTAMPTZ)` gave
@@ -309,8 +309,42 @@ fn via_utc(e: Expr, schema: &DFSchema) -> Transformed<Expr> {
             let utc = cast(expr, DataType::Timestamp(unit, Some("UTC".into())));
             Transformed::yes(cast(Box::new(utc), data_type))
         }
+        // Text ('2024-01-01 10:00:00' into or against a zoned column): Arrow reads a time
+        // without an offset as a wall time in the target zone too; one with an offset keeps it.
+        Ok(DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View) => {
+            let DataType::Timestamp(unit, _) = &data_type else {
+                return Transformed::no(cast(expr, data_type));
+            };
+            let utc = cast(expr, DataType::Timestamp(*unit, Some("UTC".into())));
+            Transformed::yes(cast(Box::new(utc), data_type))
+        }
         _ => Transformed::no(cast(expr, data_type)),
     }
+}
+
+/// `v` cast to `to`, a zoneless timestamp or text read in UTC when `to` is in another zone, as
+/// [`NaiveAsUtc`] reads them in a plan: for values bound to a prepared statement's parameters.
+pub(crate) fn cast_value(
+    v: &ScalarValue,
+    to: &DataType,
+    options: &arrow::compute::CastOptions<'static>,
+) -> Result<ScalarValue> {
+    if let DataType::Timestamp(unit, Some(zone)) = to
+        && !is_utc(zone)
+        && matches!(
+            v.data_type(),
+            DataType::Timestamp(_, None)
+                | DataType::Utf8
+                | DataType::LargeUtf8
+                | DataType::Utf8View
+        )
+    {
+        let utc = DataType::Timestamp(*unit, Some("UTC".into()));
+        return v
+            .cast_to_with_options(&utc, options)?
+            .cast_to_with_options(to, options);
+    }
+    v.cast_to_with_options(to, options)
 }
 
 fn is_utc(zone: &str) -> bool {

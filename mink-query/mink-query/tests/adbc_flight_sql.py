@@ -1,6 +1,7 @@
 """The ADBC Flight SQL driver and Polars over mink-query's Flight SQL service: metadata calls,
 queries, errors. Argument: the service's grpc:// URI. Prints "ok"."""
 
+import datetime
 import sys
 
 import adbc_driver_flightsql.dbapi as flight_sql
@@ -27,7 +28,7 @@ objects = conn.adbc_get_objects(depth="all").read_all().to_pylist()
 assert [c["catalog_name"] for c in objects] == ["mink"], objects
 schemas = {s["db_schema_name"]: s for s in objects[0]["catalog_db_schemas"]}
 tables = {t["table_name"]: t for t in schemas["app"]["db_schema_tables"]}
-assert set(tables) == {"events", "users", "nested"}, tables
+assert set(tables) == {"events", "users", "nested", "berlin"}, tables
 assert [c["column_name"] for c in tables["events"]["table_columns"]] == ["id", "kind", "amount"]
 schema = conn.adbc_get_table_schema("users", db_schema_filter="app")
 assert schema.names == ["id", "name"], schema
@@ -125,6 +126,13 @@ try:
     raise AssertionError("2.7 went into an INT")
 except flight_sql.ProgrammingError as e:
     assert "qty" in str(e) and "not exactly" in str(e), e
+# A datetime without a zone bound to a Europe/Berlin column is read in UTC, as a TIMESTAMP
+# literal is (it was stored as Berlin's wall time, an hour earlier).
+cur.execute("INSERT INTO app.berlin VALUES (?, ?)", (1, datetime.datetime(2024, 1, 1, 10, 0)))
+cur.execute("SELECT b FROM app.berlin WHERE id = 1")
+(stored,) = cur.fetchone()
+utc = datetime.timezone.utc
+assert stored.astimezone(utc) == datetime.datetime(2024, 1, 1, 10, 0, tzinfo=utc), stored
 try:
     cur.adbc_ingest("nope", rows, mode="append", db_schema_name="app")
     raise AssertionError("ingest into a table that does not exist was accepted")

@@ -669,6 +669,27 @@ async fn insert_into_log_and_primary_key_tables() {
         .error("INSERT INTO app.typed (id, d) VALUES (9, 1e-3)")
         .await;
     assert!(refused.contains("not exactly a value of it"), "{refused}");
+    // A column or expression of floating-point numbers into a decimal: each value would be
+    // rounded (0.333 was stored as 0.33), so it is refused by type, as a float literal is.
+    c.rows("CREATE TABLE app.floats (id BIGINT NOT NULL, f DOUBLE)")
+        .await;
+    c.rows("INSERT INTO app.floats VALUES (1, 0.333)").await;
+    for rounded in [
+        "INSERT INTO app.typed (id, d) SELECT id + 20, f FROM app.floats",
+        "INSERT INTO app.typed (id, d) SELECT id + 20, f * 2 FROM app.floats",
+    ] {
+        let refused = c.error(rounded).await;
+        assert!(
+            refused.contains("column d is Decimal128(10, 2)")
+                && refused.contains("floating-point values are refused, not rounded"),
+            "{rounded}: {refused}"
+        );
+    }
+    assert_eq!(
+        c.rows("INSERT INTO app.typed (id, d) SELECT id + 20, CAST(f AS DECIMAL(10, 2)) FROM app.floats")
+            .await,
+        strings(&[&["1"]])
+    );
     // Nothing of the refused statements was stored.
     assert_eq!(
         c.rows("SELECT count(*) FROM app.events").await,
@@ -734,6 +755,22 @@ async fn zoned_literals_keep_their_instant() {
         )
         .await,
         strings(&[&["3", "2024-01-01T01:00:00+01:00"]])
+    );
+    // So is text without an offset, inserted or compared (Arrow read it as Berlin's wall
+    // time, an hour off from `TIMESTAMP '...'`); text with an offset keeps it.
+    c.rows(
+        "INSERT INTO app.berlin VALUES (4, '2024-02-01 10:00:00'), (5, '2024-02-01T10:00:00+05:00')",
+    )
+    .await;
+    assert_eq!(
+        c.rows(
+            "SELECT id, b FROM app.berlin WHERE b = '2024-02-01 10:00:00'              OR b = '2024-02-01T05:00:00Z' ORDER BY id"
+        )
+        .await,
+        strings(&[
+            &["4", "2024-02-01T11:00:00+01:00"],
+            &["5", "2024-02-01T06:00:00+01:00"]
+        ])
     );
     c.stop().await;
 }
@@ -1712,6 +1749,15 @@ async fn adbc_and_polars_over_flight_sql() {
     let c = Cluster::start(dir.path()).await;
     c.load().await;
     dictionary_table(&c).await;
+    {
+        use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+        let zoned = DataType::Timestamp(TimeUnit::Microsecond, Some("Europe/Berlin".into()));
+        let schema = Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("b", zoned, true),
+        ]);
+        one_bucket_table(&c, "berlin", &schema).await;
+    }
     let script = manifest_dir().join("tests/adbc_flight_sql.py");
     let uri = format!("grpc://{}", c.sql_address);
     let out = tokio::process::Command::new(python)
