@@ -605,9 +605,12 @@ async fn produce(cx: Context, request: ProduceRequest) -> Result<Answer> {
                         t.partition_data
                             .iter()
                             .map(|p| {
+                                // Nothing stored: no offset (a client reports the
+                                // record at its base offset).
                                 PartitionProduceResponse::default()
                                     .with_index(p.index)
                                     .with_error_code(code.code())
+                                    .with_base_offset(-1)
                             })
                             .collect(),
                     )
@@ -783,6 +786,21 @@ fn rows_of(
     }
     let writer = records::writer_batch(&all)?;
     if records::is_raw(&table.schema) {
+        // A topic keeps microseconds: a time past what they hold was clamped to another.
+        if let Some((index, r)) = all
+            .iter()
+            .enumerate()
+            .find(|(_, r)| r.timestamp.checked_mul(1000).is_none())
+        {
+            return Err(RecordError::InvalidTimestamp {
+                index,
+                reason: format!(
+                    "timestamp {} ms is outside what a topic keeps (microseconds: within {} ms of 1970)",
+                    r.timestamp,
+                    i64::MAX / 1000
+                ),
+            });
+        }
         let rows = records::raw_rows(&all).map_err(|e| RecordError::Invalid {
             index: 0,
             reason: e.to_string(),
@@ -805,7 +823,9 @@ fn refused(
     batch_errors: &mut Vec<BatchIndexAndErrorMessage>,
     e: &RecordError,
 ) -> (ResponseError, String) {
-    if let RecordError::Invalid { index, reason } = e {
+    if let RecordError::Invalid { index, reason }
+    | RecordError::InvalidTimestamp { index, reason } = e
+    {
         batch_errors.push(
             BatchIndexAndErrorMessage::default()
                 .with_batch_index(i32::try_from(*index).unwrap_or(i32::MAX))
@@ -815,6 +835,7 @@ fn refused(
     let code = match e {
         RecordError::Corrupt { .. } => ResponseError::CorruptMessage,
         RecordError::Invalid { .. } => ResponseError::InvalidRecord,
+        RecordError::InvalidTimestamp { .. } => ResponseError::InvalidTimestamp,
     };
     (code, e.to_string())
 }
@@ -1199,6 +1220,11 @@ fn join_group(cx: Context, request: &JoinGroupRequest) -> Answer {
             .as_ref()
             .map_or_else(String::new, |c| c.as_str().to_string()),
         client_host: cx.peer.clone(),
+        instance_id: request
+            .group_instance_id
+            .as_ref()
+            .filter(|i| !i.is_empty())
+            .map(|i| i.as_str().to_string()),
         session_timeout: millis(request.session_timeout_ms),
         // Version 0 has one timeout for both.
         rebalance_timeout: millis(if version == 0 {
@@ -1571,6 +1597,9 @@ fn describe_groups(cx: &Context, request: &DescribeGroupsRequest) -> DescribeGro
                                     .with_member_id(StrBytes::from_string(member_id.clone()))
                                     .with_client_id(StrBytes::from_string(m.client_id.clone()))
                                     .with_client_host(StrBytes::from_string(m.client_host.clone()))
+                                    .with_group_instance_id(
+                                        m.instance_id.clone().map(StrBytes::from_string),
+                                    )
                                     .with_member_metadata(
                                         m.protocols
                                             .iter()

@@ -47,6 +47,8 @@ impl Phase {
 pub(crate) struct Member {
     pub(crate) client_id: String,
     pub(crate) client_host: String,
+    /// A static member's `group.instance.id`.
+    pub(crate) instance_id: Option<String>,
     session_timeout: Duration,
     rebalance_timeout: Duration,
     pub(crate) protocols: Vec<(String, Bytes)>,
@@ -98,6 +100,8 @@ pub(crate) struct Join {
     pub(crate) member_id: String,
     pub(crate) client_id: String,
     pub(crate) client_host: String,
+    /// `group.instance.id` (JoinGroup from version 5): a static member.
+    pub(crate) instance_id: Option<String>,
     pub(crate) session_timeout: Duration,
     pub(crate) rebalance_timeout: Duration,
     pub(crate) protocol_type: String,
@@ -178,6 +182,29 @@ impl Groups {
                 return join_error(ResponseError::InconsistentGroupProtocol, &j.member_id);
             }
             let mut member_id = j.member_id.clone();
+            // A static member joining anew replaces its earlier self at once: librdkafka's
+            // static members send no LeaveGroup on close, so the one before stayed a member
+            // until its session expired, and the group waited for it to rejoin (30 s by
+            // default). It leaves as if it had sent one; its partitions are assigned again.
+            if member_id.is_empty()
+                && let Some(instance) = &j.instance_id
+                && let Some(earlier) = group
+                    .members
+                    .iter()
+                    .find(|(_, m)| m.instance_id.as_ref() == Some(instance))
+                    .map(|(id, _)| id.clone())
+            {
+                group.members.remove(&earlier);
+                if group.leader.as_deref() == Some(earlier.as_str()) {
+                    group.leader = None;
+                }
+                if group.members.is_empty() {
+                    group.phase = Phase::Empty;
+                    group.deadline = None;
+                } else if group.phase != Phase::PreparingRebalance {
+                    prepare_rebalance(group, Instant::now());
+                }
+            }
             if member_id.is_empty() {
                 member_id = self.new_member_id(&j.client_id);
                 if j.version >= 4 {
@@ -219,6 +246,7 @@ impl Groups {
             let member = group.members.entry(member_id.clone()).or_insert(Member {
                 client_id: j.client_id.clone(),
                 client_host: j.client_host.clone(),
+                instance_id: j.instance_id.clone(),
                 session_timeout: j.session_timeout,
                 rebalance_timeout: j.rebalance_timeout,
                 protocols: Vec::new(),

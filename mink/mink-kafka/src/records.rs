@@ -27,6 +27,8 @@ pub enum RecordError {
     Corrupt { index: usize, reason: String },
     #[error("record {index}: {reason}")]
     Invalid { index: usize, reason: String },
+    #[error("record {index}: {reason}")]
+    InvalidTimestamp { index: usize, reason: String },
 }
 
 /// The batches of a produce request's `records`, checked: each batch's length within the
@@ -70,6 +72,14 @@ pub fn check_batches(records: &Bytes) -> Result<Vec<Bytes>, RecordError> {
         let attributes = i16::from_be_bytes(batch[21..23].try_into().expect("2 bytes"));
         let compressed = attributes & 0x7 != 0;
         let count = i32::from_be_bytes(batch[57..61].try_into().expect("4 bytes"));
+        // As Kafka's log validator: a batch holds records, and its offset range is its count.
+        let last_offset_delta = i32::from_be_bytes(batch[23..27].try_into().expect("4 bytes"));
+        if count < 1 || i64::from(last_offset_delta) + 1 != i64::from(count) {
+            return Err(corrupt(format!(
+                "an offset range of {} for {count} records",
+                i64::from(last_offset_delta) + 1
+            )));
+        }
         let room = (batch.len() - HEADER) / MIN_RECORD;
         let fits = (0..=MAX_BATCH_RECORDS).contains(&count)
             && (compressed || usize::try_from(count).is_ok_and(|c| c <= room));

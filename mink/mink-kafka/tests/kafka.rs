@@ -1154,12 +1154,38 @@ async fn hostile_frames_get_errors_and_harm_nothing() {
     bad_count[57..61].copy_from_slice(&i32::MAX.to_be_bytes());
     let mut bad_length = good.to_vec();
     bad_length[8..12].copy_from_slice(&1_000_000i32.to_be_bytes());
-    for bad in [bad_crc, bad_count, bad_length, b"short".to_vec()] {
+    // A header whose count and offset range disagree with the records it holds (CRC
+    // right): the third record was dropped and the batch acknowledged; and a batch of none.
+    let recount = |count: i32, last_delta: i32| {
+        let mut b = good.to_vec();
+        b[57..61].copy_from_slice(&count.to_be_bytes());
+        b[23..27].copy_from_slice(&last_delta.to_be_bytes());
+        let crc = crc32c::crc32c(&b[21..]);
+        b[17..21].copy_from_slice(&crc.to_be_bytes());
+        b
+    };
+    for bad in [
+        bad_crc,
+        bad_count,
+        bad_length,
+        b"short".to_vec(),
+        recount(2, 2),
+        recount(2, 1),
+        recount(0, -1),
+    ] {
         assert_eq!(
             produced(&mut socket, &produce_frame(Bytes::from(bad))).await,
             kafka_protocol::ResponseError::CorruptMessage.code()
         );
     }
+    // A time past what microseconds hold: it was clamped, acknowledged, and read back as
+    // another time (or failed to read).
+    let late = mink_kafka::records::encode_records(&[record(0, -1, -1, -1, i64::MAX, None, None)])
+        .unwrap();
+    assert_eq!(
+        produced(&mut socket, &produce_frame(late)).await,
+        kafka_protocol::ResponseError::InvalidTimestamp.code()
+    );
     // A header key that is not UTF-8 (the CRC right): a record the raw schema cannot hold,
     // INVALID_RECORD (not retried, as CORRUPT_MESSAGE is), and nothing of its batch stored.
     let mut keyed = kafka_protocol::records::Record {
@@ -1952,9 +1978,18 @@ async fn a_produce_with_acks_kafka_does_not_know_is_refused() {
         42,
         &produce_request(0, encode_one()).with_acks(2),
     );
+    let mut answer = exchange(&mut socket, &frame).await.unwrap();
+    ResponseHeader::decode(&mut answer, 0).unwrap();
+    let answer = ProduceResponse::decode(&mut answer, 7).unwrap();
+    let p = &answer.responses[0].partition_responses[0];
+    // Nothing stored, so no offset (librdkafka reported the message at offset 0).
     assert_eq!(
-        produced(&mut socket, &frame).await,
-        kafka_protocol::ResponseError::InvalidRequiredAcks.code()
+        (p.error_code, p.base_offset),
+        (
+            kafka_protocol::ResponseError::InvalidRequiredAcks.code(),
+            -1
+        ),
+        "{p:?}"
     );
     assert_eq!(produced(&mut socket, &produce_frame(encode_one())).await, 0);
     assert_eq!(s.row_count("kafka", "t", 0).await, 1);

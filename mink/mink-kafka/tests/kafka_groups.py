@@ -137,3 +137,28 @@ described = admin.describe_groups(["g1"])
 assert "Stable" in repr(described) and "roundrobin" in repr(described), described
 c3.close()
 print("ok")
+
+# A static member (group.instance.id) that closes and comes back is a member again at once: it
+# sends no LeaveGroup, and the group waited for its earlier self's session (120 s here) to end.
+STATIC = "g-static"
+
+
+def static_member():
+    c = Consumer({
+        "bootstrap.servers": bootstrap,
+        "group.id": STATIC,
+        "group.instance.id": "worker-1",
+        "session.timeout.ms": 120000,
+        "auto.offset.reset": "earliest",
+    })
+    c.subscribe([TOPIC])
+    deadline = time.monotonic() + 60
+    while not c.assignment():
+        assert time.monotonic() < deadline, "waited 60 s for the static member's assignment"
+        c.poll(0.2)
+    return c
+
+
+static_member().close()
+again = static_member()
+again.close()

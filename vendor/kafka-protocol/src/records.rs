@@ -519,6 +519,14 @@ impl RecordBatchDecoder {
         for _ in 0..batch_decode_info.record_count {
             records.push(Record::decode_new(buf, batch_decode_info, version)?);
         }
+        // Mink's patch: records past the count would be dropped unseen.
+        if buf.has_remaining() {
+            bail!(
+                "{} bytes after the batch's {} records",
+                buf.remaining(),
+                batch_decode_info.record_count
+            );
+        }
         Ok(())
     }
 
