@@ -123,8 +123,11 @@ for bad in [b"not json", b'{"id": "x"}', b'{"id": 3, "nope": 1}', b"[1]"]:
 # One batch of two good rows and a bad one (sent together, flushed once): the batch fails
 # whole, and neither good row is stored. The client names the bad record (INVALID_RECORD, with
 # its index in the batch) and fails the others as part of that batch.
-mixed = [producer.send("people", value=v, partition=0) for v in [b'{"id": 8}', b'{"id": "x"}', b'{"id": 9}']]
-producer.flush()
+# A linger longer than the test: the three wait in one batch for the flush (the producer's
+# sender took the first alone on a loaded machine, and it was stored).
+lingering = KafkaProducer(bootstrap_servers=bootstrap, acks=1, enable_idempotence=False, retries=0, linger_ms=60000)
+mixed = [lingering.send("people", value=v, partition=0) for v in [b'{"id": 8}', b'{"id": "x"}', b'{"id": 9}']]
+lingering.flush()
 failures = []
 for f in mixed:
     try:
@@ -136,6 +139,7 @@ for f in mixed:
         failures.append(f"{type(e).__name__}: {e}")
 assert "InvalidRecord" in failures[1], failures
 assert all("part of a batch which had one more more invalid records" in f for f in failures[::2]), failures
+lingering.close()
 producer.close()
 # An idempotent librdkafka producer whose batch is refused raises its epoch itself (KIP-360)
 # and goes on: its next record is stored (every later one failed INVALID_PRODUCER_EPOCH).
