@@ -86,7 +86,23 @@ pub(crate) enum Format {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    // As `mink` takes them: `MINK_SERVER=` is the default, and a host without a port is a
+    // usage error, not a connection to port 80.
+    if cli.server.trim().is_empty() {
+        cli.server = mink_client::DEFAULT_SERVER.to_string();
+    }
+    if let Err(e) = mink_client::check_address(&cli.server) {
+        <Cli as clap::CommandFactory>::command()
+            .error(
+                clap::error::ErrorKind::ValueValidation,
+                format!(
+                    "invalid value '{}' for '--server <SERVER>': {e}",
+                    cli.server
+                ),
+            )
+            .exit();
+    }
     let server = cli.server.clone();
     match run(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -111,7 +127,7 @@ async fn main() -> std::process::ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let client = Client::connect(&cli.server).await.with_context(|| {
         format!(
-            "Is a node running at {}? Start one with `mink dev`, or point at one with --server (MINK_SERVER).",
+            "is a node running at {}? Start one with `mink dev`, or point at one with --server (MINK_SERVER)",
             cli.server
         )
     })?;

@@ -727,6 +727,42 @@ async fn a_one_shot_query_reports_the_tail_it_read_before_it_exits() {
     s.stop().await;
 }
 
+/// `--server` as `mink` takes it: `MINK_SERVER=` (set, empty) is the default address, and a
+/// host without a port is refused before anything is tried (it was tried, and the empty one
+/// failed as "cannot reach : invalid URI").
+#[test]
+fn the_server_address_is_checked_as_mink_checks_it() {
+    let run = |env: Option<&str>, args: &[&str]| {
+        let mut command = Command::new(MINK_QUERY);
+        command.env_remove("MINK_SERVER");
+        if let Some(v) = env {
+            command.env("MINK_SERVER", v);
+        }
+        let out = command
+            .args(args)
+            .args(["-c", "SELECT 1"])
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (code, err) = run(None, &["--server", "127.0.0.1"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("expected HOST:PORT, such as 127.0.0.1:7171"),
+        "{err}"
+    );
+    // The default address: reached (another test's `mink dev` may serve on it), or named.
+    let (code, err) = run(Some(""), &[]);
+    assert!(
+        code == Some(0)
+            || err.contains("is a node running at 127.0.0.1:7171? Start one with `mink dev`"),
+        "{err}"
+    );
+}
+
 /// Pointed at a Flight SQL port (which `mink dev` prints beside the node's), `mink-query` says
 /// what it looks like and which address to give: the error was `unknown action
 /// "list_databases"`.

@@ -27,7 +27,7 @@ struct Cli {
         long,
         global = true,
         env = "MINK_SERVER",
-        default_value = DEFAULT_SERVER
+        default_value = mink_client::DEFAULT_SERVER
     )]
     server: String,
     #[command(subcommand)]
@@ -84,35 +84,6 @@ enum Command {
     Tail(data::TailArgs),
     /// Look up rows of a primary-key table by key (or by bucket-key prefix).
     Lookup(data::LookupArgs),
-}
-
-/// The node a client command reaches when `--server` and `MINK_SERVER` are unset.
-const DEFAULT_SERVER: &str = "127.0.0.1:7171";
-
-/// `host:port`, optionally after `grpc://` or `http://`: a host alone is a usage error
-/// (the client would otherwise fail later, on a connection to port 80). Checked only for the
-/// commands that reach a node: `mink dev` and `mink node` run with any `MINK_SERVER` set.
-fn parse_server(text: &str) -> Result<(), String> {
-    if ["https://", "grpc+tls://"]
-        .iter()
-        .any(|tls| text.trim().starts_with(tls))
-    {
-        return Err(format!(
-            "a node serves plain gRPC, not TLS: give HOST:PORT or grpc://HOST:PORT (got {text:?})"
-        ));
-    }
-    let address = ["grpc+tcp://", "grpc://", "http://"]
-        .iter()
-        .find_map(|scheme| text.trim().strip_prefix(scheme))
-        .unwrap_or(text.trim())
-        .trim_end_matches('/');
-    if serve::is_host_port(address) && !address.contains("://") {
-        Ok(())
-    } else {
-        Err(format!(
-            "expected HOST:PORT, such as 127.0.0.1:7171 or grpc://node1:7171 (got {text:?})"
-        ))
-    }
 }
 
 /// Prints a node's output to stdout; a node keeps serving once nobody reads it.
@@ -226,14 +197,16 @@ fn main() -> ExitCode {
     let mut cli = Cli::parse();
     // `MINK_SERVER=` (set, empty) reads as unset, as shells and env files leave it.
     if cli.server.trim().is_empty() {
-        cli.server = DEFAULT_SERVER.to_string();
+        cli.server = mink_client::DEFAULT_SERVER.to_string();
     }
     let server = cli.server.clone();
     let serves = matches!(
         cli.command,
         Command::Dev { .. } | Command::Node { action: None, .. }
     );
-    if !serves && let Err(e) = parse_server(&server) {
+    // Checked only for the commands that reach a node: `mink dev` and `mink node` run with
+    // any `MINK_SERVER` set.
+    if !serves && let Err(e) = mink_client::check_address(&server) {
         <Cli as clap::CommandFactory>::command()
             .error(
                 clap::error::ErrorKind::ValueValidation,

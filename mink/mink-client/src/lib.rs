@@ -247,6 +247,35 @@ impl std::fmt::Debug for Client {
 /// How long [`Client::connect`]'s background [`Client::learn_peers`] may take.
 const PEERS_LIMIT: Duration = Duration::from_secs(10);
 
+/// The node the command-line tools reach when `--server` and `MINK_SERVER` are unset, or set
+/// empty (as shells and env files leave it).
+pub const DEFAULT_SERVER: &str = "127.0.0.1:7171";
+
+/// Checks a node's address as the command-line tools take it: `host:port`, optionally after
+/// `grpc://`, `grpc+tcp://` or `http://`. A host alone is refused (the client would fail later,
+/// on a connection to port 80), and so is TLS (a node serves plain gRPC).
+pub fn check_address(text: &str) -> Result<(), String> {
+    if ["https://", "grpc+tls://"]
+        .iter()
+        .any(|tls| text.trim().starts_with(tls))
+    {
+        return Err(format!(
+            "a node serves plain gRPC, not TLS: give HOST:PORT or grpc://HOST:PORT (got {text:?})"
+        ));
+    }
+    let address = normalize(text);
+    let host_port = address
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+    if host_port && !address.contains("://") {
+        Ok(())
+    } else {
+        Err(format!(
+            "expected HOST:PORT, such as 127.0.0.1:7171 or grpc://node1:7171 (got {text:?})"
+        ))
+    }
+}
+
 /// `grpc://host:port`, `http://host:port` or `host:port` → `host:port`.
 fn normalize(address: &str) -> String {
     let a = address.trim();
