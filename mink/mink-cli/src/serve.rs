@@ -171,12 +171,6 @@ fn path_url(p: &Path) -> String {
     format!("file://{}", p.display())
 }
 
-/// Whether `a` is `host:port`, with a host and a port number.
-pub(crate) fn is_host_port(a: &str) -> bool {
-    a.rsplit_once(':')
-        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
-}
-
 /// The smallest `--max-message-bytes` taken: a request or answer larger than the limit fails,
 /// and admin requests alone are a few hundred bytes.
 const MIN_MESSAGE_BYTES: usize = 1 << 20;
@@ -245,7 +239,10 @@ fn check(args: &NodeArgs) -> anyhow::Result<Checked> {
     }
     // Listeners bound by name (`localhost:9092`) and addresses others dial: host and port.
     let host_port = |flag: &str, a: &str| -> anyhow::Result<()> {
-        anyhow::ensure!(is_host_port(a), "{flag} {a:?}: expected host:port");
+        anyhow::ensure!(
+            mink_client::is_host_port(a),
+            "{flag} {a:?}: expected host:port"
+        );
         Ok(())
     };
     for (flag, value) in [

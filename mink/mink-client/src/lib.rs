@@ -264,16 +264,19 @@ pub fn check_address(text: &str) -> Result<(), String> {
         ));
     }
     let address = normalize(text);
-    let host_port = address
-        .rsplit_once(':')
-        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
-    if host_port && !address.contains("://") {
+    if is_host_port(&address) && !address.contains("://") {
         Ok(())
     } else {
         Err(format!(
             "expected HOST:PORT, such as 127.0.0.1:7171 or grpc://node1:7171 (got {text:?})"
         ))
     }
+}
+
+/// Whether `a` is `host:port` (a non-empty host, a port that is a number).
+pub fn is_host_port(a: &str) -> bool {
+    a.rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
 }
 
 /// `grpc://host:port`, `http://host:port` or `host:port` → `host:port`.

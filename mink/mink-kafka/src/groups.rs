@@ -194,16 +194,7 @@ impl Groups {
                     .find(|(_, m)| m.instance_id.as_ref() == Some(instance))
                     .map(|(id, _)| id.clone())
             {
-                group.members.remove(&earlier);
-                if group.leader.as_deref() == Some(earlier.as_str()) {
-                    group.leader = None;
-                }
-                if group.members.is_empty() {
-                    group.phase = Phase::Empty;
-                    group.deadline = None;
-                } else if group.phase != Phase::PreparingRebalance {
-                    prepare_rebalance(group, Instant::now());
-                }
+                depart(group, &earlier);
             }
             if member_id.is_empty() {
                 member_id = self.new_member_id(&j.client_id);
@@ -449,21 +440,16 @@ impl Groups {
             let Some(group) = groups.get_mut(group_id) else {
                 return vec![ResponseError::UnknownMemberId; members.len()];
             };
-            let codes: Vec<ResponseError> = members
+            members
                 .iter()
-                .map(|id| match group.members.remove(id) {
-                    Some(_) => NO_ERROR,
-                    None => ResponseError::UnknownMemberId,
+                .map(|id| {
+                    if depart(group, id) {
+                        NO_ERROR
+                    } else {
+                        ResponseError::UnknownMemberId
+                    }
                 })
-                .collect();
-            if group.members.is_empty() {
-                group.phase = Phase::Empty;
-                group.leader = None;
-                group.deadline = None;
-            } else if group.phase != Phase::PreparingRebalance {
-                prepare_rebalance(group, Instant::now());
-            }
-            codes
+                .collect()
         };
         self.complete_joins(group_id).await;
         codes
@@ -613,6 +599,24 @@ fn current_generation(group: &Group, member_id: &str) -> JoinGroupResponse {
 }
 
 /// A new round: every member must rejoin before the longest rebalance timeout among them.
+/// Removes `member_id` from `group` as a LeaveGroup does: an empty group is Empty, the others
+/// start a round to assign its partitions again. Whether it was a member.
+fn depart(group: &mut Group, member_id: &str) -> bool {
+    if group.members.remove(member_id).is_none() {
+        return false;
+    }
+    if group.leader.as_deref() == Some(member_id) {
+        group.leader = None;
+    }
+    if group.members.is_empty() {
+        group.phase = Phase::Empty;
+        group.deadline = None;
+    } else if group.phase != Phase::PreparingRebalance {
+        prepare_rebalance(group, Instant::now());
+    }
+    true
+}
+
 fn prepare_rebalance(group: &mut Group, now: Instant) {
     group.phase = Phase::PreparingRebalance;
     let timeout = group
