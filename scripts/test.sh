@@ -25,6 +25,21 @@ if ! command -v cargo-nextest >/dev/null 2>&1; then
   cargo install --locked cargo-nextest
 fi
 
+step "disk space for the build"
+# A target directory reused by many builds keeps every stale artifact until rustc fails for want
+# of space. Below 20 GiB free, drop the incremental caches, then the whole debug profile (a cold
+# build fits well inside CI's time).
+free_gib() { df -Pk "$1" | awk 'NR == 2 {print int($4 / 1048576)}'; }
+mkdir -p "$CARGO_TARGET_DIR"
+for stale in debug/incremental debug; do
+  if [ "$(free_gib "$CARGO_TARGET_DIR")" -ge 20 ]; then
+    break
+  fi
+  echo "less than 20 GiB free: removing $CARGO_TARGET_DIR/$stale" >&2
+  rm -rf "${CARGO_TARGET_DIR:?}/$stale"
+done
+echo "$(free_gib "$CARGO_TARGET_DIR") GiB free for $CARGO_TARGET_DIR"
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
