@@ -14,8 +14,10 @@
 //!   the changelog after it;
 //! - moves buckets off drained nodes, and carries out rebalance requests;
 //! - drops KV snapshots beyond the ones kept (and deletes their files);
-//! - every `cleanup_interval`: object cleanup and compaction of dead nodes' objects;
 //! - every `group_offsets_check_interval`: drops committed group offsets past their retention;
+//! - beside the ticks, in a task of its own, every `cleanup_interval`: object cleanup and
+//!   compaction of dead nodes' objects (one such compaction can take tens of seconds, which a
+//!   failover must not wait behind);
 //! - beside the ticks, the [`Duty`]s its node hands it (lake maintenance, lake snapshot
 //!   records), each while the lease is held and only then.
 

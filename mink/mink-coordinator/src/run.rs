@@ -120,19 +120,26 @@ async fn run(sink: Sink, streams: S3Stream, config: CoordinatorConfig, duties: V
             .map(|s| s.coordinator_epoch());
         let Ok(Some(epoch)) = held else { return };
         tracing::info!(coordinator_epoch = epoch, "coordinating");
-        let running = Running(
-            duties
-                .iter()
-                .map(|d| tokio::spawn(run_duty(Arc::clone(d), epoch)))
-                .collect(),
-        );
+        // Clean-up and dead nodes' compaction run beside the planning, not in its tick: one
+        // compaction of a node that died under load takes tens of seconds, and a failover or a
+        // rebalance waiting behind it is a cluster serving nothing meanwhile.
+        let mut tasks: Vec<JoinHandle<()>> = duties
+            .iter()
+            .map(|d| tokio::spawn(run_duty(Arc::clone(d), epoch)))
+            .collect();
+        tasks.push(tokio::spawn(clean_up_rounds(
+            sink.clone(),
+            streams.clone(),
+            config.clone(),
+            epoch,
+        )));
+        let running = Running(tasks);
         let mut coordinator = Coordinator {
             sink: &sink,
             streams: &streams,
             config: &config,
             epoch,
             since: Instant::now(),
-            last_cleanup: Instant::now(),
             last_offsets_expiry: None,
             transfers: HashMap::new(),
         };
@@ -164,7 +171,6 @@ struct Coordinator<'a> {
     epoch: u64,
     /// When this node took the lease at `epoch`.
     since: Instant,
-    last_cleanup: Instant,
     /// When committed offsets were last expired (`None`: not yet at this epoch).
     last_offsets_expiry: Option<Instant>,
     /// Pending transfers (by stream) and when this coordinator first saw each.
@@ -203,10 +209,6 @@ impl Coordinator<'_> {
             self.carry_out(step).await;
         }
         self.answer_rebalance(&live).await;
-        if self.last_cleanup.elapsed() >= self.config.cleanup_interval {
-            self.last_cleanup = Instant::now();
-            self.clean_up(&live).await;
-        }
         if self
             .last_offsets_expiry
             .is_none_or(|t| t.elapsed() >= self.config.group_offsets_check_interval)
@@ -341,17 +343,30 @@ impl Coordinator<'_> {
             tracing::warn!(error = %e, "coordinator: recording a rebalance");
         }
     }
+}
 
-    /// Object cleanup, and compaction of the objects of nodes that are not live (nobody else
-    /// compacts them).
-    async fn clean_up(&self, live: &BTreeMap<u64, u64>) {
-        let compaction = &self.config.compaction;
-        if let Err(e) = self.streams.cleanup_once(self.epoch, compaction).await {
+/// Object cleanup, and compaction of the objects of nodes that are not live (nobody else
+/// compacts them), every `cleanup_interval` at `epoch`, until aborted (the lease lost).
+async fn clean_up_rounds(sink: Sink, streams: S3Stream, config: CoordinatorConfig, epoch: u64) {
+    loop {
+        tokio::time::sleep(config.cleanup_interval).await;
+        if let Err(e) = streams.cleanup_once(epoch, &config.compaction).await {
             tracing::warn!(error = %e, "object cleanup failed");
         }
-        let view = self.sink.view();
-        for node_id in planner::dead_nodes_with_objects(&view.state, live) {
-            if let Err(e) = self.streams.compact_once(node_id, compaction).await {
+        let live: BTreeMap<u64, u64> = match sink.node_rows().await {
+            Ok(rows) => rows
+                .iter()
+                .filter(|n| sink.is_live(n))
+                .map(|n| (n.node_id, n.node_epoch))
+                .collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "clean-up: cannot read heartbeats");
+                continue;
+            }
+        };
+        let view = sink.view();
+        for node_id in planner::dead_nodes_with_objects(&view.state, &live) {
+            if let Err(e) = streams.compact_once(node_id, &config.compaction).await {
                 tracing::warn!(error = %e, node_id, "compacting a dead node's objects failed");
             }
         }
