@@ -2,6 +2,7 @@
 # Starts and stops a throwaway PostgreSQL on a free loopback port (initdb + pg_ctl in a temp
 # directory). Sourced by scripts/test.sh and scripts/bench.sh.
 #   start_postgres  -> exports MINK_TEST_POSTGRES_URL, returns 1 when PostgreSQL is not installed
+#                      (on port $MINK_PG_PORT when set, else on a free one)
 #   stop_postgres   -> stops it and removes the directory (safe to call twice)
 
 _pg_bin_dir() {
@@ -45,7 +46,7 @@ start_postgres() {
   MINK_PG_AS=("${as[@]}")
   MINK_PG_BIN=$bin
   local port
-  port=$(_pg_free_port)
+  port=${MINK_PG_PORT:-$(_pg_free_port)}
   "${as[@]}" "$bin/initdb" -D "$MINK_PG_DIR/data" -U mink --auth=trust -E UTF8 --no-locale >"$MINK_PG_DIR/initdb.log" 2>&1 || {
     cat "$MINK_PG_DIR/initdb.log" >&2
     return 1

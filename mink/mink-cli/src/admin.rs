@@ -490,10 +490,25 @@ pub(crate) async fn cluster(client: &Client, c: Option<ClusterCommand>) -> anyho
 pub(crate) async fn node(client: &Client, c: NodeCommand) -> anyhow::Result<()> {
     match c {
         NodeCommand::Drain { node_id } => {
+            let cluster = client.describe_cluster().await?;
+            let node = cluster.nodes.iter().find(|n| n.node_id == node_id);
+            if let Some(n) = node.filter(|n| n.drained) {
+                out(&format!(
+                    "node {node_id} is drained already: it gets no buckets, and leads {}\n",
+                    buckets(n.buckets)
+                ))?;
+                return Ok(());
+            }
             client.drain_node(node_id, false).await?;
-            out(&format!(
-                "node {node_id} is drained: the coordinator moves its buckets to the other nodes (watch with `mink cluster status`)\n"
-            ))?;
+            let message = match node.map(|n| n.buckets) {
+                Some(0) => {
+                    format!("node {node_id} is drained: it leads no buckets and gets none\n")
+                }
+                _ => format!(
+                    "node {node_id} is drained: the coordinator moves its buckets to the other nodes (watch with `mink cluster status`)\n"
+                ),
+            };
+            out(&message)?;
         }
         NodeCommand::Undrain { node_id } => {
             let cluster = client.describe_cluster().await?;

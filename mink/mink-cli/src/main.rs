@@ -118,13 +118,30 @@ fn explain(e: &anyhow::Error, server: &str) -> String {
         "give the node's Flight address (its --listen, 7171 by default; --server or MINK_SERVER)";
     let hint = match e.downcast_ref::<ClientError>() {
         Some(ClientError::Transport { message, .. })
-            if ["refused", "connect", "dns", "resolve"]
+            if ["dns", "resolve", "lookup"]
                 .iter()
-                .any(|s| message.contains(s)) =>
+                .any(|s| message.to_lowercase().contains(s)) =>
         {
+            let host = server.rsplit_once(':').map_or(server, |(h, _)| h);
             Some(format!(
-                "Is a node running at {server}? Start one with `mink dev`, or point at one with --server (MINK_SERVER)."
+                "The host name {host:?} does not resolve: check --server (MINK_SERVER)."
             ))
+        }
+        Some(ClientError::Transport { message, .. })
+            if ["refused", "connect"].iter().any(|s| message.contains(s)) =>
+        {
+            let local = ["127.0.0.1:", "localhost:", "[::1]:"]
+                .iter()
+                .any(|l| server.trim_start_matches("grpc://").starts_with(l));
+            Some(if local {
+                format!(
+                    "Is a node running at {server}? Start one with `mink dev`, or point at one with --server (MINK_SERVER)."
+                )
+            } else {
+                format!(
+                    "Is a node running at {server}? Point at a live one with --server (MINK_SERVER)."
+                )
+            })
         }
         Some(ClientError::Transport { .. }) => Some(format!(
             "Something at {server} broke off the connection. Is a node running there? If it is another port (a node's Kafka port), {other_port}."
@@ -194,9 +211,22 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
-    let mut cli = Cli::parse();
-    // `MINK_SERVER=` (set, empty) reads as unset, as shells and env files leave it.
+    let matches = <Cli as clap::CommandFactory>::command().get_matches();
+    let mut cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     if cli.server.trim().is_empty() {
+        // `MINK_SERVER=` (set, empty) reads as unset, as shells and env files leave it; an
+        // empty `--server` is a mistake (a variable that expanded to nothing).
+        if matches.value_source("server") == Some(clap::parser::ValueSource::CommandLine) {
+            <Cli as clap::CommandFactory>::command()
+                .error(
+                    clap::error::ErrorKind::ValueValidation,
+                    "invalid value '' for '--server <SERVER>': expected HOST:PORT, such as 127.0.0.1:7171",
+                )
+                .exit();
+        }
         cli.server = mink_client::DEFAULT_SERVER.to_string();
     }
     let server = cli.server.clone();

@@ -394,6 +394,43 @@ fn a_server_without_a_port_is_a_usage_error() {
             out.status
         );
     }
+    // A port past 65535 is said to be out of range; an empty --server (a variable that
+    // expanded to nothing) is a usage error, not the default address.
+    for (server, says) in [
+        (
+            "127.0.0.1:99999",
+            "port 99999 is out of range: a port is 1 to 65535",
+        ),
+        (
+            "",
+            "invalid value '' for '--server <SERVER>': expected HOST:PORT",
+        ),
+    ] {
+        let out = Command::new(MINK)
+            .args(["--server", server, "database", "list"])
+            .env("MINK_SERVER", "127.0.0.1:1")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.code() == Some(2) && stderr.contains(says),
+            "{server:?}: {:?} {stderr}",
+            out.status
+        );
+    }
+    // A name that does not resolve is said to be one, and a node elsewhere than this machine
+    // is not one `mink dev` would start.
+    let out = Command::new(MINK)
+        .args(["--server", "nosuchhost.invalid:7171", "database", "list"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.code() == Some(1)
+            && stderr.contains("The host name \"nosuchhost.invalid\" does not resolve"),
+        "{:?} {stderr}",
+        out.status
+    );
     // A log filter that is no filter is said, not ignored.
     let out = Command::new(MINK)
         .args(["--server", "127.0.0.1:1", "database", "list"])

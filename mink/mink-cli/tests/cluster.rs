@@ -787,7 +787,17 @@ fn a_rolling_restart_and_a_rebalance_under_load_lose_nothing() {
     let Some(mut cluster) = nodes(4) else { return };
     let entry = cluster.address(4);
     lease_holder(&entry);
-    mink(&entry, &["node", "drain", "4"]);
+    let drained = mink(&entry, &["node", "drain", "4"]);
+    assert!(
+        drained.contains("node 4 is drained: it leads no buckets and gets none"),
+        "{drained}"
+    );
+    // Once more: it says so, as undrain does.
+    let again = mink(&entry, &["node", "drain", "4"]);
+    assert!(
+        again.contains("node 4 is drained already: it gets no buckets, and leads 0 buckets"),
+        "{again}"
+    );
     create_tables(&entry);
     let led_by = |n: u64| -> usize {
         let status = mink(&entry, &["cluster", "status"]);

@@ -264,6 +264,17 @@ pub fn check_address(text: &str) -> Result<(), String> {
         ));
     }
     let address = normalize(text);
+    if let Some((host, port)) = address.rsplit_once(':')
+        && !host.is_empty()
+        && !address.contains("://")
+        && port
+            .parse::<u64>()
+            .is_ok_and(|p| p == 0 || p > u64::from(u16::MAX))
+    {
+        return Err(format!(
+            "port {port} is out of range: a port is 1 to 65535 (got {text:?})"
+        ));
+    }
     if is_host_port(&address) && !address.contains("://") {
         Ok(())
     } else {
