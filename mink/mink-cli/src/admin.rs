@@ -568,6 +568,17 @@ fn status_text(c: &protocol::ClusterDescription) -> String {
             .filter(|a| *a < 86_400_000)
             .map(|a| format!(", heartbeat {:.1} s ago", a as f64 / 1000.0))
             .unwrap_or_default();
+        // Nodes heartbeat every quarter TTL: two missed is a node that may be gone, whose
+        // buckets wait for it (writes to them stall) until its heartbeat is a TTL old.
+        let late = match (n.live, n.heartbeat_age_ms, c.lease_ttl_ms) {
+            (true, Some(age), Some(ttl)) if u64::try_from(age).is_ok_and(|a| 2 * a > ttl) => {
+                format!(
+                    " (late: down, and its buckets failed over, once {:.1} s old)",
+                    ttl as f64 / 1000.0
+                )
+            }
+            _ => String::new(),
+        };
         let drained = if n.drained { ", drained" } else { "" };
         let listeners: String = n
             .listeners
@@ -576,7 +587,7 @@ fn status_text(c: &protocol::ClusterDescription) -> String {
             .map(|(k, v)| format!(", {k} at {v}"))
             .collect();
         text.push_str(&format!(
-            "  node {} (epoch {}) at {}: {state}{heartbeat}, leads {}{drained}{listeners}\n",
+            "  node {} (epoch {}) at {}: {state}{heartbeat}{late}, leads {}{drained}{listeners}\n",
             n.node_id,
             n.node_epoch,
             n.address,
@@ -647,7 +658,27 @@ mod tests {
             coordinator_epoch: Some(2),
             nodes,
             buckets_without_live_leader: orphans,
+            lease_ttl_ms: Some(30_000),
         }
+    }
+
+    #[test]
+    fn a_node_whose_heartbeat_is_late_says_so() {
+        let mut late = node(2, true, false, 4);
+        late.heartbeat_age_ms = Some(16_000);
+        let mut fresh = node(1, true, false, 4);
+        fresh.heartbeat_age_ms = Some(7_000);
+        let text = status_text(&cluster(vec![fresh, late], 0));
+        assert!(
+            text.contains(
+                "node 1 (epoch 1) at 10.0.0.1:7171: live, heartbeat 7.0 s ago, leads 4 buckets\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("node 2 (epoch 1) at 10.0.0.2:7171: live, heartbeat 16.0 s ago (late: down, and its buckets failed over, once 30.0 s old), leads 4 buckets\n"),
+            "{text}"
+        );
     }
 
     #[test]

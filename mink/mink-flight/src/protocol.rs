@@ -464,6 +464,9 @@ pub struct ClusterDescription {
     /// Buckets whose leader is not live (failover pending) or that have none yet.
     #[serde(default)]
     pub buckets_without_live_leader: u64,
+    /// The lease TTL (a node whose heartbeat is older is down); absent from older nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_ttl_ms: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

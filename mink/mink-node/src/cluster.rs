@@ -40,6 +40,8 @@ pub struct ClusterStatus {
     pub nodes: Vec<NodeStatus>,
     /// Buckets whose leader is not live (failover pending) or that have none yet.
     pub buckets_without_live_leader: u64,
+    /// The lease TTL: a node whose heartbeat is older is down.
+    pub lease_ttl_ms: u64,
 }
 
 /// How long a rebalance request waits for the coordinator's answer.
@@ -91,6 +93,8 @@ impl Node {
                 })
                 .collect(),
             buckets_without_live_leader: orphaned,
+            lease_ttl_ms: u64::try_from(self.inner.config.lease_ttl.as_millis())
+                .unwrap_or(u64::MAX),
         })
     }
 

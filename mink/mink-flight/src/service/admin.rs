@@ -172,6 +172,7 @@ impl MinkFlight {
                         })
                         .collect(),
                     buckets_without_live_leader: c.buckets_without_live_leader,
+                    lease_ttl_ms: Some(c.lease_ttl_ms),
                 })
             }
             action::REBALANCE => {
