@@ -249,6 +249,11 @@ expect_error(
     lambda: get({**items, "lookup": [{"shop": 1, "item": "apple", "x": 1}]}),
     "\"x\" is not one of the key's columns",
 )
+# A misspelt column alone is named, not taken for a key that lacks the real one.
+expect_error(
+    lambda: get({**items, "lookup": [{"shp": 1, "item": "apple"}]}),
+    "key 0: \"shp\" is not one of the key's columns",
+)
 expect_error(lambda: get({**items, "lookup": [{"shop": None, "item": "apple"}]}), "\"shop\" is null")
 expect_error(
     lambda: get({**items, "lookup": [{"shop": 1.5, "item": "apple"}]}),

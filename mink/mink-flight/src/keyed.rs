@@ -38,18 +38,19 @@ pub fn typed_keys(schema: &Schema, ids: &[String], keys: &[Key]) -> Result<Recor
         .collect::<Result<_, _>>()?;
     let key_schema = Arc::new(Schema::new(fields));
     for (i, k) in keys.iter().enumerate() {
+        // A column the key does not hold would be left out of what is matched. Named first: a
+        // misspelt column is the likelier mistake than a missing one.
+        if let Some(extra) = k.keys().find(|c| !ids.contains(c)) {
+            return Err(format!(
+                "key {i}: {extra:?} is not one of the key's columns {ids:?}"
+            ));
+        }
         for c in ids {
             match k.get(c) {
                 None => return Err(format!("key {i} has no value for {c:?}")),
                 Some(Value::Null) => return Err(format!("key {i}: {c:?} is null")),
                 Some(_) => {}
             }
-        }
-        // A column the key does not hold would be left out of what is matched.
-        if let Some(extra) = k.keys().find(|c| !ids.contains(c)) {
-            return Err(format!(
-                "key {i}: {extra:?} is not one of the key's columns {ids:?}"
-            ));
         }
         mink_log::json::check_exact(&key_schema, k).map_err(|e| format!("key {i}: {e}"))?;
     }
