@@ -122,7 +122,10 @@ fn explain(e: &anyhow::Error, server: &str) -> String {
                 .iter()
                 .any(|s| message.to_lowercase().contains(s)) =>
         {
-            let host = server.rsplit_once(':').map_or(server, |(h, _)| h);
+            let address = mink_client::normalize(server);
+            let host = address
+                .rsplit_once(':')
+                .map_or(address.as_str(), |(h, _)| h);
             Some(format!(
                 "The host name {host:?} does not resolve: check --server (MINK_SERVER)."
             ))
@@ -130,9 +133,10 @@ fn explain(e: &anyhow::Error, server: &str) -> String {
         Some(ClientError::Transport { message, .. })
             if ["refused", "connect"].iter().any(|s| message.contains(s)) =>
         {
+            let address = mink_client::normalize(server);
             let local = ["127.0.0.1:", "localhost:", "[::1]:"]
                 .iter()
-                .any(|l| server.trim_start_matches("grpc://").starts_with(l));
+                .any(|l| address.starts_with(l));
             Some(if local {
                 format!(
                     "Is a node running at {server}? Start one with `mink dev`, or point at one with --server (MINK_SERVER)."
@@ -216,17 +220,11 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
-    if cli.server.trim().is_empty() {
-        // `MINK_SERVER=` (set, empty) reads as unset, as shells and env files leave it; an
-        // empty `--server` is a mistake (a variable that expanded to nothing).
-        if matches.value_source("server") == Some(clap::parser::ValueSource::CommandLine) {
-            <Cli as clap::CommandFactory>::command()
-                .error(
-                    clap::error::ErrorKind::ValueValidation,
-                    "invalid value '' for '--server <SERVER>': expected HOST:PORT, such as 127.0.0.1:7171",
-                )
-                .exit();
-        }
+    // `MINK_SERVER=` (set, empty) reads as unset, as shells and env files leave it; an empty
+    // `--server` (a variable that expanded to nothing) is checked below, and refused.
+    if cli.server.trim().is_empty()
+        && matches.value_source("server") != Some(clap::parser::ValueSource::CommandLine)
+    {
         cli.server = mink_client::DEFAULT_SERVER.to_string();
     }
     let server = cli.server.clone();

@@ -264,23 +264,18 @@ pub fn check_address(text: &str) -> Result<(), String> {
         ));
     }
     let address = normalize(text);
-    if let Some((host, port)) = address.rsplit_once(':')
-        && !host.is_empty()
-        && !address.contains("://")
-        && port
-            .parse::<u64>()
-            .is_ok_and(|p| p == 0 || p > u64::from(u16::MAX))
-    {
-        return Err(format!(
+    let port = address
+        .rsplit_once(':')
+        .filter(|(host, _)| !host.is_empty() && !address.contains("://"))
+        .and_then(|(_, port)| port.parse::<u64>().ok());
+    match port {
+        Some(1..=65535) => Ok(()),
+        Some(port) => Err(format!(
             "port {port} is out of range: a port is 1 to 65535 (got {text:?})"
-        ));
-    }
-    if is_host_port(&address) && !address.contains("://") {
-        Ok(())
-    } else {
-        Err(format!(
+        )),
+        None => Err(format!(
             "expected HOST:PORT, such as 127.0.0.1:7171 or grpc://node1:7171 (got {text:?})"
-        ))
+        )),
     }
 }
 
@@ -291,7 +286,7 @@ pub fn is_host_port(a: &str) -> bool {
 }
 
 /// `grpc://host:port`, `http://host:port` or `host:port` → `host:port`.
-fn normalize(address: &str) -> String {
+pub fn normalize(address: &str) -> String {
     let a = address.trim();
     for scheme in ["grpc+tcp://", "grpc://", "http://"] {
         if let Some(rest) = a.strip_prefix(scheme) {

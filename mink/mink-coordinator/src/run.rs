@@ -353,12 +353,8 @@ async fn clean_up_rounds(sink: Sink, streams: S3Stream, config: CoordinatorConfi
         if let Err(e) = streams.cleanup_once(epoch, &config.compaction).await {
             tracing::warn!(error = %e, "object cleanup failed");
         }
-        let live: BTreeMap<u64, u64> = match sink.node_rows().await {
-            Ok(rows) => rows
-                .iter()
-                .filter(|n| sink.is_live(n))
-                .map(|n| (n.node_id, n.node_epoch))
-                .collect(),
+        let live: BTreeMap<u64, u64> = match sink.live_nodes().await {
+            Ok(rows) => rows.iter().map(|n| (n.node_id, n.node_epoch)).collect(),
             Err(e) => {
                 tracing::warn!(error = %e, "clean-up: cannot read heartbeats");
                 continue;
