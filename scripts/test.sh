@@ -94,7 +94,10 @@ step "cargo nextest run, built through clippy"
 # CLIPPY_ARGS): the test build lints every workspace target with warnings denied, and the
 # dependencies are built once. A separate `cargo clippy` checked them all again, 9 of a cold
 # run's 32 minutes.
-RUSTC_WORKSPACE_WRAPPER="$(command -v clippy-driver)" \
+# No backtraces unless asked for (MINK_TEST_BACKTRACE=1): CI shows the tail of this log, and a
+# failed assertion's backtrace pushed the assertion's own message out of it.
+RUST_BACKTRACE="${MINK_TEST_BACKTRACE:-0}" \
+  RUSTC_WORKSPACE_WRAPPER="$(command -v clippy-driver)" \
   CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__" \
   cargo nextest run --workspace --locked --no-fail-fast "$@"
 

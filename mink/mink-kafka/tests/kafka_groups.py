@@ -49,7 +49,6 @@ class Member(threading.Thread):
         self.assigned = set()
         self.running = True
         self.commands = []
-        self.start()
 
     def run(self):
         while self.running:
@@ -66,15 +65,27 @@ class Member(threading.Thread):
         self.consumer.close()
 
     def do(self, command):
+        """Runs `command` in the consumer's thread; its exception is raised here, at once."""
         done = threading.Event()
+        failed = []
+
+        def run():
+            try:
+                command()
+            except Exception as e:  # noqa: BLE001 - handed to the caller
+                failed.append(e)
+            done.set()
+
         with self.lock:
-            self.commands.append(lambda: (command(), done.set()))
+            self.commands.append(run)
         assert done.wait(30), "the consumer thread did not run the command"
+        if failed:
+            raise failed[0]
 
     def stop(self):
         self.running = False
         self.join(30)
-        assert not self.is_alive()
+        assert not self.is_alive(), "the consumer did not close within 30 s"
 
     def state(self):
         with self.lock:
@@ -82,7 +93,12 @@ class Member(threading.Thread):
 
 
 produce(40, "first")
+# Both start polling once both exist, so they join within the group's initial rebalance delay
+# and share its first generation (a member joining later would start a second one, and its
+# partitions' records would be read again from the start: nothing was committed yet).
 c1, c2 = Member(), Member()
+c1.start()
+c2.start()
 
 
 def shared():
