@@ -1189,6 +1189,7 @@ pub(crate) async fn lookup(client: &Client, a: LookupArgs) -> anyhow::Result<()>
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let columns = column_list(a.columns.as_ref());
+    let asked = keys.len();
     let found = if a.prefix {
         client
             .prefix_lookup(&database, &table, keys, &columns)
@@ -1199,6 +1200,26 @@ pub(crate) async fn lookup(client: &Client, a: LookupArgs) -> anyhow::Result<()>
     let mut sink = Sink::open(a.format.into(), None, &found.schema())?;
     sink.write(&found)?;
     sink.flush()?;
+    // A key without a row is left out of the answer: said on stderr, so that a header alone
+    // is not taken for a failed read, and the rows on stdout stay as they are.
+    let rows = found.num_rows();
+    let note = match (a.prefix, texts.as_slice()) {
+        (false, [key]) if rows == 0 => Some(format!("no row has the key {key}")),
+        (false, _) if rows < asked => {
+            let missing = asked - rows;
+            let verb = if missing == 1 { "has" } else { "have" };
+            Some(format!(
+                "{missing} of {} {verb} no row",
+                count(asked as u64, "key")
+            ))
+        }
+        (true, [prefix]) if rows == 0 => Some(format!("no row has the prefix {prefix}")),
+        (true, _) if rows == 0 => Some("no row has any of these prefixes".to_string()),
+        _ => None,
+    };
+    if let Some(note) = note {
+        crate::eprint_line(&note);
+    }
     Ok(())
 }
 

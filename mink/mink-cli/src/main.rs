@@ -262,7 +262,8 @@ fn main() -> ExitCode {
     }
 }
 
+/// Prints a line to stderr: an error, or a note beside a command's output.
 #[allow(clippy::print_stderr)]
-fn eprint_line(text: &str) {
+pub(crate) fn eprint_line(text: &str) {
     eprintln!("{text}");
 }

@@ -885,7 +885,7 @@ fn primary_key_tables_from_the_command_line() {
         deleted.contains("deleted 1 key from app.counts"),
         "{deleted}"
     );
-    let out = dev.run(
+    let (ok, out, err) = dev.try_run(
         &[
             "lookup",
             "app.counts",
@@ -896,7 +896,13 @@ fn primary_key_tables_from_the_command_line() {
         ],
         None,
     );
+    assert!(ok, "{err}");
     assert_eq!(out.lines().collect::<Vec<_>>(), ["id,n", "1,5"], "{out}");
+    assert_eq!(err.trim(), "1 of 2 keys has no row", "{err}");
+    let (ok, out, err) = dev.try_run(&["lookup", "app.counts", "{\"id\": 2}"], None);
+    assert!(ok, "{err}");
+    assert!(!out.contains('5'), "{out}");
+    assert_eq!(err.trim(), "no row has the key {\"id\": 2}", "{err}");
     let out = dev.run(
         &[
             "scan",
