@@ -133,11 +133,7 @@ fn explain(e: &anyhow::Error, server: &str) -> String {
         Some(ClientError::Transport { message, .. })
             if ["refused", "connect"].iter().any(|s| message.contains(s)) =>
         {
-            let address = mink_client::normalize(server);
-            let local = ["127.0.0.1:", "localhost:", "[::1]:"]
-                .iter()
-                .any(|l| address.starts_with(l));
-            Some(if local {
+            Some(if mink_client::is_loopback(server) {
                 format!(
                     "Is a node running at {server}? Start one with `mink dev`, or point at one with --server (MINK_SERVER)."
                 )

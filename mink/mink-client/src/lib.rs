@@ -296,6 +296,20 @@ pub fn normalize(address: &str) -> String {
     a.trim_end_matches('/').to_string()
 }
 
+/// Whether `address` (in any form [`normalize`] takes) names this machine: where `mink dev`
+/// would start a node, so a failure to reach it may suggest one.
+pub fn is_loopback(address: &str) -> bool {
+    let address = normalize(address);
+    let host = address
+        .rsplit_once(':')
+        .map_or(address.as_str(), |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 impl Client {
     /// Connects to a node (`host:port` or `grpc://host:port`).
     pub async fn connect(address: &str) -> ClientResult<Client> {
@@ -1107,5 +1121,23 @@ mod source_chain_tests {
             super::source_chain(&e),
             "transport error: tcp connect error: Connection refused (os error 111)"
         );
+    }
+}
+
+#[cfg(test)]
+mod address_tests {
+    #[test]
+    fn loopback_addresses_are_told_apart_in_every_form() {
+        for local in [
+            "127.0.0.1:7171",
+            "grpc://localhost:7171/",
+            "http://[::1]:1",
+            "127.0.0.2:1",
+        ] {
+            assert!(super::is_loopback(local), "{local}");
+        }
+        for remote in ["node1:7171", "grpc://10.0.0.7:7171", "[::2]:1"] {
+            assert!(!super::is_loopback(remote), "{remote}");
+        }
     }
 }
