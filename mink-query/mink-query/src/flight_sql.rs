@@ -13,13 +13,16 @@ use std::time::{Duration, Instant};
 use arrow_flight::encode::{DictionaryHandling, FlightDataEncoderBuilder};
 use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
-use arrow_flight::sql::metadata::{SqlInfoData, SqlInfoDataBuilder};
+use arrow_flight::sql::metadata::{
+    SqlInfoData, SqlInfoDataBuilder, XdbcTypeInfo, XdbcTypeInfoData, XdbcTypeInfoDataBuilder,
+};
 use arrow_flight::sql::server::{FlightSqlService, PeekableFlightDataStream};
 use arrow_flight::sql::{
     ActionCancelQueryRequest, ActionCancelQueryResult, ActionClosePreparedStatementRequest,
     ActionCreatePreparedStatementRequest, ActionCreatePreparedStatementResult, CommandGetCatalogs,
-    CommandGetDbSchemas, CommandGetPrimaryKeys, CommandGetSqlInfo, CommandGetTableTypes,
-    CommandGetTables, CommandPreparedStatementQuery, CommandPreparedStatementUpdate,
+    CommandGetCrossReference, CommandGetDbSchemas, CommandGetExportedKeys, CommandGetImportedKeys,
+    CommandGetPrimaryKeys, CommandGetSqlInfo, CommandGetTableTypes, CommandGetTables,
+    CommandGetXdbcTypeInfo, CommandPreparedStatementQuery, CommandPreparedStatementUpdate,
     CommandStatementIngest, CommandStatementQuery, CommandStatementUpdate,
     DoPutPreparedStatementResult, ProstMessageExt, SqlInfo, SqlSupportedCaseSensitivity,
     SqlSupportedTransaction, TicketStatementQuery,
@@ -58,6 +61,7 @@ pub struct MinkFlightSql {
     plans: Arc<Mutex<HashMap<String, Planned>>>,
     prepared: Arc<Mutex<HashMap<String, Prepared>>>,
     info: Arc<SqlInfoData>,
+    types: Arc<XdbcTypeInfoData>,
 }
 
 /// A statement planned, waiting for its `DoGet`: when, its text, its plan.
@@ -219,6 +223,7 @@ impl MinkFlightSql {
             plans: Arc::default(),
             prepared: Arc::default(),
             info: Arc::new(sql_info()),
+            types: Arc::new(xdbc_types()),
         }
     }
 
@@ -569,6 +574,115 @@ fn sql_info() -> SqlInfoData {
     );
     b.append(SqlInfo::SqlIdentifierQuoteChar, "\"");
     b.build().expect("static SqlInfo")
+}
+
+/// The column types `CREATE TABLE` takes, as `GetXdbcTypeInfo` answers them (JDBC's
+/// `getTypeInfo`): each name is one DataFusion plans, as the Arrow type Mink stores.
+fn xdbc_types() -> XdbcTypeInfoData {
+    use arrow_flight::sql::{Nullable, Searchable, XdbcDataType as X, XdbcDatetimeSubcode};
+    let mut b = XdbcTypeInfoDataBuilder::new();
+    let number = |name: &str, data_type: X, digits: i32, exact: bool| XdbcTypeInfo {
+        type_name: name.into(),
+        data_type,
+        column_size: Some(digits),
+        nullable: Nullable::NullabilityNullable,
+        searchable: Searchable::Basic,
+        unsigned_attribute: Some(false),
+        fixed_prec_scale: exact,
+        auto_increment: Some(false),
+        local_type_name: Some(name.into()),
+        minimum_scale: Some(0),
+        maximum_scale: Some(0),
+        sql_data_type: data_type,
+        num_prec_radix: Some(if exact { 10 } else { 2 }),
+        ..Default::default()
+    };
+    b.append(XdbcTypeInfo {
+        column_size: Some(1),
+        num_prec_radix: None,
+        unsigned_attribute: None,
+        ..number("BOOLEAN", X::XdbcBit, 1, false)
+    });
+    b.append(number("TINYINT", X::XdbcTinyint, 3, true));
+    b.append(number("SMALLINT", X::XdbcSmallint, 5, true));
+    b.append(number("INT", X::XdbcInteger, 10, true));
+    b.append(number("BIGINT", X::XdbcBigint, 19, true));
+    b.append(number("REAL", X::XdbcReal, 24, false));
+    b.append(number("DOUBLE", X::XdbcDouble, 53, false));
+    b.append(XdbcTypeInfo {
+        create_params: Some(vec!["precision".into(), "scale".into()]),
+        maximum_scale: Some(38),
+        ..number("DECIMAL", X::XdbcDecimal, 38, true)
+    });
+    let quoted = |name: &str, data_type: X, sql_data_type: X| XdbcTypeInfo {
+        type_name: name.into(),
+        data_type,
+        literal_prefix: Some("'".into()),
+        literal_suffix: Some("'".into()),
+        nullable: Nullable::NullabilityNullable,
+        case_sensitive: true,
+        searchable: Searchable::Full,
+        local_type_name: Some(name.into()),
+        sql_data_type,
+        ..Default::default()
+    };
+    b.append(XdbcTypeInfo {
+        column_size: Some(i32::MAX),
+        ..quoted("VARCHAR", X::XdbcVarchar, X::XdbcVarchar)
+    });
+    b.append(XdbcTypeInfo {
+        column_size: Some(i32::MAX),
+        literal_prefix: Some("X'".into()),
+        case_sensitive: false,
+        searchable: Searchable::Basic,
+        ..quoted("BYTEA", X::XdbcVarbinary, X::XdbcVarbinary)
+    });
+    b.append(XdbcTypeInfo {
+        column_size: Some(10),
+        case_sensitive: false,
+        searchable: Searchable::Basic,
+        // Code 1, which the protocol also names XDBC_SUBCODE_DATE (prost keeps one name).
+        datetime_subcode: Some(XdbcDatetimeSubcode::XdbcSubcodeYear),
+        ..quoted("DATE", X::XdbcDate, X::XdbcDatetime)
+    });
+    b.append(XdbcTypeInfo {
+        column_size: Some(26),
+        case_sensitive: false,
+        searchable: Searchable::Basic,
+        minimum_scale: Some(0),
+        maximum_scale: Some(9),
+        datetime_subcode: Some(XdbcDatetimeSubcode::XdbcSubcodeTimestamp),
+        ..quoted("TIMESTAMP", X::XdbcTimestamp, X::XdbcDatetime)
+    });
+    b.build().expect("static XdbcTypeInfo")
+}
+
+/// The answer to `GetImportedKeys`, `GetExportedKeys` and `GetCrossReference`: Flight SQL's
+/// schema of a foreign key's columns. Mink has no foreign keys (`CREATE TABLE` refuses them),
+/// so every answer is empty.
+fn foreign_keys_schema() -> Schema {
+    let name = |n: &str, nullable: bool| Field::new(n, DataType::Utf8, nullable);
+    Schema::new(vec![
+        name("pk_catalog_name", true),
+        name("pk_db_schema_name", true),
+        name("pk_table_name", false),
+        name("pk_column_name", false),
+        name("fk_catalog_name", true),
+        name("fk_db_schema_name", true),
+        name("fk_table_name", false),
+        name("fk_column_name", false),
+        Field::new("key_sequence", DataType::Int32, false),
+        name("fk_key_name", true),
+        name("pk_key_name", true),
+        Field::new("update_rule", DataType::UInt8, false),
+        Field::new("delete_rule", DataType::UInt8, false),
+    ])
+}
+
+/// No foreign keys, as a `DoGet` answer.
+fn no_foreign_keys() -> Response<DoGetStream> {
+    let schema = Arc::new(foreign_keys_schema());
+    one(&schema, Ok(RecordBatch::new_empty(Arc::clone(&schema))))
 }
 
 /// A DataFusion error as a gRPC status carrying its message: what the statement got wrong
@@ -1036,6 +1150,73 @@ impl FlightSqlService for MinkFlightSql {
             ],
         );
         Ok(one(&schema, batch.map_err(FlightError::from)))
+    }
+
+    async fn get_flight_info_xdbc_type_info(
+        &self,
+        query: CommandGetXdbcTypeInfo,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let schema = query.into_builder(&self.types).schema();
+        command_info(&schema, &query, request)
+    }
+
+    async fn do_get_xdbc_type_info(
+        &self,
+        query: CommandGetXdbcTypeInfo,
+        _request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        let builder = query.into_builder(&self.types);
+        let schema = builder.schema();
+        Ok(one(&schema, builder.build()))
+    }
+
+    async fn get_flight_info_imported_keys(
+        &self,
+        query: CommandGetImportedKeys,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        command_info(&foreign_keys_schema(), &query, request)
+    }
+
+    async fn do_get_imported_keys(
+        &self,
+        _query: CommandGetImportedKeys,
+        _request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        Ok(no_foreign_keys())
+    }
+
+    async fn get_flight_info_exported_keys(
+        &self,
+        query: CommandGetExportedKeys,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        command_info(&foreign_keys_schema(), &query, request)
+    }
+
+    async fn do_get_exported_keys(
+        &self,
+        _query: CommandGetExportedKeys,
+        _request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        Ok(no_foreign_keys())
+    }
+
+    async fn get_flight_info_cross_reference(
+        &self,
+        query: CommandGetCrossReference,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        command_info(&foreign_keys_schema(), &query, request)
+    }
+
+    async fn do_get_cross_reference(
+        &self,
+        _query: CommandGetCrossReference,
+        _request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        Ok(no_foreign_keys())
     }
 
     /// The deprecated `CancelQuery`: as `CancelFlightInfo` (their result codes agree).

@@ -2205,6 +2205,80 @@ async fn primary_keys_without_a_db_schema_span_the_databases() {
     c.stop().await;
 }
 
+/// `GetXdbcTypeInfo` lists the column types `CREATE TABLE` takes (each one is created here),
+/// narrowed by a type code; Mink has no foreign keys, so `GetImportedKeys`,
+/// `GetExportedKeys` and `GetCrossReference` answer none, with Flight SQL's schema.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn type_info_lists_what_create_table_takes_and_there_are_no_foreign_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path()).await;
+    c.load().await;
+    let mut sql = c.flight_sql().await;
+    let info = sql
+        .get_xdbc_type_info(arrow_flight::sql::CommandGetXdbcTypeInfo { data_type: None })
+        .await
+        .unwrap();
+    let types: Vec<String> = metadata_rows(&mut sql, info)
+        .await
+        .into_iter()
+        .map(|r| r[0].clone())
+        .collect();
+    assert!(
+        ["BIGINT", "VARCHAR", "TIMESTAMP", "DECIMAL"]
+            .iter()
+            .all(|t| types.iter().any(|n| n == t)),
+        "{types:?}"
+    );
+    c.rows("CREATE SCHEMA kinds").await;
+    for (i, name) in types.iter().enumerate() {
+        c.rows(&format!("CREATE TABLE kinds.t{i} (c {name})")).await;
+    }
+    let bigint = arrow_flight::sql::XdbcDataType::XdbcBigint as i32;
+    let info = sql
+        .get_xdbc_type_info(arrow_flight::sql::CommandGetXdbcTypeInfo {
+            data_type: Some(bigint),
+        })
+        .await
+        .unwrap();
+    let rows = metadata_rows(&mut sql, info).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0][..2], [String::from("BIGINT"), bigint.to_string()]);
+
+    let users = || arrow_flight::sql::CommandGetImportedKeys {
+        catalog: None,
+        db_schema: Some("app".into()),
+        table: "users".into(),
+    };
+    let info = sql.get_imported_keys(users()).await.unwrap();
+    let batches = fetch(&mut sql, &info).await.unwrap();
+    let rows: usize = batches
+        .iter()
+        .map(arrow::array::RecordBatch::num_rows)
+        .sum();
+    assert_eq!(rows, 0);
+    let schema = arrow::ipc::convert::try_schema_from_ipc_buffer(&info.schema).unwrap();
+    assert_eq!(schema.field(3).name(), "pk_column_name");
+    assert_eq!(schema.fields().len(), 13);
+    let exported = arrow_flight::sql::CommandGetExportedKeys {
+        catalog: None,
+        db_schema: Some("app".into()),
+        table: "users".into(),
+    };
+    let info = sql.get_exported_keys(exported).await.unwrap();
+    assert!(metadata_rows(&mut sql, info).await.is_empty());
+    let cross = arrow_flight::sql::CommandGetCrossReference {
+        pk_catalog: None,
+        pk_db_schema: Some("app".into()),
+        pk_table: "users".into(),
+        fk_catalog: None,
+        fk_db_schema: Some("app".into()),
+        fk_table: "users".into(),
+    };
+    let info = sql.get_cross_reference(cross).await.unwrap();
+    assert!(metadata_rows(&mut sql, info).await.is_empty());
+    c.stop().await;
+}
+
 /// `GetSqlInfo` says what the server does: DDL of schemas and tables, unquoted names
 /// lower-cased, and the version of the arrow crate it runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
