@@ -291,6 +291,49 @@ async fn list_tables(
 /// The columns of `table` (`database.table`, or a table of database `default`), as planning a
 /// read of it finds them: `t$log`, `t$lake` and the system tables too, which the information
 /// schema does not list.
+/// The (database, table) names `\\d NAME` tries, in order: `NAME` read as SQL reads a table
+/// name (`app."Events"` is `Events`, unquoted names lower-cased, `default` without a
+/// database), then, when that lower-cased something, the name as written (`app.Events`).
+fn table_names(text: &str) -> anyhow::Result<Vec<(String, String)>> {
+    let mut parts: Vec<(String, bool)> = vec![(String::new(), false)];
+    let mut chars = text.trim().chars().peekable();
+    let mut in_quotes = false;
+    while let Some(c) = chars.next() {
+        let (part, quoted) = parts.last_mut().expect("a part");
+        match c {
+            '"' if in_quotes && chars.peek() == Some(&'"') => {
+                chars.next();
+                part.push('"');
+            }
+            '"' => {
+                in_quotes = !in_quotes;
+                *quoted = true;
+            }
+            '.' if !in_quotes => parts.push((String::new(), false)),
+            c => part.push(c),
+        }
+    }
+    anyhow::ensure!(!in_quotes, "{text}: a quote is not closed");
+    let (database, table) = match parts.as_slice() {
+        [table] => (("default".to_string(), true), table.clone()),
+        [database, table] => (database.clone(), table.clone()),
+        _ => anyhow::bail!("{text}: expected TABLE or DATABASE.TABLE"),
+    };
+    let sql = |(name, quoted): &(String, bool)| {
+        if *quoted {
+            name.clone()
+        } else {
+            name.to_lowercase()
+        }
+    };
+    let mut names = vec![(sql(&database), sql(&table))];
+    let written = (database.0, table.0);
+    if !names.contains(&written) {
+        names.push(written);
+    }
+    Ok(names)
+}
+
 async fn describe(
     engine: &QueryEngine,
     table: &str,
@@ -300,15 +343,30 @@ async fn describe(
     use std::sync::Arc;
 
     use arrow::array::{ArrayRef, RecordBatch, StringArray};
-    let (database, name) = table.split_once('.').unwrap_or(("default", table));
     let quoted = |i: &str| format!("\"{}\"", i.replace('"', "\"\""));
-    let df = engine
-        .sql(&format!(
-            "SELECT * FROM {}.{}",
-            quoted(database),
-            quoted(name)
-        ))
-        .await?;
+    let mut df = None;
+    let mut first_error = None;
+    for (database, name) in table_names(table)? {
+        match engine
+            .sql(&format!(
+                "SELECT * FROM {}.{}",
+                quoted(&database),
+                quoted(&name)
+            ))
+            .await
+        {
+            Ok(found) => {
+                df = Some(found);
+                break;
+            }
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    let Some(df) = df else {
+        return Err(first_error.expect("a name was tried").into());
+    };
     let fields = df.schema().as_arrow().fields().clone();
     let column = |values: Vec<String>| Arc::new(StringArray::from(values)) as ArrayRef;
     let batch = RecordBatch::try_from_iter(vec![
@@ -346,6 +404,25 @@ fn report(result: anyhow::Result<()>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_described_name_is_read_as_sql_reads_it_then_as_written() {
+        let names = |t: &str| {
+            table_names(t)
+                .unwrap()
+                .into_iter()
+                .map(|(d, n)| format!("{d}|{n}"))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names("app.events"), ["app|events"]);
+        assert_eq!(names("app.Events"), ["app|events", "app|Events"]);
+        assert_eq!(names("app.\"Events\""), ["app|Events"]);
+        assert_eq!(names("\"A.b\".\"x\"\"y\""), ["A.b|x\"y"]);
+        assert_eq!(names("t"), ["default|t"]);
+        assert_eq!(names("app.people$changelog"), ["app|people$changelog"]);
+        assert!(table_names("app.\"open").is_err());
+        assert!(table_names("a.b.c").is_err());
+    }
 
     #[test]
     fn statements_split_at_semicolons_outside_quotes() {
