@@ -257,7 +257,24 @@ fn dev_serves_admin_produce_scan_and_metrics() {
             "{port}: {err}"
         );
     }
-    // Metrics: Flight calls, s3stream latency, the applied index.
+    // A Kafka request, as a client's first: ApiVersions v0 (header v1, no client id).
+    {
+        use std::io::{Read as _, Write as _};
+        let mut kafka = std::net::TcpStream::connect(&dev.kafka).unwrap();
+        let body: [u8; 10] = [0, 18, 0, 0, 0, 0, 0, 7, 0xff, 0xff];
+        kafka.write_all(&10i32.to_be_bytes()).unwrap();
+        kafka.write_all(&body).unwrap();
+        let mut size = [0u8; 4];
+        kafka.read_exact(&mut size).unwrap();
+        let mut answer = vec![0u8; usize::try_from(i32::from_be_bytes(size)).unwrap()];
+        kafka.read_exact(&mut answer).unwrap();
+        assert_eq!(
+            answer[..4],
+            7i32.to_be_bytes(),
+            "the correlation id comes back"
+        );
+    }
+    // Metrics: Flight and Kafka calls, s3stream latency, the applied index.
     let metrics = http_get(&dev.metrics);
     // Its log goes to a file here: plain text, no terminal colour codes.
     let log = std::fs::read_to_string(dir.path().join("data.log")).unwrap();
@@ -265,6 +282,9 @@ fn dev_serves_admin_produce_scan_and_metrics() {
     assert!(!log.contains('\x1b'), "colour codes in a log file:\n{log}");
     for name in [
         "mink_flight_requests_total",
+        "mink_kafka_requests_total{api=\"ApiVersions\"",
+        "mink_kafka_bytes_total{direction=\"in\"",
+        "mink_kafka_connections_total",
         "s3stream_flush_commit_duration_seconds_bucket",
         "mink_metadata_applied_index",
         "s3stream_cache_lookups_total",

@@ -92,7 +92,7 @@ pub(crate) async fn run(
         .unwrap_or_default();
     let (mut reader, mut writer) = socket.into_split();
     let (answers, mut pending) =
-        tokio::sync::mpsc::channel::<(Answer, Option<OwnedSemaphorePermit>)>(IN_FLIGHT);
+        tokio::sync::mpsc::channel::<(Answer, Option<OwnedSemaphorePermit>, Asked)>(IN_FLIGHT);
     // Bytes of answers not yet written: a client that stops reading stops being read.
     let budget = config.max_unsent_bytes.clamp(1, MAX_BUDGET);
     let unsent = Arc::new(Semaphore::new(budget));
@@ -105,11 +105,12 @@ pub(crate) async fn run(
         );
         async move {
             let written = async {
-                while let Some((answer, permit)) = pending.recv().await {
+                while let Some((answer, permit, (api_key, started))) = pending.recv().await {
                     let frames = match answer {
                         Answer::Now(f) => f,
                         Answer::Later(f) => f.await,
                     };
+                    let size = frames.as_ref().map_or(0, |f| f.remaining());
                     if let Some(mut f) = frames {
                         if !f.has_remaining() {
                             // An answer that failed to encode: a client waiting for it
@@ -126,6 +127,7 @@ pub(crate) async fn run(
                             })??;
                     }
                     drop(permit);
+                    crate::metrics::answered(api_key, started, size);
                     activity.answered();
                 }
                 writer.shutdown().await
@@ -146,7 +148,10 @@ pub(crate) async fn run(
             let Some(frame) = frame else {
                 return Ok::<(), ConnError>(()); // the client closed between requests
             };
-            let answer = handle(&node, &config, &groups, &peer, frame).await?;
+            let (started, size) = (std::time::Instant::now(), frame.len() + 4);
+            let (api_key, answer) = handle(&node, &config, &groups, &peer, frame).await?;
+            crate::metrics::requested(api_key, size);
+            let asked = (api_key, started);
             let permit = match &answer {
                 Answer::Now(Some(f)) => {
                     let n = u32::try_from(f.remaining().min(budget)).unwrap_or(u32::MAX);
@@ -158,7 +163,7 @@ pub(crate) async fn run(
                 _ => None,
             };
             activity.asked();
-            if answers.send((answer, permit)).await.is_err() {
+            if answers.send((answer, permit, asked)).await.is_err() {
                 return Ok(()); // the writer stopped: the client went away
             }
         }
@@ -267,14 +272,17 @@ async fn read_frame(
     Ok(Some(frame.freeze()))
 }
 
-/// Decodes one request frame and answers it.
+/// A request's API and when its frame was read: what its answer is measured against.
+type Asked = (ApiKey, std::time::Instant);
+
+/// Decodes one request frame and answers it; with the API it named.
 async fn handle(
     node: &Node,
     config: &Arc<KafkaConfig>,
     groups: &Arc<crate::groups::Groups>,
     peer: &str,
     mut frame: Bytes,
-) -> Result<Answer, ConnError> {
+) -> Result<(ApiKey, Answer), ConnError> {
     let api_key = ApiKey::try_from(frame.clone().get_i16())
         .map_err(|()| ConnError::Malformed("an unknown API key".into()))?;
     let version = frame.clone().split_off(2).get_i16();
@@ -284,7 +292,7 @@ async fn handle(
         let header = RequestHeader::decode(&mut frame, 1)
             .map_err(|e| ConnError::Malformed(e.to_string()))?;
         let answer = Frames::answer(crate::api::api_versions_unsupported(&header));
-        return Ok(Answer::Now(answer));
+        return Ok((api_key, Answer::Now(answer)));
     }
     if !crate::api::supported(api_key, version) {
         return Err(ConnError::Malformed(format!(
@@ -301,7 +309,8 @@ async fn handle(
         header,
         api_key,
     };
-    crate::api::handle(cx, frame)
+    let answer = crate::api::handle(cx, frame)
         .await
-        .map_err(|e| ConnError::Malformed(format!("{api_key:?} v{version}: {e}")))
+        .map_err(|e| ConnError::Malformed(format!("{api_key:?} v{version}: {e}")))?;
+    Ok((api_key, answer))
 }

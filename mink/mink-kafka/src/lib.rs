@@ -16,6 +16,7 @@ mod api;
 mod conn;
 mod frames;
 mod groups;
+mod metrics;
 pub mod records;
 
 use std::sync::Arc;
@@ -126,6 +127,7 @@ pub async fn serve(
                     }
                 };
                 let _ = socket.set_nodelay(true);
+                metrics::connected();
                 let node = node.clone();
                 let config = Arc::clone(&config);
                 let groups = Arc::clone(&groups);
@@ -133,6 +135,7 @@ pub async fn serve(
                 tokio::spawn(async move {
                     tokio::select! {
                         r = conn::run(node, config, groups, socket) => {
+                            metrics::closed(&r);
                             if let Err(e) = r {
                                 tracing::debug!(%peer, error = %e, "Kafka connection closed");
                             }

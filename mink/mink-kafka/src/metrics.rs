@@ -1,0 +1,102 @@
+//! Kafka listener metrics, through the OpenTelemetry API (the binary installs the provider),
+//! beside the Flight service's: requests and their time by API, bytes each way, and
+//! connections by how they ended.
+
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use kafka_protocol::messages::ApiKey;
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::{Counter, Histogram};
+
+use crate::conn::ConnError;
+
+struct Metrics {
+    requests: Counter<u64>,
+    duration: Histogram<f64>,
+    bytes: Counter<u64>,
+    opened: Counter<u64>,
+    closed: Counter<u64>,
+}
+
+/// Latency buckets, 1 ms to 30 s (a fetch long-polls up to its max wait).
+const SECONDS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+fn metrics() -> &'static Metrics {
+    static METRICS: OnceLock<Metrics> = OnceLock::new();
+    METRICS.get_or_init(|| {
+        let meter = opentelemetry::global::meter("mink-kafka");
+        Metrics {
+            requests: meter
+                .u64_counter("mink.kafka.requests")
+                .with_description("Kafka requests by API")
+                .build(),
+            duration: meter
+                .f64_histogram("mink.kafka.request.duration")
+                .with_unit("s")
+                .with_description(
+                    "Kafka request time by API, from its frame read to its answer written \
+                     (a produce's wait for durability and a fetch's long-poll included)",
+                )
+                .with_boundaries(SECONDS.to_vec())
+                .build(),
+            bytes: meter
+                .u64_counter("mink.kafka.bytes")
+                .with_unit("By")
+                .with_description("Kafka frame bytes read (in) and written (out)")
+                .build(),
+            opened: meter
+                .u64_counter("mink.kafka.connections")
+                .with_description("Kafka connections accepted")
+                .build(),
+            closed: meter
+                .u64_counter("mink.kafka.connections.closed")
+                .with_description(
+                    "Kafka connections ended, by reason: the client closed it, idle, \
+                     an oversized or malformed request, or a socket error",
+                )
+                .build(),
+        }
+    })
+}
+
+fn api(api_key: ApiKey) -> KeyValue {
+    KeyValue::new("api", format!("{api_key:?}"))
+}
+
+/// A request frame of `bytes` (its size field included) read for `api_key`.
+pub(crate) fn requested(api_key: ApiKey, bytes: usize) {
+    let m = metrics();
+    m.requests.add(1, &[api(api_key)]);
+    m.bytes
+        .add(bytes as u64, &[KeyValue::new("direction", "in")]);
+}
+
+/// The answer to a request read at `started` is written (`bytes` of it: none for acks = 0).
+pub(crate) fn answered(api_key: ApiKey, started: Instant, bytes: usize) {
+    let m = metrics();
+    m.duration
+        .record(started.elapsed().as_secs_f64(), &[api(api_key)]);
+    if bytes > 0 {
+        m.bytes
+            .add(bytes as u64, &[KeyValue::new("direction", "out")]);
+    }
+}
+
+pub(crate) fn connected() {
+    metrics().opened.add(1, &[]);
+}
+
+/// A connection ended, with `result`.
+pub(crate) fn closed(result: &Result<(), ConnError>) {
+    let reason = match result {
+        Ok(()) => "client",
+        Err(ConnError::Idle(_)) => "idle",
+        Err(ConnError::FrameSize(..)) => "frame_size",
+        Err(ConnError::Malformed(_)) => "malformed",
+        Err(ConnError::Io(_)) => "io",
+    };
+    metrics().closed.add(1, &[KeyValue::new("reason", reason)]);
+}
