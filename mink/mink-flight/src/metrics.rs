@@ -15,11 +15,6 @@ pub(crate) struct Metrics {
     pub(crate) ack: Histogram<f64>,
 }
 
-/// Latency buckets, 1 ms to 10 s (the SDK's defaults suit milliseconds, not seconds).
-const SECONDS: [f64; 14] = [
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-];
-
 pub(crate) fn metrics() -> &'static Metrics {
     static METRICS: OnceLock<Metrics> = OnceLock::new();
     METRICS.get_or_init(|| {
@@ -33,7 +28,7 @@ pub(crate) fn metrics() -> &'static Metrics {
                 .f64_histogram("mink.flight.request.duration")
                 .with_unit("s")
                 .with_description("Flight call duration (whole stream for DoGet and DoPut)")
-                .with_boundaries(SECONDS.to_vec())
+                .with_boundaries(mink_node::LATENCY_SECONDS.to_vec())
                 .build(),
             bytes: meter
                 .u64_counter("mink.flight.bytes")
@@ -48,7 +43,7 @@ pub(crate) fn metrics() -> &'static Metrics {
                 .f64_histogram("mink.write.ack.duration")
                 .with_unit("s")
                 .with_description("DoPut batch latency: arrival to durable acknowledgement")
-                .with_boundaries(SECONDS.to_vec())
+                .with_boundaries(mink_node::LATENCY_SECONDS.to_vec())
                 .build(),
         }
     })

@@ -19,11 +19,6 @@ struct Metrics {
     closed: Counter<u64>,
 }
 
-/// Latency buckets, 1 ms to 30 s (a fetch long-polls up to its max wait).
-const SECONDS: [f64; 14] = [
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-];
-
 fn metrics() -> &'static Metrics {
     static METRICS: OnceLock<Metrics> = OnceLock::new();
     METRICS.get_or_init(|| {
@@ -40,7 +35,7 @@ fn metrics() -> &'static Metrics {
                     "Kafka request time by API, from its frame read to its answer written \
                      (a produce's wait for durability and a fetch's long-poll included)",
                 )
-                .with_boundaries(SECONDS.to_vec())
+                .with_boundaries(mink_node::LATENCY_SECONDS.to_vec())
                 .build(),
             bytes: meter
                 .u64_counter("mink.kafka.bytes")

@@ -14,8 +14,9 @@ pub(crate) struct Metrics {
     pub(crate) flush_bytes: Histogram<u64>,
 }
 
-/// Latency buckets, 1 ms to 10 s (the SDK's defaults suit milliseconds, not seconds).
-const SECONDS: [f64; 14] = [
+/// Latency histogram buckets in seconds, 1 ms to 30 s (the SDK's defaults suit milliseconds,
+/// not seconds): every latency histogram of a node uses them.
+pub const LATENCY_SECONDS: [f64; 14] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
@@ -28,13 +29,13 @@ pub(crate) fn metrics() -> &'static Metrics {
                 .f64_histogram("s3stream.flush.upload.duration")
                 .with_unit("s")
                 .with_description("Time to upload one stream-set object (id and PUT)")
-                .with_boundaries(SECONDS.to_vec())
+                .with_boundaries(LATENCY_SECONDS.to_vec())
                 .build(),
             commit: meter
                 .f64_histogram("s3stream.flush.commit.duration")
                 .with_unit("s")
                 .with_description("Time to commit one uploaded object in the metadata log")
-                .with_boundaries(SECONDS.to_vec())
+                .with_boundaries(LATENCY_SECONDS.to_vec())
                 .build(),
             flush_bytes: meter
                 .u64_histogram("s3stream.flush.size")
