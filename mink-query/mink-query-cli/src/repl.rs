@@ -288,10 +288,7 @@ async fn list_tables(
     run_statement(engine, &sql, format, 0, out).await
 }
 
-/// The columns of `table` (`database.table`, or a table of database `default`), as planning a
-/// read of it finds them: `t$log`, `t$lake` and the system tables too, which the information
-/// schema does not list.
-/// The (database, table) names `\\d NAME` tries, in order: `NAME` read as SQL reads a table
+/// The (database, table) names `\d NAME` tries, in order: `NAME` read as SQL reads a table
 /// name (`app."Events"` is `Events`, unquoted names lower-cased, `default` without a
 /// database), then, when that lower-cased something, the name as written (`app.Events`).
 fn table_names(text: &str) -> anyhow::Result<Vec<(String, String)>> {
@@ -334,6 +331,9 @@ fn table_names(text: &str) -> anyhow::Result<Vec<(String, String)>> {
     Ok(names)
 }
 
+/// The columns of `table` (`database.table`, or a table of database `default`), as planning a
+/// read of it finds them: `t$log`, `t$lake` and the system tables too, which the information
+/// schema does not list.
 async fn describe(
     engine: &QueryEngine,
     table: &str,
