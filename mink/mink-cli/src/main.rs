@@ -122,10 +122,7 @@ fn explain(e: &anyhow::Error, server: &str) -> String {
                 .iter()
                 .any(|s| message.to_lowercase().contains(s)) =>
         {
-            let address = mink_client::normalize(server);
-            let host = address
-                .rsplit_once(':')
-                .map_or(address.as_str(), |(h, _)| h);
+            let host = mink_client::host(server);
             Some(format!(
                 "The host name {host:?} does not resolve: check --server (MINK_SERVER)."
             ))

@@ -296,13 +296,19 @@ pub fn normalize(address: &str) -> String {
     a.trim_end_matches('/').to_string()
 }
 
+/// The host of `address` (in any form [`normalize`] takes): what comes before its port.
+pub fn host(address: &str) -> String {
+    let address = normalize(address);
+    match address.rsplit_once(':') {
+        Some((host, _)) => host.to_string(),
+        None => address,
+    }
+}
+
 /// Whether `address` (in any form [`normalize`] takes) names this machine: where `mink dev`
 /// would start a node, so a failure to reach it may suggest one.
 pub fn is_loopback(address: &str) -> bool {
-    let address = normalize(address);
-    let host = address
-        .rsplit_once(':')
-        .map_or(address.as_str(), |(h, _)| h);
+    let host = host(address);
     let host = host.trim_start_matches('[').trim_end_matches(']');
     host.eq_ignore_ascii_case("localhost")
         || host
