@@ -105,7 +105,7 @@ pub(crate) async fn run(
         );
         async move {
             let written = async {
-                while let Some((answer, permit, (api_key, started))) = pending.recv().await {
+                while let Some((answer, permit, (api, started))) = pending.recv().await {
                     let frames = match answer {
                         Answer::Now(f) => f,
                         Answer::Later(f) => f.await,
@@ -127,7 +127,7 @@ pub(crate) async fn run(
                             })??;
                     }
                     drop(permit);
-                    crate::metrics::answered(api_key, started, size);
+                    crate::metrics::answered(api, started, size);
                     activity.answered();
                 }
                 writer.shutdown().await
@@ -150,8 +150,7 @@ pub(crate) async fn run(
             };
             let (started, size) = (std::time::Instant::now(), frame.len() + 4);
             let (api_key, answer) = handle(&node, &config, &groups, &peer, frame).await?;
-            crate::metrics::requested(api_key, size);
-            let asked = (api_key, started);
+            let asked = (crate::metrics::requested(api_key, size), started);
             let permit = match &answer {
                 Answer::Now(Some(f)) => {
                     let n = u32::try_from(f.remaining().min(budget)).unwrap_or(u32::MAX);
@@ -272,8 +271,9 @@ async fn read_frame(
     Ok(Some(frame.freeze()))
 }
 
-/// A request's API and when its frame was read: what its answer is measured against.
-type Asked = (ApiKey, std::time::Instant);
+/// A request's API (as its metrics label) and when its frame was read: what its answer is
+/// measured against.
+type Asked = (opentelemetry::KeyValue, std::time::Instant);
 
 /// Decodes one request frame and answers it; with the API it named.
 async fn handle(

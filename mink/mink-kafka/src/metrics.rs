@@ -57,23 +57,22 @@ fn metrics() -> &'static Metrics {
     })
 }
 
-fn api(api_key: ApiKey) -> KeyValue {
-    KeyValue::new("api", format!("{api_key:?}"))
-}
-
-/// A request frame of `bytes` (its size field included) read for `api_key`.
-pub(crate) fn requested(api_key: ApiKey, bytes: usize) {
+/// A request frame of `bytes` (its size field included) read for `api_key`; its label, which
+/// [`answered`] takes back.
+pub(crate) fn requested(api_key: ApiKey, bytes: usize) -> KeyValue {
     let m = metrics();
-    m.requests.add(1, &[api(api_key)]);
+    let api = KeyValue::new("api", format!("{api_key:?}"));
+    m.requests.add(1, std::slice::from_ref(&api));
     m.bytes
         .add(bytes as u64, &[KeyValue::new("direction", "in")]);
+    api
 }
 
-/// The answer to a request read at `started` is written (`bytes` of it: none for acks = 0).
-pub(crate) fn answered(api_key: ApiKey, started: Instant, bytes: usize) {
+/// The answer to the request labelled `api`, read at `started`, is written (`bytes` of it:
+/// none for acks = 0).
+pub(crate) fn answered(api: KeyValue, started: Instant, bytes: usize) {
     let m = metrics();
-    m.duration
-        .record(started.elapsed().as_secs_f64(), &[api(api_key)]);
+    m.duration.record(started.elapsed().as_secs_f64(), &[api]);
     if bytes > 0 {
         m.bytes
             .add(bytes as u64, &[KeyValue::new("direction", "out")]);
