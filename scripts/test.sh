@@ -7,6 +7,7 @@
 # Environment:
 #   CARGO_TARGET_DIR  build directory (default: ~/.cache/mink/target, outside the clone)
 #   CI=true           a missing service fails the run instead of skipping its tests
+#   MINK_TEST_BACKTRACE=1  backtraces of failing tests (off: a failure's message ends the log)
 #   extra arguments   are passed to `cargo nextest run` (for example a test filter)
 set -euo pipefail
 cd "$(dirname "$0")/.."
