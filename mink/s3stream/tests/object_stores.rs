@@ -84,6 +84,17 @@ async fn durable_local_store() {
         .await
         .unwrap();
     assert!(dir.path().join("objects/a/b/object-1").is_file());
+    // Ranges are read whole or refused: one past the end fails the call, as it does in
+    // object_store's own local store.
+    let ranges = store
+        .get_ranges(&Path::from("a/b/object-1"), &[0..1, 1..1])
+        .await
+        .unwrap();
+    assert_eq!(ranges, [&b"x"[..], &b""[..]]);
+    store
+        .get_ranges(&Path::from("a/b/object-1"), &[0..1, 0..2])
+        .await
+        .unwrap_err();
     // A plain path opens the same kind of store.
     let plain = store::open(dir.path().join("objects").to_str().unwrap()).unwrap();
     assert_eq!(
