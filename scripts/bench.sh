@@ -29,5 +29,7 @@ if start_postgres; then
 fi
 if ensure_venv && start_moto; then
   export MINK_BENCH_S3_ENDPOINT="$MINK_TEST_S3_ENDPOINT" MINK_BENCH_S3_BUCKET="$MINK_TEST_S3_BUCKET"
+  # The kafka suite measures the CPU moto spends serving (its catch-up bound).
+  export MINK_BENCH_MOTO_PID="$MINK_MOTO_PID"
 fi
 "$CARGO_TARGET_DIR/release/mink-bench" "$suite" "$@"

@@ -78,6 +78,11 @@ struct Row {
     /// Whole-object GETs of every object holding the consumed topic, straight from the store,
     /// MB/s over three reads of them: the catch-up baseline.
     raw_mb_per_s: f64,
+    /// CPU seconds per GB this path consumed: the benchmark's process (the node and the
+    /// consumers) and the store's server.
+    cpu_per_gb: Cpu,
+    /// The same for the raw GETs, per GB read.
+    raw_cpu_per_gb: Cpu,
 }
 
 /// A workload over `transport` at `address`, each producer with `in_flight_mib` in flight.
@@ -247,18 +252,27 @@ async fn one_store(
             .collect();
         (store, paths)
     };
-    let raw_read = || {
-        crate::s3stream::raw_gets_of(
+    // The store's server, when its process is known (moto's, from scripts/bench.sh): the CPU
+    // it spends is measured beside the benchmark process's.
+    let server = std::env::var("MINK_BENCH_MOTO_PID")
+        .ok()
+        .filter(|_| store_name == "moto");
+    let cpu = || Cpu::now(server.as_deref());
+    let mut raw_cpu = Vec::new();
+    let mut raw_read = async || {
+        let before = cpu();
+        let started = std::time::Instant::now();
+        let rate = crate::s3stream::raw_gets_of(
             &raw_store,
             raw_objects.clone(),
             crate::s3stream::RAW_GETS_IN_FLIGHT,
         )
+        .await
+        .context("raw GETs of the topic's objects")?;
+        raw_cpu.push(cpu().per_gb_since(&before, rate * started.elapsed().as_secs_f64() / 1e3));
+        anyhow::Ok(rate)
     };
-    let mut raw_rates = vec![
-        raw_read()
-            .await
-            .context("raw GETs of the topic's objects")?,
-    ];
+    let mut raw_rates = vec![raw_read().await?];
     // Each path reads four times, in the order Kafka, Flight, Flight, Kafka twice over, so
     // that neither is favoured by where it comes (one read takes about a second, and this
     // machine drifts by that much); its figures are over all its reads. A read over Flight
@@ -266,7 +280,7 @@ async fn one_store(
     // caches, and the kernel zeroing those fresh pages was a third of that read's CPU (the
     // first Kafka read ran at 0.7 of the second). A node's process that has served for a
     // while has its heap grown.
-    let mut reads: Vec<(&'static str, Figures, u64, u64)> = Vec::new();
+    let mut reads: Vec<(&'static str, Figures, u64, u64, Cpu)> = Vec::new();
     let order = ["kafka", "flight", "flight", "kafka"];
     for (i, path) in std::iter::once("flight")
         .chain(order)
@@ -289,10 +303,12 @@ async fn one_store(
             )
         };
         let before = stats();
+        let cpu_before = cpu();
         let m = load::measure(Mode::Consume, &w)
             .await
             .with_context(|| format!("consuming over {path}"))?;
         let after = stats();
+        let cpu_after = cpu();
         let label = if i == 0 { "flight, warm-up" } else { path };
         eprintln_read(store_name, label, &m);
         crate::s3stream::eprintln_gets(&format!("  {label}"), served.node.streams());
@@ -301,13 +317,17 @@ async fn one_store(
             continue;
         }
         let consume = m.figures.into_iter().next().context("consume figures")?;
-        reads.push((path, consume, after.0 - before.0, after.1 - before.1));
+        #[allow(clippy::cast_precision_loss)]
+        let cpu_per_gb = cpu_after.per_gb_since(&cpu_before, consume.bytes as f64 / 1e9);
+        reads.push((
+            path,
+            consume,
+            after.0 - before.0,
+            after.1 - before.1,
+            cpu_per_gb,
+        ));
         if i % order.len() == 0 {
-            raw_rates.push(
-                raw_read()
-                    .await
-                    .context("raw GETs of the topic's objects")?,
-            );
+            raw_rates.push(raw_read().await?);
         }
     }
     // The same bytes each time: their total over the total time.
@@ -333,6 +353,8 @@ async fn one_store(
             consume_gets: mine.iter().map(|r| r.2).sum::<u64>() / n,
             read_ahead_bytes: mine.iter().map(|r| r.3).sum::<u64>() / n,
             raw_mb_per_s,
+            cpu_per_gb: Cpu::mean(mine.iter().map(|r| &r.4)),
+            raw_cpu_per_gb: Cpu::mean(raw_cpu.iter()),
         });
     }
     Ok((rows, points))
@@ -409,11 +431,109 @@ pub(crate) async fn run(a: Args) -> anyhow::Result<()> {
             r.read_ahead_bytes as f64 / 1e6,
         );
     }
+    print_catch_up_costs(&rows);
     print_sweep(&points);
     if a.json {
         println!("{}", serde_json::to_string(&(&rows, &points))?);
     }
     Ok(())
+}
+
+/// Where catch-up on moto spends the machine: CPU seconds per GB read, of the benchmark's
+/// process (the node and the consumers, or the raw GETs' receiving) and of moto, in the same
+/// phase. With every core busy, a read's rate over the raw GETs' is about the inverse ratio of
+/// their totals: a higher catch-up ratio needs a consume path that costs less, or more cores.
+#[allow(clippy::print_stdout)] // the benchmark's output
+fn print_catch_up_costs(rows: &[Row]) {
+    let moto: Vec<_> = rows.iter().filter(|r| r.store == "moto").collect();
+    let Some(first) = moto.first() else {
+        return;
+    };
+    if !first.raw_cpu_per_gb.server.is_finite() {
+        println!(
+            "\nCatch-up costs on moto: not measured (moto's process is known only under scripts/bench.sh)"
+        );
+        return;
+    }
+    let raw = &first.raw_cpu_per_gb;
+    println!(
+        "\nCatch-up costs on moto, CPU seconds per GB (the benchmark's process + moto = total): raw GETs {:.2} + {:.2} = {:.2}",
+        raw.process,
+        raw.server,
+        raw.total()
+    );
+    for r in moto {
+        let c = &r.cpu_per_gb;
+        println!(
+            "- {}: {:.2} + {:.2} = {:.2}, {:.2} of the raw GETs' (catch-up {:.2})",
+            r.path,
+            c.process,
+            c.server,
+            c.total(),
+            raw.total() / c.total(),
+            r.consume.mb_per_s / r.raw_mb_per_s,
+        );
+    }
+}
+
+/// CPU seconds of the benchmark's process and of the store's server (NaN when unknown), or
+/// such seconds per GB.
+#[derive(Debug, Clone, Serialize)]
+struct Cpu {
+    process: f64,
+    server: f64,
+}
+
+impl Cpu {
+    fn now(server: Option<&str>) -> Cpu {
+        Cpu {
+            process: cpu_seconds("self").unwrap_or(f64::NAN),
+            server: server.and_then(cpu_seconds).unwrap_or(f64::NAN),
+        }
+    }
+
+    /// The CPU spent since `before`, per GB of `gb`.
+    fn per_gb_since(&self, before: &Cpu, gb: f64) -> Cpu {
+        Cpu {
+            process: (self.process - before.process) / gb,
+            server: (self.server - before.server) / gb,
+        }
+    }
+
+    fn total(&self) -> f64 {
+        self.process + self.server
+    }
+
+    fn mean<'a>(all: impl Iterator<Item = &'a Cpu>) -> Cpu {
+        let (mut sum, mut n) = (
+            Cpu {
+                process: 0.0,
+                server: 0.0,
+            },
+            0.0,
+        );
+        for c in all {
+            sum.process += c.process;
+            sum.server += c.server;
+            n += 1.0;
+        }
+        Cpu {
+            process: sum.process / n,
+            server: sum.server / n,
+        }
+    }
+}
+
+/// CPU seconds (user and system) process `pid` (or `self`) has used, from `/proc`; `None`
+/// where there is no such process or no `/proc`.
+fn cpu_seconds(pid: &str) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command's closing parenthesis come fields 3 on: utime and stime are 14 and 15,
+    // in ticks of USER_HZ (100 on Linux).
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    #[allow(clippy::cast_precision_loss)]
+    Some(ticks as f64 / 100.0)
 }
 
 /// The produce sweep: throughput and acknowledgement latency per in-flight bound. A path
