@@ -54,7 +54,8 @@ pub(crate) struct NodeArgs {
     #[arg(long, env = "MINK_KAFKA_ADVERTISED_ADDRESS")]
     pub(crate) kafka_advertised_address: Option<String>,
     /// Create a topic a Kafka client names (in a Metadata request) when it does not exist,
-    /// with this many partitions (Kafka's auto.create.topics.enable); off when unset.
+    /// with this many partitions (Kafka's auto.create.topics.enable); 0 is off. Off when unset
+    /// under `mink node`; 1 under `mink dev`, as a Kafka broker's defaults.
     #[arg(long, env = "MINK_KAFKA_AUTO_CREATE_PARTITIONS")]
     pub(crate) kafka_auto_create_partitions: Option<u32>,
     /// OTLP/gRPC endpoint for traces and metrics (`http://collector:4317`).
@@ -162,6 +163,9 @@ pub(crate) fn dev_defaults(args: NodeArgs, data_dir: &Path) -> anyhow::Result<No
         ),
         sql_listen: Some(args.sql_listen.unwrap_or_else(|| "127.0.0.1:7272".into())),
         kafka_listen: Some(args.kafka_listen.unwrap_or_else(|| "127.0.0.1:9092".into())),
+        // A topic a client first writes to or reads is created, with one partition, as by a
+        // Kafka broker's defaults (auto.create.topics.enable, num.partitions).
+        kafka_auto_create_partitions: Some(args.kafka_auto_create_partitions.unwrap_or(1)),
         kv_dir: Some(args.kv_dir.unwrap_or_else(|| data_dir.join("kv"))),
         ..args
     })
@@ -330,11 +334,6 @@ fn check(args: &NodeArgs) -> anyhow::Result<Checked> {
     // The flag's parser refuses 0; a config file's value arrives here unchecked.
     if args.max_reads_in_flight == Some(0) {
         bail!("--max-reads-in-flight must be at least 1");
-    }
-    if args.kafka_auto_create_partitions == Some(0) {
-        bail!(
-            "--kafka-auto-create-partitions is 0: a topic needs at least one partition (leave it unset to create no topics on Metadata)"
-        );
     }
     if let Some(n) = args.kafka_auto_create_partitions
         && n > mink_node::MAX_BUCKETS
@@ -535,7 +534,7 @@ pub(crate) async fn run(args: NodeArgs, dev: bool) -> anyhow::Result<()> {
     let kafka_address = kafka.map(|(l, address)| {
         let node = node.clone();
         let advertised = address.clone();
-        let auto_create_topics = args.kafka_auto_create_partitions;
+        let auto_create_topics = args.kafka_auto_create_partitions.filter(|n| *n > 0);
         tokio::spawn(async move {
             let config = mink_kafka::KafkaConfig {
                 advertised: Some(advertised),
@@ -731,7 +730,7 @@ mod tests {
         );
         refused(
             NodeArgs {
-                kafka_auto_create_partitions: Some(0),
+                kafka_auto_create_partitions: Some(5000),
                 ..valid.clone()
             },
             "--kafka-auto-create-partitions",

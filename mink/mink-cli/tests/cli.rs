@@ -527,7 +527,9 @@ fn dev_serves_sql_over_its_tables_and_lake() {
 
 /// `mink dev` serves Kafka: a kafka-python producer's records are rows of table
 /// `kafka.<topic>`, which the CLI scans over Flight; and rows the CLI writes over Flight to a
-/// typed table are fetched by a Kafka consumer as JSON objects.
+/// typed table are fetched by a Kafka consumer as JSON objects. A topic a producer first names
+/// is created with one partition, as by a Kafka broker's defaults, unless
+/// `--kafka-auto-create-partitions 0` turns that off.
 #[test]
 fn dev_serves_kafka_into_the_same_tables() {
     let Some(python) = python() else { return };
@@ -542,6 +544,7 @@ admin.create_topics([NewTopic("events", num_partitions=1, replication_factor=1)]
 p = KafkaProducer(bootstrap_servers=sys.argv[1], enable_idempotence=False)
 for i in range(3):
     p.send("events", key=b"k", value=f"hello-{i}".encode()).get(timeout=30)
+p.send("first-use", value=b"x").get(timeout=30)
 p.close()
 print("ok")
 "#;
@@ -556,6 +559,8 @@ print("ok")
     );
     let described = dev.run(&["table", "describe", "kafka.events"], None);
     assert!(described.contains("timestamp"), "{described}");
+    let described = dev.run(&["table", "describe", "kafka.first-use"], None);
+    assert!(described.contains("buckets: 1"), "{described}");
     // Binary columns print as hex in CSV: "hello-0" is 68656c6c6f2d30.
     let scanned = dev.run(
         &[
@@ -618,6 +623,42 @@ print("ok")
         "the Kafka consumer failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// `--kafka-auto-create-partitions 0` turns `mink dev`'s topic creation on first use off: a
+/// producer naming a topic that does not exist gets no metadata for it, and no table appears.
+#[test]
+fn dev_creates_no_topics_when_told_not_to() {
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let dev = Dev::start(
+        &dir.path().join("data"),
+        "127.0.0.1:0",
+        &["--kafka-auto-create-partitions", "0"],
+    );
+    let script = r#"
+import sys
+from kafka import KafkaProducer
+from kafka.errors import KafkaTimeoutError
+p = KafkaProducer(bootstrap_servers=sys.argv[1], enable_idempotence=False, max_block_ms=2000)
+try:
+    p.send("nope", value=b"x").get(timeout=5)
+    print("stored")
+except KafkaTimeoutError:
+    print("no topic")
+"#;
+    let out = Command::new(&python)
+        .args(["-c", script, &dev.kafka])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("no topic"),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (ok, _, err) = dev.try_run(&["table", "describe", "kafka.nope"], None);
+    assert!(!ok && err.contains("does not exist"), "{err}");
 }
 
 /// An idempotent librdkafka producer across a SIGKILL of the node and its restart on the same
@@ -782,16 +823,11 @@ fn proxy_connection(
     });
 }
 
-/// An option set to a value that would do nothing is refused with why, before the node starts:
-/// no partition, or more than a table's buckets (every auto-create then failed, unlogged).
+/// More auto-created partitions than a table's buckets (every auto-create would fail,
+/// unlogged) are refused with why, before the node starts.
 #[test]
-fn zero_auto_created_partitions_are_refused() {
-    for (partitions, why) in [
-        ("0", "a topic needs at least one partition"),
-        ("5000", "a topic has at most 4096 partitions"),
-    ] {
-        refused_auto_create(partitions, why);
-    }
+fn too_many_auto_created_partitions_are_refused() {
+    refused_auto_create("5000", "a topic has at most 4096 partitions");
 }
 
 fn refused_auto_create(partitions: &str, why: &str) {
