@@ -163,8 +163,8 @@ pub(crate) fn dev_defaults(args: NodeArgs, data_dir: &Path) -> anyhow::Result<No
         ),
         sql_listen: Some(args.sql_listen.unwrap_or_else(|| "127.0.0.1:7272".into())),
         kafka_listen: Some(args.kafka_listen.unwrap_or_else(|| "127.0.0.1:9092".into())),
-        // A topic a client first writes to or reads is created, with one partition, as by a
-        // Kafka broker's defaults (auto.create.topics.enable, num.partitions).
+        // A topic a producer first names is created, with one partition, as by a Kafka
+        // broker's defaults (auto.create.topics.enable, num.partitions).
         kafka_auto_create_partitions: Some(args.kafka_auto_create_partitions.unwrap_or(1)),
         kv_dir: Some(args.kv_dir.unwrap_or_else(|| data_dir.join("kv"))),
         ..args
