@@ -24,12 +24,11 @@ pub(crate) fn metrics() -> &'static Metrics {
                 .u64_counter("mink.flight.requests")
                 .with_description("Flight calls by method and outcome")
                 .build(),
-            duration: meter
-                .f64_histogram("mink.flight.request.duration")
-                .with_unit("s")
-                .with_description("Flight call duration (whole stream for DoGet and DoPut)")
-                .with_boundaries(mink_node::LATENCY_SECONDS.to_vec())
-                .build(),
+            duration: mink_node::latency_histogram(
+                &meter,
+                "mink.flight.request.duration",
+                "Flight call duration (whole stream for DoGet and DoPut)",
+            ),
             bytes: meter
                 .u64_counter("mink.flight.bytes")
                 .with_unit("By")
@@ -39,12 +38,11 @@ pub(crate) fn metrics() -> &'static Metrics {
                 .u64_counter("mink.flight.rows")
                 .with_description("Rows written (in) and read (out)")
                 .build(),
-            ack: meter
-                .f64_histogram("mink.write.ack.duration")
-                .with_unit("s")
-                .with_description("DoPut batch latency: arrival to durable acknowledgement")
-                .with_boundaries(mink_node::LATENCY_SECONDS.to_vec())
-                .build(),
+            ack: mink_node::latency_histogram(
+                &meter,
+                "mink.write.ack.duration",
+                "DoPut batch latency: arrival to durable acknowledgement",
+            ),
         }
     })
 }

@@ -28,15 +28,12 @@ fn metrics() -> &'static Metrics {
                 .u64_counter("mink.kafka.requests")
                 .with_description("Kafka requests by API")
                 .build(),
-            duration: meter
-                .f64_histogram("mink.kafka.request.duration")
-                .with_unit("s")
-                .with_description(
-                    "Kafka request time by API, from its frame read to its answer written \
-                     (a produce's wait for durability and a fetch's long-poll included)",
-                )
-                .with_boundaries(mink_node::LATENCY_SECONDS.to_vec())
-                .build(),
+            duration: mink_node::latency_histogram(
+                &meter,
+                "mink.kafka.request.duration",
+                "Kafka request time by API, from its frame read to its answer written \
+                 (a produce's wait for durability and a fetch's long-poll included)",
+            ),
             bytes: meter
                 .u64_counter("mink.kafka.bytes")
                 .with_unit("By")

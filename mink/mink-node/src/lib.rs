@@ -23,7 +23,7 @@ mod retention;
 mod session;
 mod tiering;
 
-pub use s3stream::{AppendAck, LATENCY_SECONDS, WriterBatchId};
+pub use s3stream::{AppendAck, WriterBatchId, latency_histogram};
 
 pub use bucket::BucketRef;
 

@@ -25,5 +25,5 @@ pub use engine::{
     AppendAck, Appending, EngineConfig, EngineStats, S3Stream, StreamError, StreamInfo,
     WriterBatchId, object_id_of, object_path,
 };
-pub use metrics::LATENCY_SECONDS;
+pub use metrics::latency_histogram;
 pub use read::COALESCE_BYTES;

@@ -4,7 +4,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use opentelemetry::metrics::Histogram;
+use opentelemetry::metrics::{Histogram, Meter};
 
 pub(crate) struct Metrics {
     /// Object id + PUT of one flush.
@@ -15,28 +15,41 @@ pub(crate) struct Metrics {
 }
 
 /// Latency histogram buckets in seconds, 1 ms to 30 s (the SDK's defaults suit milliseconds,
-/// not seconds): every latency histogram of a node uses them.
-pub const LATENCY_SECONDS: [f64; 14] = [
+/// not seconds).
+const LATENCY_SECONDS: [f64; 14] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
+
+/// A histogram of durations in seconds, with the buckets every latency histogram of a node
+/// uses.
+pub fn latency_histogram(
+    meter: &Meter,
+    name: &'static str,
+    description: &'static str,
+) -> Histogram<f64> {
+    meter
+        .f64_histogram(name)
+        .with_unit("s")
+        .with_description(description)
+        .with_boundaries(LATENCY_SECONDS.to_vec())
+        .build()
+}
 
 pub(crate) fn metrics() -> &'static Metrics {
     static METRICS: OnceLock<Metrics> = OnceLock::new();
     METRICS.get_or_init(|| {
         let meter = opentelemetry::global::meter("s3stream");
         Metrics {
-            upload: meter
-                .f64_histogram("s3stream.flush.upload.duration")
-                .with_unit("s")
-                .with_description("Time to upload one stream-set object (id and PUT)")
-                .with_boundaries(LATENCY_SECONDS.to_vec())
-                .build(),
-            commit: meter
-                .f64_histogram("s3stream.flush.commit.duration")
-                .with_unit("s")
-                .with_description("Time to commit one uploaded object in the metadata log")
-                .with_boundaries(LATENCY_SECONDS.to_vec())
-                .build(),
+            upload: latency_histogram(
+                &meter,
+                "s3stream.flush.upload.duration",
+                "Time to upload one stream-set object (id and PUT)",
+            ),
+            commit: latency_histogram(
+                &meter,
+                "s3stream.flush.commit.duration",
+                "Time to commit one uploaded object in the metadata log",
+            ),
             flush_bytes: meter
                 .u64_histogram("s3stream.flush.size")
                 .with_unit("By")
