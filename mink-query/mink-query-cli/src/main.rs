@@ -126,17 +126,11 @@ async fn main() -> std::process::ExitCode {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let client = Client::connect(&cli.server).await.with_context(|| {
-        if mink_client::is_loopback(&cli.server) {
-            format!(
-                "is a node running at {}? Start one with `mink dev`, or point at one with --server (MINK_SERVER)",
-                cli.server
-            )
-        } else {
-            format!(
-                "is a node running at {}? Point at a live one with --server (MINK_SERVER)",
-                cli.server
-            )
-        }
+        format!(
+            "is a node running at {}? {}",
+            cli.server,
+            mink_client::unreached_hint(&cli.server)
+        )
     })?;
     let lake = match (&cli.metadata, &cli.object_store) {
         (Some(m), Some(o)) => Some(std::sync::Arc::new(

@@ -130,15 +130,10 @@ fn explain(e: &anyhow::Error, server: &str) -> String {
         Some(ClientError::Transport { message, .. })
             if ["refused", "connect"].iter().any(|s| message.contains(s)) =>
         {
-            Some(if mink_client::is_loopback(server) {
-                format!(
-                    "Is a node running at {server}? Start one with `mink dev`, or point at one with --server (MINK_SERVER)."
-                )
-            } else {
-                format!(
-                    "Is a node running at {server}? Point at a live one with --server (MINK_SERVER)."
-                )
-            })
+            Some(format!(
+                "Is a node running at {server}? {}.",
+                mink_client::unreached_hint(server)
+            ))
         }
         Some(ClientError::Transport { .. }) => Some(format!(
             "Something at {server} broke off the connection. Is a node running there? If it is another port (a node's Kafka port), {other_port}."

@@ -305,9 +305,18 @@ pub fn host(address: &str) -> String {
     }
 }
 
-/// Whether `address` (in any form [`normalize`] takes) names this machine: where `mink dev`
-/// would start a node, so a failure to reach it may suggest one.
-pub fn is_loopback(address: &str) -> bool {
+/// What to do about a node not reached at `address`, for a client's error: start one with
+/// `mink dev` when the address is this machine's, otherwise point at a live one.
+pub fn unreached_hint(address: &str) -> &'static str {
+    if is_loopback(address) {
+        "Start one with `mink dev`, or point at one with --server (MINK_SERVER)"
+    } else {
+        "Point at a live one with --server (MINK_SERVER)"
+    }
+}
+
+/// Whether `address` (in any form [`normalize`] takes) names this machine.
+fn is_loopback(address: &str) -> bool {
     let host = host(address);
     let host = host.trim_start_matches('[').trim_end_matches(']');
     host.eq_ignore_ascii_case("localhost")
