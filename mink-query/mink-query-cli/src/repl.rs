@@ -3,6 +3,7 @@
 use std::time::Instant;
 
 use mink_query::QueryEngine;
+use mink_query::ddl::table_names;
 use rustyline::error::ReadlineError;
 
 use crate::{Format, print_batches, run_statement, say};
@@ -286,49 +287,6 @@ async fn list_tables(
          ORDER BY 1, 2"
     );
     run_statement(engine, &sql, format, 0, out).await
-}
-
-/// The (database, table) names `\d NAME` tries, in order: `NAME` read as SQL reads a table
-/// name (`app."Events"` is `Events`, unquoted names lower-cased, `default` without a
-/// database), then, when that lower-cased something, the name as written (`app.Events`).
-fn table_names(text: &str) -> anyhow::Result<Vec<(String, String)>> {
-    let mut parts: Vec<(String, bool)> = vec![(String::new(), false)];
-    let mut chars = text.trim().chars().peekable();
-    let mut in_quotes = false;
-    while let Some(c) = chars.next() {
-        let (part, quoted) = parts.last_mut().expect("a part");
-        match c {
-            '"' if in_quotes && chars.peek() == Some(&'"') => {
-                chars.next();
-                part.push('"');
-            }
-            '"' => {
-                in_quotes = !in_quotes;
-                *quoted = true;
-            }
-            '.' if !in_quotes => parts.push((String::new(), false)),
-            c => part.push(c),
-        }
-    }
-    anyhow::ensure!(!in_quotes, "{text}: a quote is not closed");
-    let (database, table) = match parts.as_slice() {
-        [table] => (("default".to_string(), true), table.clone()),
-        [database, table] => (database.clone(), table.clone()),
-        _ => anyhow::bail!("{text}: expected TABLE or DATABASE.TABLE"),
-    };
-    let sql = |(name, quoted): &(String, bool)| {
-        if *quoted {
-            name.clone()
-        } else {
-            name.to_lowercase()
-        }
-    };
-    let mut names = vec![(sql(&database), sql(&table))];
-    let written = (database.0, table.0);
-    if !names.contains(&written) {
-        names.push(written);
-    }
-    Ok(names)
 }
 
 /// The columns of `table` (`database.table`, or a table of database `default`), as planning a

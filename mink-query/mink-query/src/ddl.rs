@@ -406,12 +406,43 @@ fn database_name(name: &ObjectName) -> Result<String> {
 
 /// `database.table` (or a table of database `default`).
 fn names(name: &ObjectName) -> Result<(String, String)> {
+    names_as(name, normalized)
+}
+
+/// The (database, table) names `text` may mean, for a command that takes a table's name as
+/// typed (the REPL's `\d`): read as SQL reads it (`app."Events"` is `Events`, unquoted parts
+/// lower-cased), then, when that differs, as written (`app.Events`).
+pub fn table_names(text: &str) -> Result<Vec<(String, String)>> {
+    use datafusion::sql::sqlparser::dialect::GenericDialect;
+    use datafusion::sql::sqlparser::parser::Parser;
+    use datafusion::sql::sqlparser::tokenizer::Token;
+    let name = Parser::new(&GenericDialect {})
+        .try_with_sql(text)
+        .and_then(|mut p| {
+            let name = p.parse_object_name(false)?;
+            p.expect_token(&Token::EOF)?;
+            Ok(name)
+        })
+        .map_err(|e| DataFusionError::Plan(format!("{text}: {e}")))?;
+    let mut found = vec![names(&name)?];
+    let written = names_as(&name, |i| i.value.clone())?;
+    if !found.contains(&written) {
+        found.push(written);
+    }
+    Ok(found)
+}
+
+/// `database.table` with each part read by `part`.
+fn names_as(
+    name: &ObjectName,
+    part: fn(&datafusion::sql::sqlparser::ast::Ident) -> String,
+) -> Result<(String, String)> {
     let parts: Vec<String> = name
         .0
         .iter()
         .map(|p| {
             p.as_ident()
-                .map(normalized)
+                .map(part)
                 .ok_or_else(|| DataFusionError::Plan(format!("{name} is not a table name")))
         })
         .collect::<Result<_>>()?;
