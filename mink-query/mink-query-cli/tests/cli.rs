@@ -253,6 +253,17 @@ async fn statements_from_the_command_line_and_files() {
         out.contains("| name   | Utf8  | YES") && out.contains("| app      | people |"),
         "{out}"
     );
+    // A mixed-case name: read as SQL reads it, or as written when that finds none.
+    let create = "CREATE TABLE app.\"Events\" (id BIGINT NOT NULL)";
+    let (ok, _, err) = query(&s.address, &["-c", create]).await;
+    assert!(ok, "{err}");
+    for name in ["app.\"Events\"", "app.Events"] {
+        let (ok, out, err) = query(&s.address, &["-c", &format!("\\d {name}")]).await;
+        assert!(
+            ok && out.contains("| id     | Int64 | NO"),
+            "{name}: {out}{err}"
+        );
+    }
     let (ok, _, err) = query(&s.address, &["-c", "\\timing"]).await;
     assert!(!ok && err.contains("works at the prompt only"), "{err}");
     // Errors: DataFusion's message, a non-zero exit.
