@@ -1387,12 +1387,13 @@ async fn a_prepared_statement_runs_after_the_server_restarts() {
             c.restart_sql().await;
         }
         prepared.set_parameters(bound()).unwrap();
-        // The channel reconnects to the new server on the first call after the restart.
+        // The channel reconnects to the new server on the first call after the restart; a
+        // call that met the old connection as it closed is `Cancelled` ("connection closed").
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         let info = loop {
             match prepared.execute().await {
                 Err(arrow_flight::error::FlightError::Tonic(s))
-                    if s.code() == tonic::Code::Unavailable
+                    if matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Cancelled)
                         && std::time::Instant::now() < deadline =>
                 {
                     prepared.set_parameters(bound()).unwrap();
